@@ -1,0 +1,1 @@
+"""Probes of representation collapse for LIMe, LLaMA and any Hugging Face checkpoint."""

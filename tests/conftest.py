@@ -1,0 +1,21 @@
+"""Shared test settings.
+
+The shared data (BLiMP, WikiText-2) is found only through the LIME_PROBE_DATA setting that
+`.ci/run` provides; tests that need it skip with a reason where it is absent.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    root = os.environ.get("LIME_PROBE_DATA")
+    if not root or not Path(root).is_dir():
+        pytest.skip("shared data not available: set LIME_PROBE_DATA to the folder holding blimp/ and wikitext-2/")
+    return Path(root)
