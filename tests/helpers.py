@@ -1,0 +1,96 @@
+"""Tiny random models and a tiny tokenizer for tests (no network, a few ms to build).
+
+    tok = tiny_tokenizer()                      # byte-level BPE, pad/bos/eos/unk, " is" etc. single tokens
+    model = tiny_model("llama", tok)            # random LlamaForCausalLM, 2 layers, hidden 32
+    path = save_tiny_checkpoint(tmp_path, "gpt2")  # save_pretrained model + tokenizer, returns the dir
+
+Architectures: "llama" (with GQA: 4 heads, 2 kv heads), "lime" (needs `lime_model`), "gpt2",
+"gpt_neox", "bert". Every model is built from a config with a fixed seed, in eval mode, float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+ARCHS = ("llama", "lime", "gpt2", "gpt_neox", "bert")
+
+SPECIALS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+
+CORPUS = [
+    "The cat is on the mat and the dogs are in the garden.",
+    "She was happy because the results were good.",
+    "It is what it is, they are who they are.",
+    "There was a time when the rivers were clean.",
+    "A model is a function; layers are functions too.",
+    "The quick brown fox jumps over the lazy dog.",
+]
+
+
+def tiny_tokenizer(corpus: list[str] | None = None, vocab_size: int = 300) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `corpus` (default: a few English sentences).
+
+    Words from the corpus that are frequent enough (" is", " are", " was", " were", " the")
+    become single tokens, as in GPT-2's tokenizer. Specials: <pad> (id 0), <s>, </s>, <unk>.
+    """
+    tok = Tokenizer(models.BPE(unk_token=SPECIALS["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((corpus or CORPUS) * 20, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
+
+
+def tiny_config(arch: str, vocab_size: int, **overrides):
+    """A config for a tiny random model: 2 layers, hidden 32, 4 heads (LLaMA/LIMe: 2 kv heads)."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if arch in ("llama", "lime"):
+        kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, **common)
+        if arch == "lime":
+            import lime_model  # registers LimeConfig
+
+            return lime_model.LimeConfig(**{"routing": "full", **kw, **overrides})
+        return tf.LlamaConfig(**{**kw, **overrides})
+    if arch == "gpt2":
+        return tf.GPT2Config(**{**dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, **common), **overrides})
+    if arch == "gpt_neox":
+        kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=128, **common)
+        return tf.GPTNeoXConfig(**{**kw, **overrides})
+    if arch == "bert":
+        kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=128, vocab_size=vocab_size, pad_token_id=0)
+        return tf.BertConfig(**{**kw, **overrides})
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
+
+
+def tiny_model(arch: str, tokenizer: PreTrainedTokenizerFast | None = None, seed: int = 0, **overrides):
+    """A random model of `arch` sized to `tokenizer`'s vocabulary; causal LMs have an LM head,
+    BERT is a masked LM. Eval mode, float32."""
+    import transformers as tf
+
+    vocab = len(tokenizer or tiny_tokenizer())
+    config = tiny_config(arch, vocab, **overrides)
+    torch.manual_seed(seed)
+    auto = tf.AutoModelForMaskedLM if arch == "bert" else tf.AutoModelForCausalLM
+    return auto.from_config(config).eval()
+
+
+def save_tiny_checkpoint(directory: str | Path, arch: str, seed: int = 0, **overrides) -> Path:
+    """Save a tiny random `arch` model and its tokenizer into `directory` (created); return it."""
+    directory = Path(directory)
+    tok = tiny_tokenizer()
+    tiny_model(arch, tok, seed=seed, **overrides).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
