@@ -1,0 +1,370 @@
+"""Figures in the style of the LIMe paper, drawn from plain arrays and dicts.
+
+Every ``plot_*`` function takes numbers (no models, no tensors on a device) and returns a
+``matplotlib.figure.Figure`` built without pyplot, so it is thread-safe, leaks no global
+state, and displays inline in Jupyter. ``save_figure`` writes it as PNG and PDF atomically.
+
+Colours come from the Okabe-Ito palette (safe for the common colour-vision deficiencies);
+models keep the same colour across every figure of a run because colours are assigned by
+the order of the labels passed in.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+# Okabe & Ito (2008), "Color Universal Design": distinguishable under protan/deuter/tritan vision.
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
+# Line styles double the colour cue so curves stay apart in greyscale print.
+LINESTYLES = ["-", "--", "-.", ":"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+# A perceptually uniform sequential map that also reads in greyscale, for heatmaps.
+SEQUENTIAL_CMAP = "viridis"
+
+STYLE = {
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "legend.fontsize": 9,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "lines.linewidth": 1.8,
+    "lines.markersize": 4,
+    "legend.frameon": False,
+    "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
+    "pdf.fonttype": 42,  # embed TrueType so PDF text stays editable/searchable
+}
+
+
+@contextmanager
+def style():
+    """Context in which new artists take the package style (rcParams are read at creation)."""
+    with matplotlib.rc_context(STYLE):
+        yield
+
+
+def color(i: int) -> str:
+    """The i-th palette colour (cycled)."""
+    return PALETTE[i % len(PALETTE)]
+
+
+def _new_figure(ncols: int = 1, nrows: int = 1, *, size: tuple[float, float] | None = None, **kw):
+    width, height = size or (4.2 * ncols, 3.2 * nrows)
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes
+
+
+def save_figure(fig: Figure, stem: str | os.PathLike, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    """Write ``fig`` to ``stem.png`` and ``stem.pdf`` (each written to a temp file, then renamed).
+
+    Returns the written paths in the order of ``formats``.
+    """
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh, style():
+                fig.savefig(fh, format=fmt, dpi=STYLE["savefig.dpi"], bbox_inches="tight")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        paths.append(path)
+    return paths
+
+
+def _as_1d(name: str, values) -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    return arr
+
+
+def plot_layer_curves(
+    series: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    ylabel: str,
+    title: str,
+    xlabel: str = "layer",
+    baseline: float | None = None,
+    baseline_label: str = "chance",
+    ax=None,
+) -> Figure:
+    """One line per model over layers, with an optional shaded band.
+
+    ``series[label]`` holds ``"mean"`` (n_layers,) and optionally ``"layers"`` (n_layers,;
+    default 0..n-1) and a band: either ``"low"``/``"high"`` (e.g. a 95 % CI) or ``"std"``
+    (drawn as mean +- std). ``baseline`` draws a dashed horizontal reference line.
+    """
+    if not series:
+        raise ValueError("plot_layer_curves needs at least one series")
+    with style():
+        if ax is None:
+            fig, axes = _new_figure()
+            ax = axes[0, 0]
+        fig = ax.figure
+        for i, (label, s) in enumerate(series.items()):
+            mean = _as_1d(f"{label} mean", s["mean"])
+            layers = _as_1d(f"{label} layers", s.get("layers", np.arange(len(mean))))
+            if "low" in s and "high" in s:
+                low, high = _as_1d(f"{label} low", s["low"]), _as_1d(f"{label} high", s["high"])
+            elif "std" in s:
+                std = _as_1d(f"{label} std", s["std"])
+                low, high = mean - std, mean + std
+            else:
+                low = high = None
+            ax.plot(layers, mean, color=color(i), linestyle=LINESTYLES[i % len(LINESTYLES)],
+                    marker=MARKERS[i % len(MARKERS)], label=label)
+            if low is not None:
+                ax.fill_between(layers, low, high, color=color(i), alpha=0.2, linewidth=0)
+        if baseline is not None:
+            ax.axhline(baseline, color="0.4", linestyle=":", linewidth=1.2, label=baseline_label)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend()
+    return fig
+
+
+def plot_entropy(series: Mapping[str, Mapping[str, Sequence[float]]], *, site: str, alpha: float | None = None,
+                 band: str = "95% CI") -> Figure:
+    """Matrix entropy per layer for several models (paper Figures 2a, 4a, 7a); see ``plot_layer_curves``."""
+    order = f" (α={alpha:g})" if alpha is not None else ""
+    return plot_layer_curves(series, ylabel=f"matrix entropy{order} [nats]",
+                             title=f"Entropy of {site} per layer, band: {band}")
+
+
+def plot_separability(series: Mapping[str, Mapping[str, Sequence[float]]], *, site: str,
+                      words: Sequence[str], chance: float) -> Figure:
+    """Linear-probe accuracy per layer, mean +- std over folds (paper Figures 2b, 7b)."""
+    shown = ", ".join(repr(w) for w in words)
+    fig = plot_layer_curves(series, ylabel="probe accuracy", baseline=chance, baseline_label="majority class",
+                            title=f"Separability of {shown}\n({site}, mean ± std over folds)")
+    fig.axes[0].set_ylim(min(chance, *(np.min(s["mean"]) for s in series.values())) - 0.05, 1.02)
+    return fig
+
+
+def plot_heatmap(
+    matrix,
+    *,
+    row_labels: Sequence,
+    col_labels: Sequence,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    cbar_label: str,
+    annotate: bool | None = None,
+    fmt: str = ".2f",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    ax=None,
+) -> Figure:
+    """A labelled heatmap of ``matrix`` (n_rows, n_cols); NaN cells are left blank.
+
+    ``annotate`` writes each value in its cell (default: when the matrix has <= 200 cells).
+    """
+    m = np.asarray(matrix, dtype=float)
+    if m.ndim != 2 or m.shape != (len(row_labels), len(col_labels)):
+        raise ValueError(f"matrix shape {m.shape} does not match {len(row_labels)} row and "
+                         f"{len(col_labels)} column labels")
+    if annotate is None:
+        annotate = m.size <= 200
+    with style():
+        if ax is None:
+            fig, axes = _new_figure(size=(max(3.6, 0.45 * m.shape[1] + 2.0), max(2.8, 0.35 * m.shape[0] + 1.4)))
+            ax = axes[0, 0]
+        fig = ax.figure
+        masked = np.ma.masked_invalid(m)
+        im = ax.imshow(masked, cmap=SEQUENTIAL_CMAP, aspect="auto", vmin=vmin, vmax=vmax,
+                       interpolation="nearest")
+        ax.grid(False)
+        ax.set_xticks(range(m.shape[1]), [str(c) for c in col_labels])
+        ax.set_yticks(range(m.shape[0]), [str(r) for r in row_labels])
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        if annotate:
+            lo, hi = im.get_clim()
+            for (r, c), v in np.ndenumerate(m):
+                if np.isfinite(v):
+                    # dark text on the bright end of viridis, light text on the dark end
+                    bright = hi > lo and (v - lo) / (hi - lo) > 0.6
+                    ax.text(c, r, format(v, fmt), ha="center", va="center", fontsize=7,
+                            color="black" if bright else "white")
+        fig.colorbar(im, ax=ax, label=cbar_label, shrink=0.9)
+    return fig
+
+
+def plot_router(weights, *, label: str, sources_label: str = "buffered layer (memory source)") -> Figure:
+    """Router weights, layer x buffered layer (paper Figure 5).
+
+    ``weights`` (n_layers, n_sources): row i is layer i's normalised |R| averaged over heads;
+    cells a layer cannot read (e.g. later layers) are NaN and shown blank.
+    """
+    m = np.asarray(weights, dtype=float)
+    if m.ndim != 2:
+        raise ValueError(f"router weights must be 2-D (layer x source), got shape {m.shape}")
+    return plot_heatmap(m, row_labels=range(m.shape[0]), col_labels=range(m.shape[1]), xlabel=sources_label,
+                        ylabel="layer (reader)", cbar_label="share of |R| (row sums to 1)",
+                        title=f"{label}: where each layer reads its keys/values", vmin=0.0)
+
+
+def plot_router_heads(per_head, *, label: str, layers: Sequence[int] | None = None) -> Figure:
+    """Per-head router weights (paper Figure 9).
+
+    ``per_head`` (n_layers, n_heads, n_sources): one panel per layer, rows are the layer's KV
+    heads, columns the sources it mixes; NaN cells are blank. ``layers`` names the panels
+    (default 0..n_layers-1).
+    """
+    t = np.asarray(per_head, dtype=float)
+    if t.ndim != 3:
+        raise ValueError(f"per-head router weights must be 3-D (layer x head x source), got shape {t.shape}")
+    layers = list(range(t.shape[0])) if layers is None else list(layers)
+    if len(layers) != t.shape[0]:
+        raise ValueError(f"{len(layers)} layer names for {t.shape[0]} layers")
+    ncols = min(4, len(layers))
+    nrows = -(-len(layers) // ncols)
+    vmax = float(np.nanmax(t)) if np.isfinite(t).any() else 1.0
+    with style():
+        fig, axes = _new_figure(ncols, nrows, size=(3.0 * ncols + 0.8, 2.2 * nrows + 0.6))
+        for k, ax in enumerate(axes.flat):
+            if k >= len(layers):
+                ax.set_visible(False)
+                continue
+            im = ax.imshow(np.ma.masked_invalid(t[k]), cmap=SEQUENTIAL_CMAP, aspect="auto", vmin=0.0,
+                           vmax=vmax, interpolation="nearest")
+            ax.grid(False)
+            ax.set_title(f"layer {layers[k]}")
+            ax.set_xlabel("buffered layer")
+            ax.set_ylabel("KV head")
+            ax.set_yticks(range(t.shape[1]))
+        fig.colorbar(im, ax=axes.ravel().tolist(), label="share of |R| (row sums to 1)", shrink=0.9)
+        fig.suptitle(f"{label}: router weights per head")
+    return fig
+
+
+def plot_tsne_grid(
+    embeddings: Mapping[str, Mapping[int, np.ndarray]],
+    labels: Mapping[str, Sequence[str]] | Sequence[str],
+    *,
+    site: str,
+) -> Figure:
+    """t-SNE scatter grid: one row per model, one column per layer (paper Figures 3, 8).
+
+    ``embeddings[model][layer]`` is (n_points, 2); ``labels`` gives each point's word, either one
+    sequence shared by all models or a mapping model -> sequence. Each word keeps one colour.
+    """
+    if not embeddings:
+        raise ValueError("plot_tsne_grid needs at least one model")
+    models = list(embeddings)
+    layers = list(next(iter(embeddings.values())))
+    per_model = labels if isinstance(labels, Mapping) else dict.fromkeys(models, labels)
+    words = list(dict.fromkeys(w for m in models for w in per_model[m]))
+    with style():
+        fig, axes = _new_figure(len(layers), len(models), size=(2.3 * len(layers) + 1.6, 2.3 * len(models) + 0.5))
+        for r, model in enumerate(models):
+            lab = np.asarray(per_model[model])
+            for c, layer in enumerate(layers):
+                ax = axes[r, c]
+                xy = np.asarray(embeddings[model][layer])
+                if xy.shape != (len(lab), 2):
+                    raise ValueError(f"{model} layer {layer}: embedding shape {xy.shape}, expected ({len(lab)}, 2)")
+                for k, word in enumerate(words):
+                    sel = lab == word
+                    ax.scatter(xy[sel, 0], xy[sel, 1], s=10, color=color(k), marker=MARKERS[k % len(MARKERS)],
+                               alpha=0.75, linewidths=0, label=word)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                ax.grid(False)
+                if r == 0:
+                    ax.set_title(f"layer {layer}")
+                if c == 0:
+                    ax.set_ylabel(model)
+        handles, names = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside right center", markerscale=2.5, title="token")
+        fig.suptitle(f"t-SNE of {site} representations, models × layers")
+    return fig
+
+
+def plot_training_curves(runs: Mapping[str, Mapping[str, Sequence[float]]], *, smooth: int = 1) -> Figure:
+    """Training loss against cumulative FLOPs and against tokens (paper Figures 1, 10).
+
+    ``runs[label]`` holds ``"flops"``, ``"tokens"`` and ``"loss"`` (n_records,), e.g. the columns of
+    a run's metrics.jsonl. ``smooth`` > 1 applies a trailing moving average of that many records.
+    """
+    if not runs:
+        raise ValueError("plot_training_curves needs at least one run")
+    if smooth < 1:
+        raise ValueError(f"smooth must be >= 1, got {smooth}")
+    with style():
+        fig, axes = _new_figure(2, 1, sharey=True)
+        for i, (label, run) in enumerate(runs.items()):
+            loss = _as_1d(f"{label} loss", run["loss"])
+            if smooth > 1 and len(loss) >= smooth:
+                kernel = np.ones(smooth) / smooth
+                head = np.cumsum(loss[: smooth - 1]) / np.arange(1, smooth)
+                loss = np.concatenate([head, np.convolve(loss, kernel, mode="valid")])
+            for ax, key in zip(axes[0], ("flops", "tokens"), strict=True):
+                x = _as_1d(f"{label} {key}", run[key])
+                ax.plot(x, loss, color=color(i), linestyle=LINESTYLES[i % len(LINESTYLES)], label=label)
+        axes[0, 0].set(xlabel="training FLOPs", ylabel="training loss [nats/token]", xscale="log",
+                       title="Loss vs compute")
+        axes[0, 1].set(xlabel="training tokens", title="Loss vs data")
+        axes[0, 1].ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
+        axes[0, 0].legend()
+    return fig
+
+
+def plot_accuracy_by_operands(accuracy: Mapping[str, Mapping[int, float]], *, title: str | None = None) -> Figure:
+    """Arithmetic-task accuracy per operand count, grouped bars per model (paper Figure 4b).
+
+    ``accuracy[label][n_operands]`` is a fraction in [0, 1].
+    """
+    if not accuracy:
+        raise ValueError("plot_accuracy_by_operands needs at least one model")
+    counts = sorted({int(n) for acc in accuracy.values() for n in acc})
+    width = 0.8 / len(accuracy)
+    with style():
+        fig, axes = _new_figure()
+        ax = axes[0, 0]
+        for i, (label, acc) in enumerate(accuracy.items()):
+            acc = {int(k): float(v) for k, v in acc.items()}
+            xs = np.arange(len(counts)) + (i - (len(accuracy) - 1) / 2) * width
+            ys = [acc.get(n, np.nan) for n in counts]
+            bars = ax.bar(xs, ys, width=width, color=color(i), label=label, hatch=["", "//", "..", "xx"][i % 4],
+                          edgecolor="white", linewidth=0.5)
+            ax.bar_label(bars, labels=[f"{y:.0%}" if np.isfinite(y) else "" for y in ys], fontsize=7, padding=1)
+        ax.set_xticks(range(len(counts)), [str(n) for n in counts])
+        ax.set(xlabel="operands in expression", ylabel="exact-answer accuracy", ylim=(0, 1.08),
+               title=title or "Arithmetic expressions: accuracy by operand count")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.grid(axis="x", visible=False)
+        ax.legend(loc="upper right")
+    return fig
+
+
+def plot_blimp_layers(curves: Mapping[str, Mapping[str, Sequence[float]]], *, model: str, site: str) -> Figure:
+    """BLiMP probe accuracy per layer, one line per paradigm, for one model (paper Table 2/11 as curves).
+
+    ``curves[paradigm]`` is a ``plot_layer_curves`` series (``"mean"``, optional ``"std"``).
+    """
+    fig = plot_layer_curves(curves, ylabel="probe accuracy (good vs bad)", baseline=0.5,
+                            title=f"{model}: BLiMP probes per layer ({site}, mean-pooled)")
+    fig.axes[0].legend(fontsize=7, ncols=2 if len(curves) > 6 else 1)
+    return fig
