@@ -1,0 +1,184 @@
+"""Machine-readable results: JSON (everything) and CSV (the flat table), written atomically.
+
+Every result file records what produced it: the settings, each checkpoint's identity (path,
+architecture, a fingerprint of its config and weights) and the library versions, so a number
+in a paper draft can be traced back to the exact run.
+
+    meta = run_metadata("entropy", settings={"site": "values"}, checkpoints={"LIMe": "runs/lime"})
+    write_results(out_dir / "entropy", rows, meta=meta, extra={"curves": curves})
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+_VERSIONED = ("lime-probe", "torch", "transformers", "nnsight", "numpy", "scikit-learn", "openTSNE",
+              "datasets", "tokenizers", "matplotlib")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# Hash at most this much of each weights file (head and tail): enough to tell checkpoints
+# apart, cheap for multi-GB models. File sizes are always included.
+_HASH_BYTES = 1 << 20
+
+
+def versions() -> dict[str, str]:
+    """Python, platform and installed versions of the packages a result depends on."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def checkpoint_identity(ckpt: str | os.PathLike) -> dict:
+    """Identity of a checkpoint: a local directory's resolved path, model type and fingerprint,
+    or a hub id as given.
+
+    The fingerprint is a SHA-256 over config.json and, per weights file, its name, size and
+    first and last MiB; it changes whenever the weights are re-saved with different values.
+    """
+    path = Path(ckpt)
+    if not path.is_dir():
+        return {"id": str(ckpt), "source": "hub"}
+    ident: dict = {"path": str(path.resolve()), "source": "local"}
+    config_file = path / "config.json"
+    h = hashlib.sha256()
+    if config_file.is_file():
+        raw = config_file.read_bytes()
+        h.update(raw)
+        try:
+            config = json.loads(raw)
+        except json.JSONDecodeError:
+            config = {}
+        ident["model_type"] = config.get("model_type")
+        ident["architectures"] = config.get("architectures")
+        if config.get("routing") is not None:
+            ident["routing"] = config["routing"]
+    for f in sorted(p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES and p.is_file()):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(_HASH_BYTES))
+            if size > 2 * _HASH_BYTES:
+                fh.seek(-_HASH_BYTES, os.SEEK_END)
+                h.update(fh.read(_HASH_BYTES))
+    ident["fingerprint"] = h.hexdigest()[:16]
+    return ident
+
+
+def run_metadata(command: str, *, settings: Mapping, checkpoints: Mapping[str, str | os.PathLike]) -> dict:
+    """The header of every result file: command, UTC time, settings, checkpoints (label ->
+    identity) and versions."""
+    return {
+        "command": command,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "settings": to_jsonable(dict(settings)),
+        "checkpoints": {label: checkpoint_identity(c) for label, c in checkpoints.items()},
+        "versions": versions(),
+    }
+
+
+def to_jsonable(obj):
+    """Convert numpy/torch scalars and arrays, paths and tuples into plain JSON types;
+    non-finite floats become None (JSON has no NaN)."""
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "detach"):  # torch tensor, without importing torch here
+        obj = obj.detach().cpu().numpy()
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, os.PathLike):
+        return str(obj)
+    return obj
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temp file in the same folder and a rename, so readers
+    never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def rows_to_csv(rows: Sequence[Mapping]) -> str:
+    """CSV text of ``rows`` (dicts); columns in first-seen order, missing cells empty."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in to_jsonable(dict(row)).items()})
+    return buf.getvalue()
+
+
+def write_results(stem: str | os.PathLike, rows: Sequence[Mapping], *, meta: Mapping,
+                  extra: Mapping | None = None) -> list[Path]:
+    """Write ``stem.json`` ({"meta", "rows", **extra}) and ``stem.csv`` (the rows); return both paths.
+
+    ``rows`` is the flat table (one dict per model x layer x ...); ``extra`` holds structured
+    results that do not fit a table (matrices, embeddings).
+    """
+    stem = Path(stem)
+    doc = {"meta": to_jsonable(dict(meta)), "rows": to_jsonable(list(rows)), **to_jsonable(dict(extra or {}))}
+    json_path = atomic_write_text(stem.with_name(stem.name + ".json"),
+                                  json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    csv_path = atomic_write_text(stem.with_name(stem.name + ".csv"), rows_to_csv(rows))
+    return [json_path, csv_path]
+
+
+def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Columns of a training run's ``metrics.jsonl`` (step, tokens, flops, loss, lr, grad_norm,
+    tokens_per_s, ... as float arrays of equal length); ``path`` may be the run directory.
+
+    Raises FileNotFoundError if there is no metrics file and ValueError if it holds no records
+    or a line is not JSON.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no training metrics at {path}")
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+    records = [r for r in records if isinstance(r, dict) and "loss" in r]
+    if not records:
+        raise ValueError(f"{path} holds no training records with a 'loss'")
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    return {k: np.array([r.get(k, np.nan) for r in records], dtype=float) for k in keys
+            if all(isinstance(r.get(k, 0.0), (int, float)) for r in records)}

@@ -1,0 +1,131 @@
+"""Figures draw exactly the numbers they are given, in the package style, and save atomically."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+
+from lime_probe import figures as F
+
+rng = np.random.default_rng(0)
+
+
+def _series(n_layers=4, models=("LIMe", "LLaMA")):
+    out = {}
+    for m in models:
+        mean = rng.random(n_layers)
+        out[m] = {"mean": mean, "low": mean - 0.1, "high": mean + 0.2}
+    return out
+
+
+def test_layer_curves_plot_the_means_and_bands():
+    series = _series()
+    fig = F.plot_entropy(series, site="values", alpha=0.5)
+    ax = fig.axes[0]
+    lines = [ln for ln in ax.get_lines() if ln.get_label() in series]
+    assert [ln.get_label() for ln in lines] == list(series)
+    for ln, s in zip(lines, series.values(), strict=True):
+        np.testing.assert_allclose(ln.get_xdata(), np.arange(4))
+        np.testing.assert_allclose(ln.get_ydata(), s["mean"])
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2
+    for band, s in zip(bands, series.values(), strict=True):
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert ys.min() == pytest.approx(s["low"].min()) and ys.max() == pytest.approx(s["high"].max())
+    assert "α=0.5" in ax.get_ylabel() and "values" in ax.get_title()
+    # distinct colours for distinct models
+    assert lines[0].get_color() != lines[1].get_color()
+
+
+def test_separability_draws_std_band_and_chance_line():
+    series = {"m": {"mean": [0.6, 0.8, 0.9], "std": [0.05, 0.02, 0.01], "layers": [0, 1, 2]}}
+    fig = F.plot_separability(series, site="hidden", words=[" is", " are"], chance=0.5)
+    ax = fig.axes[0]
+    chance = [ln for ln in ax.get_lines() if ln.get_label() == "majority class"]
+    assert len(chance) == 1 and set(chance[0].get_ydata()) == {0.5}
+    ys = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(0.55) and ys.max() == pytest.approx(0.91)
+    assert "' is'" in ax.get_title()
+
+
+def test_heatmap_shows_the_matrix_with_nan_blank():
+    m = np.array([[1.0, np.nan], [0.3, 0.7]])
+    fig = F.plot_router(m, label="LIMe")
+    img = fig.axes[0].get_images()[0].get_array()
+    assert img.mask[0, 1] and not img.mask[1, 1]
+    np.testing.assert_allclose(img.data[~img.mask], m[np.isfinite(m)])
+    texts = sorted(t.get_text() for t in fig.axes[0].texts)
+    assert texts == ["0.30", "0.70", "1.00"]
+
+
+def test_router_heads_one_panel_per_layer():
+    t = rng.random((3, 2, 4))
+    fig = F.plot_router_heads(t, label="LIMe")
+    panels = [ax for ax in fig.axes if ax.get_images() and ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["layer 0", "layer 1", "layer 2"]
+    for k, ax in enumerate(panels):
+        np.testing.assert_allclose(ax.get_images()[0].get_array().data, t[k])
+
+
+def test_tsne_grid_places_every_point_with_its_word():
+    words = ["1", "2", "3"] * 5
+    emb = {m: {layer: rng.normal(size=(15, 2)) for layer in (0, 2)} for m in ("a", "b")}
+    fig = F.plot_tsne_grid(emb, words, site="hidden")
+    grid = [ax for ax in fig.axes if ax.collections]
+    assert len(grid) == 4
+    ax = grid[3]  # model b, layer 2
+    for coll in ax.collections:
+        assert isinstance(coll, PathCollection)
+        sel = np.asarray(words) == coll.get_label()
+        np.testing.assert_allclose(coll.get_offsets(), emb["b"][2][sel])
+
+
+def test_tsne_grid_rejects_misshaped_embeddings():
+    with pytest.raises(ValueError, match="expected \\(3, 2\\)"):
+        F.plot_tsne_grid({"a": {0: np.zeros((4, 2))}}, ["x", "y", "z"], site="hidden")
+
+
+def test_training_curves_smoothing_matches_pandas_rolling_mean():
+    loss = rng.random(30) + 2
+    runs = {"r": {"flops": np.arange(1, 31) * 1e6, "tokens": np.arange(1, 31) * 100, "loss": loss}}
+    fig = F.plot_training_curves(runs, smooth=4)
+    expected = pd.Series(loss).rolling(4, min_periods=1).mean().to_numpy()
+    for ax, key in zip(fig.axes, ("flops", "tokens"), strict=True):
+        (line,) = ax.get_lines()
+        np.testing.assert_allclose(line.get_xdata(), runs["r"][key])
+        np.testing.assert_allclose(line.get_ydata(), expected)
+    assert fig.axes[0].get_xscale() == "log"
+
+
+def test_accuracy_bars_have_the_given_heights():
+    acc = {"LIMe": {4: 0.9, 5: 0.5, 6: 0.25}, "LLaMA": {4: 0.8, 6: 0.1}}
+    fig = F.plot_accuracy_by_operands(acc)
+    ax = fig.axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    np.testing.assert_allclose(heights, [0.9, 0.5, 0.25, 0.8, np.nan, 0.1])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "5", "6"]
+
+
+def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
+    fig = F.plot_entropy(_series(), site="hidden")
+    paths = F.save_figure(fig, tmp_path / "sub" / "entropy")
+    assert [p.name for p in paths] == ["entropy.png", "entropy.pdf"]
+    assert paths[0].read_bytes().startswith(b"\x89PNG")
+    assert paths[1].read_bytes().startswith(b"%PDF")
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["entropy.pdf", "entropy.png"]
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: F.plot_layer_curves({}, ylabel="y", title="t"), "at least one series"),
+        (lambda: F.plot_router(np.zeros(3), label="x"), "must be 2-D"),
+        (lambda: F.plot_router_heads(np.zeros((2, 2)), label="x"), "must be 3-D"),
+        (lambda: F.plot_training_curves({"r": {"loss": [1], "flops": [1], "tokens": [1]}}, smooth=0), "smooth"),
+        (lambda: F.plot_heatmap(np.zeros((2, 2)), row_labels=[0], col_labels=[0, 1], xlabel="", ylabel="",
+                                title="", cbar_label=""), "does not match"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
