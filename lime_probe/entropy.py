@@ -1,0 +1,369 @@
+"""Matrix-based Renyi entropy of token representations (paper Sec. 5.3, Table 13).
+
+For one sequence Z (t, d) the Gram matrix K = Z Z^T has eigenvalues lambda_i; with p_i = lambda_i / tr(K)
+
+    S_alpha(Z) = log(sum_i p_i^alpha) / (1 - alpha),      S_1(Z) = -sum_i p_i log p_i  (0 log 0 = 0).
+
+A high entropy means the tokens spread over many directions; collapse drives it down.
+
+Computation: Z Z^T (t, t) and Z^T Z (d, d) share their non-zero spectrum, so the smaller one is used
+(the official code always builds the t x t one). Everything runs in float64 (float32 is off by ~1e-2 at
+alpha < 1 because the many near-zero eigenvalues are magnified by p^alpha), batched over sequences of the
+same length, with negative round-off eigenvalues clamped to zero. alpha = 2 uses the closed form
+S_2 = -log(||K||_F^2 / tr(K)^2), which needs no eigendecomposition.
+
+Presets (every knob can be overridden):
+
+- ``"lime"``: the official code. Per-feature z-score with the mean and std (ddof=1, as `torch.std`) over all
+  tokens of all sequences of that layer, eps = 1e-5 added to the std, alpha = 0.5.
+- ``"layer-by-layer"``: Skean et al. 2025. Each sequence is centred (token mean removed), then every token
+  row is L2-normalised; alpha = 1.
+
+Streaming: `EntropyAccumulator` takes batches of sequences with `update(seqs)` and returns the per-layer
+statistics with `result()`. Per-sequence normalisations ("none", "center-l2") are finished inside `update`.
+The global z-score of "lime" needs the dataset mean/std before any entropy, and two modes are offered:
+
+- one pass (default): `update` keeps, per sequence, Gram-side sufficient statistics from which the
+  z-scored Gram is rebuilt exactly once the global moments are known:
+  for t >= d the d x d Gram G = Z^T Z and the column sums c = Z^T 1, since
+  (Z - 1 mu^T)^T (Z - 1 mu^T) = G - c mu^T - mu c^T + t mu mu^T, then scaled by 1 / (std + eps) on both
+  sides; for t < d the sequence itself (smaller than a d x d Gram). Memory is
+  n_seq * min(t, d) * d numbers, never more than the data and 4x less for the paper's t = 2048, d = 512.
+- two passes (memory independent of the data size): fill a `FeatureMoments` with every sequence first,
+  then pass it as ``feature_stats=`` to an accumulator and stream the data again; entropies are computed in
+  `update` and only one float per sequence is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .stats import summarize
+
+Normalization = Literal["none", "zscore", "center-l2"]
+_NORMALIZATIONS = ("none", "zscore", "center-l2")
+# Sequences are converted to float64 in chunks of at most this many numbers (128 MiB).
+_CHUNK_NUMEL = 2**24
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+
+
+@dataclass(frozen=True)
+class EntropyConfig:
+    """How sequences are normalised before `matrix_entropy`, and its alpha.
+
+    normalize: "none" (as given), "zscore" (per feature, global mean/std over all tokens of the layer,
+    eps added to the std) or "center-l2" (per-sequence centring then row L2-normalisation).
+    """
+
+    alpha: float = 1.0
+    normalize: Normalization = "none"
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        _check_alpha(self.alpha)
+        if self.normalize not in _NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {_NORMALIZATIONS}, got {self.normalize!r}")
+        if not (self.eps >= 0 and math.isfinite(self.eps)):
+            raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
+
+
+PRESETS: dict[str, EntropyConfig] = {
+    "lime": EntropyConfig(alpha=0.5, normalize="zscore", eps=1e-5),
+    "layer-by-layer": EntropyConfig(alpha=1.0, normalize="center-l2"),
+}
+
+
+def entropy_config(
+    preset: str | EntropyConfig = "lime",
+    *,
+    alpha: float | None = None,
+    normalize: Normalization | None = None,
+    eps: float | None = None,
+) -> EntropyConfig:
+    """The `EntropyConfig` of `preset` ("lime", "layer-by-layer" or a config) with the given knobs replaced."""
+    if isinstance(preset, EntropyConfig):
+        config = preset
+    elif preset in PRESETS:
+        config = PRESETS[preset]
+    else:
+        raise ValueError(f"unknown entropy preset {preset!r}; choose one of {sorted(PRESETS)}")
+    knobs = {k: v for k, v in {"alpha": alpha, "normalize": normalize, "eps": eps}.items() if v is not None}
+    return replace(config, **knobs)
+
+
+def gram_entropy(K: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """Renyi entropy of order `alpha` of PSD Gram matrices K (..., n, n) -> (...), in K's dtype.
+
+    p = eigenvalues / trace with negative (round-off) eigenvalues clamped to 0; alpha = 1 is the Shannon
+    limit and alpha = 2 the eigendecomposition-free closed form.
+    """
+    _check_alpha(alpha)
+    trace = K.diagonal(dim1=-2, dim2=-1).sum(-1)
+    if not bool((trace > 0).all()):
+        raise ValueError("matrix entropy is undefined for an all-zero sequence (its Gram matrix has zero trace)")
+    if alpha == 2:
+        return -torch.log(K.square().sum((-2, -1)) / trace.square())
+    p = torch.linalg.eigvalsh(K).clamp_(min=0) / trace.unsqueeze(-1)
+    if alpha == 1:
+        return -torch.special.xlogy(p, p).sum(-1)
+    return torch.log(p.pow(alpha).sum(-1)) / (1 - alpha)
+
+
+def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Tensor:
+    """Matrix-based Renyi entropy of Z (..., t, d), taken as given (no normalisation) -> (...) float64.
+
+    Uses the smaller of the t x t and d x d Gram matrices; see the module docstring for the formula.
+    """
+    Z = torch.as_tensor(Z)
+    if Z.ndim < 2 or Z.shape[-1] == 0 or Z.shape[-2] == 0:
+        raise ValueError(f"matrix_entropy: Z must have shape (..., t, d) with t, d >= 1, got {tuple(Z.shape)}")
+    if not Z.is_floating_point():
+        raise ValueError(f"matrix_entropy: Z must be a floating-point tensor, got {Z.dtype}")
+    if not bool(torch.isfinite(Z).all()):
+        raise ValueError("matrix_entropy: Z contains NaN or Inf")
+    Z = Z.to(torch.float64)
+    K = Z @ Z.mT if Z.shape[-2] <= Z.shape[-1] else Z.mT @ Z
+    return gram_entropy(K, alpha)
+
+
+class FeatureMoments:
+    """Streaming per-feature mean and std (ddof=1) over token rows, in float64 (Chan et al. merge).
+
+    `update(rows)` with rows (n, d); `mean` and `std` are (d,) float64 tensors.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._mean: torch.Tensor | None = None
+        self._m2: torch.Tensor | None = None
+
+    def update(self, rows: torch.Tensor) -> FeatureMoments:
+        rows = torch.as_tensor(rows).to(torch.float64)
+        if rows.ndim != 2:
+            raise ValueError(f"FeatureMoments.update: rows must have shape (n, d), got {tuple(rows.shape)}")
+        n = rows.shape[0]
+        if n == 0:
+            return self
+        mean = rows.mean(0)
+        m2 = (rows - mean).square().sum(0)
+        if self._mean is None:
+            self.count, self._mean, self._m2 = n, mean, m2
+            return self
+        if rows.shape[1] != self._mean.shape[0]:
+            raise ValueError(f"FeatureMoments.update: got dim {rows.shape[1]}, earlier rows had {self._mean.shape[0]}")
+        total = self.count + n
+        delta = mean - self._mean
+        self._mean = self._mean + delta * (n / total)
+        self._m2 = self._m2 + m2 + delta.square() * (self.count * n / total)
+        self.count = total
+        return self
+
+    @property
+    def mean(self) -> torch.Tensor:
+        if self._mean is None:
+            raise ValueError("FeatureMoments: no rows seen yet")
+        return self._mean
+
+    @property
+    def std(self) -> torch.Tensor:
+        if self.count < 2:
+            raise ValueError(f"FeatureMoments: the std needs at least 2 token rows, got {self.count}")
+        return (self._m2 / (self.count - 1)).sqrt()
+
+
+@dataclass(frozen=True)
+class EntropyResult:
+    """Per-layer entropy: per-sequence values (n_seq,) in input order, their mean, std (ddof=0) and a
+    percentile-bootstrap CI of the mean (`lime_probe.stats.bootstrap_ci`)."""
+
+    values: np.ndarray
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+    config: EntropyConfig
+
+
+def _as_sequences(seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """A (n, t, d) array or an iterable of (t_i, d) tensors -> list of validated (t_i, d) tensors."""
+    if isinstance(seqs, (torch.Tensor, np.ndarray)):
+        seqs = torch.as_tensor(seqs)
+        if seqs.ndim != 3:
+            raise ValueError(f"sequences: a tensor must have shape (n_seq, t, d), got {tuple(seqs.shape)}")
+    out = [torch.as_tensor(z) for z in seqs]
+    for i, z in enumerate(out):
+        if z.ndim != 2 or z.shape[0] == 0 or z.shape[1] == 0:
+            raise ValueError(f"sequence {i}: expected shape (t, d) with t, d >= 1, got {tuple(z.shape)}")
+        if z.shape[1] != out[0].shape[1]:
+            raise ValueError(f"sequence {i}: dim {z.shape[1]} differs from sequence 0's dim {out[0].shape[1]}")
+        if not z.is_floating_point():
+            raise ValueError(f"sequence {i}: expected a floating-point tensor, got {z.dtype}")
+        if not bool(torch.isfinite(z).all()):
+            raise ValueError(f"sequence {i}: contains NaN or Inf")
+    return out
+
+
+def _chunks(idx: list[int], numel: int) -> Iterable[list[int]]:
+    step = max(1, _CHUNK_NUMEL // numel)
+    for i in range(0, len(idx), step):
+        yield idx[i : i + step]
+
+
+def _by_length(seqs: list[torch.Tensor]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for i, z in enumerate(seqs):
+        groups.setdefault(z.shape[0], []).append(i)
+    return groups
+
+
+class EntropyAccumulator:
+    """Streams the matrix entropy of one layer over batches of sequences.
+
+    >>> acc = EntropyAccumulator("lime")
+    >>> for seqs in batches:          # each a (n, t, d) tensor or a list of (t_i, d) tensors
+    ...     acc.update(seqs)
+    >>> res = acc.result()            # EntropyResult: values (n_seq,), mean, std, ci_low, ci_high
+
+    For the "zscore" normalisation without `feature_stats` this is the one-pass mode of the module
+    docstring (Gram-side statistics kept until `result()`); with `feature_stats` (a `FeatureMoments`
+    filled in a first pass over the same data) entropies are computed in `update` (two-pass mode).
+    Knobs (`alpha`, `normalize`, `eps`) override the preset.
+    """
+
+    def __init__(
+        self,
+        preset: str | EntropyConfig = "lime",
+        *,
+        alpha: float | None = None,
+        normalize: Normalization | None = None,
+        eps: float | None = None,
+        feature_stats: FeatureMoments | None = None,
+        ci_level: float = 0.95,
+        n_boot: int = 1000,
+        seed: int = 0,
+    ) -> None:
+        self.config = entropy_config(preset, alpha=alpha, normalize=normalize, eps=eps)
+        self.feature_stats = feature_stats
+        self.ci_level, self.n_boot, self.seed = ci_level, n_boot, seed
+        self._values: list[torch.Tensor] = []  # finished entropies, in input order
+        self._moments = FeatureMoments()  # one-pass z-score: moments of everything seen
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor | None, int]] = []  # (kind, G or Z, c, t)
+        self._dim: int | None = None
+
+    @property
+    def _deferred(self) -> bool:
+        return self.config.normalize == "zscore" and self.feature_stats is None
+
+    def update(self, seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> EntropyAccumulator:
+        """Add sequences: a (n, t, d) tensor or an iterable of (t_i, d) tensors (lengths may differ)."""
+        seqs = _as_sequences(seqs)
+        if not seqs:
+            return self
+        if self._dim is None:
+            self._dim = seqs[0].shape[1]
+        elif seqs[0].shape[1] != self._dim:
+            raise ValueError(f"EntropyAccumulator: got dim {seqs[0].shape[1]}, earlier sequences had {self._dim}")
+        if self._deferred:
+            self._keep_statistics(seqs)
+        else:
+            self._values.append(self._entropies(seqs))
+        return self
+
+    def _scale(self) -> tuple[torch.Tensor, torch.Tensor]:
+        stats = self.feature_stats if self.feature_stats is not None else self._moments
+        denom = stats.std + self.config.eps
+        if not bool((denom > 0).all()):
+            raise ValueError("z-score: a feature has zero std and eps = 0; set eps > 0")
+        return stats.mean, 1.0 / denom
+
+    def _normalized(self, Z: torch.Tensor) -> torch.Tensor:
+        """Z (b, t, d) float64 normalised per the config."""
+        if self.config.normalize == "zscore":
+            mean, inv_std = self._scale()
+            return (Z - mean) * inv_std
+        if self.config.normalize == "center-l2":
+            Z = Z - Z.mean(-2, keepdim=True)
+            return torch.nn.functional.normalize(Z, dim=-1)
+        return Z
+
+    def _entropies(self, seqs: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.empty(len(seqs), dtype=torch.float64)
+        for t, idx in _by_length(seqs).items():
+            for chunk in _chunks(idx, t * self._dim):
+                Z = torch.stack([seqs[i] for i in chunk]).to(torch.float64)
+                out[chunk] = matrix_entropy(self._normalized(Z), self.config.alpha)
+        return out
+
+    def _keep_statistics(self, seqs: list[torch.Tensor]) -> None:
+        for z in seqs:
+            z64 = z.to(torch.float64)
+            self._moments.update(z64)
+            t = z.shape[0]
+            if t >= self._dim:
+                self._pending.append(("gram", z64.T @ z64, z64.sum(0), t))
+            else:
+                self._pending.append(("seq", z, None, t))
+
+    def _resolve_pending(self) -> torch.Tensor:
+        """Entropies of the sequences kept by one-pass z-score mode, now that the moments are known."""
+        mean, inv_std = self._scale()
+        out = torch.empty(len(self._pending), dtype=torch.float64)
+        grams = [i for i, p in enumerate(self._pending) if p[0] == "gram"]
+        for chunk in _chunks(grams, self._dim * self._dim):
+            G = torch.stack([self._pending[i][1] for i in chunk])
+            c = torch.stack([self._pending[i][2] for i in chunk])
+            t = torch.tensor([float(self._pending[i][3]) for i in chunk], dtype=torch.float64)
+            cm = c.unsqueeze(-1) * mean  # c mu^T, (b, d, d)
+            G = G - cm - cm.mT + t[:, None, None] * torch.outer(mean, mean)
+            out[chunk] = gram_entropy(G * inv_std[:, None] * inv_std, self.config.alpha)
+        short = [i for i, p in enumerate(self._pending) if p[0] == "seq"]
+        if short:
+            out[short] = self._entropies([self._pending[i][1] for i in short])
+        return out
+
+    def result(self) -> EntropyResult:
+        """`EntropyResult` of everything passed to `update` so far."""
+        if self._dim is None:
+            raise ValueError("EntropyAccumulator: no sequences were given")
+        values = self._resolve_pending() if self._deferred else torch.cat(self._values)
+        v = values.numpy()
+        s = summarize(v, level=self.ci_level, n_boot=self.n_boot, seed=self.seed)
+        return EntropyResult(values=v, mean=s.mean, std=s.std, ci_low=s.ci_low, ci_high=s.ci_high, config=self.config)
+
+
+def layer_entropy(
+    seqs: torch.Tensor | np.ndarray | Sequence[torch.Tensor],
+    preset: str | EntropyConfig = "lime",
+    **knobs,
+) -> EntropyResult:
+    """Entropy statistics of one layer's sequences ((n, t, d) or a list of (t_i, d)) held in memory.
+
+    `knobs` are those of `EntropyAccumulator` (alpha, normalize, eps, ci_level, n_boot, seed).
+    """
+    return EntropyAccumulator(preset, **knobs).update(seqs).result()
+
+
+def layer_entropies(
+    per_layer: Mapping[int, torch.Tensor | np.ndarray | Sequence[torch.Tensor]],
+    preset: str | EntropyConfig = "lime",
+    progress: bool = True,
+    **knobs,
+) -> dict[int, EntropyResult]:
+    """`layer_entropy` of every layer of {layer: sequences} -> {layer: EntropyResult}, with a progress bar."""
+    if not per_layer:
+        raise ValueError("layer_entropies: no layers given")
+    return {
+        layer: layer_entropy(seqs, preset, **knobs)
+        for layer, seqs in tqdm(per_layer.items(), desc="entropy", unit="layer", disable=not progress)
+    }
