@@ -1,0 +1,1 @@
+"""Synthetic tasks for training and evaluating LIMe models."""
