@@ -1,0 +1,188 @@
+"""Text loading, and packing of token streams into fixed-length training sequences (cached).
+
+A data spec is one of
+
+* a ``.txt`` file: documents are separated by blank lines (a line holding only whitespace counts as
+  blank, as in WikiText's files); the lines of one document are joined with ``\\n``;
+* a ``.jsonl`` file: one JSON object per line with a ``"text"`` field;
+* a ``.parquet`` file with a ``"text"`` column;
+* a folder: every such file under it, in sorted order (with ``split``, only files whose name
+  starts with it, e.g. ``train.txt`` for ``split="train"``);
+* ``hf:NAME[:CONFIG][:SPLIT]``: a Hugging Face hub dataset with a ``"text"`` field, streamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .tokenization import tokenizer_hash
+
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+def _txt_documents(path: Path) -> Iterator[str]:
+    block: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                block.append(line.rstrip("\n"))
+            elif block:
+                yield "\n".join(block)
+                block = []
+    if block:
+        yield "\n".join(block)
+
+
+def _jsonl_documents(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                yield row["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a \"text\" field") from None
+
+
+def _parquet_documents(path: Path) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(path)
+    if "text" not in table.schema_arrow.names:
+        raise ValueError(f"{path}: no \"text\" column (columns: {', '.join(table.schema_arrow.names)})")
+    for batch in table.iter_batches(columns=["text"]):
+        yield from batch.column(0).to_pylist()
+
+
+def _file_documents(path: Path) -> Iterator[str]:
+    reader = {".txt": _txt_documents, ".jsonl": _jsonl_documents, ".parquet": _parquet_documents}[path.suffix]
+    return reader(path)
+
+
+def _hub_documents(spec: str, split: str | None) -> Iterator[str]:
+    import datasets
+
+    name, config, spec_split = ([*spec[len("hf:") :].split(":"), None, None])[:3]
+    if not name:
+        raise ValueError(f"bad data spec {spec!r}: expected hf:NAME[:CONFIG][:SPLIT]")
+    ds = datasets.load_dataset(name, config or None, split=spec_split or split or "train", streaming=True)
+    for row in ds:
+        yield row["text"]
+
+
+def data_files(spec: str, split: str | None = None) -> list[Path]:
+    """The local files a (non-hub) spec names; FileNotFoundError/ValueError if there are none."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"data not found: {spec}")
+    if path.is_file():
+        if path.suffix not in SUFFIXES:
+            raise ValueError(f"unsupported data file {spec}: expected one of {', '.join(SUFFIXES)}")
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    if split is not None:
+        files = [p for p in files if p.name.startswith(split)]
+    if not files:
+        what = f" starting with {split!r}" if split else ""
+        raise FileNotFoundError(f"no {'/'.join(SUFFIXES)} files{what} in folder {spec}")
+    return files
+
+
+def iter_texts(spec: str, split: str | None = None) -> Iterator[str]:
+    """The non-empty documents of ``spec`` (see the module docstring), lazily."""
+    if spec.startswith("hf:"):
+        docs: Iterator[str] = _hub_documents(spec, split)
+    else:
+        docs = (d for f in data_files(spec, split) for d in _file_documents(f))
+    return (d for d in docs if d and d.strip())
+
+
+def load_texts(spec: str, split: str | None = None, max_texts: int | None = None) -> list[str]:
+    """The first ``max_texts`` (default: all) non-empty documents of ``spec``; ValueError if none."""
+    if max_texts is not None and max_texts < 1:
+        raise ValueError(f"max_texts must be >= 1, got {max_texts}")
+    texts = list(islice(iter_texts(spec, split), max_texts))
+    if not texts:
+        raise ValueError(f"no text in {spec}" + (f" (split {split!r})" if split else ""))
+    return texts
+
+
+def texts_hash(texts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(hashlib.sha256(t.encode()).digest())
+    return h.hexdigest()[:16]
+
+
+def pack(token_lists: Sequence[Sequence[int]], eos_id: int, seq_len: int) -> np.ndarray:
+    """Concatenate documents, each followed by ``eos_id``, and cut into rows of ``seq_len``.
+
+    Returns (n_sequences, seq_len) int32; the incomplete tail is dropped.
+    """
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    lengths = np.array([len(t) + 1 for t in token_lists], dtype=np.int64)
+    stream = np.empty(int(lengths.sum()), dtype=np.int32)
+    ends = np.cumsum(lengths)
+    for toks, end, n in zip(token_lists, ends, lengths, strict=True):
+        stream[end - n : end - 1] = toks
+        stream[end - 1] = eos_id
+    n_rows = len(stream) // seq_len
+    return stream[: n_rows * seq_len].reshape(n_rows, seq_len)
+
+
+def tokenize_and_pack(texts: Sequence[str], tokenizer, seq_len: int, progress: bool = False,
+                      chunk: int = 1000) -> np.ndarray:
+    """(n_sequences, seq_len) int32 token ids of ``texts`` packed with eos between documents."""
+    token_lists: list[list[int]] = []
+    for start in tqdm(range(0, len(texts), chunk), desc="tokenize", disable=not progress, unit="chunk"):
+        token_lists += tokenizer(list(texts[start : start + chunk]), add_special_tokens=False)["input_ids"]
+    return pack(token_lists, tokenizer.eos_token_id, seq_len)
+
+
+def packed_sequences(texts: Sequence[str], tokenizer, seq_len: int, cache_dir: str | os.PathLike | None = None,
+                     progress: bool = False) -> np.ndarray:
+    """:func:`tokenize_and_pack`, cached in ``cache_dir`` under a key of (texts, tokenizer, seq_len).
+
+    The cache is ``packed-KEY.npy`` beside ``packed-KEY.json`` (what the key was made of), each
+    written to a temporary file first, so an interrupted run never leaves a truncated array.
+    Raises ValueError if the texts do not fill a single sequence.
+    """
+    meta = {"texts": texts_hash(texts), "tokenizer": tokenizer_hash(tokenizer), "seq_len": seq_len,
+            "eos": tokenizer.eos_token_id}
+    key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:20]
+    npy = Path(cache_dir) / f"packed-{key}.npy" if cache_dir is not None else None
+    if npy is not None and npy.exists():
+        return np.load(npy, mmap_mode="r", allow_pickle=False)
+    seqs = tokenize_and_pack(texts, tokenizer, seq_len, progress=progress)
+    if len(seqs) == 0:
+        raise ValueError(f"the data holds fewer tokens than one sequence of seq_len={seq_len}")
+    if npy is not None:
+        npy.parent.mkdir(parents=True, exist_ok=True)
+        meta["n_sequences"] = len(seqs)
+        _atomic_write(npy, lambda f: np.save(f, seqs, allow_pickle=False))
+        _atomic_write(npy.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    return seqs
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
