@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 ARCHS = ("llama", "lime", "gpt2", "gpt_neox", "bert")
 
-SPECIALS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+SPECIALS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
 
 CORPUS = [
     "The cat is on the mat and the dogs are in the garden.",
@@ -34,7 +34,7 @@ def tiny_tokenizer(corpus: list[str] | None = None, vocab_size: int = 300) -> Pr
     """A byte-level BPE tokenizer trained on `corpus` (default: a few English sentences).
 
     Words from the corpus that are frequent enough (" is", " are", " was", " were", " the")
-    become single tokens, as in GPT-2's tokenizer. Specials: <pad> (id 0), <s>, </s>, <unk>.
+    become single tokens, as in GPT-2's tokenizer. Specials: <pad> (id 0), <s>, </s>, <unk>, <mask>.
     """
     tok = Tokenizer(models.BPE(unk_token=SPECIALS["unk_token"]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

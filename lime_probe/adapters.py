@@ -1,0 +1,154 @@
+"""Where each extraction site lives in each architecture: a small registry keyed by `config.model_type`.
+
+Sites (see `lime_probe.extract` for shapes and layer indexing):
+
+- ``hidden``: the residual stream. X_0 is the input of the first block (the embeddings, after any
+  scaling, position embeddings or embedding norm the model applies), X_l the output of block l.
+- ``final``: the output of the final norm (for encoders without one: the last block's output).
+- ``keys`` / ``values``: the W_K / W_V projections of each block, heads concatenated, before RoPE.
+  The LIMe paper's text calls the W_V output "values".
+- ``routed_keys`` / ``routed_values`` (LIMe only): the output of ``self_attn.router``, i.e. the
+  mixtures of earlier layers' keys/values that the heads really attend to. The official LIMe
+  analysis code records these (not the raw W_V output) as "values" for LIMe models.
+
+Registering a new architecture is a few lines, e.g. for a LLaMA-like model::
+
+    from lime_probe.adapters import Adapter, register_adapter, proj_sites
+    register_adapter("my_llama", Adapter(layers="layers", final_norm="norm",
+                                         sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")))
+
+Module paths are relative to the base model (``model.base_model``, e.g. ``LlamaModel`` inside
+``LlamaForCausalLM``), so they work for the bare model and for any head on top of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# A site's reader: the output of its module -> (batch, seq, dim).
+Take = Callable[[Any], torch.Tensor]
+
+
+def first(output: Any) -> torch.Tensor:
+    """The tensor of a module output that may be a tuple (older blocks return (hidden, ...))."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def fused_slice(part: int) -> Take:
+    """Reader for GPT-2's fused ``c_attn`` output (batch, seq, 3*d) laid out [q | k | v]: part 0, 1 or 2."""
+
+    def take(output: Any) -> torch.Tensor:
+        out = first(output)
+        d = out.shape[-1] // 3
+        return out[..., part * d : (part + 1) * d]
+
+    return take
+
+
+def interleaved_slice(part: int, n_heads: int) -> Take:
+    """Reader for GPT-NeoX's fused ``query_key_value`` output (batch, seq, heads*3*head_dim).
+
+    Its layout is per head: [q_h | k_h | v_h] for h = 0..heads-1, so the keys of head h are
+    columns h*3*hd + hd .. h*3*hd + 2*hd. Returns (batch, seq, heads*head_dim), heads concatenated.
+    """
+
+    def take(output: Any) -> torch.Tensor:
+        out = first(output)
+        per_head = out.unflatten(-1, (n_heads, 3, -1))  # (batch, seq, heads, 3, head_dim)
+        return per_head[..., part, :].flatten(-2)
+
+    return take
+
+
+def routed(part: int) -> Take:
+    """Reader for LIMe's router output ``(keys, values)``, each (batch, kv_heads, seq, head_dim)."""
+
+    def take(output: Any) -> torch.Tensor:
+        return output[part].transpose(1, 2).flatten(-2)
+
+    return take
+
+
+def proj_sites(keys: str, values: str) -> dict[str, tuple[str, Take]]:
+    """``keys``/``values`` sites read from two separate projection modules (paths inside a block)."""
+    return {"keys": (keys, first), "values": (values, first)}
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How to find the sites of one architecture.
+
+    layers: path of the ModuleList of blocks, relative to the base model.
+    final_norm: path of the final norm, or None where the model has none (then ``final`` is the
+        last block's output).
+    sites: per-block site name -> (module path inside a block, reader), or a function of the config
+        returning that dict (for readers that need e.g. the head count). Listed in execution order.
+    """
+
+    layers: str
+    final_norm: str | None
+    sites: dict[str, tuple[str, Take]] | Callable[[Any], dict[str, tuple[str, Take]]] = field(default_factory=dict)
+
+    def block_sites(self, config: Any) -> dict[str, tuple[str, Take]]:
+        """The per-block sites for this `config`, in execution order."""
+        return self.sites(config) if callable(self.sites) else self.sites
+
+
+ADAPTERS: dict[str, Adapter] = {}
+
+
+def register_adapter(model_types: str | list[str], adapter: Adapter) -> None:
+    """Register `adapter` for one or more `config.model_type` values (replacing any earlier one)."""
+    for model_type in [model_types] if isinstance(model_types, str) else model_types:
+        ADAPTERS[model_type] = adapter
+
+
+def get_adapter(config: Any) -> Adapter:
+    """The adapter for `config.model_type`; ValueError naming the supported types if there is none."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ADAPTERS:
+        raise ValueError(
+            f"no extraction adapter for model_type {model_type!r}; supported: {', '.join(sorted(ADAPTERS))}. "
+            "Register one with lime_probe.adapters.register_adapter(model_type, Adapter(...))"
+        )
+    return ADAPTERS[model_type]
+
+
+def head_shape(config: Any) -> tuple[int, int]:
+    """(key/value heads, head_dim) of `config`: the per-head view of the keys/values sites."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return kv_heads, head_dim
+
+
+def _lime_sites(config: Any) -> dict[str, tuple[str, Take]]:
+    sites = proj_sites("self_attn.k_proj", "self_attn.v_proj")
+    if getattr(config, "routing", "none") != "none":
+        sites |= {"routed_keys": ("self_attn.router", routed(0)), "routed_values": ("self_attn.router", routed(1))}
+    return sites
+
+
+def _neox_sites(config: Any) -> dict[str, tuple[str, Take]]:
+    qkv = "attention.query_key_value"
+    heads = config.num_attention_heads
+    return {"keys": (qkv, interleaved_slice(1, heads)), "values": (qkv, interleaved_slice(2, heads))}
+
+
+LLAMA_FAMILY = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                "phi3", "olmo", "olmo2", "granite", "cohere", "starcoder2", "smollm3"]
+
+register_adapter("lime", Adapter(layers="layers", final_norm="norm", sites=_lime_sites))
+register_adapter(LLAMA_FAMILY, Adapter(layers="layers", final_norm="norm",
+                                       sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")))
+register_adapter("gpt2", Adapter(layers="h", final_norm="ln_f",
+                                 sites={"keys": ("attn.c_attn", fused_slice(1)),
+                                        "values": ("attn.c_attn", fused_slice(2))}))
+register_adapter("gpt_neox", Adapter(layers="layers", final_norm="final_layer_norm", sites=_neox_sites))
+register_adapter(["bert", "roberta", "xlm-roberta", "camembert"],
+                 Adapter(layers="encoder.layer", final_norm=None,
+                         sites=proj_sites("attention.self.key", "attention.self.value")))

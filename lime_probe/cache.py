@@ -1,0 +1,151 @@
+"""On-disk cache of extracted activations: safetensors shards plus a JSON manifest.
+
+Layout of one cached extraction (``<cache_dir>/<model_type>-<key hash>/``)::
+
+    manifest.json            {"key": {...}, "shards": [{"file", "n_sequences", "n_rows"}, ...], "complete": bool}
+    shard-00000.safetensors  tensors "<site>/<layer>" (rows, dim), "offsets" (n_seq+1,), "token_ids" (rows,)
+
+The key holds everything that decides the result: the checkpoint's identity (its path and the size
+and mtime of its weight files, or the hub revision, or, for a model built in memory, a hash of its
+parameters), a hash of the token ids fed to it, the extraction settings and the library versions.
+A second run with the same key reuses the shards; a run that was interrupted resumes after the last
+shard listed in the manifest. Every file is written to a temporary name and moved into place with
+`os.replace`, shard first and manifest second, so a crash never leaves a listed shard half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+MANIFEST = "manifest.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fingerprint(obj: Any) -> str:
+    """A stable hash of a JSON-serialisable object (keys sorted)."""
+    return _sha256(json.dumps(obj, sort_keys=True, default=str).encode())
+
+
+def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
+    """What identifies the weights of a Hugging Face `model`.
+
+    A local checkpoint: its resolved path plus name, size and mtime of each weight file (cheap, and
+    changes whenever the weights are rewritten). A hub checkpoint: its id and commit. A model built
+    in memory: a hash of all parameters and buffers (exact, costs one pass over the weights).
+    """
+    source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+    if source and Path(source).is_dir():
+        files = sorted(p for p in Path(source).iterdir() if p.suffix in WEIGHT_SUFFIXES)
+        return {"path": str(Path(source).resolve()),
+                "weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+    commit = getattr(model.config, "_commit_hash", None)
+    if source and commit:
+        return {"hub": source, "revision": commit}
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return {"parameters": digest.hexdigest()}
+
+
+def data_hash(sequences: list[list[int]]) -> str:
+    """Hash of the token id sequences (so a change of texts, tokenizer or truncation is a new key)."""
+    digest = hashlib.sha256()
+    for seq in sequences:
+        digest.update(torch.tensor(seq, dtype=torch.int64).numpy().tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose numerics or file formats the cached results depend on."""
+    out = {}
+    for package in ("lime-probe", "torch", "transformers", "nnsight", "safetensors"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "unknown"
+    return out
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Call `write(tmp_path)`, then move the finished file onto `path`."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_tensor(shard: Path, name: str) -> torch.Tensor:
+    """One tensor from a shard file (only that tensor is read)."""
+    with safe_open(str(shard), framework="pt") as f:
+        return f.get_tensor(name)
+
+
+class ShardCache:
+    """The shards and manifest of one extraction, identified by `key`, under `root`.
+
+    Attributes: directory, shards (paths of the complete shards, in order), done_sequences (how
+    many sequences those shards hold), complete (whether the extraction finished).
+    """
+
+    def __init__(self, root: str | Path, key: dict[str, Any], prefix: str = "acts"):
+        self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
+        self.directory = Path(root) / f"{prefix}-{fingerprint(self.key)[:16]}"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".*.tmp-*"):  # left by a killed writer
+            stale.unlink(missing_ok=True)
+        self._entries: list[dict[str, Any]] = []
+        self.complete = False
+        manifest = self.directory / MANIFEST
+        if manifest.is_file():
+            try:
+                stored = json.loads(manifest.read_text())
+            except json.JSONDecodeError:
+                stored = {}
+            entries = stored.get("shards", [])
+            if stored.get("key") == self.key and all((self.directory / e["file"]).is_file() for e in entries):
+                self._entries = entries
+                self.complete = bool(stored.get("complete"))
+
+    @property
+    def shards(self) -> list[Path]:
+        return [self.directory / e["file"] for e in self._entries]
+
+    @property
+    def done_sequences(self) -> int:
+        return sum(e["n_sequences"] for e in self._entries)
+
+    def _write_manifest(self) -> None:
+        text = json.dumps({"key": self.key, "shards": self._entries, "complete": self.complete}, indent=1)
+        _atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(text))
+
+    def add_shard(self, tensors: dict[str, torch.Tensor], n_sequences: int) -> Path:
+        """Write one shard (tensors as described in the module docstring) and list it in the manifest."""
+        path = self.directory / f"shard-{len(self._entries):05d}.safetensors"
+        tensors = {name: t.contiguous() for name, t in tensors.items()}
+        _atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
+        self._entries.append({"file": path.name, "n_sequences": n_sequences,
+                              "n_rows": int(tensors["token_ids"].shape[0])})
+        self._write_manifest()
+        return path
+
+    def finish(self) -> None:
+        """Mark the extraction complete, so later runs reuse it without any forward pass."""
+        self.complete = True
+        self._write_manifest()

@@ -1,0 +1,434 @@
+"""Per-layer representations of any supported checkpoint, read through nnsight traces.
+
+    model, tok = lime_probe.load("runs/lime")
+    acts = extract(model, tok, texts, sites=["values", "hidden"])
+    acts["values"][3]                  # (n_tokens, dim) float32 on CPU, padding removed
+    acts.sequences("values", 3)        # list of (t_i, dim), one per sequence
+    acts.per_head("values", 3)         # (n_tokens, kv_heads, head_dim)
+
+Sites and their layer indices (L = number of blocks):
+
+- ``hidden``: L+1 entries. X_0 = the embeddings (the input of block 0), X_l = the output of block l;
+  X_L is the last block's output *before* the final norm (Hugging Face's ``output_hidden_states``
+  instead ends with the normalised output, which is the ``final`` site here).
+- ``final``: 1 entry (index 0), the final norm's output (encoders without one: the last block's output).
+- ``keys`` / ``values``: L entries, the W_K / W_V projection outputs (before RoPE), heads
+  concatenated: dim = kv_heads * head_dim. The LIMe paper's text calls the W_V output "values".
+- ``routed_keys`` / ``routed_values`` (LIMe only): L entries, the output of each layer's
+  ``self_attn.router`` (what the heads attend to), dim = kv_heads * head_dim. The official LIMe
+  analysis code records these as the "values" of a LIMe model; both are offered, pick deliberately.
+
+Rows: every non-padding token (``pool="none"``), only tokens whose id is in ``token_ids``, or one
+mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: batched results equal
+one-sequence-at-a-time results, with left or right padding (positions are counted per sequence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nnsight
+import torch
+from tqdm.auto import tqdm
+
+from .adapters import Adapter, Take, get_adapter, head_shape
+from .cache import ShardCache, checkpoint_identity, data_hash, library_versions, read_tensor
+from .load import wrap
+
+SITES = ("hidden", "final", "keys", "values", "routed_keys", "routed_values")
+POOLS = ("none", "mean")
+SHARD_SEQUENCES = 256  # sequences per cache shard: bounds the memory held before a shard is written
+
+
+# ---------------------------------------------------------------------------------------------------
+# Results
+
+
+class Activations(Mapping):
+    """Extracted representations: ``acts[site][layer]`` -> float32 CPU tensor (n_rows, dim).
+
+    Attributes:
+        offsets: LongTensor (n_sequences+1,), rows offsets[i]:offsets[i+1] belong to sequence i.
+        token_ids: LongTensor (n_rows,), the token id of each row (-1 for mean-pooled rows).
+        sites: the extracted site names.
+        heads: site -> (kv_heads, head_dim) for the keys/values sites (see `per_head`).
+        shards: the cache shard files backing this result ([] when held in memory).
+
+    Tensors are concatenated from the shards on each access (memory stays flat for cached
+    results); bind ``acts[site][layer]`` to a name rather than indexing it in a hot loop.
+    """
+
+    def __init__(self, parts: list[dict[str, torch.Tensor] | Path], site_layers: dict[str, list[int]],
+                 heads: dict[str, tuple[int, int]]):
+        self._parts = parts
+        self._site_layers = site_layers
+        self.heads = heads
+        counts = torch.cat([self._load(p, "offsets").diff() for p in parts]) if parts else torch.zeros(0)
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.long().cumsum(0)])
+        self.token_ids = self._cat("token_ids")
+
+    @staticmethod
+    def _load(part: dict[str, torch.Tensor] | Path, name: str) -> torch.Tensor:
+        return part[name] if isinstance(part, dict) else read_tensor(part, name)
+
+    def _cat(self, name: str) -> torch.Tensor:
+        return torch.cat([self._load(p, name) for p in self._parts])
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return tuple(self._site_layers)
+
+    @property
+    def shards(self) -> list[Path]:
+        return [p for p in self._parts if isinstance(p, Path)]
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self.offsets) - 1
+
+    def layers(self, site: str) -> list[int]:
+        """The extracted layer indices of `site`."""
+        return list(self[site])
+
+    def __getitem__(self, site: str) -> _SiteView:
+        if site not in self._site_layers:
+            raise KeyError(f"site {site!r} was not extracted; available: {list(self._site_layers)}")
+        return _SiteView(self, site)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._site_layers)
+
+    def __len__(self) -> int:
+        return len(self._site_layers)
+
+    def sequences(self, site: str, layer: int) -> list[torch.Tensor]:
+        """The rows of `site`/`layer` split per sequence: a list of (t_i, dim) tensors."""
+        return list(torch.split(self[site][layer], self.offsets.diff().tolist()))
+
+    def per_head(self, site: str, layer: int) -> torch.Tensor:
+        """`site`/`layer` viewed per head: (n_rows, kv_heads, head_dim), for keys/values sites."""
+        if site not in self.heads:
+            raise ValueError(f"site {site!r} has no heads; per-head views exist for {sorted(self.heads)}")
+        return self[site][layer].unflatten(-1, self.heads[site])
+
+    def __repr__(self) -> str:
+        sites = ", ".join(f"{s}: layers {v}" for s, v in self._site_layers.items())
+        return f"Activations({self.n_sequences} sequences, {len(self.token_ids)} rows; {sites})"
+
+
+class _SiteView(Mapping):
+    """``acts[site]``: layer index -> (n_rows, dim) tensor."""
+
+    def __init__(self, acts: Activations, site: str):
+        self._acts, self._site = acts, site
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        if layer not in self._acts._site_layers[self._site]:
+            raise KeyError(f"layer {layer} of site {self._site!r} was not extracted; "
+                           f"available: {self._acts._site_layers[self._site]}")
+        return self._acts._cat(f"{self._site}/{layer}")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._acts._site_layers[self._site])
+
+    def __len__(self) -> int:
+        return len(self._acts._site_layers[self._site])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Planning: which module values to read, in execution order
+
+
+@dataclass(frozen=True)
+class Read:
+    """One value read inside a trace: `path` (from the nnsight root, ending in .input/.output) and the
+    (site, layer, reader) targets computed from it."""
+
+    path: str
+    targets: tuple[tuple[str, int, Take], ...]
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def site_sizes(adapter: Adapter, config: Any, n_layers: int) -> dict[str, int]:
+    """Number of layer entries of each site this model offers."""
+    sizes = {"hidden": n_layers + 1, "final": 1}
+    sizes |= {site: n_layers for site in adapter.block_sites(config)}
+    return sizes
+
+
+def resolve_layers(sites: Sequence[str], layers: Iterable[int] | None, sizes: dict[str, int],
+                   model_type: str) -> dict[str, list[int]]:
+    """site -> sorted layer indices; negative indices count from each site's end; ``final`` is always [0]."""
+    out = {}
+    for site in sites:
+        if site not in sizes:
+            raise ValueError(f"site {site!r} is not available for model_type {model_type!r}; "
+                             f"available: {list(sizes)}")
+        n = sizes[site]
+        if layers is None or site == "final":
+            out[site] = list(range(n))
+            continue
+        chosen = set()
+        for layer in layers:
+            if not -n <= layer < n:
+                raise ValueError(f"layer {layer} out of range for site {site!r}, which has {n} entries")
+            chosen.add(layer % n)
+        out[site] = sorted(chosen)
+    return out
+
+
+def plan_reads(adapter: Adapter, config: Any, prefix: str, n_layers: int,
+               site_layers: dict[str, list[int]]) -> list[Read]:
+    """The reads that produce `site_layers`, in the order the forward pass produces them."""
+    wanted = {(s, i) for s, ls in site_layers.items() for i in ls}
+    blocks = f"{prefix}{adapter.layers}"
+    reads = []
+    if ("hidden", 0) in wanted:
+        reads.append(Read(f"{blocks}.0.input", (("hidden", 0, _identity),)))
+    block_sites = adapter.block_sites(config)
+    for i in range(n_layers):
+        by_module: dict[str, list[tuple[str, int, Take]]] = {}
+        for site, (module, take) in block_sites.items():
+            if (site, i) in wanted:
+                by_module.setdefault(module, []).append((site, i, take))
+        reads += [Read(f"{blocks}.{i}.{module}.output", tuple(t)) for module, t in by_module.items()]
+        out_targets = [("hidden", i + 1, _first_tensor)] if ("hidden", i + 1) in wanted else []
+        if adapter.final_norm is None and i == n_layers - 1 and ("final", 0) in wanted:
+            out_targets.append(("final", 0, _first_tensor))
+        if out_targets:
+            reads.append(Read(f"{blocks}.{i}.output", tuple(out_targets)))
+    if adapter.final_norm is not None and ("final", 0) in wanted:
+        reads.append(Read(f"{prefix}{adapter.final_norm}.output", (("final", 0, _first_tensor),)))
+    return reads
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batching
+
+
+def pad_batch(sequences: list[list[int]], pad_id: int, side: str) -> dict[str, torch.Tensor]:
+    """Pad token id lists to a batch: input_ids, attention_mask and position_ids, each (batch, seq).
+
+    Positions count each sequence's own tokens from 0 whichever side is padded, so a token sees the
+    same position alone and in a batch (absolute-position models like GPT-2 depend on it).
+    """
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
+        ids[row, cols] = torch.tensor(seq, dtype=torch.long)
+        mask[row, cols] = 1
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+
+
+def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
+    """Rows of x (batch, seq, dim) where keep (batch, seq) is True, in sequence order -> (n, dim)
+    float32; with pool="mean" the mean over each sequence's kept tokens -> (batch, dim)."""
+    x = x.float()
+    if pool == "mean":
+        weights = keep.unsqueeze(-1).to(x.dtype)
+        return (x * weights).sum(1) / weights.sum(1)
+    return x[keep]
+
+
+def _tokenize(tokenizer: Any, texts: Sequence[str], max_length: int, max_sequences: int | None,
+              max_tokens: int | None) -> list[list[int]]:
+    """Token id lists of the texts, truncated to `max_length`, within the sequence and token limits
+    (the sequence that crosses `max_tokens` is cut short to fit)."""
+    if max_sequences is not None:
+        texts = texts[:max_sequences]
+    ids = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+    out, total = [], 0
+    for i, seq in enumerate(ids):
+        if not seq:
+            raise ValueError(f"text {i} tokenizes to no tokens; drop empty texts before extracting")
+        if max_tokens is not None:
+            seq = seq[: max_tokens - total]
+            if not seq:
+                break
+        out.append(seq)
+        total += len(seq)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Extraction
+
+
+def _as_nnsight(model: Any, tokenizer: Any) -> Any:
+    """An nnsight model for `model` (returned as is when it already is one)."""
+    if isinstance(model, nnsight.Envoy):
+        return model
+    if isinstance(model, torch.nn.Module):
+        return wrap(model, tokenizer)
+    raise TypeError(f"model must be a Hugging Face model or an nnsight model, not {type(model).__name__}")
+
+
+def _validate(texts: Any, sites: Any, pool: str, token_ids: Any, batch_size: int, max_length: int,
+              max_sequences: int | None, max_tokens: int | None) -> None:
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise ValueError("texts must be a list of strings")
+    if len(texts) == 0:
+        raise ValueError("texts is empty: nothing to extract")
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a list of strings")
+    if isinstance(sites, str) or not sites:
+        raise ValueError(f"sites must be a non-empty list of site names from {SITES}")
+    unknown = [s for s in sites if s not in SITES]
+    if unknown:
+        raise ValueError(f"unknown site(s) {unknown}; sites are {SITES}")
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
+    if token_ids is not None and pool != "none":
+        raise ValueError("token_ids selects token rows; it cannot be combined with pool='mean'")
+    for name, value in (("batch_size", batch_size), ("max_length", max_length),
+                        ("max_sequences", max_sequences), ("max_tokens", max_tokens)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
+def extract(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    sites: Sequence[str] = ("hidden",),
+    layers: Iterable[int] | None = None,
+    pool: str = "none",
+    token_ids: Iterable[int] | None = None,
+    batch_size: int = 8,
+    max_length: int = 512,
+    max_sequences: int | None = None,
+    max_tokens: int | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    *,
+    remote: bool | str = False,
+) -> Activations:
+    """Run `texts` through `model` and collect the representations at `sites` (see the module doc).
+
+    Args:
+        model: an nnsight model from `lime_probe.load`, or a Hugging Face model (wrapped here).
+        tokenizer: its tokenizer; its ``padding_side`` decides the padding side (results do not
+            depend on it).
+        texts: the input texts, one sequence each (truncated to `max_length` tokens).
+        sites: site names, e.g. ("hidden", "values").
+        layers: layer indices kept for every site (negative counts from each site's end); None = all.
+        pool: "none" (a row per token) or "mean" (a row per sequence, the mean over its tokens).
+        token_ids: keep only the positions holding one of these token ids.
+        batch_size: sequences per forward pass.
+        max_sequences / max_tokens: stop after this many sequences / tokens (None = no limit).
+        cache_dir: stream results to safetensors shards under this folder; a second call with the
+            same checkpoint, data and settings reuses them, an interrupted one resumes.
+        progress: show a progress bar over sequences.
+        remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally).
+
+    Returns:
+        Activations with ``acts[site][layer]`` float32 CPU tensors (n_rows, dim).
+
+    Raises:
+        ValueError: empty or invalid texts, unknown site or layer, non-finite activations (naming the
+            site and layer).
+    """
+    _validate(texts, sites, pool, token_ids, batch_size, max_length, max_sequences, max_tokens)
+    nn_model = _as_nnsight(model, tokenizer)
+    hf = nn_model._module
+    base = hf.base_model
+    prefix = "" if base is hf else f"{hf.base_model_prefix}."
+    adapter = get_adapter(hf.config)
+    n_layers = len(base.get_submodule(adapter.layers))
+    model_type = hf.config.model_type
+    site_layers = resolve_layers(list(dict.fromkeys(sites)), layers,
+                                 site_sizes(adapter, hf.config, n_layers), model_type)
+    reads = plan_reads(adapter, hf.config, prefix, n_layers, site_layers)
+    heads = {s: head_shape(hf.config) for s in site_layers if s != "hidden" and s != "final"}
+    select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
+
+    seqs = _tokenize(tokenizer, texts, max_length, max_sequences, max_tokens)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
+    side = tokenizer.padding_side
+    device = next(hf.parameters()).device
+
+    cache = None
+    if cache_dir is not None:
+        key = {"checkpoint": checkpoint_identity(hf), "model_type": model_type, "data": data_hash(seqs),
+               "settings": {"sites": site_layers, "pool": pool, "batch_size": batch_size,
+                            "token_ids": None if select_ids is None else select_ids.tolist(),
+                            "padding_side": side, "dtype": str(next(hf.parameters()).dtype),
+                            "device": device.type},
+               "versions": library_versions()}
+        cache = ShardCache(cache_dir, key, prefix=model_type)
+        if cache.complete:
+            return Activations(cache.shards, site_layers, heads)
+
+    start = cache.done_sequences if cache else 0
+    parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
+    buffer: list[dict[str, torch.Tensor]] = []
+    buffered = 0
+    bar = tqdm(total=len(seqs), initial=start, unit="seq", desc="extract", disable=not progress)
+    for lo in range(start, len(seqs), batch_size):
+        batch_seqs = seqs[lo : lo + batch_size]
+        batch = pad_batch(batch_seqs, pad_id, side)
+        keep = batch["attention_mask"].bool()
+        if select_ids is not None:
+            keep &= torch.isin(batch["input_ids"], select_ids)
+        buffer.append(_forward(nn_model, batch, keep.to(device), reads, pool, remote, lo))
+        buffer[-1]["offsets"] = _offsets(keep, pool)
+        buffer[-1]["token_ids"] = batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
+        buffered += len(batch_seqs)
+        bar.update(len(batch_seqs))
+        if cache is not None and (buffered >= SHARD_SEQUENCES or lo + batch_size >= len(seqs)):
+            parts.append(cache.add_shard(_merge(buffer), buffered))
+            buffer, buffered = [], 0
+    bar.close()
+    if cache is not None:
+        cache.finish()
+    else:
+        parts.append(_merge(buffer))
+    return Activations(parts, site_layers, heads)
+
+
+def _forward(nn_model: Any, batch: dict[str, torch.Tensor], keep: torch.Tensor, reads: list[Read],
+             pool: str, remote: bool | str, first_sequence: int) -> dict[str, torch.Tensor]:
+    """One traced forward pass of `batch`: "<site>/<layer>" -> selected rows (float32, CPU)."""
+    inputs = {k: v.to(keep.device) for k, v in batch.items()}
+    with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
+        rows = nnsight.save({})
+        for read in reads:
+            value = nn_model.get(read.path)
+            for site, layer, take in read.targets:
+                rows[f"{site}/{layer}"] = select_rows(take(value), keep, pool).cpu()
+        tracer.stop()
+    for name, x in rows.items():
+        if not torch.isfinite(x).all():
+            site, layer = name.split("/")
+            raise ValueError(f"non-finite activations (NaN/Inf) at site {site!r} layer {layer} "
+                             f"in sequences {first_sequence}..{first_sequence + len(keep) - 1}")
+    return rows
+
+
+def _offsets(keep: torch.Tensor, pool: str) -> torch.Tensor:
+    """Row boundaries (batch+1,) of a batch's sequences."""
+    counts = keep.sum(1) if pool == "none" else torch.ones(len(keep), dtype=torch.long)
+    return torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+
+
+def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Concatenate batch results; offsets are rebased so they run across the merged rows."""
+    out = {name: torch.cat([p[name] for p in parts]) for name in parts[0] if name != "offsets"}
+    counts = torch.cat([p["offsets"].diff() for p in parts])
+    out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    return out
