@@ -51,7 +51,7 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
                 row = json.loads(line)
                 yield row["text"]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with a \"text\" field") from None
+                raise ValueError(f'{path}:{lineno}: expected a JSON object with a "text" field') from None
 
 
 def _parquet_documents(path: Path) -> Iterator[str]:
@@ -59,7 +59,7 @@ def _parquet_documents(path: Path) -> Iterator[str]:
 
     table = pq.ParquetFile(path)
     if "text" not in table.schema_arrow.names:
-        raise ValueError(f"{path}: no \"text\" column (columns: {', '.join(table.schema_arrow.names)})")
+        raise ValueError(f'{path}: no "text" column (columns: {", ".join(table.schema_arrow.names)})')
     for batch in table.iter_batches(columns=["text"]):
         yield from batch.column(0).to_pylist()
 
@@ -141,8 +141,9 @@ def pack(token_lists: Sequence[Sequence[int]], eos_id: int, seq_len: int) -> np.
     return stream[: n_rows * seq_len].reshape(n_rows, seq_len)
 
 
-def tokenize_and_pack(texts: Sequence[str], tokenizer, seq_len: int, progress: bool = False,
-                      chunk: int = 1000) -> np.ndarray:
+def tokenize_and_pack(
+    texts: Sequence[str], tokenizer, seq_len: int, progress: bool = False, chunk: int = 1000
+) -> np.ndarray:
     """(n_sequences, seq_len) int32 token ids of ``texts`` packed with eos between documents."""
     token_lists: list[list[int]] = []
     for start in tqdm(range(0, len(texts), chunk), desc="tokenize", disable=not progress, unit="chunk"):
@@ -150,16 +151,25 @@ def tokenize_and_pack(texts: Sequence[str], tokenizer, seq_len: int, progress: b
     return pack(token_lists, tokenizer.eos_token_id, seq_len)
 
 
-def packed_sequences(texts: Sequence[str], tokenizer, seq_len: int, cache_dir: str | os.PathLike | None = None,
-                     progress: bool = False) -> np.ndarray:
+def packed_sequences(
+    texts: Sequence[str],
+    tokenizer,
+    seq_len: int,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> np.ndarray:
     """:func:`tokenize_and_pack`, cached in ``cache_dir`` under a key of (texts, tokenizer, seq_len).
 
     The cache is ``packed-KEY.npy`` beside ``packed-KEY.json`` (what the key was made of), each
     written to a temporary file first, so an interrupted run never leaves a truncated array.
     Raises ValueError if the texts do not fill a single sequence.
     """
-    meta = {"texts": texts_hash(texts), "tokenizer": tokenizer_hash(tokenizer), "seq_len": seq_len,
-            "eos": tokenizer.eos_token_id}
+    meta = {
+        "texts": texts_hash(texts),
+        "tokenizer": tokenizer_hash(tokenizer),
+        "seq_len": seq_len,
+        "eos": tokenizer.eos_token_id,
+    }
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:20]
     npy = Path(cache_dir) / f"packed-{key}.npy" if cache_dir is not None else None
     if npy is not None and npy.exists():

@@ -18,7 +18,11 @@ PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"
 
 def _wrap(backend: Tokenizer, unk: str | None = None) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=unk,
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=unk,
         clean_up_tokenization_spaces=False,
     )
 
@@ -29,14 +33,18 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     Small corpora may yield fewer merges, hence a smaller vocabulary than asked for.
     """
     if vocab_size < 256 + 3:
-        raise ValueError(f"a byte-level BPE needs vocab_size >= 259 (256 bytes + 3 specials), got {vocab_size}")
+        raise ValueError(
+            f"a byte-level BPE needs vocab_size >= 259 (256 bytes + 3 specials), got {vocab_size}"
+        )
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     backend.train_from_iterator(texts, trainer=trainer)
     return _wrap(backend)

@@ -1,0 +1,29 @@
+"""`LimeConfig`: a LLaMA config plus the routing variant."""
+
+from __future__ import annotations
+
+from transformers import LlamaConfig
+
+from .routing import parse_routing
+
+
+class LimeConfig(LlamaConfig):
+    """Configuration of a LIMe decoder; every LLaMA field keeps its meaning.
+
+    Args:
+        routing: routing variant (see :mod:`lime_model.routing`); ``"none"`` is the LLaMA baseline.
+        **kwargs: any :class:`transformers.LlamaConfig` field (``hidden_size``, ``num_hidden_layers``,
+            ``num_attention_heads``, ``num_key_value_heads``, ...).
+    """
+
+    model_type = "lime"
+
+    def __init__(self, routing: str = "full", **kwargs) -> None:
+        self.routing = str(parse_routing(routing))
+        super().__init__(**kwargs)
+        if self.attention_bias:
+            raise ValueError("LIMe routes bias-free K/V projections; attention_bias=True is not supported")
+
+    @property
+    def routing_spec(self):
+        return parse_routing(self.routing)

@@ -1,0 +1,243 @@
+"""LIMe decoder as a Hugging Face model; ``routing="none"`` is exactly LLaMA.
+
+Differences from ``transformers``' ``LlamaForCausalLM`` are confined to :class:`LimeAttention`:
+its raw K/V go through ``self_attn.router`` (which also appends them to the per-forward
+:class:`~lime_model.kv_buffer.KVBuffer`) before RoPE, and the cache stores the *routed* K/V, since
+routing is per position. Every parameter name is LLaMA's, so LLaMA state dicts load unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .config import LimeConfig
+from .kv_buffer import KVBuffer
+from .router import LimeRouter, build_router
+
+
+class LimeAttention(nn.Module):
+    """LLaMA attention whose K/V heads are routed mixtures of all buffered layers' K/V heads."""
+
+    def __init__(self, config: LimeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        hidden, kv_dim = config.hidden_size, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(hidden, config.num_attention_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, hidden, bias=False)
+        self.router = build_router(config, layer_idx)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        kv_buffer: KVBuffer | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states ``(B, T, hidden)`` -> ``(B, T, hidden)`` and the attention weights (eager only)."""
+        B, T, _ = hidden_states.shape
+        query = self.q_proj(hidden_states).view(B, T, -1, self.head_dim).transpose(1, 2)
+        keys, values = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        if self.router is None:
+            keys = keys.view(B, T, -1, self.head_dim).transpose(1, 2)
+            values = values.view(B, T, -1, self.head_dim).transpose(1, 2)
+        else:
+            keys, values = self.router(kv_buffer, hidden_states, keys, values)
+
+        cos, sin = position_embeddings
+        query, keys = apply_rotary_pos_emb(query, keys, cos, sin)
+        if cache is not None:
+            keys, values = cache.update(keys, values, self.layer_idx)
+
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        output, weights = attention(
+            self,
+            query,
+            keys,
+            values,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return self.o_proj(output.reshape(B, T, -1)), weights
+
+
+class LimeDecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))`` (as LLaMA)."""
+
+    def __init__(self, config: LimeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = LimeAttention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        attn_out, _ = self.self_attn(self.input_layernorm(hidden_states), **kwargs)
+        hidden_states = hidden_states + attn_out
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LimePreTrainedModel(PreTrainedModel):
+    config_class = LimeConfig
+    config: LimeConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["LimeDecoderLayer"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_record_outputs = {"hidden_states": LimeDecoderLayer, "attentions": LimeAttention}
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, LimeRouter):
+            module.reset_parameters()  # identity on the own block, Kaiming-uniform elsewhere
+        elif getattr(module, "zero_init", False):
+            nn.init.zeros_(module.weight)  # e.g. the dynamic router's input projection
+        else:
+            super()._init_weights(module)
+
+
+class LimeModel(LimePreTrainedModel):
+    """The decoder stack: embeddings, L blocks sharing one K/V buffer per forward, final RMSNorm."""
+
+    def __init__(self, config: LimeConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(LimeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past
+            position_ids = position_ids.unsqueeze(0)
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        kv_buffer = None
+        if self.config.routing_spec.enabled:
+            kv_buffer = KVBuffer(
+                self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim
+            )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                attention_mask=causal_mask,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                cache=cache,
+                kv_buffer=kv_buffer,
+                **kwargs,
+            )
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+
+
+class LimeForCausalLM(LimePreTrainedModel, GenerationMixin):
+    """LIMe (or, with ``routing="none"``, LLaMA) with a language-modelling head."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: LimeConfig) -> None:
+        super().__init__(config)
+        self.model = LimeModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits ``(B, T, vocab)``; with ``labels`` also the shifted next-token cross-entropy."""
+        if "past_key_values" in kwargs:  # the name generate() and older callers use
+            cache = kwargs.pop("past_key_values")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )

@@ -1,0 +1,43 @@
+"""Optimizer parameter groups: no weight decay on routers, norms and biases; router LR multiplier."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .router import LimeRouter
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float, router_lr_mult: float = 1.0, lr: float | None = None
+) -> list[dict]:
+    """Split ``model``'s trainable parameters into AdamW groups.
+
+    Groups: ``decay`` (matrices of projections and embeddings, ``weight_decay``), ``no_decay`` (norms,
+    biases: 0) and ``router`` (every parameter under a router module: 0 decay, learning rate
+    ``lr * router_lr_mult`` when ``lr`` is given, else an ``lr_mult`` key for the caller's scheduler).
+    Empty groups are dropped. Each group carries a ``name``.
+    """
+    router_params = {id(p) for m in model.modules() if isinstance(m, LimeRouter) for p in m.parameters()}
+    groups: dict[str, list] = {"decay": [], "no_decay": [], "router": []}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:  # tied weights appear once
+            continue
+        seen.add(id(p))
+        if id(p) in router_params:
+            groups["router"].append(p)
+        elif p.ndim < 2 or name.endswith(".bias") or "norm" in name:
+            groups["no_decay"].append(p)
+        else:
+            groups["decay"].append(p)
+    result = []
+    for key, params in groups.items():
+        if not params:
+            continue
+        group = {"name": key, "params": params, "weight_decay": weight_decay if key == "decay" else 0.0}
+        mult = router_lr_mult if key == "router" else 1.0
+        group["lr_mult"] = mult
+        if lr is not None:
+            group["lr"] = lr * mult
+        result.append(group)
+    return result

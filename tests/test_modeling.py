@@ -1,0 +1,278 @@
+"""LIMe model tests against independent computations (transformers' LLaMA, a loop over Eq. 4)."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import lime_model
+from lime_model import LimeConfig, LimeForCausalLM, parse_routing
+
+VARIANTS = [
+    "full",
+    "average",
+    "first-1",
+    "first-2",
+    "last-2",
+    "dilated-2",
+    "no-head-mix",
+    "per-dim",
+    "dynamic",
+]
+SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
+
+
+def make(routing: str, kv: int = 2, seed: int = 0, **kw) -> LimeForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LimeConfig(routing=routing, num_key_value_heads=kv, **{**SIZES, **kw})
+    model = LimeForCausalLM(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and dynamic projections, so nothing hides behind init
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("proj.weight") and ".router." in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+# ---------------------------------------------------------------- reference: Eq. 4 as a loop
+def route_coef(router, layer_idx, h, p, h2, x, kv):
+    """Weight of head h2 of source p in routed head h, broadcastable to (B, T, head_dim)."""
+    spec = router.config_spec
+    S = len(router.sources)
+    if router.weight is None and spec.kind != "average":
+        return torch.tensor(float(h == h2))
+    if spec.kind == "average":
+        return torch.tensor((h == h2) / S)
+    if spec.kind == "no-head-mix":
+        return router.weight[h, p] * (h == h2)
+    if spec.kind == "per-dim":
+        return router.weight[h, p * kv + h2]  # (head_dim,)
+    if spec.kind == "dynamic":
+        delta = (x @ router.proj.weight.T).view(*x.shape[:2], kv, S * kv)
+        return (router.weight[h, p * kv + h2] + delta[:, :, h, p * kv + h2])[..., None]
+    return router.weight[h, p * kv + h2]
+
+
+def rope(x, cos, sin):  # x (B, T, n, D); cos/sin (1, T, D)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, :, None] + rotated * sin[:, :, None]
+
+
+def reference_logits(model: LimeForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+    cfg = model.config
+    H, kv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    B, T = ids.shape
+    h = model.model.embed_tokens(ids)
+    cos, sin = model.model.rotary_emb(h, torch.arange(T)[None])
+    raw_k, raw_v = [], []
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn.q_proj(x).view(B, T, H, D)
+        raw_k.append(attn.k_proj(x).view(B, T, kv, D))
+        raw_v.append(attn.v_proj(x).view(B, T, kv, D))
+        if attn.router is None:
+            k, v = raw_k[i], raw_v[i]
+        else:
+            attn.router.config_spec = cfg.routing_spec
+            ks, vs = [], []
+            for head in range(kv):
+                kh = vh = 0
+                for p, j in enumerate(attn.router.sources):
+                    for h2 in range(kv):
+                        c = route_coef(attn.router, i, head, p, h2, x, kv)
+                        kh = kh + c * raw_k[j][:, :, h2]
+                        vh = vh + c * raw_v[j][:, :, h2]
+                ks.append(kh)
+                vs.append(vh)
+            k, v = torch.stack(ks, 2), torch.stack(vs, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        k, v = k.repeat_interleave(H // kv, 2), v.repeat_interleave(H // kv, 2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(B, T, H * D)
+        h = h + attn.o_proj(out)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return model.lm_head(model.model.norm(h))
+
+
+@pytest.mark.parametrize("routing", ["none", *VARIANTS])
+@pytest.mark.parametrize("kv", [2, 4])
+def test_forward_and_gradients_match_eq4_loop(routing, kv):
+    model = make(routing, kv=kv)
+    ids = torch.randint(0, 50, (2, 7))
+    logits = model(ids).logits
+    ref = reference_logits(model, ids)
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+
+    target = torch.randn_like(logits)
+    grads = torch.autograd.grad((logits * target).sum(), list(model.parameters()))
+    ref_grads = torch.autograd.grad((ref * target).sum(), list(model.parameters()), allow_unused=True)
+    for (name, _), g, r in zip(model.named_parameters(), grads, ref_grads, strict=True):
+        torch.testing.assert_close(
+            g, r if r is not None else torch.zeros_like(g), atol=1e-5, rtol=1e-4, msg=name
+        )
+
+
+@pytest.mark.parametrize("kv", [2, 4])
+def test_routing_none_equals_transformers_llama(kv):
+    torch.manual_seed(1)
+    llama = LlamaForCausalLM(LlamaConfig(num_key_value_heads=kv, **SIZES)).eval()
+    lime = LimeForCausalLM(LimeConfig(routing="none", num_key_value_heads=kv, **SIZES)).eval()
+    lime.load_state_dict(llama.state_dict(), strict=True)
+    ids = torch.randint(0, 50, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding goes through the same masking code
+    torch.testing.assert_close(lime(ids, attention_mask=mask).logits, llama(ids, attention_mask=mask).logits)
+    assert lime(ids, labels=ids).loss.item() == pytest.approx(llama(ids, labels=ids).loss.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("routing", ["full", "first-1", "last-2", "dilated-2", "per-dim"])
+def test_identity_routers_equal_llama(routing):
+    lime = make(routing)
+    llama = LimeForCausalLM(LimeConfig(routing="none", num_key_value_heads=2, **SIZES)).eval()
+    llama.load_state_dict({k: v for k, v in lime.state_dict().items() if ".router." not in k})
+    with torch.no_grad():
+        for layer in lime.model.layers:
+            w = layer.self_attn.router.weight
+            if w is not None:
+                w.zero_()
+                w[:, -2:][torch.arange(2), torch.arange(2)] = 1.0
+    ids = torch.randint(0, 50, (2, 8))
+    torch.testing.assert_close(lime(ids).logits, llama(ids).logits)
+
+
+def test_gradients_reach_routers_and_earlier_kv_projections():
+    model = make("full")
+    model.train()
+    ids = torch.randint(0, 50, (2, 8))
+    # a loss that depends on the first layer's K/V only through later layers' routers
+    last = model.model.layers[-1].self_attn
+    seen = {}
+    last.router.register_forward_hook(lambda m, i, o: seen.setdefault("kv", o))
+    model(ids)
+    (seen["kv"][0].sum() + seen["kv"][1].sum()).backward()
+    assert last.router.weight.grad.abs().sum() > 0
+    for layer in model.model.layers:
+        assert layer.self_attn.k_proj.weight.grad.abs().sum() > 0
+        assert layer.self_attn.v_proj.weight.grad.abs().sum() > 0
+
+
+def test_router_layout_and_init():
+    model = make("full", kv=4)
+    layers = model.model.layers
+    assert list(layers[0].self_attn.router.parameters()) == []
+    for i in range(1, 4):
+        w = layers[i].self_attn.router.weight
+        assert w.shape == (4, (i + 1) * 4)
+        torch.testing.assert_close(w[:, -4:].detach(), torch.eye(4))
+        bound = math.sqrt(3 / ((i + 1) * 4))
+        assert w[:, :-4].abs().max() <= bound
+    names = [n for n, _ in model.named_parameters() if "router" in n]
+    assert names == [f"model.layers.{i}.self_attn.router.weight" for i in range(1, 4)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "layer", "expected"),
+    [
+        ("full", 3, [0, 1, 2, 3]),
+        ("average", 2, [0, 1, 2]),
+        ("first-2", 5, [0, 1, 5]),
+        ("first-2", 1, [0, 1]),
+        ("first-4", 0, [0]),
+        ("last-3", 5, [3, 4, 5]),
+        ("last-3", 1, [0, 1]),
+        ("dilated-2", 5, [1, 3, 5]),
+        ("dilated-3", 7, [1, 4, 7]),
+        ("dilated-8", 7, [7]),
+        ("no-head-mix", 2, [0, 1, 2]),
+        ("per-dim", 1, [0, 1]),
+        ("dynamic", 3, [0, 1, 2, 3]),
+        ("none", 3, [3]),
+    ],
+)
+def test_source_sets(spec, layer, expected):
+    assert parse_routing(spec).sources(layer) == expected
+
+
+def test_router_shapes_follow_source_sets():
+    model = make("dilated-2", num_hidden_layers=6)
+    for i, layer in enumerate(model.model.layers):
+        router = layer.self_attn.router
+        assert router.sources == parse_routing("dilated-2").sources(i)
+        if len(router.sources) > 1:
+            assert router.weight.shape == (2, 2 * len(router.sources))
+    assert make("no-head-mix").model.layers[3].self_attn.router.weight.shape == (2, 4)
+    assert make("per-dim").model.layers[2].self_attn.router.weight.shape == (2, 6, 8)
+    assert list(make("average").model.layers[3].self_attn.router.parameters()) == []
+
+
+@pytest.mark.parametrize("bad", ["fulll", "first-0", "last-", "dilated-x", "first2", "", "per dim"])
+def test_bad_routing_specs_are_rejected(bad):
+    with pytest.raises(ValueError, match="routing spec"):
+        LimeConfig(routing=bad)
+
+
+@pytest.mark.parametrize("routing", ["none", *VARIANTS])
+def test_greedy_generation_with_cache_equals_without(routing):
+    model = make(routing)
+    prompt = torch.randint(3, 50, (2, 5))
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with_cache = model.generate(prompt, use_cache=True, **kwargs)
+    without = model.generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(with_cache, without)
+    # and both equal a manual greedy loop with full recomputation
+    seq = prompt
+    for _ in range(8):
+        seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(with_cache, seq)
+
+
+def test_left_padded_batch_matches_unpadded_rows():
+    model = make("full")
+    a, b = torch.randint(3, 50, (1, 6)), torch.randint(3, 50, (1, 4))
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 2, dtype=torch.long), b], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    out = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[0], model(a).logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1, 2:], model(b).logits[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("routing", ["full", "dynamic", "none"])
+def test_save_load_round_trip_through_auto_classes(tmp_path, routing):
+    model = make(routing)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "lime"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, LimeForCausalLM)
+    assert loaded.config.routing == routing
+    original = model.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+    ids = torch.randint(0, 50, (2, 6))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_tied_embeddings_are_shared():
+    model = make("full", tie_word_embeddings=True)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_param_groups_keep_routers_norms_out_of_decay():
+    model = make("full")
+    groups = {
+        g["name"]: g for g in lime_model.param_groups(model, weight_decay=0.1, router_lr_mult=10.0, lr=1e-3)
+    }
+    ids = lambda g: {id(p) for p in g["params"]}  # noqa: E731
+    routers = {id(p) for n, p in model.named_parameters() if ".router." in n}
+    norms = {id(p) for n, p in model.named_parameters() if "norm" in n}
+    assert ids(groups["router"]) == routers
+    assert ids(groups["no_decay"]) == norms
+    assert groups["router"]["weight_decay"] == 0 and groups["router"]["lr"] == pytest.approx(1e-2)
+    assert groups["decay"]["weight_decay"] == 0.1
+    total = sum(len(g["params"]) for g in groups.values())
+    assert total == len(list(model.parameters()))
