@@ -1,0 +1,151 @@
+"""Batching, padding, selection, limits, early stop and bad input of `extract`."""
+
+import pytest
+import torch
+from helpers import tiny_model, tiny_tokenizer
+
+from lime_probe.extract import extract, pad_batch
+
+TEXTS = [
+    "The cat is on the mat and the dogs are in the garden.",
+    "It was",
+    "She was happy because the results were good.",
+    "There was a time when the rivers were clean.",
+    "Layers are functions.",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "bert", "lime"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_batched_equals_one_at_a_time(tok, arch, side):
+    if arch == "lime":
+        pytest.importorskip("lime_model")
+    model = tiny_model(arch, tok)
+    tok.padding_side = side
+    sites = ["hidden", "final", "values", "keys"] + (["routed_values"] if arch == "lime" else [])
+    batched = extract(model, tok, TEXTS, sites=sites, batch_size=3, progress=False)
+    alone = [extract(model, tok, [t], sites=sites, progress=False) for t in TEXTS]
+    lengths = [len(tok(t)["input_ids"]) for t in TEXTS]
+    assert batched.offsets.diff().tolist() == lengths
+    assert batched.token_ids.tolist() == sum((tok(t)["input_ids"] for t in TEXTS), [])
+    for site in sites:
+        for layer in batched.layers(site):
+            one = torch.cat([a[site][layer] for a in alone])
+            torch.testing.assert_close(batched[site][layer], one, atol=1e-5, rtol=1e-5)
+            assert batched[site][layer].dtype == torch.float32
+
+
+def test_pad_batch_positions_count_each_sequence_from_zero():
+    left = pad_batch([[5, 6, 7], [8]], pad_id=0, side="left")
+    assert left["input_ids"].tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert left["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert left["position_ids"][1, 2].item() == 0
+    right = pad_batch([[5, 6, 7], [8]], pad_id=0, side="right")
+    assert right["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert right["position_ids"][0].tolist() == [0, 1, 2]
+
+
+def test_mean_pool_is_mean_of_each_sequence(tok):
+    model = tiny_model("llama", tok)
+    rows = extract(model, tok, TEXTS, sites=["hidden"], batch_size=2, progress=False)
+    pooled = extract(model, tok, TEXTS, sites=["hidden"], pool="mean", batch_size=2, progress=False)
+    assert pooled.offsets.tolist() == list(range(len(TEXTS) + 1))
+    assert (pooled.token_ids == -1).all()
+    for layer in rows.layers("hidden"):
+        expected = torch.stack([s.mean(0) for s in rows.sequences("hidden", layer)])
+        torch.testing.assert_close(pooled["hidden"][layer], expected)
+
+
+def test_token_ids_select_positions(tok):
+    model = tiny_model("gpt2", tok)
+    wanted = tok.convert_tokens_to_ids(["Ġis", "Ġwas", "Ġwere"])
+    full = extract(model, tok, TEXTS, sites=["values"], batch_size=2, progress=False)
+    some = extract(model, tok, TEXTS, sites=["values"], token_ids=wanted, batch_size=2, progress=False)
+    mask = torch.isin(full.token_ids, torch.tensor(wanted))
+    assert mask.sum() >= 4
+    assert some.token_ids.tolist() == full.token_ids[mask].tolist()
+    torch.testing.assert_close(some["values"][1], full["values"][1][mask])
+    per_seq = [sum(t in wanted for t in tok(x)["input_ids"]) for x in TEXTS]
+    assert some.offsets.diff().tolist() == per_seq
+
+
+def test_layers_selection_and_early_stop(tok):
+    """Asking for block 0 only runs block 0: later blocks and the LM head never run."""
+    model = tiny_model("llama", tok)
+    calls = {"block1": 0, "lm_head": 0}
+    model.model.layers[1].register_forward_hook(lambda *a: calls.__setitem__("block1", calls["block1"] + 1))
+    model.lm_head.register_forward_hook(lambda *a: calls.__setitem__("lm_head", calls["lm_head"] + 1))
+    acts = extract(model, tok, TEXTS, sites=["values", "hidden"], layers=[0, 1], progress=False)
+    assert acts.layers("values") == [0, 1] and acts.layers("hidden") == [0, 1]
+    assert calls == {"block1": 0, "lm_head": 0}
+    last = extract(model, tok, TEXTS, sites=["hidden", "values"], layers=[-1], progress=False)
+    assert last.layers("hidden") == [2] and last.layers("values") == [1]
+    assert calls["lm_head"] == 0
+
+
+def test_limits_on_sequences_and_tokens(tok):
+    model = tiny_model("llama", tok)
+    lengths = [len(tok(t)["input_ids"]) for t in TEXTS]
+    two = extract(model, tok, TEXTS, max_sequences=2, progress=False)
+    assert two.n_sequences == 2 and len(two.token_ids) == sum(lengths[:2])
+    budget = lengths[0] + 1
+    cut = extract(model, tok, TEXTS, max_tokens=budget, progress=False)
+    assert cut.offsets.diff().tolist() == [lengths[0], 1]
+    full = extract(model, tok, TEXTS[:2], progress=False)
+    torch.testing.assert_close(cut["hidden"][2][:budget], full["hidden"][2][:budget])  # causal: prefix unchanged
+
+
+def test_remote_local_path_gives_the_same_result(tok):
+    model = tiny_model("llama", tok)
+    local = extract(model, tok, TEXTS[:3], sites=["hidden", "values"], progress=False)
+    simulated = extract(model, tok, TEXTS[:3], sites=["hidden", "values"], progress=False, remote="local")
+    for site in local:
+        for layer in local.layers(site):
+            torch.testing.assert_close(simulated[site][layer], local[site][layer])
+
+
+def test_activations_views(tok):
+    model = tiny_model("llama", tok)
+    acts = extract(model, tok, TEXTS, sites=["hidden", "values"], progress=False)
+    assert acts.sites == ("hidden", "values") and set(acts) == {"hidden", "values"}
+    seqs = acts.sequences("values", 0)
+    assert [len(s) for s in seqs] == acts.offsets.diff().tolist()
+    with pytest.raises(KeyError, match="site 'keys' was not extracted"):
+        acts["keys"]
+    with pytest.raises(KeyError, match="layer 7 of site 'hidden' was not extracted"):
+        acts["hidden"][7]
+    with pytest.raises(ValueError, match="site 'hidden' has no heads"):
+        acts.per_head("hidden", 0)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(texts=[]), "texts is empty"),
+    (dict(texts="a string"), "texts must be a list of strings"),
+    (dict(sites=["attention"]), r"unknown site\(s\) \['attention'\]"),
+    (dict(sites=["routed_values"]), "site 'routed_values' is not available for model_type 'llama'"),
+    (dict(layers=[3], sites=["values"]), "layer 3 out of range for site 'values', which has 2 entries"),
+    (dict(pool="max"), "pool must be one of"),
+    (dict(pool="mean", token_ids=[5]), "cannot be combined"),
+    (dict(batch_size=0), "batch_size must be a positive integer"),
+    (dict(texts=["fine", ""]), "text 1 tokenizes to no tokens"),
+])
+def test_bad_input_is_a_clear_error(tok, kwargs, message):
+    model = tiny_model("llama", tok)
+    args = dict(texts=TEXTS, progress=False) | kwargs
+    with pytest.raises(ValueError, match=message):
+        extract(model, tok, **args)
+
+
+def test_nan_activations_name_site_and_layer(tok):
+    model = tiny_model("llama", tok)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    ok = extract(model, tok, TEXTS, sites=["values"], progress=False)  # values of block 1 come before its MLP
+    assert torch.isfinite(ok["values"][1]).all()
+    with pytest.raises(ValueError, match=r"non-finite activations \(NaN/Inf\) at site 'hidden' layer 2"):
+        extract(model, tok, TEXTS, sites=["hidden"], progress=False)
