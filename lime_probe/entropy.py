@@ -120,6 +120,12 @@ def gram_entropy(K: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     return torch.log(p.pow(alpha).sum(-1)) / (1 - alpha)
 
 
+def _entropy(Z: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Entropy of validated float64 Z (..., t, d) through the smaller Gram matrix."""
+    K = Z @ Z.mT if Z.shape[-2] <= Z.shape[-1] else Z.mT @ Z
+    return gram_entropy(K, alpha)
+
+
 def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Tensor:
     """Matrix-based Renyi entropy of Z (..., t, d), taken as given (no normalisation) -> (...) float64.
 
@@ -132,9 +138,8 @@ def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Te
         raise ValueError(f"matrix_entropy: Z must be a floating-point tensor, got {Z.dtype}")
     if not bool(torch.isfinite(Z).all()):
         raise ValueError("matrix_entropy: Z contains NaN or Inf")
-    Z = Z.to(torch.float64)
-    K = Z @ Z.mT if Z.shape[-2] <= Z.shape[-1] else Z.mT @ Z
-    return gram_entropy(K, alpha)
+    _check_alpha(alpha)
+    return _entropy(Z.to(torch.float64), alpha)
 
 
 class FeatureMoments:
@@ -149,14 +154,14 @@ class FeatureMoments:
         self._m2: torch.Tensor | None = None
 
     def update(self, rows: torch.Tensor) -> FeatureMoments:
-        rows = torch.as_tensor(rows).to(torch.float64)
+        rows = torch.as_tensor(rows, dtype=torch.float64)
         if rows.ndim != 2:
             raise ValueError(f"FeatureMoments.update: rows must have shape (n, d), got {tuple(rows.shape)}")
         n = rows.shape[0]
         if n == 0:
             return self
-        mean = rows.mean(0)
-        m2 = (rows - mean).square().sum(0)
+        var, mean = torch.var_mean(rows, dim=0, correction=0)  # one fused, numerically stable pass
+        m2 = var * n
         if self._mean is None:
             self.count, self._mean, self._m2 = n, mean, m2
             return self
@@ -196,7 +201,7 @@ class EntropyResult:
 
 
 def _as_sequences(seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """A (n, t, d) array or an iterable of (t_i, d) tensors -> list of validated (t_i, d) tensors."""
+    """A (n, t, d) array or an iterable of (t_i, d) tensors -> list of (t_i, d) tensors, shapes checked."""
     if isinstance(seqs, (torch.Tensor, np.ndarray)):
         seqs = torch.as_tensor(seqs)
         if seqs.ndim != 3:
@@ -209,22 +214,30 @@ def _as_sequences(seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> l
             raise ValueError(f"sequence {i}: dim {z.shape[1]} differs from sequence 0's dim {out[0].shape[1]}")
         if not z.is_floating_point():
             raise ValueError(f"sequence {i}: expected a floating-point tensor, got {z.dtype}")
-        if not bool(torch.isfinite(z).all()):
-            raise ValueError(f"sequence {i}: contains NaN or Inf")
     return out
 
 
-def _chunks(idx: list[int], numel: int) -> Iterable[list[int]]:
-    step = max(1, _CHUNK_NUMEL // numel)
-    for i in range(0, len(idx), step):
-        yield idx[i : i + step]
+def _batches(seqs: list[torch.Tensor]) -> Iterable[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Groups of equal-length sequences of bounded size: (indices, Z (b, t, d) float64, Z.sum(1) (b, d)).
 
-
-def _by_length(seqs: list[torch.Tensor]) -> dict[int, list[int]]:
+    Z is a fresh tensor (callers may normalise it in place); the column sums double as the NaN/Inf check.
+    """
     groups: dict[int, list[int]] = {}
     for i, z in enumerate(seqs):
         groups.setdefault(z.shape[0], []).append(i)
-    return groups
+    for t, idx in groups.items():
+        d = seqs[idx[0]].shape[1]
+        step = max(1, _CHUNK_NUMEL // (t * d))
+        for k in range(0, len(idx), step):
+            chunk = idx[k : k + step]
+            Z = torch.empty((len(chunk), t, d), dtype=torch.float64)
+            for j, i in enumerate(chunk):
+                Z[j].copy_(seqs[i])  # converts to float64 without an extra temporary
+            colsum = Z.sum(1)
+            finite = torch.isfinite(colsum).all(1)  # NaN and Inf propagate into the sums
+            if not bool(finite.all()):
+                raise ValueError(f"sequence {chunk[int((~finite).nonzero()[0])]}: contains NaN or Inf")
+            yield chunk, Z, colsum
 
 
 class EntropyAccumulator:
@@ -238,7 +251,8 @@ class EntropyAccumulator:
     For the "zscore" normalisation without `feature_stats` this is the one-pass mode of the module
     docstring (Gram-side statistics kept until `result()`); with `feature_stats` (a `FeatureMoments`
     filled in a first pass over the same data) entropies are computed in `update` (two-pass mode).
-    Knobs (`alpha`, `normalize`, `eps`) override the preset.
+    Knobs (`alpha`, `normalize`, `eps`) override the preset. Equal-length sequences are processed
+    together in float64 chunks of at most 128 MiB.
     """
 
     def __init__(
@@ -256,10 +270,13 @@ class EntropyAccumulator:
         self.config = entropy_config(preset, alpha=alpha, normalize=normalize, eps=eps)
         self.feature_stats = feature_stats
         self.ci_level, self.n_boot, self.seed = ci_level, n_boot, seed
-        self._values: list[torch.Tensor] = []  # finished entropies, in input order
-        self._moments = FeatureMoments()  # one-pass z-score: moments of everything seen
-        self._pending: list[tuple[str, torch.Tensor, torch.Tensor | None, int]] = []  # (kind, G or Z, c, t)
+        self._count = 0  # sequences seen
         self._dim: int | None = None
+        self._done: list[tuple[list[int], torch.Tensor]] = []  # (positions, entropies)
+        # One-pass z-score: moments of everything seen and, per chunk, (positions, G, column sums, t)
+        # for t > d or (positions, Z, None, t) otherwise.
+        self._moments = FeatureMoments()
+        self._pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None, int]] = []
 
     @property
     def _deferred(self) -> bool:
@@ -274,10 +291,18 @@ class EntropyAccumulator:
             self._dim = seqs[0].shape[1]
         elif seqs[0].shape[1] != self._dim:
             raise ValueError(f"EntropyAccumulator: got dim {seqs[0].shape[1]}, earlier sequences had {self._dim}")
-        if self._deferred:
-            self._keep_statistics(seqs)
-        else:
-            self._values.append(self._entropies(seqs))
+        for chunk, Z, colsum in _batches(seqs):
+            pos = [self._count + i for i in chunk]
+            if not self._deferred:
+                self._done.append((pos, _entropy(self._normalize_(Z), self.config.alpha)))
+                continue
+            self._moments.update(Z.reshape(-1, self._dim))
+            t = Z.shape[1]
+            if t > self._dim:
+                self._pending.append((pos, Z.mT @ Z, colsum, t))
+            else:  # the sequences themselves are no larger than their d x d Grams
+                self._pending.append((pos, Z, None, t))
+        self._count += len(seqs)
         return self
 
     def _scale(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,59 +312,41 @@ class EntropyAccumulator:
             raise ValueError("z-score: a feature has zero std and eps = 0; set eps > 0")
         return stats.mean, 1.0 / denom
 
-    def _normalized(self, Z: torch.Tensor) -> torch.Tensor:
-        """Z (b, t, d) float64 normalised per the config."""
+    def _normalize_(self, Z: torch.Tensor) -> torch.Tensor:
+        """Normalise Z (b, t, d) float64 in place per the config (no full-size temporaries) and return it."""
         if self.config.normalize == "zscore":
             mean, inv_std = self._scale()
-            return (Z - mean) * inv_std
-        if self.config.normalize == "center-l2":
-            Z = Z - Z.mean(-2, keepdim=True)
-            return torch.nn.functional.normalize(Z, dim=-1)
+            return Z.sub_(mean).mul_(inv_std)
+        if self.config.normalize == "center-l2":  # as F.normalize: rows of norm < 1e-12 stay ~0
+            Z.sub_(Z.mean(-2, keepdim=True))
+            return Z.div_(torch.linalg.vector_norm(Z, dim=-1, keepdim=True).clamp_min_(1e-12))
         return Z
 
-    def _entropies(self, seqs: list[torch.Tensor]) -> torch.Tensor:
-        out = torch.empty(len(seqs), dtype=torch.float64)
-        for t, idx in _by_length(seqs).items():
-            for chunk in _chunks(idx, t * self._dim):
-                Z = torch.stack([seqs[i] for i in chunk]).to(torch.float64)
-                out[chunk] = matrix_entropy(self._normalized(Z), self.config.alpha)
-        return out
-
-    def _keep_statistics(self, seqs: list[torch.Tensor]) -> None:
-        for z in seqs:
-            z64 = z.to(torch.float64)
-            self._moments.update(z64)
-            t = z.shape[0]
-            if t >= self._dim:
-                self._pending.append(("gram", z64.T @ z64, z64.sum(0), t))
-            else:
-                self._pending.append(("seq", z, None, t))
-
-    def _resolve_pending(self) -> torch.Tensor:
-        """Entropies of the sequences kept by one-pass z-score mode, now that the moments are known."""
+    def _resolve_pending(self) -> list[tuple[list[int], torch.Tensor]]:
+        """Entropies of the chunks kept by one-pass z-score mode, now that the moments are known."""
         mean, inv_std = self._scale()
-        out = torch.empty(len(self._pending), dtype=torch.float64)
-        grams = [i for i, p in enumerate(self._pending) if p[0] == "gram"]
-        for chunk in _chunks(grams, self._dim * self._dim):
-            G = torch.stack([self._pending[i][1] for i in chunk])
-            c = torch.stack([self._pending[i][2] for i in chunk])
-            t = torch.tensor([float(self._pending[i][3]) for i in chunk], dtype=torch.float64)
-            cm = c.unsqueeze(-1) * mean  # c mu^T, (b, d, d)
-            G = G - cm - cm.mT + t[:, None, None] * torch.outer(mean, mean)
-            out[chunk] = gram_entropy(G * inv_std[:, None] * inv_std, self.config.alpha)
-        short = [i for i, p in enumerate(self._pending) if p[0] == "seq"]
-        if short:
-            out[short] = self._entropies([self._pending[i][1] for i in short])
+        out = []
+        for pos, M, colsum, t in self._pending:  # M: Z (b, t, d) if colsum is None, else Z^T Z (b, d, d)
+            if colsum is None:
+                # Out of place (one allocation) so that `result()` can be called again after more updates.
+                out.append((pos, _entropy((M - mean).mul_(inv_std), self.config.alpha)))
+                continue
+            cm = colsum.unsqueeze(-1) * mean  # c mu^T, (b, d, d)
+            G = M - cm - cm.mT + t * torch.outer(mean, mean)
+            out.append((pos, gram_entropy(G * inv_std[:, None] * inv_std, self.config.alpha)))
         return out
 
     def result(self) -> EntropyResult:
         """`EntropyResult` of everything passed to `update` so far."""
         if self._dim is None:
             raise ValueError("EntropyAccumulator: no sequences were given")
-        values = self._resolve_pending() if self._deferred else torch.cat(self._values)
-        v = values.numpy()
-        s = summarize(v, level=self.ci_level, n_boot=self.n_boot, seed=self.seed)
-        return EntropyResult(values=v, mean=s.mean, std=s.std, ci_low=s.ci_low, ci_high=s.ci_high, config=self.config)
+        values = np.empty(self._count)
+        for pos, ent in self._resolve_pending() if self._deferred else self._done:
+            values[pos] = ent.numpy()
+        s = summarize(values, level=self.ci_level, n_boot=self.n_boot, seed=self.seed)
+        return EntropyResult(
+            values=values, mean=s.mean, std=s.std, ci_low=s.ci_low, ci_high=s.ci_high, config=self.config
+        )
 
 
 def layer_entropy(
