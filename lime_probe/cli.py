@@ -198,9 +198,12 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
 
     cells = [[cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    # numbers right-aligned, text left-aligned
+    numeric = [all(isinstance(r.get(c), int | float | np.number) or r.get(c) is None for r in rows) for c in cols]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    lines += ["  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(row, widths, numeric, strict=True))
+              for row in cells]
     return "\n".join(lines)
 
 
@@ -318,16 +321,19 @@ def _entropy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=None, help="Renyi order (default: the preset's)")
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (the usage itself stays one ``--help`` away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lime-probe`` argument parser with one subcommand per analysis."""
-    parser = argparse.ArgumentParser(prog=PROG, description="The LIMe paper's analyses of representation collapse.",
+    parser = _Parser(prog=PROG, description="The LIMe paper's analyses of representation collapse.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Run 'lime-probe COMMAND --help' for a command's options and an example.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def add(name: str, handler: Callable, **kw) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=HELP[name], description=HELP[name],

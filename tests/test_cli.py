@@ -8,11 +8,38 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from helpers import save_tiny_checkpoint
 
 from lime_probe import cli
 
 COMMANDS = ["entropy", "report"]
+TEXTS = [
+    "The cat is on the mat and the dogs are in the garden.",
+    "She was happy because the results were good.",
+    "It is what it is, they are who they are.",
+    "There was a time when the rivers were clean.",
+    "A model is a function; layers are functions too.",
+    "The quick brown fox jumps over the lazy dog.",
+]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ckpts")
+    return {arch: save_tiny_checkpoint(root / arch, arch) for arch in ("llama", "lime", "bert")}
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "texts.txt"
+    path.write_text("\n\n".join(TEXTS) + "\n")
+    return path
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -89,3 +116,93 @@ def test_format_table_aligns_columns():
     assert lines[0].split() == ["model", "layer", "v"]
     assert lines[2].split() == ["LIMe", "0", "1.235"] and lines[3].split() == ["LLaMA", "10"]
     assert len({len(line) for line in lines}) == 1
+
+
+def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file):
+    from lime_probe.entropy import layer_entropies
+    from lime_probe.extract import extract
+    from lime_probe.load import load
+
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--ckpt", ckpts["bert"], "--label",
+                                "LLaMA", "--label", "BERT", "--data", text_file, "--site", "values", "--max-length",
+                                16, "--out", out, "--cache", tmp_path / "cache", "--seed", 3)
+    assert code == 0, err
+    doc = _read_json(out / "entropy_values.json")
+    assert doc["meta"]["settings"]["site"] == "values"
+    assert doc["meta"]["checkpoints"]["BERT"]["model_type"] == "bert"
+    for label, arch in (("LLaMA", "llama"), ("BERT", "bert")):
+        model, tok = load(ckpts[arch])
+        acts = extract(model, tok, TEXTS, sites=["values"], max_length=16, progress=False)
+        want = layer_entropies({la: acts.sequences("values", la) for la in acts["values"]}, preset="lime",
+                               seed=3, progress=False)
+        rows = [r for r in doc["rows"] if r["model"] == label]
+        assert [r["layer"] for r in rows] == sorted(want)
+        for r in rows:
+            w = want[r["layer"]]
+            np.testing.assert_allclose([r["entropy_mean"], r["entropy_std"], r["ci_low"], r["ci_high"]],
+                                       [w.mean, w.std, w.ci_low, w.ci_high], rtol=1e-12)
+            assert r["n_sequences"] == len(TEXTS)
+    assert sorted(p.name for p in out.iterdir()) == [f"entropy_values.{x}" for x in ("csv", "json", "pdf", "png")]
+    assert "LLaMA" in stdout and "entropy_mean" in stdout
+
+
+def _corrupt_copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    return dst
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing", "checkpoint not found"),
+    ("not_ckpt", "not a checkpoint"),
+    ("corrupt", "cannot load the weights"),
+    ("empty_data", "no text"),
+    ("missing_data", "data not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, case, match):
+    ckpt, data = ckpts["llama"], text_file
+    if case == "missing":
+        ckpt = tmp_path / "nope"
+    elif case == "not_ckpt":
+        ckpt = tmp_path / "plain"
+        ckpt.mkdir()
+    elif case == "corrupt":
+        ckpt = _corrupt_copy(ckpts["llama"], tmp_path / "corrupt")
+    elif case == "empty_data":
+        data = tmp_path / "empty.txt"
+        data.write_text("\n\n  \n")
+    elif case == "missing_data":
+        data = tmp_path / "nothing.txt"
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "entropy", "--ckpt", ckpt, "--data", data, "--out", out, "--no-cache")
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("lime-probe")]
+    assert len(lines) == 1 and lines[0].startswith("lime-probe entropy: error: ") and match in lines[0], err
+    assert "Traceback" not in err
+    assert not out.exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_unknown_site_is_a_usage_error(capsys, ckpts, text_file, tmp_path):
+    code, _, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--data", text_file, "--site", "attn",
+                           "--out", tmp_path / "o")
+    assert code == 2 and err.count("\n") == 1 and "invalid choice: 'attn'" in err
+
+
+def test_a_site_the_model_lacks_is_exit_2(capsys, ckpts, text_file, tmp_path):
+    code, _, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--data", text_file, "--site",
+                           "routed_values", "--out", tmp_path / "o", "--no-cache")
+    assert code == 2 and "routed_values" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_installed_script_reports_bad_input(tmp_path, text_file):
+    script = Path(sys.executable).with_name("lime-probe")
+    if not script.exists():
+        pytest.skip("lime-probe is not installed in this environment (pip install -e .)")
+    proc = subprocess.run([str(script), "entropy", "--ckpt", str(tmp_path / "nope"), "--data", str(text_file),
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"lime-probe entropy: error: checkpoint not found: {tmp_path / 'nope'}"
