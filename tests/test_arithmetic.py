@@ -19,8 +19,12 @@ def to_python(expr: str) -> str:
 def fraction_value(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Constant):
         return Fraction(node.value)
-    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b}
+    ops = {
+        ast.Add: lambda a, b: a + b,
+        ast.Sub: lambda a, b: a - b,
+        ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b,
+    }
     return ops[type(node.op)](fraction_value(node.left), fraction_value(node.right))
 
 
@@ -32,7 +36,9 @@ def expected_next(line: str) -> str:
     """Reduce the leftmost operation whose operands are both numbers in Python's parse of ``line``."""
     py = to_python(line)
     tree = ast.parse(py, mode="eval")
-    ready = [n for n in binops(tree) if isinstance(n.left, ast.Constant) and isinstance(n.right, ast.Constant)]
+    ready = [
+        n for n in binops(tree) if isinstance(n.left, ast.Constant) and isinstance(n.right, ast.Constant)
+    ]
     node = min(ready, key=lambda n: n.left.col_offset)
     value = fraction_value(node)
     assert value.denominator == 1 and value >= 0, f"non-natural intermediate {value} in {line}"
@@ -71,7 +77,9 @@ def test_every_step_is_the_leftmost_legal_reduction(n):
     for s in samples:
         check_sample(s)
     text = "".join(s.prompt for s in samples)
-    assert all(op in text for op in ("+-×÷()" if n > 2 else "+-×÷"))  # every operator (and parentheses) occurs
+    assert all(
+        op in text for op in ("+-×÷()" if n > 2 else "+-×÷")
+    )  # every operator (and parentheses) occurs
     assert len({s.prompt for s in samples}) == len(samples)
 
 
@@ -125,8 +133,15 @@ def test_extract_answer():
 
 def tiny_model(vocab: int) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 

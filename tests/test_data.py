@@ -16,12 +16,21 @@ TXT = "first doc line 1\nfirst doc line 2\n\n  \nsecond doc\n \n\n\nthird doc\n"
 
 def test_txt_documents_are_blank_line_separated(tmp_path):
     (tmp_path / "a.txt").write_text(TXT)
-    assert data.load_texts(str(tmp_path / "a.txt")) == ["first doc line 1\nfirst doc line 2", "second doc", "third doc"]
-    assert data.load_texts(str(tmp_path / "a.txt"), max_texts=2) == ["first doc line 1\nfirst doc line 2", "second doc"]
+    assert data.load_texts(str(tmp_path / "a.txt")) == [
+        "first doc line 1\nfirst doc line 2",
+        "second doc",
+        "third doc",
+    ]
+    assert data.load_texts(str(tmp_path / "a.txt"), max_texts=2) == [
+        "first doc line 1\nfirst doc line 2",
+        "second doc",
+    ]
 
 
 def test_jsonl_parquet_and_folders(tmp_path):
-    (tmp_path / "train-1.jsonl").write_text(json.dumps({"text": "j1"}) + "\n\n" + json.dumps({"text": "j2", "x": 1}) + "\n")
+    (tmp_path / "train-1.jsonl").write_text(
+        json.dumps({"text": "j1"}) + "\n\n" + json.dumps({"text": "j2", "x": 1}) + "\n"
+    )
     pq.write_table(pa.table({"text": ["p1", "", "p2"], "id": [1, 2, 3]}), tmp_path / "train-2.parquet")
     (tmp_path / "valid.txt").write_text("v1\n\nv2\n")
     (tmp_path / "notes.md").write_text("ignored")
@@ -46,7 +55,7 @@ def test_bad_data_specs(tmp_path):
     with pytest.raises(ValueError, match="unsupported"):
         data.load_texts(str(tmp_path / "t.csv"))
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "nt.parquet")
-    with pytest.raises(ValueError, match="no \"text\" column"):
+    with pytest.raises(ValueError, match='no "text" column'):
         data.load_texts(str(tmp_path / "nt.parquet"))
 
 
@@ -97,7 +106,9 @@ def test_bpe_is_deterministic_lossless_and_loadable(tmp_path):
     assert tok.decode(tok.encode(sample, add_special_tokens=False)) == sample
     tok.save_pretrained(tmp_path)
     loaded = load_tokenizer(str(tmp_path))
-    assert AutoTokenizer.from_pretrained(tmp_path).encode(sample) == loaded.encode(sample) == tok.encode(sample)
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path).encode(sample) == loaded.encode(sample) == tok.encode(sample)
+    )
     assert (loaded.bos_token, loaded.eos_token, loaded.pad_token) == ("<|bos|>", "<|eos|>", "<|pad|>")
     with pytest.raises(FileNotFoundError, match="tokenizer directory not found"):
         load_tokenizer(str(tmp_path / "nope"))

@@ -70,7 +70,12 @@ def _in_range(tree, max_value: int) -> bool:
     if isinstance(tree, int):
         return True
     value = _value(tree)
-    return value is not None and value <= max_value and _in_range(tree[1], max_value) and _in_range(tree[2], max_value)
+    return (
+        value is not None
+        and value <= max_value
+        and _in_range(tree[1], max_value)
+        and _in_range(tree[2], max_value)
+    )
 
 
 def _render(tree) -> str:
@@ -122,7 +127,11 @@ def tokenize_expression(text: str) -> list[int | str]:
 
 def _is_legal(tokens: list[int | str], k: int) -> bool:
     """Whether the operator at ``tokens[k]`` may be computed now."""
-    if k < 1 or k + 1 >= len(tokens) or not (isinstance(tokens[k - 1], int) and isinstance(tokens[k + 1], int)):
+    if (
+        k < 1
+        or k + 1 >= len(tokens)
+        or not (isinstance(tokens[k - 1], int) and isinstance(tokens[k + 1], int))
+    ):
         return False
     before = tokens[k - 2] if k >= 2 else "("
     after = tokens[k + 2] if k + 2 < len(tokens) else ")"
@@ -214,10 +223,16 @@ def make_splits(
     train: list[Sample] = []
     test: list[Sample] = []
     for n in operands:
-        test_n = generate(n, test_per_operand, seed=seed + 1_000_003, max_operand=max_operand, max_value=max_value)
+        test_n = generate(
+            n, test_per_operand, seed=seed + 1_000_003, max_operand=max_operand, max_value=max_value
+        )
         test += test_n
         train += generate(
-            n, train_per_operand, seed=seed, max_operand=max_operand, max_value=max_value,
+            n,
+            train_per_operand,
+            seed=seed,
+            max_operand=max_operand,
+            max_value=max_value,
             exclude={s.prompt[:-1] for s in test_n},
         )
     return train, test
@@ -250,7 +265,12 @@ def extract_answer(generated: str) -> int | None:
 
 @torch.no_grad()
 def generate_solutions(
-    model, tokenizer, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 256, progress: bool = False
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    batch_size: int = 256,
+    progress: bool = False,
 ) -> list[str]:
     """Greedy continuations of ``prompts`` (with the KV cache), cut at eos, special tokens dropped.
 
@@ -266,8 +286,12 @@ def generate_solutions(
             batch = [tokenizer.bos_token + p for p in prompts[start : start + batch_size]]
             enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             out = model.generate(
-                **enc, do_sample=False, max_new_tokens=max_new_tokens, use_cache=True,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                **enc,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                use_cache=True,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
             )
             texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     finally:
@@ -277,7 +301,11 @@ def generate_solutions(
 
 
 def evaluate(
-    model, tokenizer, samples: Sequence[Sample], batch_size: int = 256, max_new_tokens: int | None = None,
+    model,
+    tokenizer,
+    samples: Sequence[Sample],
+    batch_size: int = 256,
+    max_new_tokens: int | None = None,
     progress: bool = False,
 ) -> dict[int, float]:
     """Accuracy of the final answer per operand count, by greedy open-ended generation.
@@ -288,7 +316,9 @@ def evaluate(
         raise ValueError("evaluate needs at least one sample")
     if max_new_tokens is None:
         max_new_tokens = max(len(s.solution) for s in samples) + 8
-    texts = generate_solutions(model, tokenizer, [s.prompt for s in samples], max_new_tokens, batch_size, progress)
+    texts = generate_solutions(
+        model, tokenizer, [s.prompt for s in samples], max_new_tokens, batch_size, progress
+    )
     correct: dict[int, int] = {}
     total: dict[int, int] = {}
     for s, text in zip(samples, texts, strict=True):

@@ -1,0 +1,434 @@
+"""The training loop: data, model, AdamW with warmup + decay, metrics, atomic checkpoints, resume.
+
+Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``; DDP, or FSDP when
+the recipe sets ``fsdp``). Every process sees the same global batch order (a seeded permutation per
+epoch) and takes its own slice; each micro-batch's loss is the summed token loss over the number of
+target tokens in the *global* batch, so 1 process with accumulation and N processes give the same
+gradients.
+
+An output directory holds::
+
+    recipe.json            the recipe (resuming checks it)
+    metrics.jsonl          step, tokens, flops, loss, lr, grad_norm, tokens_per_s every log_every steps
+    checkpoints/step-N/    HF model + tokenizer + trainer_state.json + optimizer.safetensors
+    config.json, model.safetensors, tokenizer files     the final model, a self-contained HF dir
+    arithmetic_eval.json   accuracy per operand count (arithmetic task)
+
+A checkpoint directory is written under a dot-name and renamed into place when complete, so any
+``step-N`` directory is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from . import data as data_mod
+from .config import LimeConfig
+from .flops import forward_flops
+from .modeling import LimeForCausalLM
+from .optim import param_groups
+from .recipes import identity, load_recipe
+from .tasks import arithmetic
+from .tokenization import char_tokenizer, load_tokenizer, train_bpe
+
+CHECKPOINTS = "checkpoints"
+STATE_JSON = "trainer_state.json"
+STATE_TENSORS = "optimizer.safetensors"
+
+
+@dataclass
+class TrainingData:
+    """Token rows ``input_ids`` (N, seq_len) int64 and ``labels`` (N, seq_len), -100 where no loss."""
+
+    tokenizer: Any
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    test_samples: list[arithmetic.Sample] | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# pure pieces
+
+
+def lr_factor(step: int, recipe: Mapping[str, Any], total_steps: int) -> float:
+    """LR multiplier at 0-based optimizer step ``step``: linear warmup, then decay to ``min_lr/lr``."""
+    warmup = recipe["warmup_steps"]
+    if step < warmup:
+        return (step + 1) / warmup
+    if recipe["schedule"] == "constant":
+        return 1.0
+    floor = recipe["min_lr"] / recipe["lr"]
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if recipe["schedule"] == "cosine" else 1 - progress
+    return floor + (1 - floor) * shape
+
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int) -> torch.Tensor:
+    """Row indices of global batch ``step`` in a stream of seeded per-epoch permutations of ``n`` rows."""
+    positions = torch.arange(step * batch_size, (step + 1) * batch_size)
+    epochs = positions // n
+    out = torch.empty(batch_size, dtype=torch.long)
+    for epoch in epochs.unique().tolist():
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        mask = epochs == epoch
+        out[mask] = perm[positions[mask] % n]
+    return out
+
+
+def total_steps(recipe: Mapping[str, Any], n_rows: int) -> int:
+    if recipe["steps"] is not None:
+        return recipe["steps"]
+    return max(1, math.ceil(recipe["epochs"] * n_rows / recipe["batch_size"]))
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy (fp32) of logits (B, T, V) against labels (B, T), -100 ignored."""
+    return F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# data and model
+
+
+def prepare_data(recipe: Mapping[str, Any], tokenizer=None, progress: bool = False) -> TrainingData:
+    """Training rows (and the arithmetic test set) for ``recipe``; ``tokenizer`` overrides the recipe's."""
+    if recipe["task"] == "arithmetic":
+        cfg = recipe["arithmetic"]
+        train_s, test_s = arithmetic.make_splits(
+            cfg["operands"],
+            cfg["train_per_operand"],
+            cfg["test_per_operand"],
+            seed=recipe["seed"],
+            max_operand=cfg["max_operand"],
+            max_value=cfg["max_value"],
+        )
+        tokenizer = tokenizer or char_tokenizer(arithmetic.CHARS)
+        input_ids, labels = arithmetic.encode(train_s, tokenizer, recipe["seq_len"])
+        return TrainingData(tokenizer, input_ids, labels, test_s)
+    texts = data_mod.load_texts(recipe["data"], recipe["split"], recipe["max_texts"])
+    if tokenizer is None:
+        if recipe["tokenizer"] is not None:
+            tokenizer = load_tokenizer(recipe["tokenizer"])
+        elif recipe["model"]["vocab_size"] is None:
+            raise ValueError("set model.vocab_size (the BPE size to train) or name a --set tokenizer=DIR")
+        else:
+            tokenizer = train_bpe(texts, recipe["model"]["vocab_size"])
+    check_vocab(tokenizer, recipe)
+    cache = recipe["cache_dir"] or os.environ.get("LIME_MODEL_CACHE") or Path.home() / ".cache" / "lime_model"
+    rows = torch.from_numpy(
+        data_mod.packed_sequences(texts, tokenizer, recipe["seq_len"], cache, progress=progress).astype(
+            "int64"
+        )
+    )
+    return TrainingData(tokenizer, rows, rows)
+
+
+def check_vocab(tokenizer, recipe: Mapping[str, Any]) -> None:
+    vocab = recipe["model"]["vocab_size"]
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}: "
+            "raise model.vocab_size or use another tokenizer"
+        )
+
+
+def model_config(recipe: Mapping[str, Any], tokenizer) -> LimeConfig:
+    model = {k: v for k, v in recipe["model"].items() if v is not None}
+    model.setdefault("vocab_size", len(tokenizer))
+    return LimeConfig(
+        routing=recipe["routing"],
+        max_position_embeddings=recipe["seq_len"],
+        use_cache=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **model,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def checkpoints(out_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(out_dir) / CHECKPOINTS
+    return sorted(root.glob("step-*"), key=lambda p: int(p.name[5:])) if root.is_dir() else []
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in [*path.rglob("*"), path]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _save_checkpoint(
+    accelerator, model, optimizer, scheduler, tokenizer, recipe, step: int, out_dir: Path
+) -> None:
+    state_dict = accelerator.get_state_dict(model)  # a collective under FSDP: every rank calls it
+    opt_state = optimizer.state_dict()
+    if accelerator.is_main_process:
+        root = out_dir / CHECKPOINTS
+        final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        tensors = {
+            f"state.{i}.{k}": v.detach().cpu().contiguous()
+            for i, s in opt_state["state"].items()
+            for k, v in s.items()
+        }
+        tensors["rng.torch"] = torch.get_rng_state()
+        save_file(tensors, tmp / STATE_TENSORS)
+        state = {
+            "step": step,
+            "world_size": accelerator.num_processes,
+            "recipe": identity(recipe),
+            "param_groups": opt_state["param_groups"],
+            "scheduler": scheduler.state_dict(),
+        }
+        (tmp / STATE_JSON).write_text(json.dumps(state, indent=1))
+        _fsync_tree(tmp)
+        if final.exists():  # the same step saved again (a resumed run): swap it out
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in checkpoints(out_dir)[: -recipe["keep_last"]]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+
+
+def _load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> int:
+    """Restore weights, optimizer, scheduler and RNG from ``ckpt``; returns its step."""
+    state = json.loads((ckpt / STATE_JSON).read_text())
+    missing, unexpected = model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is stored once, as the embedding
+        raise ValueError(f"{ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+    tensors = load_file(ckpt / STATE_TENSORS)
+    torch.set_rng_state(tensors.pop("rng.torch"))
+    opt_state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        _, i, name = key.split(".", 2)
+        opt_state.setdefault(int(i), {})[name] = value
+    optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+    scheduler.load_state_dict(state["scheduler"])
+    return state["step"]
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _publish_final(out_dir: Path, ckpt: Path) -> None:
+    """Copy the last checkpoint's HF files into ``out_dir`` (each file replaced atomically)."""
+    for f in sorted(ckpt.iterdir()):
+        if f.name in (STATE_JSON, STATE_TENSORS):
+            continue
+        tmp = out_dir / f".{f.name}.tmp"
+        shutil.copyfile(f, tmp)
+        os.replace(tmp, out_dir / f.name)
+
+
+def _check_out_dir(out_dir: Path, recipe: Mapping[str, Any], resume: bool) -> Path | None:
+    """Validate ``out_dir`` for a new or resumed run before anything is written; the checkpoint to resume."""
+    if not resume:
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            raise ValueError(
+                f"{out_dir} is not empty: pass --resume to continue its run, or choose a new --out"
+            )
+        return None
+    saved = out_dir / "recipe.json"
+    if not saved.is_file():
+        raise FileNotFoundError(f"nothing to resume in {out_dir}: no recipe.json")
+    old = identity(json.loads(saved.read_text()))
+    new = identity(recipe)
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        raise ValueError(
+            f"cannot resume {out_dir}: it was trained with another config (differs in: {', '.join(changed)})"
+        )
+    found = checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+def _accelerator(recipe: Mapping[str, Any]):
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    from accelerate.utils import TorchDynamoPlugin
+
+    precision = recipe["mixed_precision"]
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    fsdp = None
+    if recipe["fsdp"]:
+        fsdp = FullyShardedDataParallelPlugin(
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=["LimeDecoderLayer"],
+            state_dict_type="FULL_STATE_DICT",
+            use_orig_params=True,
+        )
+    dynamo = TorchDynamoPlugin(backend="inductor") if recipe["compile"] else None
+    return Accelerator(mixed_precision=precision, fsdp_plugin=fsdp, dynamo_plugin=dynamo)
+
+
+def train(
+    recipe: str | Mapping[str, Any],
+    out_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    **overrides: Any,
+) -> Path:
+    """Train the recipe into ``out_dir`` and return it (a self-contained HF model directory).
+
+    Args:
+        recipe: a shipped recipe name, a JSON path, or a dict (see :mod:`lime_model.recipes`).
+        out_dir: the run directory; must be empty or absent unless ``resume``.
+        resume: continue from the last checkpoint in ``out_dir`` (same recipe required).
+        progress: show tqdm progress bars.
+        stop_after: end this invocation after that global step (with a checkpoint) so that a later
+            ``resume`` continues it; the schedule still spans the recipe's full length.
+        **overrides: recipe fields, e.g. ``steps=100, routing="none", model={"hidden_size": 64}``.
+    """
+    recipe = load_recipe(recipe, overrides)
+    out_dir = Path(out_dir)
+    accelerator = _accelerator(recipe)
+    world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
+    if recipe["batch_size"] % (world * recipe["micro_batch_size"]):
+        raise ValueError(
+            f"batch_size {recipe['batch_size']} is not a multiple of {world} processes x "
+            f"micro_batch_size {recipe['micro_batch_size']}"
+        )
+    ckpt = _check_out_dir(out_dir, recipe, resume)
+    if (
+        ckpt is not None
+        and json.loads((ckpt / STATE_JSON).read_text())["world_size"] != world
+        and recipe["fsdp"]
+    ):
+        raise ValueError(f"{ckpt} was written by a different number of FSDP processes")
+    with accelerator.main_process_first():  # rank 0 fills the tokenization cache first
+        tokenizer = (
+            load_tokenizer(str(out_dir)) if resume and (out_dir / "tokenizer_config.json").exists() else None
+        )
+        data = prepare_data(recipe, tokenizer, progress=progress and main)
+    config = model_config(recipe, data.tokenizer)
+    accelerator.wait_for_everyone()  # every rank validated the output dir before rank 0 writes to it
+
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_text(out_dir / "recipe.json", json.dumps(recipe, indent=1))
+        data.tokenizer.save_pretrained(out_dir)  # resume reads the same tokenizer back
+    torch.manual_seed(recipe["seed"])
+    model = LimeForCausalLM(config)
+    steps = total_steps(recipe, len(data.input_ids))
+    optimizer = torch.optim.AdamW(
+        param_groups(model, recipe["weight_decay"], recipe["router_lr_mult"], lr=recipe["lr"]),
+        betas=(recipe["beta1"], recipe["beta2"]),
+        eps=recipe["eps"],
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, recipe, steps))
+    start = _load_checkpoint(ckpt, model, optimizer, scheduler) if ckpt is not None else 0
+    model.train()
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    metrics_path = out_dir / "metrics.jsonl"
+    if main and resume:  # drop lines logged after the checkpoint by an interrupted run
+        lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
+        _atomic_text(metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start))
+    seq_flops = 3 * forward_flops(config, recipe["seq_len"])
+    per_rank, micro = recipe["batch_size"] // world, recipe["micro_batch_size"]
+    last = steps if stop_after is None else min(steps, stop_after)
+    bar = tqdm(total=last, initial=start, desc="train", disable=not (progress and main), unit="step")
+    window_t, window_tokens = time.perf_counter(), 0
+    for step in range(start, last):
+        idx = batch_indices(step, recipe["batch_size"], len(data.input_ids), recipe["seed"])
+        n_targets = int((data.labels[idx][:, 1:] != -100).sum().clamp(min=1))
+        local = idx[rank * per_rank : (rank + 1) * per_rank]
+        loss_sum = torch.zeros((), device=accelerator.device)
+        for m in range(0, per_rank, micro):
+            rows = local[m : m + micro]
+            input_ids = data.input_ids[rows].to(accelerator.device)
+            labels = data.labels[rows].to(accelerator.device)
+            sync = m + micro >= per_rank
+            with accelerator.no_sync(model) if not sync else nullcontext():
+                loss = token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
+                accelerator.backward(loss * world)  # DDP averages gradients over processes
+            loss_sum += loss.detach()
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
+        lr = optimizer.param_groups[0][
+            "lr"
+        ]  # this step's (the "decay" group's; routers use x router_lr_mult)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        window_tokens += recipe["batch_size"] * recipe["seq_len"]
+        done = step + 1
+        if done % recipe["log_every"] == 0 or done == last:
+            loss_value = accelerator.reduce(loss_sum, reduction="sum").item()
+            if main:
+                now = time.perf_counter()
+                record = {
+                    "step": done,
+                    "tokens": done * recipe["batch_size"] * recipe["seq_len"],
+                    "flops": done * recipe["batch_size"] * seq_flops,
+                    "loss": loss_value,
+                    "lr": lr,
+                    "grad_norm": float(grad_norm),
+                    "tokens_per_s": window_tokens / max(now - window_t, 1e-9),
+                }
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                bar.set_postfix(loss=f"{loss_value:.4f}")
+                window_t, window_tokens = now, 0
+        bar.update(1)
+        if done % recipe["save_every"] == 0 or done == last:
+            _save_checkpoint(accelerator, model, optimizer, scheduler, data.tokenizer, recipe, done, out_dir)
+    bar.close()
+    if main and last == steps:
+        _publish_final(out_dir, checkpoints(out_dir)[-1])
+        if data.test_samples is not None:
+            _write_arithmetic_eval(
+                accelerator.unwrap_model(model), data.tokenizer, data.test_samples, recipe, out_dir, progress
+            )
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return out_dir
+
+
+def _write_arithmetic_eval(
+    model, tokenizer, samples, recipe, out_dir: Path, progress: bool
+) -> dict[int, float]:
+    acc = arithmetic.evaluate(
+        model, tokenizer, samples, batch_size=recipe["arithmetic"]["eval_batch_size"], progress=progress
+    )
+    report = {
+        "accuracy": {str(n): a for n, a in acc.items()},
+        "n_test_per_operand": recipe["arithmetic"]["test_per_operand"],
+        "routing": recipe["routing"],
+    }
+    _atomic_text(out_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
+    return acc

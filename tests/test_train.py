@@ -1,0 +1,198 @@
+"""The training loop: exact resume, accumulation, schedule, checkpoints, the final HF directory."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import lime_model
+from lime_model import train as T
+from lime_model.recipes import load_recipe
+from lime_model.tasks import arithmetic
+
+TINY = {
+    "model": {
+        "vocab_size": 300,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "seq_len": 32,
+    "batch_size": 4,
+    "micro_batch_size": 4,
+    "steps": 6,
+    "warmup_steps": 2,
+    "log_every": 1,
+    "save_every": 3,
+    "lr": 3e-3,
+    "min_lr": 3e-4,
+}
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    rng = random.Random(0)
+    words = [
+        "the",
+        "cat",
+        "dog",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "and",
+        "ran",
+        "far",
+        "away",
+        "while",
+        "birds",
+        "sang",
+        "in",
+        "tall",
+        "trees",
+        "near",
+        "the",
+        "river",
+    ]
+    path = tmp_path_factory.mktemp("text") / "tiny.txt"
+    path.write_text("\n\n".join(" ".join(rng.choices(words, k=rng.randint(5, 40))) for _ in range(120)))
+    return path
+
+
+@pytest.fixture
+def tiny(text_file, tmp_path):
+    return dict(TINY, data=str(text_file), cache_dir=str(tmp_path / "cache"))
+
+
+def run(recipe, out, **kw):
+    return T.train("cpu-tiny", out, progress=False, **{**recipe, **kw})
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(path):
+    return load_file(path / "model.safetensors")
+
+
+def test_resume_continues_exactly(tiny, tmp_path):
+    full = run(tiny, tmp_path / "full")
+    part = run(tiny, tmp_path / "part", stop_after=3)
+    assert [m["step"] for m in metrics(part)] == [1, 2, 3]
+    assert not (part / "model.safetensors").exists()  # no final model before the run is finished
+    run(tiny, part, resume=True)
+    a, b = metrics(full), metrics(part)
+    assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
+    for ma, mb in zip(a, b, strict=True):
+        for key in ("step", "tokens", "flops", "loss", "lr", "grad_norm"):
+            assert ma[key] == mb[key], key
+    wa, wb = weights(full), weights(part)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_metrics_are_the_true_loss_flops_and_schedule(tiny, tmp_path):
+    out = run(tiny, tmp_path / "run", steps=4)
+    ms = metrics(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    recipe = load_recipe("cpu-tiny", tiny)
+    config = T.model_config(recipe, tok)
+    torch.manual_seed(recipe["seed"])
+    fresh = lime_model.LimeForCausalLM(config)  # the initial weights of the run
+    all_rows = T.prepare_data(recipe, tok).input_ids
+    rows = all_rows[T.batch_indices(0, 4, len(all_rows), recipe["seed"])]
+    with torch.no_grad():
+        expected = fresh(input_ids=rows, labels=rows).loss.item()  # transformers' own shifted cross-entropy
+    assert ms[0]["loss"] == pytest.approx(expected, rel=1e-5)
+    per_seq = 3 * lime_model.forward_flops(config, 32)
+    assert [m["flops"] for m in ms] == [s * 4 * per_seq for s in (1, 2, 3, 4)]
+    assert [m["tokens"] for m in ms] == [s * 4 * 32 for s in (1, 2, 3, 4)]
+    # the lr each step used: 2 warmup steps, then cosine from 3e-3 towards 3e-4 over the last 2
+    cosine = 3e-4 + 2.7e-3 * 0.5 * (1 + math.cos(math.pi * 1 / 2))
+    assert [m["lr"] for m in ms] == pytest.approx([1.5e-3, 3e-3, 3e-3, cosine])
+    assert all(m["grad_norm"] > 0 and m["tokens_per_s"] > 0 for m in ms)
+
+
+def test_lr_factor_closed_forms():
+    r = {"warmup_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "schedule": "cosine"}
+    assert T.lr_factor(0, r, 110) == pytest.approx(0.1)
+    assert T.lr_factor(9, r, 110) == pytest.approx(1.0)
+    assert T.lr_factor(10, r, 110) == pytest.approx(1.0)
+    assert T.lr_factor(60, r, 110) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert T.lr_factor(110, r, 110) == pytest.approx(0.1)
+    r["schedule"] = "linear"
+    assert T.lr_factor(35, r, 110) == pytest.approx(0.1 + 0.9 * 0.75)
+    r["schedule"] = "constant"
+    assert T.lr_factor(100, r, 110) == 1.0
+
+
+def test_batches_cover_each_epoch_once():
+    n, b = 10, 4
+    stream = torch.cat([T.batch_indices(s, b, n, seed=1) for s in range(5)]).tolist()  # 20 rows = 2 epochs
+    assert sorted(stream[:10]) == list(range(10)) and sorted(stream[10:]) == list(range(10))
+    assert stream[:10] != stream[10:]
+    assert T.batch_indices(3, b, n, seed=1).tolist() == stream[12:16]
+
+
+def test_gradient_accumulation_matches_one_big_batch(tiny, tmp_path):
+    one = run(tiny, tmp_path / "one", steps=3)
+    acc = run(tiny, tmp_path / "acc", steps=3, micro_batch_size=1)
+    wa, wb = weights(one), weights(acc)
+    for k in wa:
+        torch.testing.assert_close(
+            wa[k], wb[k], rtol=1e-4, atol=1e-5
+        )  # Adam magnifies fp noise on tiny grads
+    assert [m["loss"] for m in metrics(one)] == pytest.approx([m["loss"] for m in metrics(acc)], rel=1e-5)
+
+
+def test_checkpoints_are_atomic_and_pruned(tiny, tmp_path):
+    out = run(tiny, tmp_path / "run", steps=6, save_every=1, keep_last=2, stop_after=4)
+    assert [p.name for p in T.checkpoints(out)] == ["step-00000003", "step-00000004"]
+    # a crash while writing step 5 leaves only a dot-named temp dir: resume ignores it
+    (out / "checkpoints" / ".tmp-step-00000005").mkdir()
+    (out / "checkpoints" / ".tmp-step-00000005" / "model.safetensors").write_bytes(b"half")
+    ref = run(tiny, tmp_path / "ref", steps=6, save_every=1, keep_last=2)
+    run(tiny, out, steps=6, save_every=1, keep_last=2, resume=True)
+    assert [m["loss"] for m in metrics(out)] == [m["loss"] for m in metrics(ref)]
+    state = json.loads((out / "checkpoints" / "step-00000006" / "trainer_state.json").read_text())
+    assert state["step"] == 6
+    assert {p.suffix for p in (out / "checkpoints" / "step-00000006").iterdir()} <= {".json", ".safetensors"}
+
+
+def test_final_dir_is_a_self_contained_hf_model(tiny, tmp_path):
+    out = run(tiny, tmp_path / "run", steps=2, routing="none")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert model.config.routing == "none" and not any("router" in n for n, _ in model.named_parameters())
+    trained = weights(out / "checkpoints" / "step-00000002")
+    for name, p in model.state_dict().items():
+        assert torch.equal(p, trained.get(name, trained["model.embed_tokens.weight"]))
+    ids = tok("the cat sat", return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], 300)
+    assert json.loads((out / "recipe.json").read_text())["routing"] == "none"
+
+
+def test_arithmetic_run_writes_accuracy_per_operand_count(tmp_path):
+    out = T.train(
+        "arithmetic",
+        tmp_path / "arith",
+        progress=False,
+        steps=2,
+        batch_size=8,
+        micro_batch_size=8,
+        arithmetic={"operands": [2, 3], "train_per_operand": 40, "test_per_operand": 6},
+        seq_len=48,
+    )
+    report = json.loads((out / "arithmetic_eval.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    _, test = arithmetic.make_splits([2, 3], 40, 6, seed=42)
+    expected = arithmetic.evaluate(model, tok, test)
+    assert report["accuracy"] == {str(n): a for n, a in expected.items()}
+    assert set(report["accuracy"]) == {"2", "3"}
