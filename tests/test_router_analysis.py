@@ -1,0 +1,136 @@
+"""Router analysis against a plain loop over the documented column layout, on real tiny LIMe models."""
+
+import numpy as np
+import pytest
+import torch
+
+import lime_model
+from lime_probe.router import router_weights
+
+KV = 2
+VARIANTS = ["full", "first-1", "last-2", "dilated-2", "no-head-mix", "per-dim", "average", "dynamic"]
+
+
+def tiny_lime(routing: str, layers: int = 4, seed: int = 0) -> lime_model.LimeForCausalLM:
+    torch.manual_seed(seed)
+    config = lime_model.LimeConfig(
+        routing=routing, vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=KV, max_position_embeddings=64,
+    )
+    model = lime_model.LimeForCausalLM(config).eval()
+    with torch.no_grad():  # trained-looking weights: no exact identity blocks, non-zero dynamic projection
+        for layer in model.model.layers:
+            router = layer.self_attn.router
+            if getattr(router, "weight", None) is not None:
+                router.weight.normal_()
+            if hasattr(router, "proj"):
+                router.proj.weight.normal_(std=0.3)
+    return model
+
+
+def coefficient(model, kind: str, i: int, h: int, p: int, h2: int, token_x=None) -> float:
+    """|weight of head h2 of source p for routed head h| straight from the documented layout."""
+    router = model.model.layers[i].self_attn.router
+    S = len(router.sources)
+    if S == 1:
+        return float(h == h2)
+    if kind == "average":
+        return (1.0 / S) * (h == h2)
+    if kind == "no-head-mix":
+        return abs(float(router.weight[h, p])) * (h == h2)
+    if kind == "per-dim":
+        vec = router.weight[h, p * KV + h2]
+        return float(sum(abs(float(v)) for v in vec) / len(vec))
+    if kind == "dynamic":  # mean over tokens of |W + proj(x_t)| at (h, p*kv+h2), written per token
+        col = p * KV + h2
+        flat = router.proj.weight.view(KV, S * KV, -1)[h, col]
+        vals = [abs(float(router.weight[h, col]) + float(flat @ x)) for x in token_x]
+        return sum(vals) / len(vals)
+    return abs(float(router.weight[h, p * KV + h2]))
+
+
+@torch.no_grad()
+def reference(model, kind: str, router_inputs=None):
+    L = model.config.num_hidden_layers
+    per_layer = np.full((L, L), np.nan)
+    per_head = np.full((L, KV, L), np.nan)
+    for i in range(L):
+        src = model.model.layers[i].self_attn.router.sources
+        x = None if router_inputs is None else router_inputs[i]
+        c = [[[coefficient(model, kind, i, h, p, h2, x) for h2 in range(KV)] for p in range(len(src))] for h in range(KV)]
+        total = sum(c[h][p][h2] for h in range(KV) for p in range(len(src)) for h2 in range(KV))
+        for p, j in enumerate(src):
+            per_layer[i, j] = sum(c[h][p][h2] for h in range(KV) for h2 in range(KV)) / total
+            for h in range(KV):
+                per_head[i, h, j] = sum(c[h][p]) / sum(sum(c[h][q]) for q in range(len(src)))
+    return per_layer, per_head
+
+
+def capture_router_inputs(model, ids):
+    """Hand-written forward hooks: the hidden_states argument each router really receives."""
+    seen = {}
+    hooks = [
+        layer.self_attn.router.register_forward_hook(
+            lambda mod, args, out, i=i: seen.__setitem__(i, args[1].reshape(-1, args[1].shape[-1]).detach())
+        )
+        for i, layer in enumerate(model.model.layers)
+    ]
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    for h in hooks:
+        h.remove()
+    return seen, out.hidden_states
+
+
+@pytest.mark.parametrize("routing", VARIANTS)
+def test_matches_documented_layout(routing):
+    model = tiny_lime(routing)
+    kind = lime_model.parse_routing(routing).kind
+    hidden = None
+    router_inputs = None
+    if kind == "dynamic":
+        ids = torch.randint(0, 40, (2, 5))
+        router_inputs, hs = capture_router_inputs(model, ids)
+        hidden = {i: hs[i].reshape(-1, hs[i].shape[-1]) for i in range(model.config.num_hidden_layers)}
+    res = router_weights(model, hidden_states=hidden)
+    want_layer, want_head = reference(model, kind, router_inputs)
+    np.testing.assert_allclose(res.per_layer, want_layer, rtol=1e-5, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(res.per_head, want_head, rtol=1e-5, atol=1e-6, equal_nan=True)
+    L = model.config.num_hidden_layers
+    assert res.per_layer.shape == (L, L) and res.per_head.shape == (L, KV, L)
+    np.testing.assert_allclose(np.nansum(res.per_layer, axis=1), 1.0, atol=1e-9)
+    np.testing.assert_allclose(np.nansum(res.per_head, axis=2), 1.0, atol=1e-9)
+    assert np.isnan(res.per_layer[np.triu_indices(L, 1)]).all()
+    assert res.sources == [model.model.layers[i].self_attn.router.sources for i in range(L)]
+    assert res.routing == routing
+
+
+def test_known_answers():
+    # layer 0 reads only itself; "average" is uniform over its sources.
+    res = router_weights(tiny_lime("average", layers=3))
+    np.testing.assert_allclose(res.per_layer[0], [1.0, np.nan, np.nan], equal_nan=True)
+    np.testing.assert_allclose(res.per_layer[2], [1 / 3] * 3)
+    # dilated-2 at layer 3 reads layers 1 and 3 only.
+    res = router_weights(tiny_lime("dilated-2"))
+    assert res.sources[3] == [1, 3]
+    assert np.isnan(res.per_layer[3, [0, 2]]).all()
+    # A router that is the identity on its own heads puts all mass on its own layer.
+    model = tiny_lime("full", layers=2)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.router.weight.copy_(torch.cat([torch.zeros(KV, KV), torch.eye(KV)], 1))
+    np.testing.assert_allclose(router_weights(model).per_layer[1], [0.0, 1.0])
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="routing='none'"):
+        router_weights(tiny_lime("none"))
+    with pytest.raises(ValueError, match="dynamic.*hidden_states"):
+        router_weights(tiny_lime("dynamic"))
+    with pytest.raises(ValueError, match="no entry for layer"):
+        router_weights(tiny_lime("dynamic", layers=3), hidden_states={0: torch.randn(3, 32)})
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ValueError, match="not a LIMe model"):
+        router_weights(llama)
