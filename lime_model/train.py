@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
 from .config import LimeConfig
@@ -109,15 +110,7 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def prepare_data(recipe: Mapping[str, Any], tokenizer=None, progress: bool = False) -> TrainingData:
     """Training rows (and the arithmetic test set) for ``recipe``; ``tokenizer`` overrides the recipe's."""
     if recipe["task"] == "arithmetic":
-        cfg = recipe["arithmetic"]
-        train_s, test_s = arithmetic.make_splits(
-            cfg["operands"],
-            cfg["train_per_operand"],
-            cfg["test_per_operand"],
-            seed=recipe["seed"],
-            max_operand=cfg["max_operand"],
-            max_value=cfg["max_value"],
-        )
+        train_s, test_s = arithmetic_splits(recipe)
         tokenizer = tokenizer or char_tokenizer(arithmetic.CHARS)
         input_ids, labels = arithmetic.encode(train_s, tokenizer, recipe["seq_len"])
         return TrainingData(tokenizer, input_ids, labels, test_s)
@@ -137,6 +130,19 @@ def prepare_data(recipe: Mapping[str, Any], tokenizer=None, progress: bool = Fal
         )
     )
     return TrainingData(tokenizer, rows, rows)
+
+
+def arithmetic_splits(recipe: Mapping[str, Any], with_train: bool = True):
+    """The (train, test) arithmetic samples of ``recipe`` (train empty unless ``with_train``)."""
+    cfg = recipe["arithmetic"]
+    return arithmetic.make_splits(
+        cfg["operands"],
+        cfg["train_per_operand"] if with_train else 0,
+        cfg["test_per_operand"],
+        seed=recipe["seed"],
+        max_operand=cfg["max_operand"],
+        max_value=cfg["max_value"],
+    )
 
 
 def check_vocab(tokenizer, recipe: Mapping[str, Any]) -> None:
@@ -190,7 +196,10 @@ def _save_checkpoint(
         root = out_dir / CHECKPOINTS
         final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
         shutil.rmtree(tmp, ignore_errors=True)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        with _quiet_hf_progress():
+            accelerator.unwrap_model(model).save_pretrained(
+                tmp, state_dict=state_dict, safe_serialization=True
+            )
         tokenizer.save_pretrained(tmp)
         tensors = {
             f"state.{i}.{k}": v.detach().cpu().contiguous()
@@ -214,6 +223,18 @@ def _save_checkpoint(
         for old in checkpoints(out_dir)[: -recipe["keep_last"]]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
+
+
+@contextmanager
+def _quiet_hf_progress():
+    """Silence transformers' per-save "Writing model shards" bar (ours is the training bar)."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> int:
@@ -432,3 +453,18 @@ def _write_arithmetic_eval(
     }
     _atomic_text(out_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
     return acc
+
+
+def evaluate_arithmetic(run_dir: str | os.PathLike, progress: bool = False) -> dict[int, float]:
+    """Re-evaluate a finished arithmetic run on its (regenerated) test set; rewrites arithmetic_eval.json."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "recipe.json").is_file() or not (run_dir / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{run_dir} is not a finished lime-model run (needs recipe.json and model.safetensors)"
+        )
+    recipe = load_recipe(json.loads((run_dir / "recipe.json").read_text()))
+    if recipe["task"] != "arithmetic":
+        raise ValueError(f"{run_dir} was trained on task {recipe['task']!r}, not arithmetic")
+    model = LimeForCausalLM.from_pretrained(run_dir)
+    _, test = arithmetic_splits(recipe, with_train=False)
+    return _write_arithmetic_eval(model, load_tokenizer(str(run_dir)), test, recipe, run_dir, progress)

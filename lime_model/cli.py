@@ -1,0 +1,94 @@
+"""``lime-model``: train LIMe / LLaMA from a recipe, evaluate arithmetic runs, list recipes.
+
+Bad input (unknown recipe keys, bad routing, missing or empty data, a mismatched tokenizer, resuming
+a directory of another config) ends with one ``lime-model: error: ...`` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .recipes import parse_set, recipe_names
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lime-model", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a recipe into a run directory")
+    t.add_argument(
+        "--recipe", required=True, help=f"a recipe name ({', '.join(recipe_names())}) or a JSON path"
+    )
+    t.add_argument("--out", required=True, help="run directory (new, or an existing one with --resume)")
+    t.add_argument("--data", help="text: a .txt/.jsonl/.parquet file, a folder, or hf:NAME[:CONFIG][:SPLIT]")
+    t.add_argument(
+        "--routing", help='routing spec, e.g. full, last-4, dilated-2; "none" is the LLaMA baseline'
+    )
+    t.add_argument("--steps", type=int, help="optimizer steps (overrides the recipe's steps/epochs)")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    t.add_argument("--stop-after", type=int, help="end this invocation after that step (resume later)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any recipe field, dotted for nested ones (model.hidden_size=64); values are JSON",
+    )
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    e = sub.add_parser(
+        "eval-arithmetic", help="greedy-decoding accuracy of an arithmetic run, per operand count"
+    )
+    e.add_argument("--ckpt", required=True, help="a finished arithmetic run directory")
+    e.add_argument("--no-progress", action="store_true")
+
+    sub.add_parser("recipes", help="list the shipped recipes")
+    return parser
+
+
+def _train(args: argparse.Namespace) -> None:
+    from .train import train
+
+    overrides = parse_set(args.set)
+    for key in ("data", "routing", "steps", "seed"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    out = train(
+        args.recipe,
+        args.out,
+        resume=args.resume,
+        progress=not args.no_progress,
+        stop_after=args.stop_after,
+        **overrides,
+    )
+    print(out)
+
+
+def _eval_arithmetic(args: argparse.Namespace) -> None:
+    from .train import evaluate_arithmetic
+
+    accuracy = evaluate_arithmetic(args.ckpt, progress=not args.no_progress)
+    print(json.dumps({str(n): a for n, a in accuracy.items()}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            _train(args)
+        elif args.command == "eval-arithmetic":
+            _eval_arithmetic(args)
+        else:
+            print("\n".join(recipe_names()))
+    except (ValueError, FileNotFoundError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"lime-model: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

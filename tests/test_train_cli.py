@@ -1,0 +1,128 @@
+"""`lime-model` CLI: a run end to end, and every kind of bad input as one line + exit 2, nothing written."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lime_model.cli import main
+from lime_model.tasks.arithmetic import CHARS
+from lime_model.tokenization import char_tokenizer
+
+TINY = [
+    "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64", "--set", "model.num_hidden_layers=2",
+    "--set", "model.vocab_size=300", "--set", "seq_len=32", "--set", "batch_size=4",
+    "--set", "micro_batch_size=4", "--set", "log_every=1", "--no-progress",
+]  # fmt: skip
+
+
+@pytest.fixture
+def text(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"document {i} says the cat sat on mat number {i % 13}" for i in range(80)))
+    return path
+
+
+def train_args(out, data, *extra):
+    return [
+        "train",
+        "--recipe",
+        "cpu-tiny",
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+        "--steps",
+        "2",
+        *TINY,
+        *extra,
+    ]
+
+
+def test_train_and_resume_through_the_cli(tmp_path, text, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(out, text, "--routing", "last-2", "--stop-after", "1")) == 0
+    assert main(train_args(out, text, "--routing", "last-2", "--resume")) == 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    assert json.loads((out / "config.json").read_text())["routing"] == "last-2"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+
+
+def one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("lime-model: error: "), err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--set", "bogus=1"], "unknown recipe key(s): bogus"),
+        (["--set", "model.hidden_sise=8"], "unknown recipe key(s): model.hidden_sise"),
+        (["--routing", "sideways"], "routing"),
+        (["--set", "lr=fast"], "'lr' must be float"),
+        (["--set", "batch_size=3"], "not a multiple"),
+        (["--set", "model.num_attention_heads=5"], "divisible"),
+    ],
+)
+def test_bad_recipe_values(tmp_path, text, capsys, extra, needle):
+    out = tmp_path / "run"
+    one_line_error(capsys, train_args(out, text, *extra), needle)
+    assert not out.exists()
+
+
+def test_bad_data_and_tokenizer(tmp_path, text, capsys):
+    out = tmp_path / "run"
+    one_line_error(capsys, train_args(out, tmp_path / "missing.txt"), "data not found")
+    (tmp_path / "empty.txt").write_text("\n \n\n")
+    one_line_error(capsys, train_args(out, tmp_path / "empty.txt"), "no text in")
+    one_line_error(capsys, train_args(out, text, "--set", "seq_len=100000"), "fewer tokens than one sequence")
+    char_tokenizer(CHARS).save_pretrained(tmp_path / "tok")  # 22 tokens
+    one_line_error(
+        capsys, train_args(out, text, "--set", f"tokenizer={tmp_path / 'tok'}", "--set", "model.vocab_size=16"),
+        "22 tokens", "vocab_size is 16",
+    )  # fmt: skip
+    one_line_error(capsys, train_args(out, text, "--set", f"tokenizer={tmp_path / 'nope'}"), "tokenizer")
+    one_line_error(capsys, ["train", "--recipe", "no-such-recipe", "--out", str(out)], "recipe not found")
+    assert not out.exists()
+
+
+def test_resume_guards(tmp_path, text, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(out, text)) == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    one_line_error(capsys, train_args(out, text, "--set", "lr=0.5", "--resume"), "another config", "lr")
+    one_line_error(
+        capsys, train_args(out, text, "--routing", "none", "--resume"), "another config", "routing"
+    )
+    one_line_error(capsys, train_args(out, text), "not empty", "--resume")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # nothing touched
+    one_line_error(capsys, train_args(tmp_path / "fresh", text, "--resume"), "nothing to resume")
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_console_script_and_eval_arithmetic(tmp_path, capsys):
+    out = tmp_path / "arith"
+    argv = ["train", "--recipe", "arithmetic", "--out", str(out), "--steps", "1", "--no-progress",
+            "--set", 'arithmetic={"operands": [2], "train_per_operand": 16, "test_per_operand": 4}',
+            "--set", "batch_size=8", "--set", "micro_batch_size=8", "--set", "seq_len=24"]  # fmt: skip
+    assert main(argv) == 0
+    written = json.loads((out / "arithmetic_eval.json").read_text())["accuracy"]
+    capsys.readouterr()
+    assert main(["eval-arithmetic", "--ckpt", str(out), "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out) == written
+    one_line_error(
+        capsys, ["eval-arithmetic", "--ckpt", str(tmp_path / "none")], "not a finished lime-model run"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "lime_model.cli", "recipes"], capture_output=True, text=True, check=True
+    )
+    assert {"cpu-tiny", "arithmetic", "arithmetic-cpu", "lime-1b-gqa", "lime-1b-mha"} <= set(
+        proc.stdout.split()
+    )
