@@ -2,12 +2,14 @@
 
 Layout of one cached extraction (``<cache_dir>/<model_type>-<key hash>/``)::
 
-    manifest.json            {"key": {...}, "shards": [{"file", "n_sequences", "n_rows"}, ...], "complete": bool}
+    manifest.json            {"key": {...}, "shards": [{"file", "n_sequences", "n_rows", "n_tokens"}, ...],
+                              "complete": bool}
     shard-00000.safetensors  tensors "<site>/<layer>" (rows, dim), "offsets" (n_seq+1,), "token_ids" (rows,)
 
 The key holds everything that decides the result: the checkpoint's identity (its path and the size
 and mtime of its weight files, or the hub revision, or, for a model built in memory, a hash of its
-parameters), a hash of the token ids fed to it, the extraction settings and the library versions.
+parameters), hashes of the texts and of the tokenizer with the truncation limits, the extraction
+settings and the library versions.
 A second run with the same key reuses the shards; a run that was interrupted resumes after the last
 shard listed in the manifest. Every file is written to a temporary name and moved into place with
 `os.replace`, shard first and manifest second, so a crash never leaves a listed shard half-written.
@@ -61,13 +63,21 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     return {"parameters": digest.hexdigest()}
 
 
-def data_hash(sequences: list[list[int]]) -> str:
-    """Hash of the token id sequences (so a change of texts, tokenizer or truncation is a new key)."""
+def texts_hash(texts: list[str]) -> str:
+    """Hash of the input texts, in order."""
     digest = hashlib.sha256()
-    for seq in sequences:
-        digest.update(torch.tensor(seq, dtype=torch.int64).numpy().tobytes())
-        digest.update(b"|")
+    for text in texts:
+        digest.update(hashlib.sha256(text.encode()).digest())
     return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Hash of what decides a tokenizer's output: its full serialisation for fast tokenizers
+    (vocabulary, merges, normaliser, special-token template), else its class and vocabulary."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return _sha256(backend.to_str().encode())
+    return fingerprint([type(tokenizer).__name__, sorted(tokenizer.get_vocab().items())])
 
 
 def library_versions() -> dict[str, str]:
@@ -135,13 +145,20 @@ class ShardCache:
         text = json.dumps({"key": self.key, "shards": self._entries, "complete": self.complete}, indent=1)
         _atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(text))
 
-    def add_shard(self, tensors: dict[str, torch.Tensor], n_sequences: int) -> Path:
-        """Write one shard (tensors as described in the module docstring) and list it in the manifest."""
+    @property
+    def done_tokens(self) -> int:
+        return sum(e["n_tokens"] for e in self._entries)
+
+    def add_shard(self, tensors: dict[str, torch.Tensor]) -> Path:
+        """Write one shard and list it in the manifest. `tensors` as in the module docstring, plus
+        "n_tokens" (a 1-element tensor: tokens run through the model), which goes to the manifest."""
         path = self.directory / f"shard-{len(self._entries):05d}.safetensors"
+        tensors = dict(tensors)
+        n_tokens = int(tensors.pop("n_tokens"))
         tensors = {name: t.contiguous() for name, t in tensors.items()}
         _atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
-        self._entries.append({"file": path.name, "n_sequences": n_sequences,
-                              "n_rows": int(tensors["token_ids"].shape[0])})
+        self._entries.append({"file": path.name, "n_sequences": len(tensors["offsets"]) - 1,
+                              "n_rows": len(tensors["token_ids"]), "n_tokens": n_tokens})
         self._write_manifest()
         return path
 

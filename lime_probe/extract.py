@@ -35,12 +35,19 @@ import torch
 from tqdm.auto import tqdm
 
 from .adapters import Adapter, Take, get_adapter, head_shape
-from .cache import ShardCache, checkpoint_identity, data_hash, library_versions, read_tensor
+from .cache import (
+    ShardCache,
+    checkpoint_identity,
+    library_versions,
+    read_tensor,
+    texts_hash,
+    tokenizer_fingerprint,
+)
 from .load import wrap
 
 SITES = ("hidden", "final", "keys", "values", "routed_keys", "routed_values")
 POOLS = ("none", "mean")
-SHARD_SEQUENCES = 256  # sequences per cache shard: bounds the memory held before a shard is written
+SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -243,23 +250,19 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
     return x[keep]
 
 
-def _tokenize(tokenizer: Any, texts: Sequence[str], max_length: int, max_sequences: int | None,
-              max_tokens: int | None) -> list[list[int]]:
-    """Token id lists of the texts, truncated to `max_length`, within the sequence and token limits
-    (the sequence that crosses `max_tokens` is cut short to fit)."""
-    if max_sequences is not None:
-        texts = texts[:max_sequences]
-    ids = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
-    out, total = [], 0
-    for i, seq in enumerate(ids):
+def _tokenize(tokenizer: Any, texts: Sequence[str], first: int, max_length: int,
+              token_budget: int | None) -> list[list[int]]:
+    """Token id lists of `texts` (the first at index `first` of the whole list), truncated to
+    `max_length`, within `token_budget` tokens (the sequence that crosses it is cut short)."""
+    out = []
+    for i, seq in enumerate(tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]):
         if not seq:
-            raise ValueError(f"text {i} tokenizes to no tokens; drop empty texts before extracting")
-        if max_tokens is not None:
-            seq = seq[: max_tokens - total]
-            if not seq:
-                break
-        out.append(seq)
-        total += len(seq)
+            raise ValueError(f"text {first + i} tokenizes to no tokens; drop empty texts before extracting")
+        if token_budget is not None:
+            seq = seq[:token_budget]
+            token_budget -= len(seq)
+        if seq:
+            out.append(seq)
     return out
 
 
@@ -355,7 +358,7 @@ def extract(
     heads = {s: head_shape(hf.config) for s in site_layers if s != "hidden" and s != "final"}
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
 
-    seqs = _tokenize(tokenizer, texts, max_length, max_sequences, max_tokens)
+    texts = list(texts[:max_sequences])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
@@ -364,39 +367,47 @@ def extract(
 
     cache = None
     if cache_dir is not None:
-        key = {"checkpoint": checkpoint_identity(hf), "model_type": model_type, "data": data_hash(seqs),
-               "settings": {"sites": site_layers, "pool": pool, "batch_size": batch_size,
-                            "token_ids": None if select_ids is None else select_ids.tolist(),
-                            "padding_side": side, "dtype": str(next(hf.parameters()).dtype),
-                            "device": device.type},
-               "versions": library_versions()}
+        data = {"texts": texts_hash(texts), "tokenizer": tokenizer_fingerprint(tokenizer),
+                "max_length": max_length, "max_tokens": max_tokens}
+        settings = {"sites": site_layers, "pool": pool, "batch_size": batch_size, "padding_side": side,
+                    "token_ids": None if select_ids is None else select_ids.tolist(),
+                    "dtype": str(next(hf.parameters()).dtype), "device": device.type}
+        key = {"checkpoint": checkpoint_identity(hf), "model_type": model_type, "data": data,
+               "settings": settings, "versions": library_versions()}
         cache = ShardCache(cache_dir, key, prefix=model_type)
         if cache.complete:
             return Activations(cache.shards, site_layers, heads)
 
-    start = cache.done_sequences if cache else 0
+    start, used = (cache.done_sequences, cache.done_tokens) if cache else (0, 0)
     parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
     buffer: list[dict[str, torch.Tensor]] = []
-    buffered = 0
-    bar = tqdm(total=len(seqs), initial=start, unit="seq", desc="extract", disable=not progress)
-    for lo in range(start, len(seqs), batch_size):
-        batch_seqs = seqs[lo : lo + batch_size]
+    bar = tqdm(total=len(texts), initial=start, unit="seq", desc="extract", disable=not progress)
+    for lo in range(start, len(texts), batch_size):
+        budget = None if max_tokens is None else max_tokens - used
+        batch_seqs = _tokenize(tokenizer, texts[lo : lo + batch_size], lo, max_length, budget)
+        if not batch_seqs:
+            break
         batch = pad_batch(batch_seqs, pad_id, side)
         keep = batch["attention_mask"].bool()
         if select_ids is not None:
             keep &= torch.isin(batch["input_ids"], select_ids)
-        buffer.append(_forward(nn_model, batch, keep.to(device), reads, pool, remote, lo))
-        buffer[-1]["offsets"] = _offsets(keep, pool)
-        buffer[-1]["token_ids"] = batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
-        buffered += len(batch_seqs)
+        result = _forward(nn_model, batch, keep.to(device), reads, pool, remote, lo)
+        result["offsets"] = _offsets(keep, pool)
+        result["token_ids"] = batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
+        result["n_tokens"] = torch.tensor([sum(map(len, batch_seqs))])
+        buffer.append(result)
+        used += sum(map(len, batch_seqs))
         bar.update(len(batch_seqs))
-        if cache is not None and (buffered >= SHARD_SEQUENCES or lo + batch_size >= len(seqs)):
-            parts.append(cache.add_shard(_merge(buffer), buffered))
-            buffer, buffered = [], 0
+        last = lo + batch_size >= len(texts) or (max_tokens is not None and used >= max_tokens)
+        if cache is not None and (last or sum(_nbytes(r) for r in buffer) >= SHARD_BYTES):
+            parts.append(cache.add_shard(_merge(buffer)))
+            buffer = []
+        if last:
+            break
     bar.close()
     if cache is not None:
         cache.finish()
-    else:
+    elif buffer:
         parts.append(_merge(buffer))
     return Activations(parts, site_layers, heads)
 
@@ -426,9 +437,14 @@ def _offsets(keep: torch.Tensor, pool: str) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
 
 
+def _nbytes(result: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in result.values())
+
+
 def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Concatenate batch results; offsets are rebased so they run across the merged rows."""
-    out = {name: torch.cat([p[name] for p in parts]) for name in parts[0] if name != "offsets"}
+    """Concatenate batch results; offsets are rebased to run across the merged rows, token counts summed."""
+    out = {name: torch.cat([p[name] for p in parts]) for name in parts[0] if name not in ("offsets", "n_tokens")}
     counts = torch.cat([p["offsets"].diff() for p in parts])
     out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    out["n_tokens"] = sum(p["n_tokens"] for p in parts)
     return out

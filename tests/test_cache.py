@@ -37,14 +37,14 @@ def assert_same(a, b):
 
 
 def test_second_run_reuses_the_cache_without_forward(tok, tmp_path, monkeypatch):
-    monkeypatch.setattr(ex, "SHARD_SEQUENCES", 3)
+    monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # a shard per batch
     model = tiny_model("llama", tok)
     calls = count_forwards(model)
     memory = extract(model, tok, TEXTS, sites=SITES, batch_size=2, progress=False)
     first = extract(model, tok, TEXTS, sites=SITES, batch_size=2, cache_dir=tmp_path, progress=False)
     n = len(calls)
     assert n == 2 * 4  # two runs of ceil(7 / 2) batches
-    assert len(first.shards) == 2  # a shard closes at >= 3 sequences: 4 + 3 (batches of 2)
+    assert len(first.shards) == 4
     second = extract(model, tok, TEXTS, sites=SITES, batch_size=2, cache_dir=tmp_path, progress=False)
     assert len(calls) == n
     assert_same(first, memory)
@@ -56,26 +56,26 @@ def test_second_run_reuses_the_cache_without_forward(tok, tmp_path, monkeypatch)
 
 
 def test_interrupted_run_resumes_from_last_complete_shard(tok, tmp_path, monkeypatch):
-    monkeypatch.setattr(ex, "SHARD_SEQUENCES", 2)
+    monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # a shard per batch
     model = tiny_model("gpt2", tok)
-    reference = extract(model, tok, TEXTS, sites=SITES, batch_size=1, progress=False)
+    reference = extract(model, tok, TEXTS, sites=SITES, batch_size=2, progress=False)
     calls = []
 
     def interrupt(*args):
         calls.append(1)
-        if len(calls) == 4:  # during the 2nd shard's 2nd batch: shard 1 is written, shard 2 is not
+        if len(calls) == 3:  # during the 3rd batch: shards of batches 1 and 2 are written
             raise KeyboardInterrupt
 
     handle = model.transformer.h[0].register_forward_hook(interrupt)
     with pytest.raises(KeyboardInterrupt):
-        extract(model, tok, TEXTS, sites=SITES, batch_size=1, cache_dir=tmp_path, progress=False)
+        extract(model, tok, TEXTS, sites=SITES, batch_size=2, cache_dir=tmp_path, progress=False)
     handle.remove()
     (folder,) = tmp_path.iterdir()
     assert json.loads((folder / "manifest.json").read_text())["complete"] is False
     calls.clear()
     model.transformer.h[0].register_forward_hook(lambda *a: calls.append(1))
-    resumed = extract(model, tok, TEXTS, sites=SITES, batch_size=1, cache_dir=tmp_path, progress=False)
-    assert len(calls) == len(TEXTS) - 2  # the 2 sequences of the first shard were not recomputed
+    resumed = extract(model, tok, TEXTS, sites=SITES, batch_size=2, cache_dir=tmp_path, progress=False)
+    assert len(calls) == 2  # only the batches of sequences 4-5 and 6 run again
     assert_same(resumed, reference)
 
 
@@ -101,10 +101,32 @@ def test_in_memory_model_identity_is_a_parameter_hash(tok):
 def test_corrupt_manifest_or_missing_shard_starts_over(tmp_path):
     key = {"x": 1}
     cache = ShardCache(tmp_path, key)
-    cache.add_shard({"offsets": torch.tensor([0, 2]), "token_ids": torch.tensor([4, 5])}, n_sequences=1)
-    assert ShardCache(tmp_path, key).done_sequences == 1
+    cache.add_shard({"offsets": torch.tensor([0, 2]), "token_ids": torch.tensor([4, 5]), "n_tokens": torch.tensor([2])})
+    assert (ShardCache(tmp_path, key).done_sequences, ShardCache(tmp_path, key).done_tokens) == (1, 2)
     cache.shards[0].unlink()
     assert ShardCache(tmp_path, key).done_sequences == 0
     (cache.directory / "manifest.json").write_text("{not json")
     assert ShardCache(tmp_path, key).done_sequences == 0
     assert ShardCache(tmp_path, {"x": 2}).directory != cache.directory
+
+
+def test_resume_respects_the_token_limit(tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # a shard per batch
+    model = tiny_model("llama", tok)
+    budget = 3 * len(tok(TEXTS[0])["input_ids"]) + 2  # ends 2 tokens into the 4th text
+    reference = extract(model, tok, TEXTS, batch_size=2, max_tokens=budget, progress=False)
+    assert len(reference.token_ids) == budget and reference.offsets.diff().tolist()[-1] == 2
+    calls = count_forwards(model)
+
+    def interrupt(*args):  # before the 2nd batch: the 1st batch's shard is written
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    handle = model.model.layers[0].register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        extract(model, tok, TEXTS, batch_size=2, max_tokens=budget, cache_dir=tmp_path, progress=False)
+    handle.remove()
+    calls.clear()
+    resumed = extract(model, tok, TEXTS, batch_size=2, max_tokens=budget, cache_dir=tmp_path, progress=False)
+    assert len(calls) == 1  # only the batch of texts 2-3 (text 3 cut to 2 tokens) runs again
+    assert_same(resumed, reference)
