@@ -1,0 +1,275 @@
+"""Token separability (paper Sec. 5.3): can a linear probe tell apart the occurrences of a few words?
+
+The paper collects the representations of every occurrence of " is", " are", " was" and " were"
+(1,668 of each after balancing) and, per layer, reports the cross-validated accuracy of a linear
+classifier; collapsed layers mix the words up. Defaults here follow the paper's description:
+
+- classes balanced by subsampling each to the rarest class's count (seeded);
+- per layer, a standardised (z-scored on the training folds) multinomial logistic regression run to
+  convergence (lbfgs; a ConvergenceWarning is turned into an error asking for a larger `max_iter`);
+- stratified 5-fold cross-validation (shuffled, seeded); mean and std (ddof=0) of the fold accuracies,
+  next to the majority-class baseline.
+
+``method="adam-linear"`` is the official code's probe (src/analysis/classification.py): a linear layer on
+the raw features trained for one epoch with Adam (lr 1e-2, batch 64, shuffled). Unlike the official code,
+the folds are the same stratified ones and accuracy is the fraction of test rows classified correctly
+(the official code averages per-batch accuracies, which over-weights the last, smaller batch).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from tqdm.auto import tqdm
+
+DEFAULT_WORDS = (" is", " are", " was", " were")
+Method = Literal["logreg", "adam-linear"]
+LayerFeatures = Mapping[Any, np.ndarray | torch.Tensor] | Sequence[np.ndarray | torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Per-layer cross-validated accuracy of a linear probe.
+
+    layers (L,) as given; accuracy_mean / accuracy_std (L,); fold_accuracy (L, n_splits);
+    majority_baseline: accuracy of always predicting the most frequent class; n_rows: rows used.
+    """
+
+    layers: list
+    accuracy_mean: np.ndarray
+    accuracy_std: np.ndarray
+    fold_accuracy: np.ndarray
+    majority_baseline: float
+    n_rows: int
+    method: str
+
+
+def _py(x: Any) -> Any:
+    """A numpy scalar as the Python value, for readable error messages."""
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def word_token_ids(tokenizer: Any, words: Sequence[str] = DEFAULT_WORDS) -> dict[str, int]:
+    """Map each word to its single token id under `tokenizer` (encoded without special tokens).
+
+    Rule: a word must encode to exactly one token that is not the unknown token; anything else is
+    rejected with a ValueError (leading spaces matter: for BPE tokenizers " is" and "is" differ).
+    """
+    if not words:
+        raise ValueError("word_token_ids: no words given")
+    out: dict[str, int] = {}
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for word in words:
+        ids = tokenizer.encode(word, add_special_tokens=False)
+        if len(ids) != 1:
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+            raise ValueError(
+                f"word {word!r} is {len(ids)} tokens {pieces} for this tokenizer; token separability needs "
+                "single-token words (check the leading space)"
+            )
+        if unk is not None and ids[0] == unk:
+            raise ValueError(f"word {word!r} maps to the unknown token for this tokenizer")
+        if ids[0] in out.values():
+            other = next(w for w, i in out.items() if i == ids[0])
+            raise ValueError(f"words {other!r} and {word!r} map to the same token id {ids[0]}")
+        out[word] = ids[0]
+    return out
+
+
+def word_rows(token_ids: np.ndarray | torch.Tensor, word_ids: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of `token_ids` (n_rows,) that are one of the words -> (row indices (m,), word labels (m,))."""
+    token_ids = np.asarray(token_ids)
+    by_id = {i: w for w, i in word_ids.items()}
+    rows = np.flatnonzero(np.isin(token_ids, list(by_id)))
+    labels = np.array([by_id[int(t)] for t in token_ids[rows]], dtype=object)
+    return rows, labels
+
+
+def balance_classes(labels: np.ndarray | Sequence, seed: int = 0, n_per_class: int | None = None) -> np.ndarray:
+    """Indices (sorted) of a class-balanced subsample: `n_per_class` rows of each class, by default the
+    rarest class's count; seeded, so the same labels and seed always give the same rows."""
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    n = int(counts.min()) if n_per_class is None else n_per_class
+    if n > counts.min():
+        rare = _py(classes[counts.argmin()])
+        raise ValueError(f"class {rare!r} has only {counts.min()} rows, fewer than n_per_class={n}")
+    rng = np.random.default_rng(seed)
+    keep = [rng.choice(np.flatnonzero(labels == c), size=n, replace=False) for c in classes]
+    return np.sort(np.concatenate(keep))
+
+
+def _layer_items(features: LayerFeatures) -> list[tuple[Any, np.ndarray]]:
+    items = list(features.items()) if isinstance(features, Mapping) else list(enumerate(features))
+    if not items:
+        raise ValueError("no layers given")
+    out = []
+    for layer, X in items:
+        X = X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else np.asarray(X)
+        if X.ndim != 2:
+            raise ValueError(f"layer {layer}: features must have shape (n, d), got {X.shape}")
+        if not np.isfinite(X).all():
+            raise ValueError(f"layer {layer}: features contain NaN or Inf")
+        if out and X.shape[0] != out[0][1].shape[0]:
+            raise ValueError(f"layer {layer}: {X.shape[0]} rows, but layer {out[0][0]} has {out[0][1].shape[0]}")
+        out.append((layer, X))
+    return out
+
+
+def _check_labels(y: np.ndarray, n_rows: int, n_splits: int, what: str) -> None:
+    if y.ndim != 1 or y.shape[0] != n_rows:
+        raise ValueError(f"{what}: labels must have shape ({n_rows},) to match the features, got {y.shape}")
+    classes, counts = np.unique(y, return_counts=True)
+    if classes.size < 2:
+        raise ValueError(f"{what}: need at least 2 classes, got {[_py(c) for c in classes]}")
+    if counts.min() < n_splits:
+        rare = _py(classes[counts.argmin()])
+        raise ValueError(
+            f"{what}: class {rare!r} has only {counts.min()} rows; {n_splits}-fold cross-validation needs "
+            f"at least {n_splits} per class"
+        )
+
+
+def _check_method(method: str) -> None:
+    if method not in ("logreg", "adam-linear"):
+        raise ValueError(f"method must be 'logreg' or 'adam-linear', got {method!r}")
+
+
+def fit_logreg(X_train: np.ndarray, y_train: np.ndarray, C: float, max_iter: int) -> Any:
+    """A standardised logistic regression fitted to convergence (ConvergenceWarning -> RuntimeError)."""
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        try:
+            return model.fit(X_train, y_train)
+        except ConvergenceWarning:
+            raise RuntimeError(
+                f"logistic regression did not converge in max_iter={max_iter}; raise max_iter or lower C"
+            ) from None
+
+
+def _adam_linear_accuracy(
+    X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, seed: int
+) -> float:
+    """The official probe: nn.Linear on raw features, one epoch of Adam (lr 1e-2, batch 64, shuffled).
+
+    Runs single-threaded: its kernels are tiny, and multi-threaded tiny kernels are far slower on a
+    busy machine (thread wake-ups dominate).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _adam_linear_fit_score(X_train, y_train, X_test, y_test, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _adam_linear_fit_score(
+    X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, seed: int
+) -> float:
+    classes = np.unique(y_train)
+    to_index = {c: i for i, c in enumerate(classes)}
+    yt = torch.tensor([to_index[c] for c in y_train])
+    Xt = torch.as_tensor(X_train, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):  # seeded init and shuffling, global RNG left untouched
+        torch.manual_seed(seed)
+        clf = torch.nn.Linear(Xt.shape[1], classes.size)
+        opt = torch.optim.Adam(clf.parameters(), lr=1e-2)
+        for batch in torch.randperm(len(yt)).split(64):
+            loss = torch.nn.functional.cross_entropy(clf(Xt[batch]), yt[batch])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        pred = classes[clf(torch.as_tensor(X_test, dtype=torch.float32)).argmax(-1).numpy()]
+    return float((pred == y_test).mean())
+
+
+def probe_layers(
+    features: LayerFeatures,
+    labels: np.ndarray | Sequence,
+    splitter: Any,
+    groups: np.ndarray | None = None,
+    method: Method = "logreg",
+    C: float = 1.0,
+    max_iter: int = 10_000,
+    seed: int = 0,
+    progress: bool = True,
+    desc: str = "probe",
+) -> ProbeResult:
+    """Cross-validated linear probe per layer with a given sklearn splitter (shared with the BLiMP probe).
+
+    features: {layer: (n, d)} or [(n, d)]; labels (n,); groups (n,) for group-aware splitters.
+    """
+    _check_method(method)
+    items = _layer_items(features)
+    y = np.asarray(labels)
+    if y.shape != (items[0][1].shape[0],):
+        raise ValueError(f"labels must have shape ({items[0][1].shape[0]},) to match the features, got {y.shape}")
+    folds = list(splitter.split(items[0][1], y, groups))
+    acc = np.empty((len(items), len(folds)))
+    for li, (layer, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
+        for k, (train, test) in enumerate(folds):
+            if method == "logreg":
+                try:
+                    clf = fit_logreg(X[train], y[train], C, max_iter)
+                except RuntimeError as e:
+                    raise RuntimeError(f"layer {layer}, fold {k}: {e}") from None
+                acc[li, k] = float((clf.predict(X[test]) == y[test]).mean())
+            else:
+                acc[li, k] = _adam_linear_accuracy(X[train], y[train], X[test], y[test], seed + k)
+    _, counts = np.unique(y, return_counts=True)
+    return ProbeResult(
+        layers=[layer for layer, _ in items],
+        accuracy_mean=acc.mean(1),
+        accuracy_std=acc.std(1),
+        fold_accuracy=acc,
+        majority_baseline=float(counts.max() / counts.sum()),
+        n_rows=int(y.shape[0]),
+        method=method,
+    )
+
+
+def token_separability(
+    features: LayerFeatures,
+    labels: np.ndarray | Sequence,
+    method: Method = "logreg",
+    n_splits: int = 5,
+    balance: bool = True,
+    n_per_class: int | None = None,
+    seed: int = 0,
+    C: float = 1.0,
+    max_iter: int = 10_000,
+    progress: bool = True,
+) -> ProbeResult:
+    """Per-layer accuracy of a linear probe telling the word classes apart (see the module docstring).
+
+    features: {layer: (n, d)} or [(n, d)], the representations of n word occurrences (rows aligned
+    across layers; e.g. `acts[site][layer][rows]` with `rows, labels = word_rows(...)`);
+    labels (n,): the word of each row. balance: subsample every class to `n_per_class` (default: the
+    rarest class's count; the paper has 1,668 per word) before cross-validation.
+    """
+    _check_method(method)
+    y = np.asarray(labels)
+    items = _layer_items(features)
+    _check_labels(y, items[0][1].shape[0], 1, "token_separability")
+    if balance:
+        keep = balance_classes(y, seed=seed, n_per_class=n_per_class)
+        items = [(layer, X[keep]) for layer, X in items]
+        y = y[keep]
+    _check_labels(y, items[0][1].shape[0], n_splits, "token_separability")
+    splitter = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+    return probe_layers(
+        dict(items), y, splitter, method=method, C=C, max_iter=max_iter, seed=seed, progress=progress,
+        desc="separability",
+    )

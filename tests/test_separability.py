@@ -1,0 +1,115 @@
+"""Token separability on synthetic data with known answers, and its helpers."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from lime_probe.separability import balance_classes, token_separability, word_rows, word_token_ids
+
+WORDS = np.array([" is", " are", " was", " were"], dtype=object)
+
+
+def synthetic(n_per_class=(60, 45, 80, 50), d=6, separation=6.0, seed=0):
+    """Layer 0: pure noise (chance); layer 1: well-separated class means (perfectly separable)."""
+    g = np.random.default_rng(seed)
+    y = np.concatenate([[w] * n for w, n in zip(WORDS, n_per_class, strict=True)])
+    means = g.standard_normal((len(WORDS), d)) * separation
+    idx = np.array([list(WORDS).index(w) for w in y])
+    noise = g.standard_normal((len(y), d))
+    return {0: noise, 1: means[idx] + 0.3 * noise}, y
+
+
+def test_known_answers_logreg():
+    feats, y = synthetic()
+    res = token_separability(feats, y, progress=False)
+    assert res.layers == [0, 1]
+    assert res.n_rows == 4 * 45  # balanced to the rarest class
+    assert res.majority_baseline == pytest.approx(0.25)
+    assert res.accuracy_mean[1] == pytest.approx(1.0)
+    assert abs(res.accuracy_mean[0] - 0.25) < 0.15  # noise: chance level
+    assert res.fold_accuracy.shape == (2, 5)
+    np.testing.assert_allclose(res.accuracy_std, res.fold_accuracy.std(1))
+
+
+def test_logreg_folds_equal_sklearn_cross_val_score():
+    feats, y = synthetic(n_per_class=(30, 30, 30, 30), separation=0.8, seed=1)
+    res = token_separability(feats, y, balance=False, seed=3, progress=False)
+    for layer in (0, 1):
+        pipe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=10_000))
+        cv = StratifiedKFold(5, shuffle=True, random_state=3)
+        np.testing.assert_allclose(res.fold_accuracy[layer], cross_val_score(pipe, feats[layer], y, cv=cv))
+
+
+def test_adam_linear_known_answers_and_determinism():
+    # One epoch of batch-64 Adam takes few steps: enough rows for ~50 of them.
+    feats, y = synthetic(n_per_class=(1000, 1000, 1000, 1000), separation=8.0)
+    res = token_separability({k: torch.from_numpy(v) for k, v in feats.items()}, y, method="adam-linear", progress=False)
+    assert res.method == "adam-linear"
+    assert res.accuracy_mean[1] > 0.95
+    assert abs(res.accuracy_mean[0] - 0.25) < 0.15
+    again = token_separability(feats, y, method="adam-linear", progress=False)
+    np.testing.assert_array_equal(res.fold_accuracy, again.fold_accuracy)
+
+
+def test_balance_classes():
+    y = np.array(["a"] * 10 + ["b"] * 3 + ["c"] * 7)
+    keep = balance_classes(y, seed=1)
+    assert sorted(np.unique(y[keep], return_counts=True)[1]) == [3, 3, 3]
+    np.testing.assert_array_equal(keep, balance_classes(y, seed=1))
+    assert len(balance_classes(y, n_per_class=2)) == 6
+    with pytest.raises(ValueError, match="class 'b' has only 3 rows"):
+        balance_classes(y, n_per_class=5)
+
+
+def word_level_tokenizer():
+    vocab = {"[UNK]": 0, "is": 1, "are": 2, "was": 3, "were": 4, "the": 5, "cat": 6}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+def test_word_token_ids_and_rows():
+    tok = word_level_tokenizer()
+    ids = word_token_ids(tok)
+    assert ids == {" is": 1, " are": 2, " was": 3, " were": 4}
+    rows, labels = word_rows(torch.tensor([5, 1, 6, 4, 1, 0, 3]), ids)
+    np.testing.assert_array_equal(rows, [1, 3, 4, 6])
+    assert labels.tolist() == [" is", " were", " is", " was"]
+    with pytest.raises(ValueError, match="'the cat' is 2 tokens"):
+        word_token_ids(tok, ["the cat"])
+    with pytest.raises(ValueError, match="unknown token"):
+        word_token_ids(tok, ["dog"])
+    with pytest.raises(ValueError, match="same token id"):
+        word_token_ids(tok, ["is", " is"])
+
+
+@pytest.mark.parametrize(
+    "kwargs,err,match",
+    [
+        ({"features": {0: np.zeros((8, 2)), 3: np.full((8, 2), np.nan)}}, ValueError, "layer 3: features contain NaN"),
+        ({"labels": ["a"] * 4 + ["b"] * 4}, ValueError, "class 'a' has only 4 rows; 5-fold"),
+        ({"labels": ["a"] * 7 + ["b"], "balance": False}, ValueError, "class 'b' has only 1 rows"),
+        ({"labels": ["a"] * 8}, ValueError, "at least 2 classes"),
+        ({"labels": ["a", "b"] * 3}, ValueError, "shape"),
+        ({"features": {0: np.zeros((8, 2)), 1: np.zeros((7, 2))}}, ValueError, "layer 1: 7 rows"),
+        ({"method": "svm"}, ValueError, "method"),
+        ({"features": {}}, ValueError, "no layers"),
+    ],
+)
+def test_bad_input(kwargs, err, match):
+    args = {"features": {0: np.random.default_rng(0).standard_normal((8, 2))}, "labels": ["a", "b"] * 4}
+    args.update(kwargs)
+    with pytest.raises(err, match=match):
+        token_separability(progress=False, **args)
+
+
+def test_non_convergence_is_an_error():
+    feats, y = synthetic(separation=0.5)
+    with pytest.raises(RuntimeError, match="layer 0, fold 0: .*max_iter=1"):
+        token_separability(feats, y, max_iter=1, progress=False)
