@@ -312,7 +312,14 @@ def _accelerator(recipe: Mapping[str, Any]):
             use_orig_params=True,
         )
     dynamo = TorchDynamoPlugin(backend="inductor") if recipe["compile"] else None
-    return Accelerator(mixed_precision=precision, fsdp_plugin=fsdp, dynamo_plugin=dynamo)
+    # cpu=True is what makes accelerate join a torchrun/accelerate-launch group over gloo without GPUs
+    accelerator = Accelerator(
+        mixed_precision=precision, fsdp_plugin=fsdp, dynamo_plugin=dynamo, cpu=not torch.cuda.is_available()
+    )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if accelerator.num_processes != launched:
+        raise RuntimeError(f"launched {launched} processes but accelerate joined {accelerator.num_processes}")
+    return accelerator
 
 
 def train(
