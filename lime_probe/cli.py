@@ -14,6 +14,7 @@ command succeeds, so a failure or Ctrl-C never leaves half-written files there. 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import shutil
 import sys
@@ -48,6 +49,11 @@ class Checkpoint:
     source: str
     model: object
     tokenizer: object
+
+    @property
+    def config(self):
+        """The Hugging Face config (``model`` may be an nnsight wrapper)."""
+        return getattr(self.model, "_module", self.model).config
 
 
 def labels_for(ckpts: Sequence[str], labels: Sequence[str] | None) -> list[str]:
@@ -106,45 +112,179 @@ def _layer_list(spec: str | None) -> list[int] | None:
         raise ValueError(f"--layers must be 'all' or comma-separated integers, got {spec!r}") from None
 
 
-def _extract(ck: Checkpoint, texts: Sequence[str], site: str, args, **kw):
+def extract_site(ck: Checkpoint, texts: Sequence[str], site: str, extract_kw: dict | None = None, **kw):
+    """``lime_probe.extract`` of one site for one checkpoint; ``extract_kw`` holds the size limits,
+    cache and layers (see ``extract_options``)."""
     from lime_probe.extract import extract
 
     if site not in SITES:
         raise ValueError(f"unknown site {site!r}; choose from {', '.join(SITES)}")
-    return extract(ck.model, ck.tokenizer, texts, sites=[site], layers=_layer_list(getattr(args, "layers", None)),
-                   max_length=args.max_length, max_tokens=args.max_tokens, batch_size=args.batch_size,
-                   cache_dir=args.cache, **kw)
+    return extract(ck.model, ck.tokenizer, texts, sites=[site], **{**(extract_kw or {}), **kw})
 
 
-def entropy_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], args) -> Analysis:
-    """Matrix entropy per layer of ``args.site`` for each checkpoint (paper Figures 2a, 4a, 7a)."""
+def extract_options(args) -> dict:
+    """The extraction settings of a parsed command line, as ``extract`` keywords."""
+    return {"layers": _layer_list(getattr(args, "layers", None)), "max_length": args.max_length,
+            "max_tokens": args.max_tokens, "batch_size": args.batch_size, "cache_dir": args.cache}
+
+
+def entropy_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "values", preset: str = "lime",
+                     alpha: float | None = None, seed: int = 0, extract_kw: dict | None = None) -> Analysis:
+    """Matrix entropy per layer of ``site`` for each checkpoint (paper Figures 2a, 4a, 7a)."""
     from lime_probe.entropy import layer_entropies
 
-    knobs = {} if args.alpha is None else {"alpha": args.alpha}
+    knobs = {} if alpha is None else {"alpha": alpha}
     rows, series = [], {}
     for ck in cks:
-        acts = _extract(ck, texts, args.site, args)
-        res = layer_entropies({layer: acts.sequences(args.site, layer) for layer in acts[args.site]},
-                              preset=args.preset, seed=args.seed, **knobs)
+        acts = extract_site(ck, texts, site, extract_kw)
+        res = layer_entropies({layer: acts.sequences(site, layer) for layer in acts[site]},
+                              preset=preset, seed=seed, **knobs)
         layers = sorted(res)
         for layer in layers:
             r = res[layer]
-            rows.append({"model": ck.label, "site": args.site, "layer": layer, "entropy_mean": r.mean,
-                         "entropy_std": r.std, "ci_low": r.ci_low, "ci_high": r.ci_high, "n_sequences": len(r.values),
-                         "alpha": r.config.alpha})
+            rows.append({"model": ck.label, "site": site, "layer": layer, "entropy_mean": r.mean,
+                         "entropy_std": r.std, "ci_low": r.ci_low, "ci_high": r.ci_high,
+                         "n_sequences": len(r.values), "alpha": r.config.alpha})
         series[ck.label] = {"layers": layers, "mean": [res[la].mean for la in layers],
                             "low": [res[la].ci_low for la in layers], "high": [res[la].ci_high for la in layers]}
-    alpha = rows[0]["alpha"]
-    fig = F.plot_entropy(series, site=args.site, alpha=alpha)
-    return Analysis(f"entropy_{args.site}", f"Matrix entropy of {args.site}", rows,
-                    text=(f"Matrix-based Renyi entropy (alpha={alpha:g}, preset {args.preset!r}) of each sequence's "
-                          f"{args.site} per layer; mean over {rows[0]['n_sequences']} sequences with a 95% bootstrap CI. "
-                          "Lower entropy means tokens crowd into fewer directions (representation collapse)."),
-                    figures={f"entropy_{args.site}": fig},
-                    columns=("model", "layer", "entropy_mean", "ci_low", "ci_high"))
+    used_alpha = rows[0]["alpha"]
+    return Analysis(
+        f"entropy_{site}", f"Matrix entropy of {site}", rows,
+        text=(f"Matrix-based Renyi entropy (alpha={used_alpha:g}, preset {preset!r}) of each sequence's {site} per "
+              f"layer; mean over {rows[0]['n_sequences']} sequences with a 95% bootstrap CI of the mean. Lower "
+              "entropy means the tokens crowd into fewer directions (representation collapse)."),
+        figures={f"entropy_{site}": F.plot_entropy(series, site=site, alpha=used_alpha)},
+        columns=("model", "layer", "entropy_mean", "ci_low", "ci_high"))
 
 
-ANALYSES: dict[str, Callable] = {"entropy": entropy_analysis}
+def check_class_counts(labels: np.ndarray, classes: Sequence, minimum: int, what: str) -> None:
+    """ValueError naming every class of ``classes`` with fewer than ``minimum`` rows in ``labels``."""
+    found = dict(zip(*np.unique(labels, return_counts=True), strict=True)) if len(labels) else {}
+    short = {c: int(found.get(c, 0)) for c in classes if found.get(c, 0) < minimum}
+    if short:
+        counts = ", ".join(f"{c!r}: {n}" for c, n in short.items())
+        raise ValueError(f"{what} too rare in the data (need at least {minimum} each): {counts}; "
+                         "give more data (--data, --max-sequences) or other words")
+
+
+def separability_from_features(features: dict[str, tuple[dict, np.ndarray]], *, site: str, classes: Sequence,
+                               name: str, what: str, method: str = "logreg", seed: int = 0) -> Analysis:
+    """Token separability per layer for each model, from {label: ({layer: (n, d)}, labels (n,))}."""
+    from lime_probe.separability import token_separability
+
+    rows, series, chance = [], {}, None
+    for label, (per_layer, y) in features.items():
+        res = token_separability(per_layer, y, method=method, seed=seed)
+        chance = res.majority_baseline
+        for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
+            rows.append({"model": label, "site": site, "layer": layer, "accuracy_mean": float(m),
+                         "accuracy_std": float(s), "majority_baseline": res.majority_baseline,
+                         "n_rows": res.n_rows, "method": res.method})
+        series[label] = {"layers": res.layers, "mean": res.accuracy_mean, "std": res.accuracy_std}
+    shown = [str(c) for c in classes]
+    return Analysis(
+        name, f"Separability of {what}", rows,
+        text=(f"Cross-validated accuracy (5 stratified folds, mean ± std) of a linear probe ({method}) telling apart "
+              f"the {site} representations of {', '.join(repr(c) for c in shown)} at each layer, classes balanced. "
+              "Chance is the majority-class rate; collapsed layers fall towards it."),
+        figures={name: F.plot_separability(series, site=site, words=shown, chance=chance)},
+        columns=("model", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"))
+
+
+def separability_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden",
+                          words: Sequence[str] = DEFAULT_WORDS, method: str = "logreg", seed: int = 0,
+                          extract_kw: dict | None = None) -> Analysis:
+    """Separability of the occurrences of single-token ``words`` (paper Sec. 5.3, Figures 2b, 7b)."""
+    from lime_probe.separability import word_rows, word_token_ids
+
+    features = {}
+    for ck in cks:
+        ids = word_token_ids(ck.tokenizer, words)
+        acts = extract_site(ck, texts, site, extract_kw, token_ids=list(ids.values()))
+        rows, y = word_rows(acts.token_ids, ids)
+        check_class_counts(y, list(words), 5, f"{ck.label}: words")
+        features[ck.label] = ({layer: acts[site][layer][rows] for layer in acts[site]}, y)
+    return separability_from_features(features, site=site, classes=words, name=f"separability_{site}",
+                                      what="words", method=method, seed=seed)
+
+
+def cka_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden", seed: int = 0,
+                 extract_kw: dict | None = None) -> Analysis:
+    """Linear CKA between every pair of layers and the effective rank of each layer (beyond the paper)."""
+    from lime_probe.similarity import cka_matrix, effective_ranks
+
+    rows, extra, figures, ranks = [], {}, {}, {}
+    for ck in cks:
+        acts = extract_site(ck, texts, site, extract_kw)
+        layers = acts.layers(site)
+        feats = {layer: acts[site][layer] for layer in layers}
+        cka = cka_matrix(feats, progress=False)
+        er = effective_ranks(feats, center=True, progress=False)
+        for k, layer in enumerate(layers):
+            rows.append({"model": ck.label, "site": site, "layer": layer, "effective_rank": float(er[k]),
+                         "cka_with_previous": float(cka[k, k - 1]) if k else None,
+                         "n_tokens": int(feats[layer].shape[0])})
+        extra[ck.label] = {"layers": layers, "cka": cka, "effective_rank": er}
+        ranks[ck.label] = {"layers": layers, "mean": er}
+        figures[f"cka_{site}_{_slug(ck.label)}"] = F.plot_heatmap(
+            cka, row_labels=layers, col_labels=layers, xlabel="layer", ylabel="layer", vmin=0.0, vmax=1.0,
+            title=f"{ck.label}: linear CKA between layers ({site})", cbar_label="linear CKA")
+    figures[f"effective_rank_{site}"] = F.plot_layer_curves(
+        ranks, ylabel="effective rank (centred)", title=f"Effective rank of {site} per layer")
+    return Analysis(
+        f"cka_{site}", f"Layer similarity (CKA) and effective rank of {site}", rows,
+        text=("Linear CKA between the token representations of every pair of layers (1 = the same up to rotation "
+              "and scale), and the effective rank (exp of the entropy of the singular values) of each layer's "
+              "centred token cloud."),
+        extra={"cka": extra}, figures=figures,
+        columns=("model", "layer", "effective_rank", "cka_with_previous"))
+
+
+def router_analysis(cks: Sequence[Checkpoint], texts: Sequence[str] | None = None, *, seed: int = 0,
+                    extract_kw: dict | None = None) -> Analysis:
+    """LIMe router weights, layer x buffered layer and per head (paper Figures 5, 9).
+
+    ``texts`` are needed only for routing "dynamic", whose weights depend on the token.
+    """
+    from lime_probe.router import router_weights
+
+    rows, extra, figures = [], {}, {}
+    for ck in cks:
+        routing = getattr(ck.config, "routing", None)
+        if routing in (None, "none"):
+            raise ValueError(f"{ck.label} ({ck.source}) has no LIMe routers (routing {routing!r}); "
+                             "the router analysis applies to LIMe checkpoints only")
+        hidden = None
+        if routing == "dynamic":
+            if not texts:
+                raise ValueError(f"{ck.label}: routing 'dynamic' depends on the input; give --data")
+            acts = extract_site(ck, texts, "hidden", {**(extract_kw or {}), "layers": None})
+            hidden = {layer: acts["hidden"][layer] for layer in acts["hidden"]}
+        res = router_weights(ck.model, hidden)
+        for i, src in enumerate(res.sources):
+            for j in src:
+                rows.append({"model": ck.label, "routing": res.routing, "layer": i, "source_layer": j,
+                             "weight_share": float(res.per_layer[i, j])})
+        extra[ck.label] = {"routing": res.routing, "per_layer": res.per_layer, "per_head": res.per_head,
+                           "sources": res.sources}
+        slug = _slug(ck.label)
+        figures[f"router_{slug}"] = F.plot_router(res.per_layer, label=f"{ck.label} ({res.routing})")
+        figures[f"router_heads_{slug}"] = F.plot_router_heads(res.per_head, label=f"{ck.label} ({res.routing})")
+    return Analysis(
+        "router", "Router weights", rows,
+        text=("Normalised |router weight| of each layer over the buffered layers it reads (rows sum to 1), averaged "
+              "over heads (first figure per model) and per KV head. Mass off the diagonal means the layer reads "
+              "keys/values of earlier layers."),
+        extra={"routers": extra}, figures=figures,
+        columns=("model", "layer", "source_layer", "weight_share"))
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
+
+
+ANALYSES: dict[str, Callable] = {"entropy": entropy_analysis, "separability": separability_analysis,
+                                 "cka": cka_analysis, "router": router_analysis}
 
 
 # --------------------------------------------------------------------------- output
@@ -214,21 +354,34 @@ def write_analysis(a: Analysis, out: Path, meta: dict) -> None:
         F.save_figure(fig, out / stem)
 
 
-def _settings(args) -> dict:
-    skip = {"handler", "func", "debug"}
-    return {k: v for k, v in vars(args).items() if k not in skip}
-
-
 # --------------------------------------------------------------------------- commands
+
+
+def run_analysis(name: str, cks: Sequence[Checkpoint], texts: Sequence[str] | None, args) -> Analysis:
+    """Call analysis ``name`` with the options of ``args`` that its signature names."""
+    fn = ANALYSES[name]
+    names = [p for p in inspect.signature(fn).parameters if p not in ("cks", "texts", "extract_kw")]
+    kw = {p: getattr(args, p) for p in names if hasattr(args, p)}
+    return fn(cks, texts, extract_kw=extract_options(args) if texts is not None else None, **kw)
+
+
+def section_for(a: Analysis) -> Section:
+    """The report section of an analysis: its text, figures and compact table."""
+    rows = [{c: r.get(c) for c in a.columns} for r in a.rows] if a.columns else a.rows
+    return Section(a.title, text=a.text, figures=list(a.figures.values()), tables=[Table(a.title, rows)])
+
+
+def _meta(command: str, args, cks: Sequence[Checkpoint]) -> dict:
+    settings = {k: v for k, v in vars(args).items() if k not in ("handler", "debug")}
+    return run_metadata(command, settings=settings, checkpoints={c.label: c.source for c in cks})
 
 
 def _analysis_command(name: str):
     def handler(args, out: Path) -> None:
-        texts = load_texts(args.data, args.max_sequences)
+        texts = load_texts(args.data, args.max_sequences) if args.data is not None else None
         cks = load_checkpoints(args.ckpt, args.label, args.device)
-        a = ANALYSES[name](cks, texts, args)
-        meta = run_metadata(name, settings=_settings(args), checkpoints={c.label: c.source for c in cks})
-        write_analysis(a, out, meta)
+        a = run_analysis(name, cks, texts, args)
+        write_analysis(a, out, _meta(name, args, cks))
         print(format_table(a.rows, a.columns))
 
     return handler
@@ -238,17 +391,27 @@ def cmd_report(args, out: Path) -> None:
     """Run the chosen analyses on every checkpoint and write one self-contained HTML report."""
     texts = load_texts(args.data, args.max_sequences)
     cks = load_checkpoints(args.ckpt, args.label, args.device)
-    meta = run_metadata("report", settings=_settings(args), checkpoints={c.label: c.source for c in cks})
+    meta = _meta("report", args, cks)
     sections = []
     for name in args.analyses:
-        a = ANALYSES[name](cks, texts, args)
+        chosen = cks
+        if name == "router":  # only LIMe checkpoints have routers
+            chosen = [c for c in cks if getattr(c.config, "routing", "none") != "none"]
+            if not chosen:
+                continue
+        a = run_analysis(name, chosen, texts, args)
         write_analysis(a, out, meta)
-        sections.append(Section(a.title, text=a.text, figures=list(a.figures.values()),
-                                tables=[Table(a.title, [{c: r.get(c) for c in a.columns} for r in a.rows]
-                                              if a.columns else a.rows)]))
+        sections.append(section_for(a))
         print(f"\n{a.title}\n{format_table(a.rows, a.columns)}")
     labels = " vs ".join(c.label for c in cks)
     write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
+
+
+def cmd_demo(args, out: Path) -> None:
+    """Train tiny LIMe and LLaMA models on arithmetic and run every analysis (``lime_probe.demo``)."""
+    from lime_probe.demo import run_demo
+
+    run_demo(out, quick=args.quick, seed=args.seed, device=args.device, runs=args.runs)
 
 
 # --------------------------------------------------------------------------- parser
@@ -257,40 +420,56 @@ def cmd_report(args, out: Path) -> None:
 EXAMPLES = {
     "entropy": "lime-probe entropy --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
                "    --data wikitext-2/valid.txt --site values --max-sequences 64 --out out/entropy",
-    "report": "lime-probe report --ckpt runs/lime --ckpt runs/llama --data valid.txt --out out/report",
+    "separability": "lime-probe separability --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt \\\n"
+                    "    --words ' is' ' are' ' was' ' were' --site values --max-sequences 2000 --out out/sep",
+    "cka": "lime-probe cka --ckpt runs/lime --data wikitext-2/valid.txt --site hidden --max-tokens 2000 --out out/cka",
+    "router": "lime-probe router --ckpt runs/lime --label LIMe --out out/router",
+    "report": "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
+              "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
+    "demo": "lime-probe demo                 # about 10 minutes on 2 CPU cores, writes figures/\n"
+            "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
 }
 
 HELP = {
     "entropy": "matrix-based Renyi entropy per layer (paper Sec. 5.3, Figures 2a/4a/7a)",
+    "separability": "linear-probe separability of word occurrences per layer (paper Figures 2b/7b)",
+    "cka": "linear CKA between layers and effective rank per layer",
+    "router": "LIMe router weights, layer x buffered layer and per head (paper Figures 5/9)",
     "report": "run several analyses and write one self-contained HTML report",
+    "demo": "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
 }
 
 
-def _common(p: argparse.ArgumentParser, *, data: bool = True) -> None:
+def _checkpoint_options(p: argparse.ArgumentParser, *, data: str) -> None:
+    """--ckpt/--label and, with ``data`` "required" or "optional", --data and the size limits."""
     g = p.add_argument_group("checkpoints and data")
     g.add_argument("--ckpt", action="append", required=True, metavar="PATH|HUB_ID",
                    help="checkpoint directory or hub id; repeat to compare side by side")
     g.add_argument("--label", action="append", metavar="NAME",
                    help="name per --ckpt in tables and legends (default: the folder name)")
-    if data:
-        g.add_argument("--data", required=True, metavar="SPEC",
-                       help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]")
-        g.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
-                       help="use at most N sequences (default: %(default)s)")
-        g.add_argument("--max-length", type=_positive, default=256, metavar="T",
-                       help="truncate each sequence to T tokens (default: %(default)s)")
-        g.add_argument("--max-tokens", type=_positive, default=None, metavar="N",
-                       help="stop extracting after N tokens in all (default: no limit)")
-        g.add_argument("--batch-size", type=_positive, default=8, metavar="B",
-                       help="sequences per forward pass (default: %(default)s)")
-        g.add_argument("--cache", default=_default_cache(), metavar="DIR",
-                       help="activation cache; a rerun or an interrupted run reuses it (default: %(default)s)")
-        g.add_argument("--no-cache", dest="cache", action="store_const", const=None,
-                       help="extract without the on-disk cache")
+    if data == "none":
+        return
+    g.add_argument("--data", required=data == "required", metavar="SPEC",
+                   help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
+                        + ("" if data == "required" else " (only for routing 'dynamic')"))
+    g.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
+                   help="use at most N sequences (default: %(default)s)")
+    g.add_argument("--max-length", type=_positive, default=256, metavar="T",
+                   help="truncate each sequence to T tokens (default: %(default)s)")
+    g.add_argument("--max-tokens", type=_positive, default=None, metavar="N",
+                   help="stop extracting after N tokens in all (default: no limit)")
+    g.add_argument("--batch-size", type=_positive, default=8, metavar="B",
+                   help="sequences per forward pass (default: %(default)s)")
+    g.add_argument("--cache", default=_default_cache(), metavar="DIR",
+                   help="activation cache; a rerun or an interrupted run reuses it (default: %(default)s)")
+    g.add_argument("--no-cache", dest="cache", action="store_const", const=None,
+                   help="extract without the on-disk cache")
+
+
+def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> None:
     r = p.add_argument_group("run")
     r.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
-    r.add_argument("--out", default="lime-probe-out", metavar="DIR",
-                   help="folder for results and figures (default: %(default)s)")
+    r.add_argument("--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)")
     r.add_argument("--seed", type=int, default=0, help="seed for sampling, folds, t-SNE (default: %(default)s)")
     r.add_argument("--debug", action="store_true", help="show the full traceback on failure")
 
@@ -321,6 +500,14 @@ def _entropy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=None, help="Renyi order (default: the preset's)")
 
 
+def _word_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--words", nargs="+", default=list(DEFAULT_WORDS), metavar="WORD",
+                   help="single-token words to tell apart, leading spaces included (default: ' is' ' are' ' was' ' were')")
+    p.add_argument("--method", default="logreg", choices=("logreg", "adam-linear"),
+                   help="probe: converged logistic regression (paper text) or the official one-epoch Adam "
+                        "linear layer (default: %(default)s)")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (the usage itself stays one ``--help`` away)."""
 
@@ -331,15 +518,16 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The ``lime-probe`` argument parser with one subcommand per analysis."""
     parser = _Parser(prog=PROG, description="The LIMe paper's analyses of representation collapse.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Run 'lime-probe COMMAND --help' for a command's options and an example.")
+                     epilog="Run 'lime-probe COMMAND --help' for a command's options and an example.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    def add(name: str, handler: Callable, **kw) -> argparse.ArgumentParser:
+    def add(name: str, handler: Callable, data: str = "required") -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=HELP[name], description=HELP[name],
                            epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        _common(p, **kw)
+        if name != "demo":
+            _checkpoint_options(p, data=data)
+        _run_options(p, out="figures" if name == "demo" else "lime-probe-out")
         p.set_defaults(handler=handler)
         return p
 
@@ -347,11 +535,26 @@ def build_parser() -> argparse.ArgumentParser:
     _site_options(p, "values")
     _entropy_options(p)
 
+    p = add("separability", _analysis_command("separability"))
+    _site_options(p, "hidden")
+    _word_options(p)
+
+    p = add("cka", _analysis_command("cka"))
+    _site_options(p, "hidden")
+
+    add("router", _analysis_command("router"), data="optional")
+
     p = add("report", cmd_report)
     _site_options(p, "values")
     _entropy_options(p)
+    _word_options(p)
     p.add_argument("--analyses", nargs="+", default=list(ANALYSES), choices=list(ANALYSES),
-                   help="analyses to include (default: all that need only text)")
+                   help="analyses to include; router only for LIMe checkpoints (default: all)")
+
+    p = add("demo", cmd_demo)
+    p.add_argument("--quick", action="store_true", help="a tiny smoke run (about a minute) instead of the real demo")
+    p.add_argument("--runs", default=None, metavar="DIR",
+                   help="keep the two training runs here and reuse finished ones (default: a temporary folder)")
     return parser
 
 
