@@ -43,11 +43,11 @@ class RouterAnalysis:
     routing: str
 
 
-def _unwrap(model: Any) -> torch.nn.Module:
-    """The torch module behind an nnsight wrapper (or the model itself)."""
+def unwrap_model(model: Any) -> torch.nn.Module:
+    """The torch module behind an nnsight wrapper (`._module`), or the model itself."""
     module = getattr(model, "_module", model)
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"expected a LIMe model (torch module or nnsight wrapper), got {type(model).__name__}")
+        raise TypeError(f"expected a torch model or an nnsight wrapper of one, got {type(model).__name__}")
     return module
 
 
@@ -133,7 +133,7 @@ def router_weights(
     entering layer i for some tokens, (n_tokens, hidden_size); that is the extraction site "hidden" at
     index i (`acts["hidden"][i]`). The layer's input_layernorm is applied here to get the router's input.
     """
-    module = _unwrap(model)
+    module = unwrap_model(model)
     kind, spec = _routing_kind(module)
     layers = _layers(module)
     if kind == "dynamic" and hidden_states is None:

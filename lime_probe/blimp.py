@@ -1,0 +1,268 @@
+"""BLiMP (Warstadt et al. 2020): 67 paradigms of 1,000 minimal pairs (a grammatical and an
+ungrammatical sentence differing minimally). Two uses, both per paradigm:
+
+- **Probe** (paper Table 2, Appendix D): mean-pooled per-layer representations of the good and bad
+  sentences, a logistic regression good vs bad with 5-fold cross-validation grouped by `pairID`
+  (the two sentences of a pair never straddle train and test), mean accuracy per layer.
+- **Minimal-pair scoring**, the field's standard, as lm-evaluation-harness: each sentence is scored by
+  the sum of its tokens' log-probabilities given a one-token prefix, the tokenizer's BOS token (its EOS
+  token where it has no BOS, as the harness does), and a pair is correct when good > bad (strictly; an
+  exact tie, practically only for identical token sequences, counts as wrong).
+
+Phenomena are the `linguistics_term` field of the released data: 13 values, since it lists the two
+s-selection paradigms apart where the BLiMP paper's 12 phenomena fold them into argument structure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.model_selection import GroupKFold
+from tqdm.auto import tqdm
+
+from .router import unwrap_model
+from .separability import LayerFeatures, Method, ProbeResult, probe_layers
+
+HUB_ID = "nyu-mll/blimp"
+REQUIRED_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID", "linguistics_term")
+
+
+def _check_fields(columns: Sequence[str], where: str) -> None:
+    missing = [f for f in REQUIRED_FIELDS if f not in columns]
+    if missing:
+        raise ValueError(f"{where}: not BLiMP data, missing field(s) {missing} (needs {list(REQUIRED_FIELDS)})")
+
+
+def _local_files(source: Path, paradigms: Sequence[str] | None) -> list[Path]:
+    if source.is_file():
+        return [source]
+    files = sorted(source.glob("*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no BLiMP .jsonl files in {source}")
+    if paradigms is None:
+        return files
+    by_name = {f.stem: f for f in files}
+    unknown = [p for p in paradigms if p not in by_name]
+    if unknown:
+        raise ValueError(f"paradigm(s) {unknown} not in {source}; available: {sorted(by_name)[:5]}... ({len(by_name)})")
+    return [by_name[p] for p in paradigms]
+
+
+def _first_record(path: Path) -> dict:
+    with open(path, encoding="utf-8") as f:
+        line = f.readline()
+    if not line.strip():
+        raise ValueError(f"{path}: empty file")
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON lines ({e})") from None
+
+
+def load_blimp(
+    source: str | os.PathLike | Sequence[str | os.PathLike] = HUB_ID, paradigms: Sequence[str] | None = None
+) -> Any:
+    """BLiMP rows as a `datasets.Dataset` with at least the fields `REQUIRED_FIELDS`.
+
+    source: a folder of `<paradigm>.jsonl` files (e.g. the 67 files of the release), one or more JSONL
+    files, or the hub id "nyu-mll/blimp" (needs a network; one dataset config per paradigm).
+    paradigms: paradigm names (UIDs) to keep; all by default.
+    """
+    import datasets
+
+    if paradigms is not None and (isinstance(paradigms, str) or not paradigms):
+        raise ValueError(f"paradigms must be a non-empty list of paradigm names, got {paradigms!r}")
+    if isinstance(source, (str, os.PathLike)) and str(source) == HUB_ID and not Path(source).exists():
+        names = list(paradigms) if paradigms is not None else datasets.get_dataset_config_names(HUB_ID)
+        parts = [datasets.load_dataset(HUB_ID, name, split="train") for name in names]
+        ds = datasets.concatenate_datasets(parts)
+        _check_fields(ds.column_names, HUB_ID)
+        return ds
+    sources = [Path(source)] if isinstance(source, (str, os.PathLike)) else [Path(s) for s in source]
+    if not sources:
+        raise ValueError("load_blimp: no source given")
+    files = []
+    for src in sources:
+        if not src.exists():
+            raise FileNotFoundError(f"BLiMP source not found: {src}")
+        files += _local_files(src, paradigms if len(sources) == 1 and src.is_dir() else None)
+    for f in files:
+        _check_fields(list(_first_record(f)), str(f))
+    try:
+        ds = datasets.load_dataset("json", data_files=[str(f) for f in files], split="train")
+    except Exception as e:  # datasets raises many types for malformed files; report one line
+        raise ValueError(f"could not read BLiMP JSONL {[f.name for f in files]}: {str(e).splitlines()[0]}") from None
+    _check_fields(ds.column_names, str(source))
+    if paradigms is not None:
+        wanted = set(paradigms)
+        ds = ds.filter(lambda uid: uid in wanted, input_columns="UID")
+        missing = wanted - set(ds.unique("UID"))
+        if missing:
+            raise ValueError(f"paradigm(s) {sorted(missing)} not found in {source}")
+    if len(ds) == 0:
+        raise ValueError(f"no BLiMP rows in {source}")
+    return ds
+
+
+# ---------------------------------------------------------------------------------------------------
+# Probe
+
+
+def blimp_probe(
+    good: LayerFeatures,
+    bad: LayerFeatures,
+    pair_ids: Sequence | np.ndarray,
+    n_splits: int = 5,
+    method: Method = "logreg",
+    seed: int = 0,
+    C: float = 1.0,
+    max_iter: int = 10_000,
+    progress: bool = True,
+) -> ProbeResult:
+    """Good-vs-bad probe of one paradigm: per layer, CV accuracy of a standardised logistic regression.
+
+    good, bad: {layer: (n_pairs, d)} or [(n_pairs, d)], the mean-pooled representation of each pair's
+    good and bad sentence (row k of both is pair `pair_ids[k]`); 5-fold `GroupKFold` by pair (shuffled,
+    seeded). Returns a `ProbeResult` (accuracy per layer, majority baseline 0.5).
+    """
+    pair_ids = np.asarray(pair_ids)
+    g_items = dict(good) if isinstance(good, Mapping) else dict(enumerate(good))
+    b_items = dict(bad) if isinstance(bad, Mapping) else dict(enumerate(bad))
+    if list(g_items) != list(b_items):
+        raise ValueError(f"good and bad features must have the same layers, got {list(g_items)} and {list(b_items)}")
+    if len(np.unique(pair_ids)) < n_splits:
+        raise ValueError(f"blimp_probe: {len(np.unique(pair_ids))} pairs are too few for {n_splits}-fold CV")
+    features = {}
+    for layer in g_items:
+        G, B = np.asarray(g_items[layer]), np.asarray(b_items[layer])
+        if G.shape != B.shape or G.ndim != 2 or G.shape[0] != pair_ids.shape[0]:
+            raise ValueError(
+                f"layer {layer}: good {G.shape} and bad {B.shape} must both be (n_pairs={pair_ids.shape[0]}, d)"
+            )
+        features[layer] = np.concatenate([G, B])
+    labels = np.repeat([1, 0], pair_ids.shape[0])
+    splitter = GroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+    return probe_layers(
+        features, labels, splitter, groups=np.concatenate([pair_ids, pair_ids]), method=method, C=C,
+        max_iter=max_iter, seed=seed, progress=progress, desc="BLiMP probe",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Minimal-pair scoring
+
+
+def prefix_token_id(tokenizer: Any) -> int:
+    """The one-token context every sentence is scored after: BOS, else EOS (as lm-evaluation-harness)."""
+    for name in ("bos_token_id", "eos_token_id"):
+        token = getattr(tokenizer, name, None)
+        if token is not None:
+            return int(token)
+    raise ValueError("the tokenizer has neither a BOS nor an EOS token to use as the scoring prefix")
+
+
+def sentence_logprobs(
+    model: Any, tokenizer: Any, sentences: Sequence[str], batch_size: int = 32, progress: bool = True
+) -> np.ndarray:
+    """Sum of token log-probabilities of each sentence after the prefix token -> (n,) float64.
+
+    Tokens are the sentence encoded without special tokens; batches (sorted by length to limit
+    padding) are right-padded with an attention mask, so padding never changes a score.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not sentences:
+        raise ValueError("sentence_logprobs: no sentences given")
+    module = unwrap_model(model)
+    prefix = prefix_token_id(tokenizer)
+    encoded = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
+    for s, ids in zip(sentences, encoded, strict=True):
+        if not ids:
+            raise ValueError(f"sentence {s!r} has no tokens")
+    seqs = [[prefix, *ids] for ids in encoded]
+    limit = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+    longest = max(len(s) for s in seqs)
+    if limit is not None and longest > limit:
+        raise ValueError(f"a sentence has {longest} tokens with the prefix, over the model's {limit} positions")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prefix
+    device = next(module.parameters()).device
+    order = np.argsort([len(s) for s in seqs], kind="stable")
+    out = np.empty(len(seqs))
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.inference_mode():
+            for start in tqdm(range(0, len(seqs), batch_size), desc="scoring", unit="batch", disable=not progress):
+                idx = order[start : start + batch_size]
+                width = max(len(seqs[i]) for i in idx)
+                ids = torch.full((len(idx), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for row, i in enumerate(idx):
+                    ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
+                    mask[row, : len(seqs[i])] = 1
+                ids, mask = ids.to(device), mask.to(device)
+                logits = module(input_ids=ids, attention_mask=mask).logits.float()
+                logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+                out[idx] = (logp * mask[:, 1:]).sum(-1).double().cpu().numpy()
+    finally:
+        module.train(was_training)
+    return out
+
+
+@dataclass(frozen=True)
+class BlimpScores:
+    """Minimal-pair results. Per pair (n,): logprob_good, logprob_bad, correct (good > bad), paradigm,
+    phenomenon. per_paradigm: accuracy over each paradigm's pairs; per_phenomenon: the mean of its
+    paradigms' accuracies; mean_over_paradigms: the unweighted mean of per_paradigm (the usual
+    "BLiMP accuracy", equal to the accuracy over all pairs when every paradigm has 1,000 pairs);
+    mean_over_phenomena: the unweighted mean of per_phenomenon (weights phenomena equally)."""
+
+    logprob_good: np.ndarray
+    logprob_bad: np.ndarray
+    correct: np.ndarray
+    paradigm: np.ndarray
+    phenomenon: np.ndarray
+    per_paradigm: dict[str, float]
+    per_phenomenon: dict[str, float]
+    mean_over_paradigms: float
+    mean_over_phenomena: float
+
+
+def score_minimal_pairs(
+    model: Any, tokenizer: Any, data: Any, batch_size: int = 32, progress: bool = True
+) -> BlimpScores:
+    """Score BLiMP pairs (a `load_blimp` dataset, or any mapping of column lists with `REQUIRED_FIELDS`)."""
+    columns = list(getattr(data, "column_names", None) or data.keys())
+    _check_fields(columns, "score_minimal_pairs data")
+    good, bad = list(data["sentence_good"]), list(data["sentence_bad"])
+    if not good:
+        raise ValueError("score_minimal_pairs: no pairs given")
+    scores = sentence_logprobs(model, tokenizer, good + bad, batch_size=batch_size, progress=progress)
+    lp_good, lp_bad = scores[: len(good)], scores[len(good) :]
+    correct = lp_good > lp_bad
+    paradigm = np.array(list(data["UID"]), dtype=object)
+    phenomenon = np.array(list(data["linguistics_term"]), dtype=object)
+    per_paradigm = {p: float(correct[paradigm == p].mean()) for p in sorted(set(paradigm))}
+    phenomenon_of = dict(zip(paradigm, phenomenon, strict=True))
+    per_phenomenon = {
+        ph: float(np.mean([acc for p, acc in per_paradigm.items() if phenomenon_of[p] == ph]))
+        for ph in sorted(set(phenomenon))
+    }
+    return BlimpScores(
+        logprob_good=lp_good,
+        logprob_bad=lp_bad,
+        correct=correct,
+        paradigm=paradigm,
+        phenomenon=phenomenon,
+        per_paradigm=per_paradigm,
+        per_phenomenon=per_phenomenon,
+        mean_over_paradigms=float(np.mean(list(per_paradigm.values()))),
+        mean_over_phenomena=float(np.mean(list(per_phenomenon.values()))),
+    )
