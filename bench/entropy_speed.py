@@ -70,7 +70,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 sequences at the target shape (minutes -> seconds)")
     parser.add_argument("--no-others", action="store_true", help="only the target shape")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, alpha={ALPHA}, float64")
     run(4 if args.quick else 64, 2048, 512, repeats=1)
     if not args.no_others:

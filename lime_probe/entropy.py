@@ -25,10 +25,11 @@ The global z-score of "lime" needs the dataset mean/std before any entropy, and 
 
 - one pass (default): `update` keeps, per sequence, Gram-side sufficient statistics from which the
   z-scored Gram is rebuilt exactly once the global moments are known:
-  for t >= d the d x d Gram G = Z^T Z and the column sums c = Z^T 1, since
-  (Z - 1 mu^T)^T (Z - 1 mu^T) = G - c mu^T - mu c^T + t mu mu^T, then scaled by 1 / (std + eps) on both
-  sides; for t < d the sequence itself (smaller than a d x d Gram). Memory is
-  n_seq * min(t, d) * d numbers, never more than the data and 4x less for the paper's t = 2048, d = 512.
+  for t > d the sequence mean m and the d x d scatter S = (Z - 1 m^T)^T (Z - 1 m^T), since
+  (Z - 1 mu^T)^T (Z - 1 mu^T) = S + t (m - mu)(m - mu)^T (a sum of PSD terms, so no cancellation even
+  when |mu| >> std), then scaled by 1 / (std + eps) on both sides; for t <= d the sequence itself
+  (no larger than a d x d Gram). Memory is n_seq * min(t, d) * d float64 numbers: for the paper's
+  t = 2048, d = 512 a quarter of the data's size (half of it in float32).
 - two passes (memory independent of the data size): fill a `FeatureMoments` with every sequence first,
   then pass it as ``feature_stats=`` to an accumulator and stream the data again; entropies are computed in
   `update` and only one float per sequence is kept.
@@ -273,8 +274,8 @@ class EntropyAccumulator:
         self._count = 0  # sequences seen
         self._dim: int | None = None
         self._done: list[tuple[list[int], torch.Tensor]] = []  # (positions, entropies)
-        # One-pass z-score: moments of everything seen and, per chunk, (positions, G, column sums, t)
-        # for t > d or (positions, Z, None, t) otherwise.
+        # One-pass z-score: moments of everything seen and, per chunk, (positions, Zc^T Zc, sequence means, t)
+        # for t > d (Zc: each sequence minus its own mean) or (positions, Z, None, t) otherwise.
         self._moments = FeatureMoments()
         self._pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None, int]] = []
 
@@ -299,7 +300,9 @@ class EntropyAccumulator:
             self._moments.update(Z.reshape(-1, self._dim))
             t = Z.shape[1]
             if t > self._dim:
-                self._pending.append((pos, Z.mT @ Z, colsum, t))
+                seq_mean = colsum / t
+                Z.sub_(seq_mean.unsqueeze(1))  # in place: Z is this chunk's own copy
+                self._pending.append((pos, Z.mT @ Z, seq_mean, t))
             else:  # the sequences themselves are no larger than their d x d Grams
                 self._pending.append((pos, Z, None, t))
         self._count += len(seqs)
@@ -326,13 +329,15 @@ class EntropyAccumulator:
         """Entropies of the chunks kept by one-pass z-score mode, now that the moments are known."""
         mean, inv_std = self._scale()
         out = []
-        for pos, M, colsum, t in self._pending:  # M: Z (b, t, d) if colsum is None, else Z^T Z (b, d, d)
-            if colsum is None:
+        for pos, M, seq_mean, t in self._pending:
+            if seq_mean is None:  # M = Z (b, t, d)
                 # Out of place (one allocation) so that `result()` can be called again after more updates.
                 out.append((pos, _entropy((M - mean).mul_(inv_std), self.config.alpha)))
                 continue
-            cm = colsum.unsqueeze(-1) * mean  # c mu^T, (b, d, d)
-            G = M - cm - cm.mT + t * torch.outer(mean, mean)
+            # M = Zc^T Zc (b, d, d) of the per-sequence centred Z; adding the PSD rank-one term avoids
+            # the cancellation of the raw-moment form G - c mu^T - mu c^T + t mu mu^T.
+            delta = seq_mean - mean  # (b, d)
+            G = M + t * delta.unsqueeze(-1) * delta.unsqueeze(-2)
             out.append((pos, gram_entropy(G * inv_std[:, None] * inv_std, self.config.alpha)))
         return out
 

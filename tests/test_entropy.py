@@ -108,6 +108,12 @@ def test_lime_preset_one_pass_matches_loop(lengths, d):
     assert res.config == EntropyConfig(alpha=0.5, normalize="zscore", eps=1e-5)
 
 
+def test_lime_preset_one_pass_with_mean_far_larger_than_std():
+    seqs = random_seqs([40] * 5, 12, seed=12, offset=1e4)  # like the massive activations of some LLM dims
+    res = layer_entropy([torch.from_numpy(z) for z in seqs], "lime")
+    np.testing.assert_allclose(res.values, reference_lime(seqs), atol=1e-9)
+
+
 def test_lime_preset_two_pass_and_streaming_agree_with_loop():
     seqs = random_seqs([25, 25, 9, 25, 14, 25], 11, seed=4, offset=-2.0)
     tensors = [torch.from_numpy(z) for z in seqs]
