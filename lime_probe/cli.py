@@ -101,6 +101,13 @@ class Analysis:
     extra: dict = field(default_factory=dict)
     figures: dict = field(default_factory=dict)  # stem -> Figure
     columns: tuple[str, ...] = ()  # shown in the compact table (default: all)
+    summary: list[dict] | None = None  # the compact table itself, where rows are too many to show
+
+    def table(self) -> list[dict]:
+        """The rows shown on the terminal and in the report."""
+        if self.summary is not None:
+            return self.summary
+        return [{c: r.get(c) for c in self.columns} for r in self.rows] if self.columns else self.rows
 
 
 def _layer_list(spec: str | None) -> list[int] | None:
@@ -191,21 +198,65 @@ def separability_from_features(features: dict[str, tuple[dict, np.ndarray]], *, 
         columns=("model", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"))
 
 
+def word_features(ck: Checkpoint, texts: Sequence[str], site: str, words: Sequence[str],
+                  extract_kw: dict | None = None, minimum: int = 5) -> tuple[dict, np.ndarray]:
+    """Representations of every occurrence of single-token ``words``: ({layer: (n, d)}, labels (n,)).
+
+    ValueError if a word is not one token, or occurs fewer than ``minimum`` times in ``texts``.
+    """
+    from lime_probe.separability import word_rows, word_token_ids
+
+    ids = word_token_ids(ck.tokenizer, words)
+    acts = extract_site(ck, texts, site, extract_kw, token_ids=list(ids.values()))
+    rows, y = word_rows(acts.token_ids, ids)
+    check_class_counts(y, list(words), minimum, f"{ck.label}: words")
+    return {layer: acts[site][layer][rows] for layer in acts[site]}, y
+
+
 def separability_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden",
                           words: Sequence[str] = DEFAULT_WORDS, method: str = "logreg", seed: int = 0,
                           extract_kw: dict | None = None) -> Analysis:
     """Separability of the occurrences of single-token ``words`` (paper Sec. 5.3, Figures 2b, 7b)."""
-    from lime_probe.separability import word_rows, word_token_ids
-
-    features = {}
-    for ck in cks:
-        ids = word_token_ids(ck.tokenizer, words)
-        acts = extract_site(ck, texts, site, extract_kw, token_ids=list(ids.values()))
-        rows, y = word_rows(acts.token_ids, ids)
-        check_class_counts(y, list(words), 5, f"{ck.label}: words")
-        features[ck.label] = ({layer: acts[site][layer][rows] for layer in acts[site]}, y)
+    features = {ck.label: word_features(ck, texts, site, words, extract_kw) for ck in cks}
     return separability_from_features(features, site=site, classes=words, name=f"separability_{site}",
                                       what="words", method=method, seed=seed)
+
+
+def tsne_from_features(features: dict[str, tuple[dict, np.ndarray]], *, site: str, name: str, what: str,
+                       per_class: int = 100, perplexity: float = 30.0, seed: int = 0) -> Analysis:
+    """t-SNE maps per model and layer from {label: ({layer: (n, d)}, labels (n,))}, at most ``per_class``
+    points of each class (seeded subsample, the same rows at every layer)."""
+    from lime_probe.separability import balance_classes
+    from lime_probe.tsne import tsne_layers
+
+    rows, embeddings, point_labels = [], {}, {}
+    for label, (per_layer, y) in features.items():
+        y = np.asarray(y)
+        n = min(per_class, int(np.unique(y, return_counts=True)[1].min()))
+        keep = balance_classes(y, seed=seed, n_per_class=n)
+        emb = tsne_layers({layer: X[keep] for layer, X in per_layer.items()}, perplexity=perplexity, seed=seed)
+        embeddings[label], point_labels[label] = emb, [str(v) for v in y[keep]]
+        for layer, xy in emb.items():
+            rows += [{"model": label, "site": site, "layer": layer, "point": k, "token": point_labels[label][k],
+                      "x": float(p[0]), "y": float(p[1])} for k, p in enumerate(xy)]
+    return Analysis(
+        name, f"t-SNE of {what}", rows,
+        text=(f"openTSNE maps (perplexity {perplexity:g}, seed {seed}) of the {site} representations of {what}, "
+              "one panel per model and layer, the same points in every panel. Separate clusters mean the layer "
+              "keeps the tokens apart; a collapsed layer mixes them."),
+        figures={name: F.plot_tsne_grid(embeddings, point_labels, site=site)},
+        summary=[{"model": m, "layers": ",".join(str(la) for la in embeddings[m]),
+                  "points_per_map": len(point_labels[m]), "tokens": " ".join(sorted(set(point_labels[m])))}
+                 for m in embeddings])
+
+
+def tsne_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden",
+                  words: Sequence[str] = DEFAULT_WORDS, per_word: int = 100, perplexity: float = 30.0,
+                  seed: int = 0, extract_kw: dict | None = None) -> Analysis:
+    """t-SNE of the occurrences of ``words`` per layer (paper Figures 3, 8)."""
+    features = {ck.label: word_features(ck, texts, site, words, extract_kw) for ck in cks}
+    return tsne_from_features(features, site=site, name=f"tsne_{site}", what="words", per_class=per_word,
+                              perplexity=perplexity, seed=seed)
 
 
 def cka_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden", seed: int = 0,
@@ -284,7 +335,7 @@ def _slug(label: str) -> str:
 
 
 ANALYSES: dict[str, Callable] = {"entropy": entropy_analysis, "separability": separability_analysis,
-                                 "cka": cka_analysis, "router": router_analysis}
+                                 "tsne": tsne_analysis, "cka": cka_analysis, "router": router_analysis}
 
 
 # --------------------------------------------------------------------------- output
@@ -367,8 +418,7 @@ def run_analysis(name: str, cks: Sequence[Checkpoint], texts: Sequence[str] | No
 
 def section_for(a: Analysis) -> Section:
     """The report section of an analysis: its text, figures and compact table."""
-    rows = [{c: r.get(c) for c in a.columns} for r in a.rows] if a.columns else a.rows
-    return Section(a.title, text=a.text, figures=list(a.figures.values()), tables=[Table(a.title, rows)])
+    return Section(a.title, text=a.text, figures=list(a.figures.values()), tables=[Table(a.title, a.table())])
 
 
 def _meta(command: str, args, cks: Sequence[Checkpoint]) -> dict:
@@ -382,7 +432,7 @@ def _analysis_command(name: str):
         cks = load_checkpoints(args.ckpt, args.label, args.device)
         a = run_analysis(name, cks, texts, args)
         write_analysis(a, out, _meta(name, args, cks))
-        print(format_table(a.rows, a.columns))
+        print(format_table(a.table()))
 
     return handler
 
@@ -402,7 +452,7 @@ def cmd_report(args, out: Path) -> None:
         a = run_analysis(name, chosen, texts, args)
         write_analysis(a, out, meta)
         sections.append(section_for(a))
-        print(f"\n{a.title}\n{format_table(a.rows, a.columns)}")
+        print(f"\n{a.title}\n{format_table(a.table())}")
     labels = " vs ".join(c.label for c in cks)
     write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
 
@@ -422,6 +472,8 @@ EXAMPLES = {
                "    --data wikitext-2/valid.txt --site values --max-sequences 64 --out out/entropy",
     "separability": "lime-probe separability --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt \\\n"
                     "    --words ' is' ' are' ' was' ' were' --site values --max-sequences 2000 --out out/sep",
+    "tsne": "lime-probe tsne --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt --layers 0,4,8,12 \\\n"
+            "    --per-word 150 --out out/tsne",
     "cka": "lime-probe cka --ckpt runs/lime --data wikitext-2/valid.txt --site hidden --max-tokens 2000 --out out/cka",
     "router": "lime-probe router --ckpt runs/lime --label LIMe --out out/router",
     "report": "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
@@ -433,6 +485,7 @@ EXAMPLES = {
 HELP = {
     "entropy": "matrix-based Renyi entropy per layer (paper Sec. 5.3, Figures 2a/4a/7a)",
     "separability": "linear-probe separability of word occurrences per layer (paper Figures 2b/7b)",
+    "tsne": "t-SNE maps of word occurrences, models x layers (paper Figures 3/8)",
     "cka": "linear CKA between layers and effective rank per layer",
     "router": "LIMe router weights, layer x buffered layer and per head (paper Figures 5/9)",
     "report": "run several analyses and write one self-contained HTML report",
@@ -538,6 +591,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("separability", _analysis_command("separability"))
     _site_options(p, "hidden")
     _word_options(p)
+
+    p = add("tsne", _analysis_command("tsne"))
+    _site_options(p, "hidden")
+    _word_options(p)
+    p.add_argument("--per-word", type=_positive, default=100, metavar="N",
+                   help="points per word in each map (default: %(default)s)")
+    p.add_argument("--perplexity", type=float, default=30.0, help="t-SNE perplexity (default: %(default)s)")
 
     p = add("cka", _analysis_command("cka"))
     _site_options(p, "hidden")
