@@ -187,11 +187,53 @@ def _fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+def _uses_fsdp(accelerator) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
+def _param_order(accelerator, model, optimizer) -> list[str]:
+    """Parameter names in the optimizer's index order (the order `optimizer.state_dict()` numbers them)."""
+    names = {id(p): n for n, p in accelerator.unwrap_model(model).named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _named_optimizer_state(accelerator, model, optimizer) -> dict:
+    """The full optimizer state keyed by parameter name (FSDP gathers it; a collective there)."""
+    if _uses_fsdp(accelerator):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return FSDP.optim_state_dict(model, optimizer)
+    state = optimizer.state_dict()
+    order = _param_order(accelerator, model, optimizer)
+    return {
+        "state": {order[i]: s for i, s in state["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+def _load_named_optimizer_state(accelerator, model, optimizer, named: dict) -> None:
+    if _uses_fsdp(accelerator):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        optimizer.load_state_dict(FSDP.optim_state_dict_to_load(model, optimizer, named))
+        return
+    index = {n: i for i, n in enumerate(_param_order(accelerator, model, optimizer))}
+    optimizer.load_state_dict(
+        {
+            "state": {index[n]: s for n, s in named["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
+        }
+    )
+
+
 def _save_checkpoint(
     accelerator, model, optimizer, scheduler, tokenizer, recipe, step: int, out_dir: Path
 ) -> None:
-    state_dict = accelerator.get_state_dict(model)  # a collective under FSDP: every rank calls it
-    opt_state = optimizer.state_dict()
+    """Write ``checkpoints/step-N`` atomically: HF model + tokenizer, optimizer/RNG tensors, JSON state."""
+    state_dict = accelerator.get_state_dict(model)  # collectives under FSDP: every rank calls them
+    opt_state = _named_optimizer_state(accelerator, model, optimizer)
     if accelerator.is_main_process:
         root = out_dir / CHECKPOINTS
         final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
@@ -202,11 +244,13 @@ def _save_checkpoint(
             )
         tokenizer.save_pretrained(tmp)
         tensors = {
-            f"state.{i}.{k}": v.detach().cpu().contiguous()
-            for i, s in opt_state["state"].items()
+            f"state/{name}/{k}": v.detach().cpu().contiguous()
+            for name, s in opt_state["state"].items()
             for k, v in s.items()
         }
-        tensors["rng.torch"] = torch.get_rng_state()
+        tensors["rng/torch"] = torch.get_rng_state()
+        if torch.cuda.is_available():
+            tensors["rng/cuda"] = torch.cuda.get_rng_state()
         save_file(tensors, tmp / STATE_TENSORS)
         state = {
             "step": step,
@@ -237,19 +281,29 @@ def _quiet_hf_progress():
             hf_logging.enable_progress_bar()
 
 
-def _load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> int:
-    """Restore weights, optimizer, scheduler and RNG from ``ckpt``; returns its step."""
-    state = json.loads((ckpt / STATE_JSON).read_text())
+def _load_weights(ckpt: Path, model) -> None:
+    """The checkpoint's weights into the (unwrapped) model."""
     missing, unexpected = model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is stored once, as the embedding
         raise ValueError(f"{ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+
+
+def _load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) -> int:
+    """Optimizer, scheduler and RNG state of ``ckpt`` into the prepared objects; returns its step."""
+    state = json.loads((ckpt / STATE_JSON).read_text())
     tensors = load_file(ckpt / STATE_TENSORS)
-    torch.set_rng_state(tensors.pop("rng.torch"))
-    opt_state: dict[int, dict[str, torch.Tensor]] = {}
+    torch.set_rng_state(tensors.pop("rng/torch"))
+    if "rng/cuda" in tensors:
+        cuda_rng = tensors.pop("rng/cuda")
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(cuda_rng)
+    named: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        _, i, name = key.split(".", 2)
-        opt_state.setdefault(int(i), {})[name] = value
-    optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+        _, name, k = key.split("/")
+        named.setdefault(name, {})[k] = value
+    _load_named_optimizer_state(
+        accelerator, model, optimizer, {"state": named, "param_groups": state["param_groups"]}
+    )
     scheduler.load_state_dict(state["scheduler"])
     return state["step"]
 
@@ -316,6 +370,10 @@ def _accelerator(recipe: Mapping[str, Any]):
     accelerator = Accelerator(
         mixed_precision=precision, fsdp_plugin=fsdp, dynamo_plugin=dynamo, cpu=not torch.cuda.is_available()
     )
+    if recipe["fsdp"] and not _uses_fsdp(accelerator):  # accelerate shards only on GPUs
+        accelerator.print(
+            f"lime-model: note: fsdp requested, running {accelerator.distributed_type.value} instead"
+        )
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if accelerator.num_processes != launched:
         raise RuntimeError(f"launched {launched} processes but accelerate joined {accelerator.num_processes}")
@@ -352,12 +410,6 @@ def train(
             f"micro_batch_size {recipe['micro_batch_size']}"
         )
     ckpt = _check_out_dir(out_dir, recipe, resume)
-    if (
-        ckpt is not None
-        and json.loads((ckpt / STATE_JSON).read_text())["world_size"] != world
-        and recipe["fsdp"]
-    ):
-        raise ValueError(f"{ckpt} was written by a different number of FSDP processes")
     with accelerator.main_process_first():  # rank 0 fills the tokenization cache first
         tokenizer = (
             load_tokenizer(str(out_dir)) if resume and (out_dir / "tokenizer_config.json").exists() else None
@@ -379,9 +431,11 @@ def train(
         eps=recipe["eps"],
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, recipe, steps))
-    start = _load_checkpoint(ckpt, model, optimizer, scheduler) if ckpt is not None else 0
+    if ckpt is not None:
+        _load_weights(ckpt, model)
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
+    start = _load_training_state(ckpt, accelerator, model, optimizer, scheduler) if ckpt is not None else 0
 
     metrics_path = out_dir / "metrics.jsonl"
     if main and resume:  # drop lines logged after the checkpoint by an interrupted run
