@@ -169,6 +169,15 @@ def test_layer_entropies_over_layers():
     np.testing.assert_allclose(out[3].values, reference_lime(per_layer[3]), atol=1e-9)
 
 
+def test_bad_update_leaves_accumulator_unchanged():
+    seqs = random_seqs([6, 6, 9], 4, seed=13)
+    acc = EntropyAccumulator("lime").update(seqs[:2])
+    with pytest.raises(ValueError, match="sequence 1: contains NaN"):
+        acc.update([seqs[2], np.full((6, 4), np.nan, dtype=np.float32)])
+    acc.update(seqs[2:])
+    np.testing.assert_allclose(acc.result().values, reference_lime(seqs), atol=1e-9)
+
+
 def test_feature_moments_match_numpy():
     g = np.random.default_rng(10)
     rows = g.standard_normal((57, 4)) * 3 + 100
@@ -204,6 +213,7 @@ def test_bootstrap_ci_close_to_normal_theory():
         (lambda: EntropyConfig(normalize="pca"), "normalize"),
         (lambda: layer_entropies({}, "lime"), "no layers"),
         (lambda: layer_entropy([torch.ones(1, 4)], "lime"), "at least 2 token rows"),
+        (lambda: layer_entropy([torch.randn(1, 4)], "layer-by-layer"), "one-token sequence"),
     ],
 )
 def test_bad_input_raises_clear_errors(call, match):
