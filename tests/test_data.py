@@ -122,3 +122,25 @@ def test_wikitext_documents(shared_data):
     assert texts[0].strip().startswith("=")  # WikiText starts each article with its " = Title = " line
     raw = (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
     assert all(t in raw for t in texts[:10])
+
+
+def test_hub_specs_stream_the_named_split(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, config=None, split=None, streaming=False):
+        calls.append((name, config, split, streaming))
+        return iter([{"text": "a"}, {"text": ""}, {"text": "b"}, {"text": "c"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert data.load_texts("hf:org/corpus:sub:validation", max_texts=2) == ["a", "b"]
+    assert data.load_texts("hf:wikitext", split="test") == ["a", "b", "c"]
+    assert data.load_texts("hf:org/corpus::train") == ["a", "b", "c"]
+    assert calls == [
+        ("org/corpus", "sub", "validation", True),
+        ("wikitext", None, "test", True),
+        ("org/corpus", None, "train", True),
+    ]
+    with pytest.raises(ValueError, match="hf:NAME"):
+        data.load_texts("hf:")

@@ -196,3 +196,13 @@ def test_arithmetic_run_writes_accuracy_per_operand_count(tmp_path):
     expected = arithmetic.evaluate(model, tok, test)
     assert report["accuracy"] == {str(n): a for n, a in expected.items()}
     assert set(report["accuracy"]) == {"2", "3"}
+
+
+def test_wikitext_training_lowers_the_loss(shared_data, tmp_path):
+    out = T.train(
+        "cpu-tiny", tmp_path / "wiki", progress=False, data=str(shared_data / "wikitext-2" / "valid.txt"),
+        max_texts=300, steps=40, log_every=10, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    losses = [m["loss"] for m in metrics(out)]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.5
+    assert losses[0] == pytest.approx(math.log(512), rel=0.1)  # an untrained model is near-uniform
