@@ -25,6 +25,7 @@ one-sequence-at-a-time results, with left or right padding (positions are counte
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,7 +326,8 @@ def extract(
         model: an nnsight model from `lime_probe.load`, or a Hugging Face model (wrapped here).
         tokenizer: its tokenizer; its ``padding_side`` decides the padding side (results do not
             depend on it).
-        texts: the input texts, one sequence each (truncated to `max_length` tokens).
+        texts: the input texts, one sequence each, truncated to `max_length` tokens (capped at the
+            model's ``max_position_embeddings``).
         sites: site names, e.g. ("hidden", "values").
         layers: layer indices kept for every site (negative counts from each site's end); None = all.
         pool: "none" (a row per token) or "mean" (a row per sequence, the mean over its tokens).
@@ -359,11 +361,15 @@ def extract(
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
 
     texts = list(texts[:max_sequences])
+    max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
     side = tokenizer.padding_side
     device = next(hf.parameters()).device
+    # per-sequence positions make left padding exact; models without the argument count positions
+    # themselves (exact with right padding)
+    with_positions = "position_ids" in inspect.signature(hf.forward).parameters
 
     cache = None
     if cache_dir is not None:
@@ -381,6 +387,7 @@ def extract(
     start, used = (cache.done_sequences, cache.done_tokens) if cache else (0, 0)
     parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
     buffer: list[dict[str, torch.Tensor]] = []
+    buffered_bytes = 0
     bar = tqdm(total=len(texts), initial=start, unit="seq", desc="extract", disable=not progress)
     for lo in range(start, len(texts), batch_size):
         budget = None if max_tokens is None else max_tokens - used
@@ -388,6 +395,8 @@ def extract(
         if not batch_seqs:
             break
         batch = pad_batch(batch_seqs, pad_id, side)
+        if not with_positions:
+            del batch["position_ids"]
         keep = batch["attention_mask"].bool()
         if select_ids is not None:
             keep &= torch.isin(batch["input_ids"], select_ids)
@@ -396,12 +405,13 @@ def extract(
         result["token_ids"] = batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
         result["n_tokens"] = torch.tensor([sum(map(len, batch_seqs))])
         buffer.append(result)
+        buffered_bytes += sum(t.numel() * t.element_size() for t in result.values())
         used += sum(map(len, batch_seqs))
         bar.update(len(batch_seqs))
         last = lo + batch_size >= len(texts) or (max_tokens is not None and used >= max_tokens)
-        if cache is not None and (last or sum(_nbytes(r) for r in buffer) >= SHARD_BYTES):
+        if cache is not None and (last or buffered_bytes >= SHARD_BYTES):
             parts.append(cache.add_shard(_merge(buffer)))
-            buffer = []
+            buffer, buffered_bytes = [], 0
         if last:
             break
     bar.close()
@@ -435,10 +445,6 @@ def _offsets(keep: torch.Tensor, pool: str) -> torch.Tensor:
     """Row boundaries (batch+1,) of a batch's sequences."""
     counts = keep.sum(1) if pool == "none" else torch.ones(len(keep), dtype=torch.long)
     return torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-
-
-def _nbytes(result: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in result.values())
 
 
 def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
