@@ -18,11 +18,38 @@ numbers whole the same rule picks the number's own token.
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
+import random
 import re
+import sys
+import tempfile
 from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from lime_model.recipes import load_recipe
+from lime_model.tasks.arithmetic import make_sample
+from lime_model.train import prepare_data, train
+from lime_probe import figures as F
+from lime_probe.cli import (
+    Checkpoint,
+    check_class_counts,
+    entropy_analysis,
+    extract_site,
+    router_analysis,
+    section_for,
+    separability_from_features,
+    tsne_from_features,
+    write_analysis,
+)
+from lime_probe.load import load
+from lime_probe.report import Section, Table, write_report
+from lime_probe.results import read_metrics, run_metadata, write_results
 
 NUMBER_SETS = {"1-4": (1, 2, 3, 4), "100-103": (100, 101, 102, 103)}
 _WHOLE_NUMBER = re.compile(r"(?<!\d)\d+(?!\d)")
@@ -70,3 +97,163 @@ def number_rows(offsets: torch.Tensor, token_ids: torch.Tensor, tokenizer,
             rows.append(start + pos)
             labels.append(number)
     return torch.tensor(rows, dtype=torch.long), np.array(labels, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- probe data
+
+
+def probe_samples(numbers: Collection[int], per_number: int, seed: int = 0) -> list:
+    """Arithmetic samples (4 operands, the task's format) whose text holds each of ``numbers``.
+
+    The task's random expressions rarely reach 101 or 103, so these are drawn from a few
+    4-operand shapes over the digits 1..9 with values up to 738 (``a×b×c±d``, ``(a+b)×c±d``,
+    ``a×b+c×d``), shuffled with ``seed``, until every number occurs at least ``per_number``
+    times as a whole number or the shapes are exhausted. Solutions come from the task itself.
+    """
+    shapes = ("{}×{}×{}+{}", "{}×{}×{}-{}", "({}+{})×{}+{}", "({}+{})×{}-{}", "{}×{}+{}×{}")
+    candidates = [s.format(*d) for s in shapes for d in itertools.product(range(1, 10), repeat=4)]
+    random.Random(seed).shuffle(candidates)
+    counts = dict.fromkeys(numbers, 0)
+    out = []
+    for expression in candidates:
+        if min(counts.values()) >= per_number:
+            break
+        sample = make_sample(expression)
+        if sample.answer < 0:  # only the last subtraction can go negative; the task has naturals only
+            continue
+        found = [n for _, n in number_positions(list(sample.prompt + sample.solution), numbers)]
+        if any(counts[n] < per_number for n in found):
+            out.append(sample)
+            for n in found:
+                counts[n] += 1
+    return out
+
+
+def sample_text(sample, tokenizer) -> str:
+    """A sample as the model saw it in training: bos, prompt, solution, eos."""
+    return tokenizer.bos_token + sample.prompt + sample.solution + tokenizer.eos_token
+
+
+def number_features(ck, texts: Sequence[str], site: str, numbers: Collection[int],
+                    extract_kw: dict | None = None) -> tuple[dict, np.ndarray]:
+    """Representations at whole-number occurrences of ``numbers`` (see the module docstring):
+    ({layer: (n, d)}, labels (n,) as strings)."""
+    acts = extract_site(ck, texts, site, extract_kw)
+    rows, labels = number_rows(acts.offsets, acts.token_ids, ck.tokenizer, numbers)
+    labels = np.array([str(n) for n in labels], dtype=object)
+    check_class_counts(labels, [str(n) for n in numbers], 5, f"{ck.label}: numbers")
+    return {layer: acts[site][layer][rows] for layer in acts[site]}, labels
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Sizes of a demo run. ``steps`` and ``train_per_operand`` override the ``arithmetic-cpu`` recipe."""
+
+    steps: int
+    train_per_operand: int
+    test_per_operand: int
+    entropy_texts: int  # test samples whose entropy is measured
+    per_number: int  # occurrences of each probed number (separability, t-SNE)
+    perplexity: float
+
+
+FULL = DemoSettings(steps=300, train_per_operand=5000, test_per_operand=100, entropy_texts=128, per_number=60,
+                    perplexity=20.0)
+QUICK = DemoSettings(steps=4, train_per_operand=100, test_per_operand=6, entropy_texts=12, per_number=8,
+                     perplexity=3.0)
+RECIPE = "arithmetic-cpu"
+MODELS = {"LIMe": "full", "LLaMA": "none"}  # label -> routing; the twin differs only in routing
+
+
+def _stage(k: int, n: int, what: str) -> None:
+    print(f"[{k}/{n}] {what}", file=sys.stderr, flush=True)
+
+
+def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Path]:
+    """Train (or reuse finished) LIMe and LLaMA runs of the arithmetic recipe under ``runs``."""
+    out = {}
+    for label, routing in MODELS.items():
+        run = runs / label.lower()
+        if not (run / "arithmetic_eval.json").is_file():
+            resume = run.exists() and any(run.iterdir())
+            train(RECIPE, run, resume=resume, routing=routing, seed=seed, steps=settings.steps,
+                  arithmetic={"train_per_operand": settings.train_per_operand,
+                              "test_per_operand": settings.test_per_operand})
+        out[label] = run
+    return out
+
+
+def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, device: str = "cpu",
+             runs: str | os.PathLike | None = None) -> Path:
+    """Train, analyse and report (see the module docstring); returns the report's path in ``out``.
+
+    ``runs`` keeps the two training runs (reused when finished); by default they live in a
+    temporary folder that is removed at the end.
+    """
+    settings = QUICK if quick else FULL
+    out = Path(out)
+    n = 7
+    with tempfile.TemporaryDirectory(prefix="lime-demo-") as tmp:
+        run_root = Path(runs) if runs is not None else Path(tmp) / "runs"
+        _stage(1, n, f"training LIMe and its LLaMA twin on arithmetic ({RECIPE}, {settings.steps} steps each)")
+        run_dirs = train_models(run_root, settings, seed)
+        _stage(2, n, "loading the trained checkpoints")
+        cks = [Checkpoint(label, str(path), *load(path, device=device)) for label, path in run_dirs.items()]
+        meta = run_metadata("demo", settings={"quick": quick, "seed": seed, "recipe": RECIPE, **asdict(settings)},
+                            checkpoints={c.label: c.source for c in cks})
+        tok = cks[0].tokenizer
+        recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
+        test = prepare_data(recipe).test_samples
+        extract_kw = {"max_length": recipe["seq_len"], "batch_size": 32, "cache_dir": None}
+        sections, analyses = [], []
+
+        _stage(3, n, "accuracy by operand count and training curves")
+        acc = {c.label: {int(k): v for k, v in json.loads((Path(c.source) / "arithmetic_eval.json").read_text())
+                         ["accuracy"].items()} for c in cks}
+        acc_rows = [{"model": m, "n_operands": k, "accuracy": v} for m, a in acc.items() for k, v in a.items()]
+        write_results(out / "arithmetic_accuracy", acc_rows, meta=meta)
+        F.save_figure(fig_acc := F.plot_accuracy_by_operands(acc), out / "arithmetic_accuracy")
+        metrics = {c.label: read_metrics(c.source) for c in cks}
+        write_results(out / "training_curves", [{"model": m, **dict(zip(cols, vals, strict=True))}
+                                                 for m, cols in metrics.items() for vals in zip(*cols.values(),
+                                                                                                strict=True)],
+                      meta=meta)
+        F.save_figure(fig_train := F.plot_training_curves(metrics), out / "training_curves")
+        sections.append(Section(
+            "Task accuracy and training curves",
+            text=(f"Both models were trained with the same recipe ({RECIPE}, {settings.steps} steps, seed {seed}); "
+                  "they differ only in routing (LIMe: full, LLaMA: none). Accuracy is the exact final answer by "
+                  f"greedy generation on {settings.test_per_operand} held-out expressions per operand count."),
+            figures=[fig_acc, fig_train], tables=[Table("accuracy", acc_rows)]))
+
+        _stage(4, n, "matrix entropy of values and hidden states")
+        texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
+        for site in ("values", "hidden"):
+            analyses.append(entropy_analysis(cks, texts, site=site, seed=seed, extract_kw=extract_kw))
+
+        _stage(5, n, "separability and t-SNE of close numbers")
+        probe_texts = [sample_text(s, tok) for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number,
+                                                                        seed)]
+        for key, numbers in NUMBER_SETS.items():
+            feats = {c.label: number_features(c, probe_texts, "hidden", numbers, extract_kw) for c in cks}
+            slug = key.replace("-", "_")
+            analyses.append(separability_from_features(feats, site="hidden", classes=numbers,
+                                                       name=f"separability_numbers_{slug}", what=f"numbers {key}",
+                                                       seed=seed))
+            analyses.append(tsne_from_features(feats, site="hidden", name=f"tsne_numbers_{slug}",
+                                               what=f"numbers {key}", per_class=settings.per_number,
+                                               perplexity=settings.perplexity, seed=seed))
+
+        _stage(6, n, "router weights of LIMe")
+        analyses.append(router_analysis([c for c in cks if c.label == "LIMe"]))
+
+        _stage(7, n, "writing results, figures and the report")
+        for a in analyses:
+            write_analysis(a, out, meta)
+            sections.append(section_for(a))
+        report = write_report(out / "report.html", "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
+                              sections, meta=meta)
+    return report
