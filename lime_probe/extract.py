@@ -426,6 +426,8 @@ def _forward(nn_model: Any, batch: dict[str, torch.Tensor], keep: torch.Tensor, 
              pool: str, remote: bool | str, first_sequence: int) -> dict[str, torch.Tensor]:
     """One traced forward pass of `batch`: "<site>/<layer>" -> selected rows (float32, CPU)."""
     inputs = {k: v.to(keep.device) for k, v in batch.items()}
+    if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
+        nnsight.register(__package__)
     with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
         rows = nnsight.save({})
         for read in reads:

@@ -1,5 +1,8 @@
 """Batching, padding, selection, limits, early stop and bad input of `extract`."""
 
+import importlib.abc
+import sys
+
 import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
@@ -100,9 +103,19 @@ def test_limits_on_sequences_and_tokens(tok):
     torch.testing.assert_close(cut["hidden"][2][:budget], full["hidden"][2][:budget])  # causal: prefix unchanged
 
 
-def test_remote_local_path_gives_the_same_result(tok):
+class NoLimeProbe(importlib.abc.MetaPathFinder):
+    """Makes `lime_probe` unimportable, like on an NDIF server (nnsight's local simulation hides the
+    loaded modules, but the editable install could bring them back)."""
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "lime_probe":
+            raise ModuleNotFoundError(name)
+
+
+def test_remote_local_path_gives_the_same_result(tok, monkeypatch):
     model = tiny_model("llama", tok)
     local = extract(model, tok, TEXTS[:3], sites=["hidden", "values"], progress=False)
+    monkeypatch.setattr(sys, "meta_path", [NoLimeProbe(), *sys.meta_path])
     simulated = extract(model, tok, TEXTS[:3], sites=["hidden", "values"], progress=False, remote="local")
     for site in local:
         for layer in local.layers(site):
