@@ -172,3 +172,23 @@ def test_real_blimp_files(shared_data):
     assert set(res.per_phenomenon) == {"anaphor_agreement", "island_effects"}
     want = [loop_logprob(model, tok, s, tok.bos_token_id) for s in small["sentence_good"]]
     np.testing.assert_allclose(res.logprob_good, want, atol=1e-4)
+
+
+def test_load_blimp_hub_code_path(monkeypatch):
+    """The hub path, with `datasets`' hub calls replaced by local stand-ins (no network here)."""
+    import datasets
+
+    calls = []
+
+    def fake_load(name, config, split):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_dict({k: v for k, v in as_columns([r for r in ROWS if r[0] == config]).items()})
+
+    monkeypatch.setattr(datasets, "get_dataset_config_names", lambda name: ["agr_a", "isl_c"])
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    ds = load_blimp("nyu-mll/blimp")
+    assert calls == [("nyu-mll/blimp", "agr_a", "train"), ("nyu-mll/blimp", "isl_c", "train")]
+    assert len(ds) == 5
+    calls.clear()
+    assert len(load_blimp("nyu-mll/blimp", paradigms=["isl_c"])) == 2
+    assert calls == [("nyu-mll/blimp", "isl_c", "train")]

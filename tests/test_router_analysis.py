@@ -134,3 +134,16 @@ def test_bad_input():
                                          num_attention_heads=2, num_key_value_heads=1))
     with pytest.raises(ValueError, match="not a LIMe model"):
         router_weights(llama)
+
+
+def test_nnsight_wrapped_model():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from lime_probe.load import wrap
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")),
+                                  unk_token="[UNK]", pad_token="[UNK]")
+    model = tiny_lime("last-2", layers=3)
+    wrapped = router_weights(wrap(model, tok))
+    np.testing.assert_array_equal(wrapped.per_layer, router_weights(model).per_layer)
