@@ -330,6 +330,60 @@ def router_analysis(cks: Sequence[Checkpoint], texts: Sequence[str] | None = Non
         columns=("model", "layer", "source_layer", "weight_share"))
 
 
+def _is_causal_lm(ck: Checkpoint) -> bool:
+    return not any(a.endswith(("ForMaskedLM", "Model")) for a in (ck.config.architectures or [])) \
+        and not getattr(ck.config, "is_encoder_decoder", False) and ck.config.model_type not in ("bert", "roberta")
+
+
+def blimp_analysis(cks: Sequence[Checkpoint], data, *, site: str = "hidden", max_pairs: int = 200,
+                   method: str = "logreg", seed: int = 0, extract_kw: dict | None = None) -> Analysis:
+    """BLiMP per paradigm: good-vs-bad probes per layer (paper Table 2, Appendix D) and, for causal LMs,
+    minimal-pair scoring (lm-evaluation-harness's rule). ``data`` is a ``load_blimp`` dataset."""
+    from lime_probe.blimp import blimp_probe, score_minimal_pairs
+
+    uids = np.asarray(data["UID"], dtype=object)
+    paradigms = sorted(set(uids))
+    rows, summary, extra, figures = [], [], {}, {}
+    for ck in cks:
+        curves, scores = {}, None
+        picked = {p: np.flatnonzero(uids == p)[:max_pairs] for p in paradigms}
+        if _is_causal_lm(ck):
+            scores = score_minimal_pairs(ck.model, ck.tokenizer, data.select(np.concatenate(list(picked.values()))),
+                                         progress=False)
+            extra[ck.label] = {"minimal_pairs": {"per_paradigm": scores.per_paradigm,
+                                                 "per_phenomenon": scores.per_phenomenon,
+                                                 "mean_over_paradigms": scores.mean_over_paradigms,
+                                                 "mean_over_phenomena": scores.mean_over_phenomena}}
+        for p in paradigms:
+            part = data.select(picked[p])
+            good = extract_site(ck, list(part["sentence_good"]), site, extract_kw, pool="mean")
+            bad = extract_site(ck, list(part["sentence_bad"]), site, extract_kw, pool="mean")
+            res = blimp_probe({la: good[site][la] for la in good[site]}, {la: bad[site][la] for la in bad[site]},
+                              np.asarray(part["pairID"]), method=method, seed=seed, progress=False)
+            for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
+                rows.append({"model": ck.label, "paradigm": p, "site": site, "layer": layer,
+                             "probe_accuracy_mean": float(m), "probe_accuracy_std": float(s), "n_pairs": len(part)})
+            curves[p] = {"layers": res.layers, "mean": res.accuracy_mean, "std": res.accuracy_std}
+            best = int(np.argmax(res.accuracy_mean))
+            summary.append({"model": ck.label, "paradigm": p, "best_layer": res.layers[best],
+                            "probe_accuracy": float(res.accuracy_mean[best]),
+                            "minimal_pair_accuracy": scores.per_paradigm[p] if scores else None})
+        figures[f"blimp_{site}_{_slug(ck.label)}"] = F.plot_blimp_layers(curves, model=ck.label, site=site)
+    models = [ck.label for ck in cks]
+    best = np.array([[next(r["probe_accuracy"] for r in summary if r["model"] == m and r["paradigm"] == p)
+                      for m in models] for p in paradigms])
+    figures[f"blimp_{site}_best_layer"] = F.plot_heatmap(
+        best, row_labels=paradigms, col_labels=models, xlabel="model", ylabel="paradigm", vmin=0.5, vmax=1.0,
+        title=f"BLiMP probe accuracy at the best layer ({site})", cbar_label="probe accuracy")
+    return Analysis(
+        f"blimp_{site}", "BLiMP probes and minimal pairs", rows,
+        text=(f"Per paradigm (at most {max_pairs} pairs each): a logistic-regression probe telling the mean-pooled "
+              f"{site} representation of the good sentence from the bad one, 5-fold CV grouped by pair, per layer; "
+              "and, for causal LMs, minimal-pair accuracy (summed log-probabilities after the BOS token, good > bad, "
+              "as lm-evaluation-harness). The mean over paradigms and over phenomena are both in the JSON."),
+        extra={"blimp": extra}, figures=figures, summary=summary)
+
+
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
 
@@ -457,6 +511,18 @@ def cmd_report(args, out: Path) -> None:
     write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
 
 
+def cmd_blimp(args, out: Path) -> None:
+    """BLiMP probes and minimal-pair scoring for every checkpoint."""
+    from lime_probe.blimp import load_blimp
+
+    data = load_blimp(args.data, args.paradigms)
+    cks = load_checkpoints(args.ckpt, args.label, args.device)
+    a = blimp_analysis(cks, data, site=args.site, max_pairs=args.max_pairs, method=args.method, seed=args.seed,
+                       extract_kw=extract_options(args))
+    write_analysis(a, out, _meta("blimp", args, cks))
+    print(format_table(a.table()))
+
+
 def cmd_demo(args, out: Path) -> None:
     """Train tiny LIMe and LLaMA models on arithmetic and run every analysis (``lime_probe.demo``)."""
     from lime_probe.demo import run_demo
@@ -474,6 +540,8 @@ EXAMPLES = {
                     "    --words ' is' ' are' ' was' ' were' --site values --max-sequences 2000 --out out/sep",
     "tsne": "lime-probe tsne --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt --layers 0,4,8,12 \\\n"
             "    --per-word 150 --out out/tsne",
+    "blimp": "lime-probe blimp --ckpt runs/lime --ckpt runs/llama --data shared/data/blimp \\\n"
+             "    --paradigms anaphor_gender_agreement adjunct_island --max-pairs 500 --out out/blimp",
     "cka": "lime-probe cka --ckpt runs/lime --data wikitext-2/valid.txt --site hidden --max-tokens 2000 --out out/cka",
     "router": "lime-probe router --ckpt runs/lime --label LIMe --out out/router",
     "report": "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
@@ -486,6 +554,7 @@ HELP = {
     "entropy": "matrix-based Renyi entropy per layer (paper Sec. 5.3, Figures 2a/4a/7a)",
     "separability": "linear-probe separability of word occurrences per layer (paper Figures 2b/7b)",
     "tsne": "t-SNE maps of word occurrences, models x layers (paper Figures 3/8)",
+    "blimp": "BLiMP good-vs-bad probes per layer and minimal-pair scoring (paper Table 2)",
     "cka": "linear CKA between layers and effective rank per layer",
     "router": "LIMe router weights, layer x buffered layer and per head (paper Figures 5/9)",
     "report": "run several analyses and write one self-contained HTML report",
@@ -494,7 +563,8 @@ HELP = {
 
 
 def _checkpoint_options(p: argparse.ArgumentParser, *, data: str) -> None:
-    """--ckpt/--label and, with ``data`` "required" or "optional", --data and the size limits."""
+    """--ckpt/--label and, unless ``data`` is "none", --data ("required", "optional" or "blimp") and the
+    size limits."""
     g = p.add_argument_group("checkpoints and data")
     g.add_argument("--ckpt", action="append", required=True, metavar="PATH|HUB_ID",
                    help="checkpoint directory or hub id; repeat to compare side by side")
@@ -502,9 +572,14 @@ def _checkpoint_options(p: argparse.ArgumentParser, *, data: str) -> None:
                    help="name per --ckpt in tables and legends (default: the folder name)")
     if data == "none":
         return
-    g.add_argument("--data", required=data == "required", metavar="SPEC",
-                   help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
-                        + ("" if data == "required" else " (only for routing 'dynamic')"))
+    if data == "blimp":
+        g.add_argument("--data", default="nyu-mll/blimp", metavar="SPEC",
+                       help="a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id nyu-mll/blimp "
+                            "(default: %(default)s, needs a network)")
+    else:
+        g.add_argument("--data", required=data == "required", metavar="SPEC",
+                       help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
+                            + ("" if data == "required" else " (only for routing 'dynamic')"))
     g.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
                    help="use at most N sequences (default: %(default)s)")
     g.add_argument("--max-length", type=_positive, default=256, metavar="T",
@@ -598,6 +673,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-word", type=_positive, default=100, metavar="N",
                    help="points per word in each map (default: %(default)s)")
     p.add_argument("--perplexity", type=float, default=30.0, help="t-SNE perplexity (default: %(default)s)")
+
+    p = add("blimp", cmd_blimp, data="blimp")
+    _site_options(p, "hidden")
+    p.add_argument("--paradigms", nargs="+", default=None, metavar="UID",
+                   help="BLiMP paradigms to use (default: all in --data)")
+    p.add_argument("--max-pairs", type=_positive, default=200, metavar="N",
+                   help="minimal pairs per paradigm (default: %(default)s; BLiMP has 1,000)")
+    p.add_argument("--method", default="logreg", choices=("logreg", "adam-linear"),
+                   help="probe (default: %(default)s)")
 
     p = add("cka", _analysis_command("cka"))
     _site_options(p, "hidden")
