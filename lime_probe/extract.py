@@ -21,6 +21,10 @@ Sites and their layer indices (L = number of blocks):
 Rows: every non-padding token (``pool="none"``), only tokens whose id is in ``token_ids``, or one
 mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: batched results equal
 one-sequence-at-a-time results, with left or right padding (positions are counted per sequence).
+
+nnsight notes: the trace lives in this file, so `extract` works from scripts, notebooks, ``python -c``
+and stdin alike; a model must not be traced from two threads at once (use one model per thread).
+Each forward stops (``tracer.stop()``) right after the last site it needs.
 """
 
 from __future__ import annotations

@@ -162,3 +162,18 @@ def test_nan_activations_name_site_and_layer(tok):
     assert torch.isfinite(ok["values"][1]).all()
     with pytest.raises(ValueError, match=r"non-finite activations \(NaN/Inf\) at site 'hidden' layer 2"):
         extract(model, tok, TEXTS, sites=["hidden"], progress=False)
+
+
+def test_works_from_python_dash_c(tmp_path):
+    """nnsight traces need their source in a file; extract's trace is in the library, so a caller
+    without one (python -c, stdin, exec) works."""
+    import subprocess
+    from pathlib import Path
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from helpers import tiny_tokenizer, tiny_model; "
+            "from lime_probe.extract import extract; tok = tiny_tokenizer(); "
+            "acts = extract(tiny_model('gpt2', tok), tok, ['The cat is here'], sites=['values'], progress=False); "
+            "print(tuple(acts['values'][1].shape))")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                         check=True, cwd=tmp_path)
+    assert out.stdout.strip().splitlines()[-1] == f"({len(tiny_tokenizer()('The cat is here')['input_ids'])}, 32)"
