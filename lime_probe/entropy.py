@@ -25,10 +25,10 @@ The global z-score of "lime" needs the dataset mean/std before any entropy, and 
 
 - one pass (default): `update` keeps, per sequence, Gram-side sufficient statistics from which the
   z-scored Gram is rebuilt exactly once the global moments are known:
-  for t > d the sequence mean m and the d x d scatter S = (Z - 1 m^T)^T (Z - 1 m^T), since
+  for t >= d the sequence mean m and the d x d scatter S = (Z - 1 m^T)^T (Z - 1 m^T), since
   (Z - 1 mu^T)^T (Z - 1 mu^T) = S + t (m - mu)(m - mu)^T (a sum of PSD terms, so no cancellation even
-  when |mu| >> std), then scaled by 1 / (std + eps) on both sides; for t <= d the sequence itself
-  (no larger than a d x d Gram). Memory is n_seq * min(t, d) * d float64 numbers: for the paper's
+  when |mu| >> std), then scaled by 1 / (std + eps) on both sides; for t < d the sequence itself
+  (smaller than a d x d Gram). Memory is n_seq * min(t, d) * d float64 numbers: for the paper's
   t = 2048, d = 512, 2 MiB per sequence, half the size of the float32 sequence itself.
 - two passes (memory independent of the data size): fill a `FeatureMoments` with every sequence first,
   then pass it as ``feature_stats=`` to an accumulator and stream the data again; entropies are computed in
@@ -165,9 +165,14 @@ class FeatureMoments:
         if n == 0:
             return self
         var, mean = torch.var_mean(rows, dim=0, correction=0)  # one fused, numerically stable pass
-        part = FeatureMoments()
-        part.count, part._mean, part._m2 = n, mean, var * n
-        return self.merge(part)
+        return self.merge(FeatureMoments.of(n, mean, var * n))
+
+    @classmethod
+    def of(cls, count: int, mean: torch.Tensor, m2: torch.Tensor) -> FeatureMoments:
+        """Moments of `count` rows with the given mean (d,) and sum of squared deviations m2 (d,)."""
+        moments = cls()
+        moments.count, moments._mean, moments._m2 = count, mean, m2
+        return moments
 
     def merge(self, other: FeatureMoments) -> FeatureMoments:
         """Add the rows summarised by `other` (Chan et al.'s pairwise update); returns self."""
@@ -285,7 +290,7 @@ class EntropyAccumulator:
         self._dim: int | None = None
         self._done: list[tuple[list[int], torch.Tensor]] = []  # (positions, entropies)
         # One-pass z-score: moments of everything seen and, per chunk, (positions, Zc^T Zc, sequence means, t)
-        # for t > d (Zc: each sequence minus its own mean) or (positions, Z, None, t) otherwise.
+        # for t >= d (Zc: each sequence minus its own mean) or (positions, Z, None, t) otherwise.
         self._moments = FeatureMoments()
         self._pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None, int]] = []
 
@@ -309,13 +314,19 @@ class EntropyAccumulator:
             if not self._deferred:
                 done.append((pos, _entropy(self._normalize_(Z), self.config.alpha)))
                 continue
-            moments.update(Z.reshape(-1, self._dim))
             t = Z.shape[1]
-            if t > self._dim:
+            if t >= self._dim:
                 seq_mean = colsum / t
                 Z.sub_(seq_mean.unsqueeze(1))  # in place: Z is this chunk's own copy
-                pending.append((pos, Z.mT @ Z, seq_mean, t))
-            else:  # the sequences themselves are no larger than their d x d Grams
+                scatter = Z.mT @ Z
+                # The chunk's moments come free from the scatters: per-sequence squared deviations on
+                # their diagonals, merged with the spread of the sequence means.
+                mean = seq_mean.mean(0)
+                m2 = scatter.diagonal(dim1=-2, dim2=-1).sum(0) + t * (seq_mean - mean).square().sum(0)
+                moments.merge(FeatureMoments.of(len(chunk) * t, mean, m2))
+                pending.append((pos, scatter, seq_mean, t))
+            else:  # the sequences themselves are smaller than their d x d Grams
+                moments.update(Z.reshape(-1, self._dim))
                 pending.append((pos, Z, None, t))
         self._done += done
         self._pending += pending
