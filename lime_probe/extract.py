@@ -454,9 +454,11 @@ def _offsets(keep: torch.Tensor, pool: str) -> torch.Tensor:
 
 
 def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Concatenate batch results; offsets are rebased to run across the merged rows, token counts summed."""
-    out = {name: torch.cat([p[name] for p in parts]) for name in parts[0] if name not in ("offsets", "n_tokens")}
-    counts = torch.cat([p["offsets"].diff() for p in parts])
-    out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-    out["n_tokens"] = sum(p["n_tokens"] for p in parts)
+    """Concatenate batch results (emptying `parts`, so each piece is freed once copied: the peak is
+    the result plus one site/layer, not twice the result); offsets are rebased, token counts summed."""
+    counts = torch.cat([p.pop("offsets").diff() for p in parts])
+    out = {"offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
+           "n_tokens": sum(p.pop("n_tokens") for p in parts)}
+    for name in list(parts[0]):
+        out[name] = torch.cat([p.pop(name) for p in parts])
     return out
