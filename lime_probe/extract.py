@@ -39,7 +39,7 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from .adapters import Adapter, Take, get_adapter, head_shape
+from .adapters import Adapter, Take, first, get_adapter, head_shape
 from .cache import (
     ShardCache,
     checkpoint_identity,
@@ -69,8 +69,9 @@ class Activations(Mapping):
         heads: site -> (kv_heads, head_dim) for the keys/values sites (see `per_head`).
         shards: the cache shard files backing this result ([] when held in memory).
 
-    Tensors are concatenated from the shards on each access (memory stays flat for cached
-    results); bind ``acts[site][layer]`` to a name rather than indexing it in a hot loop.
+    A result held in memory hands out its tensors (do not modify them in place); a cached result
+    reads and concatenates its shards on each access, keeping memory flat, so bind
+    ``acts[site][layer]`` to a name rather than indexing it in a hot loop.
     """
 
     def __init__(self, parts: list[dict[str, torch.Tensor] | Path], site_layers: dict[str, list[int]],
@@ -78,8 +79,8 @@ class Activations(Mapping):
         self._parts = parts
         self._site_layers = site_layers
         self.heads = heads
-        counts = torch.cat([self._load(p, "offsets").diff() for p in parts]) if parts else torch.zeros(0)
-        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.long().cumsum(0)])
+        counts = torch.cat([self._load(p, "offsets").diff() for p in parts])
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
         self.token_ids = self._cat("token_ids")
 
     @staticmethod
@@ -87,6 +88,8 @@ class Activations(Mapping):
         return part[name] if isinstance(part, dict) else read_tensor(part, name)
 
     def _cat(self, name: str) -> torch.Tensor:
+        if len(self._parts) == 1 and isinstance(self._parts[0], dict):
+            return self._parts[0][name]  # held in memory: no copy
         return torch.cat([self._load(p, name) for p in self._parts])
 
     @property
@@ -163,10 +166,6 @@ class Read:
     targets: tuple[tuple[str, int, Take], ...]
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
 def site_sizes(adapter: Adapter, config: Any, n_layers: int) -> dict[str, int]:
     """Number of layer entries of each site this model offers."""
     sizes = {"hidden": n_layers + 1, "final": 1}
@@ -202,7 +201,7 @@ def plan_reads(adapter: Adapter, config: Any, prefix: str, n_layers: int,
     blocks = f"{prefix}{adapter.layers}"
     reads = []
     if ("hidden", 0) in wanted:
-        reads.append(Read(f"{blocks}.0.input", (("hidden", 0, _identity),)))
+        reads.append(Read(f"{blocks}.0.input", (("hidden", 0, first),)))
     block_sites = adapter.block_sites(config)
     for i in range(n_layers):
         by_module: dict[str, list[tuple[str, int, Take]]] = {}
@@ -210,18 +209,14 @@ def plan_reads(adapter: Adapter, config: Any, prefix: str, n_layers: int,
             if (site, i) in wanted:
                 by_module.setdefault(module, []).append((site, i, take))
         reads += [Read(f"{blocks}.{i}.{module}.output", tuple(t)) for module, t in by_module.items()]
-        out_targets = [("hidden", i + 1, _first_tensor)] if ("hidden", i + 1) in wanted else []
+        out_targets = [("hidden", i + 1, first)] if ("hidden", i + 1) in wanted else []
         if adapter.final_norm is None and i == n_layers - 1 and ("final", 0) in wanted:
-            out_targets.append(("final", 0, _first_tensor))
+            out_targets.append(("final", 0, first))
         if out_targets:
             reads.append(Read(f"{blocks}.{i}.output", tuple(out_targets)))
     if adapter.final_norm is not None and ("final", 0) in wanted:
-        reads.append(Read(f"{prefix}{adapter.final_norm}.output", (("final", 0, _first_tensor),)))
+        reads.append(Read(f"{prefix}{adapter.final_norm}.output", (("final", 0, first),)))
     return reads
-
-
-def _first_tensor(output: Any) -> torch.Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -255,14 +250,14 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
     return x[keep]
 
 
-def _tokenize(tokenizer: Any, texts: Sequence[str], first: int, max_length: int,
+def _tokenize(tokenizer: Any, texts: Sequence[str], start: int, max_length: int,
               token_budget: int | None) -> list[list[int]]:
-    """Token id lists of `texts` (the first at index `first` of the whole list), truncated to
+    """Token id lists of `texts` (the first at index `start` of the whole list), truncated to
     `max_length`, within `token_budget` tokens (the sequence that crosses it is cut short)."""
     out = []
     for i, seq in enumerate(tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]):
         if not seq:
-            raise ValueError(f"text {first + i} tokenizes to no tokens; drop empty texts before extracting")
+            raise ValueError(f"text {start + i} tokenizes to no tokens; drop empty texts before extracting")
         if token_budget is not None:
             seq = seq[:token_budget]
             token_budget -= len(seq)
