@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from lime_model import LimeConfig, LimeForCausalLM
 from lime_model.tasks import arithmetic as A
 from lime_model.tokenization import char_tokenizer
 
@@ -131,23 +132,25 @@ def test_extract_answer():
     assert A.extract_answer("garbage") is None
 
 
-def tiny_model(vocab: int) -> LlamaForCausalLM:
+def tiny_model(vocab: int, routing: str):
+    """A random 3-layer LLaMA (transformers' own class) or LIMe."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    kw = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+    if routing == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw)).eval()
+    model = LimeForCausalLM(LimeConfig(routing=routing, **kw)).eval()
+    with torch.no_grad():  # move routers off their identity init so that routing matters
+        for name, p in model.named_parameters():
+            if "router" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
 
 
-def test_generation_matches_a_plain_greedy_loop_without_cache():
+@pytest.mark.parametrize("routing", ["llama", "full", "none"])
+def test_generation_matches_a_plain_greedy_loop_without_cache(routing):
     tok = char_tokenizer(A.CHARS)
-    model = tiny_model(len(tok))
+    model = tiny_model(len(tok), routing)
     prompts = [s.prompt for s in A.generate(4, 2, seed=1) + A.generate(6, 2, seed=1)]
     got = A.generate_solutions(model, tok, prompts, max_new_tokens=12, batch_size=3)
     for prompt, text in zip(prompts, got, strict=True):
@@ -160,6 +163,7 @@ def test_generation_matches_a_plain_greedy_loop_without_cache():
                     break
                 new.append(nxt)
         assert text == tok.decode(new, skip_special_tokens=True)
+    assert sum(len(t) for t in got) > 12  # real continuations, not immediate eos
 
 
 class Oracle(torch.nn.Module):
