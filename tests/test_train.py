@@ -206,3 +206,52 @@ def test_wikitext_training_lowers_the_loss(shared_data, tmp_path):
     losses = [m["loss"] for m in metrics(out)]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.5
     assert losses[0] == pytest.approx(math.log(512), rel=0.1)  # an untrained model is near-uniform
+
+
+@pytest.mark.parametrize("name", ["lime-1b-gqa", "lime-1b-mha", "lime-150m", "lime-deep-32", "lime-deep-128"])
+def test_shipped_model_recipes_have_their_sizes(name):
+    recipe = load_recipe(name)
+    m = recipe["model"]
+    d, inter, n_layers, heads, kv = (m[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                    "num_attention_heads", "num_key_value_heads"))  # fmt: skip
+    hd = d // heads
+    block = 2 * d * heads * hd + 2 * d * kv * hd + 3 * d * inter + 2 * d  # q,o + k,v + MLP + 2 norms
+    routers = sum(kv * (i + 1) * kv for i in range(1, n_layers))  # "full": layer i mixes i+1 layers' heads
+    expected = m["vocab_size"] * d + d + n_layers * block + routers  # tied embedding, final norm
+    config = lime_model.LimeConfig(routing=recipe["routing"], **m)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in lime_model.LimeForCausalLM(config).parameters())
+    assert n == expected
+    if name.startswith("lime-1b"):
+        assert 1.0e9 < n < 1.4e9
+
+
+def test_paper_recipes_follow_the_paper():
+    gqa, mha = load_recipe("lime-1b-gqa"), load_recipe("lime-1b-mha")
+    for r in (gqa, mha):  # Tables 3-4 and the official config
+        assert r["model"]["hidden_size"] == 2048 and r["model"]["intermediate_size"] == 8192
+        assert r["model"]["num_hidden_layers"] == 16 and r["model"]["num_attention_heads"] == 32
+        assert r["model"]["vocab_size"] == 50257 and r["model"]["tie_word_embeddings"]
+        assert (r["seq_len"], r["batch_size"], r["lr"], r["min_lr"]) == (2048, 1024, 1e-3, 1e-6)
+        assert r["lr"] * r["router_lr_mult"] == pytest.approx(1e-2)
+        assert (r["beta1"], r["beta2"], r["eps"], r["weight_decay"], r["grad_clip"]) == (
+            0.9,
+            0.95,
+            1e-8,
+            0.1,
+            1.0,
+        )
+    assert (gqa["model"]["num_key_value_heads"], mha["model"]["num_key_value_heads"]) == (8, 32)
+    for layers in (32, 64, 128):
+        m = load_recipe(f"lime-deep-{layers}")["model"]
+        assert (m["num_hidden_layers"], m["num_attention_heads"]) == (layers, 8)
+    a = load_recipe("arithmetic")
+    assert (
+        a["model"]["num_hidden_layers"],
+        a["model"]["num_attention_heads"],
+        a["model"]["hidden_size"],
+    ) == (4, 4, 32)
+    assert a["arithmetic"]["operands"] == [4, 5, 6] and a["arithmetic"]["train_per_operand"] == 50000
+    assert (a["epochs"], a["lr"], a["schedule"]) == (200, 1e-3, "linear")
+    with pytest.raises(ValueError, match="names no data"):
+        load_recipe("cpu-tiny")
