@@ -32,7 +32,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def _is_hub_id(ckpt: str) -> bool:
-    """"name" or "owner/name" that is not an existing local path."""
+    """Whether `ckpt` reads as a hub id ("name" or "owner/name") and is no existing local path."""
     return bool(HUB_ID.match(ckpt)) and not Path(ckpt).exists()
 
 
@@ -56,7 +56,9 @@ def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
     side = tokenizer.padding_side
     with warnings.catch_warnings():  # BERT's `.output` submodules: nnsight renames them, harmlessly
         warnings.filterwarnings("ignore", message=".*has a submodule named 'output'.*")
-        wrapped = TransformersModel(model, tokenizer=tokenizer)
+        # a bare base model (LlamaModel, BertModel) has no task nnsight can infer from a head
+        task = "feature-extraction" if model.base_model is model else None
+        wrapped = TransformersModel(model, tokenizer=tokenizer, task=task)
     tokenizer.padding_side = side
     return wrapped
 

@@ -5,7 +5,8 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_config, tiny_model, tiny_tokenizer
+from transformers import AutoModel
 
 from lime_probe.adapters import ADAPTERS, Adapter, get_adapter, proj_sites, register_adapter
 from lime_probe.extract import extract
@@ -161,3 +162,14 @@ def test_register_adapter_in_a_few_lines(tok, monkeypatch):
         model(**tok(TEXTS[0], return_tensors="pt"))
     handle.remove()
     torch.testing.assert_close(acts["values"][1], captured[0])
+
+
+@pytest.mark.parametrize(("arch", "value_path"), [("llama", "layers.1.self_attn.v_proj"),
+                                                  ("bert", "encoder.layer.1.attention.self.value")])
+def test_bare_base_models_without_a_head(tok, arch, value_path):
+    """Paths are relative to the base model, so AutoModel (no LM head) works as well."""
+    model = AutoModel.from_config(tiny_config(arch, len(tok))).eval()
+    refs = reference(model, tok, TEXTS, {"values1": (value_path, out_of)})
+    acts = extract(model, tok, TEXTS, sites=["hidden", "values"], batch_size=3, progress=False)
+    torch.testing.assert_close(acts["hidden"][1], refs["hf_hidden"][1])
+    torch.testing.assert_close(acts["values"][1], refs["values1"])
