@@ -57,8 +57,8 @@ def cka_matrix(features: Features, progress: bool = True) -> np.ndarray:
     """Linear CKA between every pair of layers: features [(n, d_l)] or {layer: (n, d_l)} -> (L, L).
 
     Rows must be the same tokens in every layer. Uses n x n Gram matrices when n is at most the largest
-    width (HSIC = <K_l, K_m>_F), otherwise feature cross-products (HSIC = ||X_l^T X_m||_F^2). Cost is
-    about L^2 n min(n, d)^2 / 2 flops: for many tokens (n >> d) a random subsample of rows keeps it cheap.
+    width (HSIC = <K_l, K_m>_F), otherwise feature cross-products (HSIC = ||X_l^T X_m||_F^2). Cost: about
+    L^2 n d^2 / 2 flops for n > d (L n^2 d otherwise); for many tokens a random subsample of rows keeps it cheap.
     """
     names, mats = _layers(features)
     mats = [_centered(X, f"layer {k}") for k, X in zip(names, mats, strict=True)]
