@@ -1,21 +1,27 @@
 """The training loop: data, model, AdamW with warmup + decay, metrics, atomic checkpoints, resume.
 
 Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``; DDP, or FSDP when
-the recipe sets ``fsdp``). Every process sees the same global batch order (a seeded permutation per
-epoch) and takes its own slice; each micro-batch's loss is the summed token loss over the number of
-target tokens in the *global* batch, so 1 process with accumulation and N processes give the same
-gradients.
+the recipe sets ``fsdp`` and the processes have GPUs: accelerate shards only there). Every process
+sees the same global batch order (a seeded permutation per epoch) and takes its own slice; each
+micro-batch's loss is the summed token loss over the number of target tokens in the *global* batch,
+so 1 process with accumulation and N processes give the same gradients.
 
 An output directory holds::
 
     recipe.json            the recipe (resuming checks it)
-    metrics.jsonl          step, tokens, flops, loss, lr, grad_norm, tokens_per_s every log_every steps
-    checkpoints/step-N/    HF model + tokenizer + trainer_state.json + optimizer.safetensors
+    metrics.jsonl          one JSON line every log_every steps (fields below)
+    checkpoints/step-N/    HF model + tokenizer, trainer_state.json (step, optimizer hyperparameters,
+                           scheduler), optimizer.safetensors (Adam moments by parameter name, RNG)
     config.json, model.safetensors, tokenizer files     the final model, a self-contained HF dir
     arithmetic_eval.json   accuracy per operand count (arithmetic task)
 
-A checkpoint directory is written under a dot-name and renamed into place when complete, so any
-``step-N`` directory is whole.
+Metrics: ``step``; ``tokens`` and ``flops`` (3 x forward FLOPs per sequence) seen so far;
+``loss``, the mean token loss of the step's global batch; ``lr``, the step's learning rate
+(routers use ``lr * router_lr_mult``); ``grad_norm`` before clipping; ``tokens_per_s`` since the
+previous line.
+
+A checkpoint directory is written under a dot-name, fsynced and renamed into place when complete,
+so any ``step-N`` directory is whole. Nothing in it needs unpickling.
 """
 
 from __future__ import annotations
