@@ -92,13 +92,15 @@ def load_blimp(
     for src in sources:
         if not src.exists():
             raise FileNotFoundError(f"BLiMP source not found: {src}")
+        # A single folder: pick the paradigms' files by name; otherwise the UID filter below selects.
         files += _local_files(src, paradigms if len(sources) == 1 and src.is_dir() else None)
     for f in files:
         _check_fields(list(_first_record(f)), str(f))
     try:
         ds = datasets.load_dataset("json", data_files=[str(f) for f in files], split="train")
     except Exception as e:  # datasets raises many types for malformed files; report one line
-        raise ValueError(f"could not read BLiMP JSONL {[f.name for f in files]}: {str(e).splitlines()[0]}") from None
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"could not read BLiMP JSONL {[f.name for f in files]}: {first}") from None
     _check_fields(ds.column_names, str(source))
     if paradigms is not None:
         wanted = set(paradigms)
