@@ -127,6 +127,13 @@ def test_load_blimp_local(tmp_path):
     (bad / "x.jsonl").write_text(json.dumps({"good": "a", "bad": "b"}) + "\n")
     with pytest.raises(ValueError, match=r"missing field\(s\) \['sentence_good'"):
         load_blimp(bad)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    write_jsonl(broken / "agr_a.jsonl", ROWS[:2])
+    with open(broken / "agr_a.jsonl", "a") as f:
+        f.write('{"sentence_good": "unterminated\n')
+    with pytest.raises(ValueError, match="could not read BLiMP JSONL"):
+        load_blimp(broken)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no BLiMP .jsonl"):
         load_blimp(tmp_path / "empty")
