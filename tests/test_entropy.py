@@ -214,6 +214,9 @@ def test_bootstrap_ci_close_to_normal_theory():
         (lambda: layer_entropies({}, "lime"), "no layers"),
         (lambda: layer_entropy([torch.ones(1, 4)], "lime"), "at least 2 token rows"),
         (lambda: layer_entropy([torch.randn(1, 4)], "layer-by-layer"), "one-token sequence"),
+        (lambda: bootstrap_ci([1.0, 2.0], level=1.0), "level"),
+        (lambda: bootstrap_ci([1.0, float("nan")]), "NaN"),
+        (lambda: summarize([]), "non-empty"),
     ],
 )
 def test_bad_input_raises_clear_errors(call, match):
