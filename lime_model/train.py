@@ -314,20 +314,13 @@ def _load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) -
     return state["step"]
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _publish_final(out_dir: Path, ckpt: Path) -> None:
     """Copy the last checkpoint's HF files into ``out_dir`` (each file replaced atomically)."""
     for f in sorted(ckpt.iterdir()):
         if f.name in (STATE_JSON, STATE_TENSORS):
             continue
-        tmp = out_dir / f".{f.name}.tmp"
-        shutil.copyfile(f, tmp)
-        os.replace(tmp, out_dir / f.name)
+        with open(f, "rb") as src:
+            data_mod.atomic_write(out_dir / f.name, lambda dst, src=src: shutil.copyfileobj(src, dst))
 
 
 def _check_out_dir(out_dir: Path, recipe: Mapping[str, Any], resume: bool) -> Path | None:
@@ -426,7 +419,7 @@ def train(
 
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_text(out_dir / "recipe.json", json.dumps(recipe, indent=1))
+        data_mod.atomic_write(out_dir / "recipe.json", json.dumps(recipe, indent=1))
         data.tokenizer.save_pretrained(out_dir)  # resume reads the same tokenizer back
     torch.manual_seed(recipe["seed"])
     model = LimeForCausalLM(config)
@@ -446,7 +439,9 @@ def train(
     metrics_path = out_dir / "metrics.jsonl"
     if main and resume:  # drop lines logged after the checkpoint by an interrupted run
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        _atomic_text(metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start))
+        data_mod.atomic_write(
+            metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start)
+        )
     seq_flops = 3 * forward_flops(config, recipe["seq_len"])
     per_rank, micro = recipe["batch_size"] // world, recipe["micro_batch_size"]
     last = steps if stop_after is None else min(steps, stop_after)
@@ -518,7 +513,7 @@ def _write_arithmetic_eval(
         "n_test_per_operand": recipe["arithmetic"]["test_per_operand"],
         "routing": recipe["routing"],
     }
-    _atomic_text(out_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
+    data_mod.atomic_write(out_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
     return acc
 
 
