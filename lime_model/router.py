@@ -115,10 +115,6 @@ class PerDimRouter(LimeRouter):
     def weight_shape(self) -> tuple[int, ...]:
         return (*super().weight_shape(), self.head_dim)
 
-    def mixing_weight(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        # the same feature weights for keys and values
-        return None if self.weight is None else torch.cat([self.weight, self.weight], dim=-1)
-
 
 class DynamicRouter(LimeRouter):
     """Input-dependent weights ``weight + proj(x_t)`` per position (paper Appendix E).
