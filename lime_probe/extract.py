@@ -187,6 +187,8 @@ def resolve_layers(sites: Sequence[str], layers: Iterable[int] | None, sizes: di
             continue
         chosen = set()
         for layer in layers:
+            if not isinstance(layer, int) or isinstance(layer, bool):
+                raise ValueError(f"layers must be integers, got {layer!r}")
             if not -n <= layer < n:
                 raise ValueError(f"layer {layer} out of range for site {site!r}, which has {n} entries")
             chosen.add(layer % n)
@@ -287,7 +289,7 @@ def _validate(texts: Any, sites: Any, pool: str, token_ids: Any, batch_size: int
         raise ValueError("texts is empty: nothing to extract")
     if not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a list of strings")
-    if isinstance(sites, str) or not sites:
+    if not sites:
         raise ValueError(f"sites must be a non-empty list of site names from {SITES}")
     unknown = [s for s in sites if s not in SITES]
     if unknown:
@@ -306,8 +308,8 @@ def extract(
     model: Any,
     tokenizer: Any,
     texts: Sequence[str],
-    sites: Sequence[str] = ("hidden",),
-    layers: Iterable[int] | None = None,
+    sites: Sequence[str] | str = ("hidden",),
+    layers: Iterable[int] | int | None = None,
     pool: str = "none",
     token_ids: Iterable[int] | None = None,
     batch_size: int = 8,
@@ -327,8 +329,9 @@ def extract(
             depend on it).
         texts: the input texts, one sequence each, truncated to `max_length` tokens (capped at the
             model's ``max_position_embeddings``).
-        sites: site names, e.g. ("hidden", "values").
-        layers: layer indices kept for every site (negative counts from each site's end); None = all.
+        sites: site names, e.g. ("hidden", "values"), or one name.
+        layers: layer indices kept for every site, or one index (negative counts from each site's
+            end); None = all.
         pool: "none" (a row per token) or "mean" (a row per sequence, the mean over its tokens).
         token_ids: keep only the positions holding one of these token ids.
         batch_size: sequences per forward pass.
@@ -345,6 +348,8 @@ def extract(
         ValueError: empty or invalid texts, unknown site or layer, non-finite activations (naming the
             site and layer).
     """
+    sites = [sites] if isinstance(sites, str) else list(sites)
+    layers = [layers] if isinstance(layers, int) else layers
     _validate(texts, sites, pool, token_ids, batch_size, max_length, max_sequences, max_tokens)
     nn_model = _as_nnsight(model, tokenizer)
     hf = nn_model._module

@@ -85,8 +85,9 @@ def test_layers_selection_and_early_stop(tok):
     acts = extract(model, tok, TEXTS, sites=["values", "hidden"], layers=[0, 1], progress=False)
     assert acts.layers("values") == [0, 1] and acts.layers("hidden") == [0, 1]
     assert calls == {"block1": 0, "lm_head": 0}
-    last = extract(model, tok, TEXTS, sites=["hidden", "values"], layers=[-1], progress=False)
+    last = extract(model, tok, TEXTS, sites=["hidden", "values"], layers=-1, progress=False)
     assert last.layers("hidden") == [2] and last.layers("values") == [1]
+    assert extract(model, tok, TEXTS, sites="keys", layers=0, progress=False).layers("keys") == [0]
     assert calls["lm_head"] == 0
 
 
@@ -138,6 +139,8 @@ def test_activations_views(tok):
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(texts=[]), "texts is empty"),
     (dict(texts="a string"), "texts must be a list of strings"),
+    (dict(sites=[]), "sites must be a non-empty list"),
+    (dict(layers=[0.5]), "layers must be integers"),
     (dict(sites=["attention"]), r"unknown site\(s\) \['attention'\]"),
     (dict(sites=["routed_values"]), "site 'routed_values' is not available for model_type 'llama'"),
     (dict(layers=[3], sites=["values"]), "layer 3 out of range for site 'values', which has 2 entries"),
