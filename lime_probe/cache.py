@@ -47,6 +47,8 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     A local checkpoint: its resolved path plus name, size and mtime of each weight file (cheap, and
     changes whenever the weights are rewritten). A hub checkpoint: its id and commit. A model built
     in memory: a hash of all parameters and buffers (exact, costs one pass over the weights).
+    A loaded checkpoint whose weights are then changed in memory still reads as the checkpoint:
+    give such a model a fresh cache folder.
     """
     source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
     if source and Path(source).is_dir():
@@ -59,7 +61,7 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return {"parameters": digest.hexdigest()}
 
 
