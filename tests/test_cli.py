@@ -14,7 +14,7 @@ from helpers import save_tiny_checkpoint
 
 from lime_probe import cli
 
-COMMANDS = ["entropy", "report"]
+COMMANDS = ["entropy", "separability", "tsne", "blimp", "cka", "router", "report", "demo"]
 TEXTS = [
     "The cat is on the mat and the dogs are in the garden.",
     "She was happy because the results were good.",
@@ -23,6 +23,10 @@ TEXTS = [
     "A model is a function; layers are functions too.",
     "The quick brown fox jumps over the lazy dog.",
 ]
+DOCS = TEXTS * 3  # every probed word occurs at least 5 times
+PAIRS = [("The cat is here.", "The cat are here."), ("They were happy.", "They was happy."),
+         ("It is what it is.", "It are what it is."), ("The dogs are in the garden.", "The dogs is in the garden."),
+         ("She was happy.", "She were happy."), ("The rivers were clean.", "The rivers was clean.")]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,7 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "texts.txt"
-    path.write_text("\n\n".join(TEXTS) + "\n")
+    path.write_text("\n\n".join(DOCS) + "\n")
     return path
 
 
@@ -133,7 +137,7 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file):
     assert doc["meta"]["checkpoints"]["BERT"]["model_type"] == "bert"
     for label, arch in (("LLaMA", "llama"), ("BERT", "bert")):
         model, tok = load(ckpts[arch])
-        acts = extract(model, tok, TEXTS, sites=["values"], max_length=16, progress=False)
+        acts = extract(model, tok, DOCS, sites=["values"], max_length=16, progress=False)
         want = layer_entropies({la: acts.sequences("values", la) for la in acts["values"]}, preset="lime",
                                seed=3, progress=False)
         rows = [r for r in doc["rows"] if r["model"] == label]
@@ -142,7 +146,7 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file):
             w = want[r["layer"]]
             np.testing.assert_allclose([r["entropy_mean"], r["entropy_std"], r["ci_low"], r["ci_high"]],
                                        [w.mean, w.std, w.ci_low, w.ci_high], rtol=1e-12)
-            assert r["n_sequences"] == len(TEXTS)
+            assert r["n_sequences"] == len(DOCS)
     assert sorted(p.name for p in out.iterdir()) == [f"entropy_values.{x}" for x in ("csv", "json", "pdf", "png")]
     assert "LLaMA" in stdout and "entropy_mean" in stdout
 
@@ -206,3 +210,149 @@ def test_installed_script_reports_bad_input(tmp_path, text_file):
                            "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"lime-probe entropy: error: checkpoint not found: {tmp_path / 'nope'}"
+
+
+def _ok(capsys, *argv) -> str:
+    code, stdout, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    return stdout
+
+
+def _word_features(ckpt, site, words=cli.DEFAULT_WORDS):
+    from lime_probe.extract import extract
+    from lime_probe.load import load
+    from lime_probe.separability import word_rows, word_token_ids
+
+    model, tok = load(ckpt)
+    ids = word_token_ids(tok, words)
+    acts = extract(model, tok, DOCS, sites=[site], token_ids=list(ids.values()), max_length=32, progress=False)
+    rows, y = word_rows(acts.token_ids, ids)
+    return {la: acts[site][la][rows] for la in acts[site]}, y
+
+
+def test_separability_matches_the_library(capsys, tmp_path, ckpts, text_file):
+    from lime_probe.separability import token_separability
+
+    _ok(capsys, "separability", "--ckpt", ckpts["lime"], "--ckpt", ckpts["bert"], "--data", text_file, "--site",
+        "values", "--max-length", 32, "--out", tmp_path / "o", "--no-cache", "--seed", 1)
+    doc = _read_json(tmp_path / "o" / "separability_values.json")
+    for label in ("lime", "bert"):
+        want = token_separability(*_word_features(ckpts[label], "values"), seed=1, progress=False)
+        rows = [r for r in doc["rows"] if r["model"] == label]
+        assert [r["layer"] for r in rows] == want.layers
+        np.testing.assert_allclose([r["accuracy_mean"] for r in rows], want.accuracy_mean)
+        np.testing.assert_allclose([r["accuracy_std"] for r in rows], want.accuracy_std)
+        assert rows[0]["majority_baseline"] == want.majority_baseline
+
+
+def test_missing_words_are_named(capsys, tmp_path, ckpts, text_file):
+    # the first two documents hold " is" once and " the" four times: both are named with their counts
+    code, _, err = run_cli(capsys, "separability", "--ckpt", ckpts["llama"], "--data", text_file, "--words", " is",
+                           " the", "--max-sequences", 2, "--out", tmp_path / "o", "--no-cache")
+    assert code == 2 and "too rare in the data" in err and "' is': 1, ' the': 4" in err
+    code, _, err = run_cli(capsys, "separability", "--ckpt", ckpts["llama"], "--data", text_file, "--words", " is",
+                           " garden", "--out", tmp_path / "o", "--no-cache")
+    assert code == 2 and "' garden' is 5 tokens" in err and not (tmp_path / "o").exists()
+
+
+def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
+    from lime_probe.separability import balance_classes
+    from lime_probe.tsne import tsne_layers
+
+    _ok(capsys, "tsne", "--ckpt", ckpts["llama"], "--data", text_file, "--layers", "0,2", "--per-word", 6,
+        "--perplexity", 3, "--max-length", 32, "--out", tmp_path / "o", "--no-cache", "--seed", 2)
+    doc = _read_json(tmp_path / "o" / "tsne_hidden.json")
+    feats, y = _word_features(ckpts["llama"], "hidden")
+    keep = balance_classes(y, seed=2, n_per_class=6)
+    want = tsne_layers({la: feats[la][keep] for la in (0, 2)}, perplexity=3, seed=2, progress=False)
+    for layer in (0, 2):
+        rows = [r for r in doc["rows"] if r["layer"] == layer]
+        np.testing.assert_allclose([[r["x"], r["y"]] for r in rows], want[layer])
+        assert [r["token"] for r in rows] == [str(t) for t in y[keep]]
+    assert (tmp_path / "o" / "tsne_hidden.png").exists()
+
+
+def test_cka_matches_the_library(capsys, tmp_path, ckpts, text_file):
+    from lime_probe.extract import extract
+    from lime_probe.load import load
+    from lime_probe.similarity import cka_matrix, effective_ranks
+
+    _ok(capsys, "cka", "--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32, "--out", tmp_path / "o",
+        "--no-cache")
+    doc = _read_json(tmp_path / "o" / "cka_hidden.json")
+    model, tok = load(ckpts["llama"])
+    acts = extract(model, tok, DOCS, sites=["hidden"], max_length=32, progress=False)
+    feats = {la: acts["hidden"][la] for la in acts["hidden"]}
+    np.testing.assert_allclose(doc["cka"]["llama"]["cka"], cka_matrix(feats, progress=False))
+    np.testing.assert_allclose([r["effective_rank"] for r in doc["rows"]],
+                               effective_ranks(feats, center=True, progress=False))
+
+
+def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
+    from lime_probe.load import load
+    from lime_probe.router import router_weights
+
+    _ok(capsys, "router", "--ckpt", ckpts["lime"], "--label", "LIMe", "--out", tmp_path / "o")
+    doc = _read_json(tmp_path / "o" / "router.json")
+    want = router_weights(load(ckpts["lime"])[0])
+    got = np.array(doc["routers"]["LIMe"]["per_layer"], dtype=float)  # None (NaN) above the diagonal
+    np.testing.assert_allclose(got, want.per_layer)
+    assert {(r["layer"], r["source_layer"]) for r in doc["rows"]} == {(i, j) for i, s in enumerate(want.sources)
+                                                                        for j in s}
+    code, _, err = run_cli(capsys, "router", "--ckpt", ckpts["llama"], "--out", tmp_path / "o2")
+    assert code == 2 and "has no LIMe routers" in err
+
+
+@pytest.fixture(scope="module")
+def blimp_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("blimp")
+    for uid in ("agreement_a", "agreement_b"):
+        rows = [{"sentence_good": g, "sentence_bad": b, "UID": uid, "pairID": str(k), "field": "syntax",
+                 "linguistics_term": "subject_verb_agreement"} for k, (g, b) in enumerate(PAIRS * 2)]
+        (root / f"{uid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
+    from lime_probe.blimp import blimp_probe, load_blimp, score_minimal_pairs
+    from lime_probe.extract import extract
+    from lime_probe.load import load
+
+    _ok(capsys, "blimp", "--ckpt", ckpts["llama"], "--ckpt", ckpts["bert"], "--data", blimp_dir, "--max-pairs", 10,
+        "--out", tmp_path / "o", "--no-cache")
+    doc = _read_json(tmp_path / "o" / "blimp_hidden.json")
+    data = load_blimp(blimp_dir)
+    model, tok = load(ckpts["llama"])
+    part = data.select(range(10))  # the first paradigm's first 10 pairs
+    good = extract(model, tok, list(part["sentence_good"]), sites=["hidden"], pool="mean", progress=False)
+    bad = extract(model, tok, list(part["sentence_bad"]), sites=["hidden"], pool="mean", progress=False)
+    want = blimp_probe({la: good["hidden"][la] for la in good["hidden"]}, {la: bad["hidden"][la] for la in bad["hidden"]},
+                       np.asarray(part["pairID"]), progress=False)
+    rows = [r for r in doc["rows"] if r["model"] == "llama" and r["paradigm"] == "agreement_a"]
+    np.testing.assert_allclose([r["probe_accuracy_mean"] for r in rows], want.accuracy_mean)
+    picked = data.select(list(range(10)) + list(range(12, 22)))
+    scores = score_minimal_pairs(model, tok, picked, progress=False)
+    assert doc["blimp"]["llama"]["minimal_pairs"]["per_paradigm"] == pytest.approx(scores.per_paradigm)
+    assert "bert" not in doc["blimp"]  # an encoder is probed but not scored as a causal LM
+    assert {r["model"] for r in doc["rows"]} == {"llama", "bert"}
+
+
+def test_blimp_with_wrong_fields_is_exit_2(capsys, tmp_path, ckpts):
+    bad = tmp_path / "b"
+    bad.mkdir()
+    (bad / "x.jsonl").write_text(json.dumps({"good": "a", "bad": "b"}) + "\n")
+    code, _, err = run_cli(capsys, "blimp", "--ckpt", ckpts["llama"], "--data", bad, "--out", tmp_path / "o")
+    assert code == 2 and "missing field" in err and not (tmp_path / "o").exists()
+
+
+def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckpts, text_file):
+    common = ["--ckpt", ckpts["lime"], "--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32,
+              "--no-cache"]
+    _ok(capsys, "report", *common, "--analyses", "entropy", "router", "--out", tmp_path / "r")
+    _ok(capsys, "entropy", *common, "--out", tmp_path / "e")
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3  # entropy + router per layer + router per head
+    assert "<script" not in html and "Matrix entropy of values" in html and "Router weights" in html
+    assert _read_json(tmp_path / "r" / "entropy_values.json")["rows"] == _read_json(
+        tmp_path / "e" / "entropy_values.json")["rows"]
+    assert {r["model"] for r in _read_json(tmp_path / "r" / "router.json")["rows"]} == {"lime"}  # LIMe only
