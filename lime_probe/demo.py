@@ -160,7 +160,7 @@ class DemoSettings:
     perplexity: float
 
 
-FULL = DemoSettings(steps=300, train_per_operand=5000, test_per_operand=100, entropy_texts=128, per_number=60,
+FULL = DemoSettings(steps=600, train_per_operand=5000, test_per_operand=100, entropy_texts=128, per_number=60,
                     perplexity=20.0)
 QUICK = DemoSettings(steps=4, train_per_operand=100, test_per_operand=6, entropy_texts=12, per_number=8,
                      perplexity=3.0)

@@ -275,11 +275,11 @@ def plot_tsne_grid(
     models = list(embeddings)
     layers = list(next(iter(embeddings.values())))
     per_model = labels if isinstance(labels, Mapping) else dict.fromkeys(models, labels)
-    words = list(dict.fromkeys(w for m in models for w in per_model[m]))
+    words = sorted({str(w) for m in models for w in per_model[m]}, key=_natural)
     with style():
         fig, axes = _new_figure(len(layers), len(models), size=(2.3 * len(layers) + 1.6, 2.3 * len(models) + 0.5))
         for r, model in enumerate(models):
-            lab = np.asarray(per_model[model])
+            lab = np.asarray([str(w) for w in per_model[model]])
             for c, layer in enumerate(layers):
                 ax = axes[r, c]
                 xy = np.asarray(embeddings[model][layer])
@@ -300,6 +300,12 @@ def plot_tsne_grid(
         fig.legend(handles, names, loc="outside right center", markerscale=2.5, title="token")
         fig.suptitle(f"t-SNE of {site} representations, models × layers")
     return fig
+
+
+def _natural(word: str) -> tuple:
+    """Sort key putting numbers in numeric order before other tokens: 2 < 10 < 'are' < 'is'."""
+    w = word.strip()
+    return (0, int(w), word) if w.isdigit() else (1, 0, word)
 
 
 def plot_training_curves(runs: Mapping[str, Mapping[str, Sequence[float]]], *, smooth: int = 1) -> Figure:
