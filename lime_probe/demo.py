@@ -150,17 +150,17 @@ def number_features(ck, texts: Sequence[str], site: str, numbers: Collection[int
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Sizes of a demo run. ``steps`` and ``train_per_operand`` override the ``arithmetic-cpu`` recipe."""
+    """Sizes of a demo run; the ``None`` fields keep the ``arithmetic-cpu`` recipe's values."""
 
-    steps: int
-    train_per_operand: int
-    test_per_operand: int
+    steps: int | None  # training steps per model
+    train_per_operand: int | None
+    test_per_operand: int | None
     entropy_texts: int  # test samples whose entropy is measured
     per_number: int  # occurrences of each probed number (separability, t-SNE)
     perplexity: float
 
 
-FULL = DemoSettings(steps=600, train_per_operand=5000, test_per_operand=100, entropy_texts=128, per_number=60,
+FULL = DemoSettings(steps=None, train_per_operand=None, test_per_operand=None, entropy_texts=128, per_number=60,
                     perplexity=20.0)
 QUICK = DemoSettings(steps=4, train_per_operand=100, test_per_operand=6, entropy_texts=12, per_number=8,
                      perplexity=3.0)
@@ -179,9 +179,11 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
         run = runs / label.lower()
         if not (run / "arithmetic_eval.json").is_file():
             resume = run.exists() and any(run.iterdir())
-            train(RECIPE, run, resume=resume, routing=routing, seed=seed, steps=settings.steps,
-                  arithmetic={"train_per_operand": settings.train_per_operand,
-                              "test_per_operand": settings.test_per_operand})
+            sizes = {"train_per_operand": settings.train_per_operand, "test_per_operand": settings.test_per_operand}
+            overrides = {"arithmetic": {k: v for k, v in sizes.items() if v is not None}}
+            if settings.steps is not None:
+                overrides["steps"] = settings.steps
+            train(RECIPE, run, resume=resume, routing=routing, seed=seed, **overrides)
         out[label] = run
     return out
 
@@ -198,7 +200,7 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
     n = 7
     with tempfile.TemporaryDirectory(prefix="lime-demo-") as tmp:
         run_root = Path(runs) if runs is not None else Path(tmp) / "runs"
-        _stage(1, n, f"training LIMe and its LLaMA twin on arithmetic ({RECIPE}, {settings.steps} steps each)")
+        _stage(1, n, f"training LIMe and its LLaMA twin on arithmetic (recipe {RECIPE})")
         run_dirs = train_models(run_root, settings, seed)
         _stage(2, n, "loading the trained checkpoints")
         cks = [Checkpoint(label, str(path), *load(path, device=device)) for label, path in run_dirs.items()]
@@ -207,6 +209,7 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         tok = cks[0].tokenizer
         recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
         test = prepare_data(recipe).test_samples
+        steps, n_test = recipe["steps"], recipe["arithmetic"]["test_per_operand"]
         extract_kw = {"max_length": recipe["seq_len"], "batch_size": 32, "cache_dir": None}
         sections, analyses = [], []
 
@@ -224,9 +227,9 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         F.save_figure(fig_train := F.plot_training_curves(metrics), out / "training_curves")
         sections.append(Section(
             "Task accuracy and training curves",
-            text=(f"Both models were trained with the same recipe ({RECIPE}, {settings.steps} steps, seed {seed}); "
+            text=(f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
                   "they differ only in routing (LIMe: full, LLaMA: none). Accuracy is the exact final answer by "
-                  f"greedy generation on {settings.test_per_operand} held-out expressions per operand count."),
+                  f"greedy generation on {n_test} held-out expressions per operand count."),
             figures=[fig_acc, fig_train], tables=[Table("accuracy", acc_rows)]))
 
         _stage(4, n, "matrix entropy of values and hidden states")
