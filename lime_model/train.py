@@ -379,6 +379,34 @@ def _accelerator(recipe: Mapping[str, Any]):
     return accelerator
 
 
+def _train_step(accelerator, model, optimizer, scheduler, data: TrainingData, recipe, step: int):
+    """One optimizer step on global batch ``step``: (this process's share of the loss, grad norm, lr).
+
+    The process's slice of the batch runs in micro-batches; gradients are synchronised on the last.
+    Loss and grad norm stay tensors (no device sync per step).
+    """
+    world, rank = accelerator.num_processes, accelerator.process_index
+    per_rank, micro = recipe["batch_size"] // world, recipe["micro_batch_size"]
+    idx = batch_indices(step, recipe["batch_size"], len(data.input_ids), recipe["seed"])
+    n_targets = int((data.labels[idx][:, 1:] != -100).sum().clamp(min=1))
+    local = idx[rank * per_rank : (rank + 1) * per_rank]
+    loss_sum = torch.zeros((), device=accelerator.device)
+    for m in range(0, per_rank, micro):
+        rows = local[m : m + micro]
+        input_ids = data.input_ids[rows].to(accelerator.device)
+        labels = data.labels[rows].to(accelerator.device)
+        with nullcontext() if m + micro >= per_rank else accelerator.no_sync(model):
+            loss = token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
+            accelerator.backward(loss * world)  # DDP averages gradients over processes
+        loss_sum += loss.detach()
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
+    lr = optimizer.param_groups[0]["lr"]  # the "decay" group's; routers run at lr x router_lr_mult
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm, lr
+
+
 def train(
     recipe: str | Mapping[str, Any],
     out_dir: str | os.PathLike,
@@ -402,7 +430,7 @@ def train(
     recipe = load_recipe(recipe, overrides)
     out_dir = Path(out_dir)
     accelerator = _accelerator(recipe)
-    world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
+    world, main = accelerator.num_processes, accelerator.is_main_process
     if recipe["batch_size"] % (world * recipe["micro_batch_size"]):
         raise ValueError(
             f"batch_size {recipe['batch_size']} is not a multiple of {world} processes x "
@@ -443,35 +471,15 @@ def train(
             metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start)
         )
     seq_flops = 3 * forward_flops(config, recipe["seq_len"])
-    per_rank, micro = recipe["batch_size"] // world, recipe["micro_batch_size"]
     last = steps if stop_after is None else min(steps, stop_after)
     bar = tqdm(total=last, initial=start, desc="train", disable=not (progress and main), unit="step")
     window_t, window_tokens = time.perf_counter(), 0
     for step in range(start, last):
-        idx = batch_indices(step, recipe["batch_size"], len(data.input_ids), recipe["seed"])
-        n_targets = int((data.labels[idx][:, 1:] != -100).sum().clamp(min=1))
-        local = idx[rank * per_rank : (rank + 1) * per_rank]
-        loss_sum = torch.zeros((), device=accelerator.device)
-        for m in range(0, per_rank, micro):
-            rows = local[m : m + micro]
-            input_ids = data.input_ids[rows].to(accelerator.device)
-            labels = data.labels[rows].to(accelerator.device)
-            sync = m + micro >= per_rank
-            with accelerator.no_sync(model) if not sync else nullcontext():
-                loss = token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
-                accelerator.backward(loss * world)  # DDP averages gradients over processes
-            loss_sum += loss.detach()
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
-        lr = optimizer.param_groups[0][
-            "lr"
-        ]  # this step's (the "decay" group's; routers use x router_lr_mult)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss, grad_norm, lr = _train_step(accelerator, model, optimizer, scheduler, data, recipe, step)
         window_tokens += recipe["batch_size"] * recipe["seq_len"]
         done = step + 1
         if done % recipe["log_every"] == 0 or done == last:
-            loss_value = accelerator.reduce(loss_sum, reduction="sum").item()
+            loss_value = accelerator.reduce(loss, reduction="sum").item()
             if main:
                 now = time.perf_counter()
                 record = {
@@ -493,32 +501,17 @@ def train(
     bar.close()
     if main and last == steps:
         _publish_final(out_dir, checkpoints(out_dir)[-1])
-        if data.test_samples is not None:
-            _write_arithmetic_eval(
-                accelerator.unwrap_model(model), data.tokenizer, data.test_samples, recipe, out_dir, progress
-            )
+        if recipe["task"] == "arithmetic":  # from the published files: sharded or not, one whole model
+            evaluate_arithmetic(out_dir, progress=progress, device=accelerator.device)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return out_dir
 
 
-def _write_arithmetic_eval(
-    model, tokenizer, samples, recipe, out_dir: Path, progress: bool
+def evaluate_arithmetic(
+    run_dir: str | os.PathLike, progress: bool = False, device: str | torch.device = "cpu"
 ) -> dict[int, float]:
-    acc = arithmetic.evaluate(
-        model, tokenizer, samples, batch_size=recipe["arithmetic"]["eval_batch_size"], progress=progress
-    )
-    report = {
-        "accuracy": {str(n): a for n, a in acc.items()},
-        "n_test_per_operand": recipe["arithmetic"]["test_per_operand"],
-        "routing": recipe["routing"],
-    }
-    data_mod.atomic_write(out_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
-    return acc
-
-
-def evaluate_arithmetic(run_dir: str | os.PathLike, progress: bool = False) -> dict[int, float]:
-    """Re-evaluate a finished arithmetic run on its (regenerated) test set; rewrites arithmetic_eval.json."""
+    """Evaluate a finished arithmetic run on its (regenerated) test set; (re)writes arithmetic_eval.json."""
     run_dir = Path(run_dir)
     if not (run_dir / "recipe.json").is_file() or not (run_dir / "model.safetensors").is_file():
         raise FileNotFoundError(
@@ -527,6 +520,19 @@ def evaluate_arithmetic(run_dir: str | os.PathLike, progress: bool = False) -> d
     recipe = load_recipe(json.loads((run_dir / "recipe.json").read_text()))
     if recipe["task"] != "arithmetic":
         raise ValueError(f"{run_dir} was trained on task {recipe['task']!r}, not arithmetic")
-    model = LimeForCausalLM.from_pretrained(run_dir)
+    model = LimeForCausalLM.from_pretrained(run_dir).to(device)
     _, test = arithmetic_splits(recipe, with_train=False)
-    return _write_arithmetic_eval(model, load_tokenizer(str(run_dir)), test, recipe, run_dir, progress)
+    acc = arithmetic.evaluate(
+        model,
+        load_tokenizer(str(run_dir)),
+        test,
+        batch_size=recipe["arithmetic"]["eval_batch_size"],
+        progress=progress,
+    )
+    report = {
+        "accuracy": {str(n): a for n, a in acc.items()},
+        "n_test_per_operand": recipe["arithmetic"]["test_per_operand"],
+        "routing": recipe["routing"],
+    }
+    data_mod.atomic_write(run_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
+    return acc

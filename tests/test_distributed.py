@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -20,12 +19,6 @@ ARGS = [
 ]  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_gloo_processes_match_one(tmp_path, monkeypatch):
     text = tmp_path / "t.txt"
     text.write_text(
@@ -36,8 +29,8 @@ def test_two_gloo_processes_match_one(tmp_path, monkeypatch):
     assert main(["train", "--out", str(one), "--data", str(text), *ARGS]) == 0  # 1 process, 2 micro-batches
     env = {**os.environ, "LIME_MODEL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-        "--master_addr=127.0.0.1", "-m", "lime_model.cli", "train", "--out", str(two), "--data", str(text), *ARGS,
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",  # picks a free port
+        "-m", "lime_model.cli", "train", "--out", str(two), "--data", str(text), *ARGS,
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
