@@ -47,3 +47,58 @@ def test_number_rows_maps_to_global_rows():
     offsets = torch.tensor([0, len(ids[0]), len(ids[0]) + len(ids[1])])
     rows, labels = number_rows(offsets, torch.tensor(ids[0] + ids[1]), tok, {1, 3, 103})
     assert rows.tolist() == [0, 4, 5 + 4, 5 + 8] and labels.tolist() == [1, 3, 3, 103]
+
+
+def test_quick_demo_end_to_end(tmp_path, capsys):
+    import json
+
+    import numpy as np
+
+    from lime_model.recipes import load_recipe
+    from lime_model.train import prepare_data
+    from lime_probe import cli
+    from lime_probe.demo import NUMBER_SETS, QUICK, probe_samples, sample_text
+    from lime_probe.entropy import layer_entropies
+    from lime_probe.extract import extract
+    from lime_probe.load import load
+    from lime_probe.router import router_weights
+
+    out, runs = tmp_path / "figures", tmp_path / "runs"
+    assert cli.main(["demo", "--quick", "--out", str(out), "--runs", str(runs)]) == 0
+    err = capsys.readouterr().err
+    assert all(f"[{k}/7]" in err for k in range(1, 8))  # progress through every stage
+    for stem in ("arithmetic_accuracy", "training_curves", "entropy_values", "entropy_hidden", "router",
+                 "separability_numbers_1_4", "separability_numbers_100_103", "tsne_numbers_1_4",
+                 "tsne_numbers_100_103"):
+        assert (out / f"{stem}.json").is_file() and (out / f"{stem}.csv").is_file(), stem
+    assert (out / "arithmetic_accuracy.png").is_file() and (out / "router_LIMe.pdf").is_file()
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 10
+
+    # accuracy: what the trainer measured, per model and operand count
+    rows = json.loads((out / "arithmetic_accuracy.json").read_text())["rows"]
+    for label in ("LIMe", "LLaMA"):
+        trained = json.loads((runs / label.lower() / "arithmetic_eval.json").read_text())["accuracy"]
+        assert {str(r["n_operands"]): r["accuracy"] for r in rows if r["model"] == label} == trained
+
+    # entropy of the values: the library on the same test samples
+    lime, tok = load(runs / "lime")
+    recipe = load_recipe(str(runs / "lime" / "recipe.json"))
+    texts = [sample_text(s, tok) for s in prepare_data(recipe).test_samples[: QUICK.entropy_texts]]
+    acts = extract(lime, tok, texts, sites=["values"], max_length=recipe["seq_len"], batch_size=32, progress=False)
+    want = layer_entropies({la: acts.sequences("values", la) for la in acts["values"]}, seed=0, progress=False)
+    got = [r for r in json.loads((out / "entropy_values.json").read_text())["rows"] if r["model"] == "LIMe"]
+    np.testing.assert_allclose([r["entropy_mean"] for r in got], [want[la].mean for la in sorted(want)], rtol=1e-12)
+
+    # router weights of the trained LIMe
+    doc = json.loads((out / "router.json").read_text())
+    np.testing.assert_allclose(np.array(doc["routers"]["LIMe"]["per_layer"], dtype=float),
+                               router_weights(lime).per_layer)
+
+    # every probed number class is balanced to the rarest class's count, counted here by a plain scan
+    probe = prepare_data(recipe).test_samples + probe_samples(NUMBER_SETS["100-103"], QUICK.per_number, 0)
+    for key, numbers in NUMBER_SETS.items():
+        counts = {n: sum(1 for s in probe for _, m in _scan(s.prompt + s.solution, set(numbers)) if m == n)
+                  for n in numbers}
+        sep = json.loads((out / f"separability_numbers_{key.replace('-', '_')}.json").read_text())["rows"]
+        assert {r["n_rows"] for r in sep} == {len(numbers) * min(counts.values())}
