@@ -331,8 +331,11 @@ def router_analysis(cks: Sequence[Checkpoint], texts: Sequence[str] | None = Non
 
 
 def _is_causal_lm(ck: Checkpoint) -> bool:
-    return not any(a.endswith(("ForMaskedLM", "Model")) for a in (ck.config.architectures or [])) \
-        and not getattr(ck.config, "is_encoder_decoder", False) and ck.config.model_type not in ("bert", "roberta")
+    """False for BERT-style encoders (a masked-LM architecture not configured as a decoder): their
+    attention is bidirectional, so summed next-token log-probabilities mean nothing."""
+    import transformers as tf
+
+    return bool(getattr(ck.config, "is_decoder", False)) or type(ck.config) not in tf.MODEL_FOR_MASKED_LM_MAPPING
 
 
 def blimp_analysis(cks: Sequence[Checkpoint], data, *, site: str = "hidden", max_pairs: int = 200,
