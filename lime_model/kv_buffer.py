@@ -30,6 +30,7 @@ class KVBuffer:
         self.num_layers, self.kv, self.head_dim = num_layers, num_kv_heads, head_dim
         self.data: list[torch.Tensor] = []  # [keys, values]
         self.grad: list[torch.Tensor] = []
+        self.grad_ready = [False] * num_layers  # has a gradient block received its first contribution?
 
     def rows(self, start_layer: int, stop_layer: int) -> slice:
         return slice(start_layer * self.kv, stop_layer * self.kv)
@@ -43,6 +44,33 @@ class KVBuffer:
             block = store[self.rows(layer_idx, layer_idx + 1)].view(self.kv, B, T, self.head_dim)
             block.copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
 
+    def split_ready(self, start_layer: int, stop_layer: int) -> list[tuple[int, int]]:
+        """Split a layer range into maximal sub-ranges whose gradient blocks share one ready state."""
+        parts: list[tuple[int, int]] = []
+        for layer in range(start_layer, stop_layer):
+            if parts and self.grad_ready[parts[-1][0]] == self.grad_ready[layer]:
+                parts[-1] = (parts[-1][0], layer + 1)
+            else:
+                parts.append((layer, layer + 1))
+        return parts
+
+    def add_to_grad(self, grad: torch.Tensor, start_layer: int, stop_layer: int, value: torch.Tensor) -> None:
+        """``grad[blocks] += value`` over layers of one ready state (assigns into fresh blocks)."""
+        block = grad[self.rows(start_layer, stop_layer)]
+        block.add_(value) if self.grad_ready[start_layer] else block.copy_(value)
+
+    def addmm_to_grad(
+        self, grad: torch.Tensor, start_layer: int, stop_layer: int, a: torch.Tensor, b: torch.Tensor
+    ) -> None:
+        """``grad[blocks] += a @ b`` over layers of one ready state; fresh blocks are overwritten
+        (``beta=0`` ignores the uninitialised memory, NaN included)."""
+        block = grad[self.rows(start_layer, stop_layer)].flatten(1)
+        block.addmm_(a, b, beta=1.0 if self.grad_ready[start_layer] else 0.0)
+
+    def mark_ready(self, layers: list[int]) -> None:
+        for layer in layers:
+            self.grad_ready[layer] = True
+
     def take_grad(self, layer_idx: int, shape: torch.Size) -> list[torch.Tensor]:
         """Gradients w.r.t. layer ``layer_idx``'s raw keys and values, each of ``shape`` (B, T, kv*hd)."""
         B, T, _ = shape
@@ -50,7 +78,7 @@ class KVBuffer:
         for grad in self.grad:
             block = grad[self.rows(layer_idx, layer_idx + 1)].view(self.kv, B, T, self.head_dim)
             grads.append(block.permute(1, 2, 0, 3).reshape(shape))
-            block.zero_()  # a second backward over a retained graph starts from zero
+        self.grad_ready[layer_idx] = False  # a second backward over a retained graph starts afresh
         return grads
 
 
@@ -82,27 +110,35 @@ def _mix(weight: torch.Tensor | None, data: torch.Tensor, buffer: KVBuffer, own:
     return torch.einsum("hse,sme->hme" if mode == "per-dim" else "mhs,sme->hme", weight, src)
 
 
-def _mix_backward(weight, grad_out, data, grad_data, buffer: KVBuffer, own: int, runs, mode: str, need_w: bool):
-    """Accumulate ``d out / d data`` into ``grad_data``; return ``d out / d weight`` (or None)."""
+def _mix_backward(
+    weight, grad_out, data, grad_data, buffer: KVBuffer, own: int, runs, mode: str, need_w: bool
+):
+    """Add ``d out / d data`` into ``grad_data``; return ``d out / d weight`` (or None).
+
+    Gradient blocks no later layer has written yet are assigned rather than added, which spares
+    zero-filling the gradient buffer.
+    """
     kv = buffer.kv
     if weight is None:
-        grad_data[buffer.rows(own, own + 1)] += grad_out
+        buffer.add_to_grad(grad_data, own, own + 1, grad_out)
         return None
     if mode == "matrix":
         g = grad_out.flatten(1)
         grad_w = torch.empty_like(weight) if need_w else None
         for first, stop, pos in runs:
-            cols = slice(pos * kv, (pos + stop - first) * kv)
-            rows = buffer.rows(first, stop)
             if need_w:
-                grad_w[:, cols] = g @ data[rows].flatten(1).t()
-            grad_data[rows].flatten(1).addmm_(weight[:, cols].t(), g)
+                cols = slice(pos * kv, (pos + stop - first) * kv)
+                grad_w[:, cols] = g @ data[buffer.rows(first, stop)].flatten(1).t()
+            for a, b in buffer.split_ready(first, stop):
+                w = weight[:, (pos + a - first) * kv : (pos + b - first) * kv]
+                buffer.addmm_to_grad(grad_data, a, b, w.t(), g)
         return grad_w
     ((first, stop, _),) = runs
-    rows = buffer.rows(first, stop)
     w_spec = "hse" if mode == "per-dim" else "mhs"
-    grad_data[rows] += torch.einsum(f"{w_spec},hme->sme", weight, grad_out)
-    return torch.einsum(f"hme,sme->{w_spec}", grad_out, data[rows]) if need_w else None
+    contribution = torch.einsum(f"{w_spec},hme->sme", weight, grad_out)
+    for a, b in buffer.split_ready(first, stop):
+        buffer.add_to_grad(grad_data, a, b, contribution[(a - first) * kv : (b - first) * kv])
+    return torch.einsum(f"hme,sme->{w_spec}", grad_out, data[buffer.rows(first, stop)]) if need_w else None
 
 
 class _RoutedRead(torch.autograd.Function):
@@ -124,7 +160,8 @@ class _RoutedRead(torch.autograd.Function):
         buffer.write(layer_idx, keys, values)
         runs = contiguous_runs(sources)
         out = [_mix(weight, data, buffer, layer_idx, runs, mode) for data in buffer.data]
-        ctx.buffer, ctx.layer_idx, ctx.runs, ctx.mode, ctx.kv_shape = buffer, layer_idx, runs, mode, keys.shape
+        ctx.buffer, ctx.layer_idx, ctx.sources, ctx.runs = buffer, layer_idx, sources, runs
+        ctx.mode, ctx.kv_shape = mode, keys.shape
         ctx.save_for_backward(weight)
         return out[0], out[1]
 
@@ -133,15 +170,22 @@ class _RoutedRead(torch.autograd.Function):
         (weight,) = ctx.saved_tensors
         buffer = ctx.buffer
         if not buffer.grad:
-            buffer.grad = [torch.zeros_like(d) for d in buffer.data]
+            buffer.grad = [torch.empty_like(d) for d in buffer.data]
         grad_w = None
         for grad_out, data, grad_data in zip((grad_keys, grad_values), buffer.data, buffer.grad, strict=True):
-            if grad_out is None:
-                continue
             gw = _mix_backward(
-                weight, grad_out, data, grad_data, buffer, ctx.layer_idx, ctx.runs, ctx.mode, ctx.needs_input_grad[0]
+                weight,
+                grad_out,
+                data,
+                grad_data,
+                buffer,
+                ctx.layer_idx,
+                ctx.runs,
+                ctx.mode,
+                ctx.needs_input_grad[0],
             )
             grad_w = gw if grad_w is None else grad_w + gw
+        buffer.mark_ready(ctx.sources)
         grad_k, grad_v = buffer.take_grad(ctx.layer_idx, ctx.kv_shape)
         return grad_w, grad_k, grad_v, None, None, None, None
 

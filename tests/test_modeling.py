@@ -160,6 +160,17 @@ def test_gradients_reach_routers_and_earlier_kv_projections():
         assert layer.self_attn.v_proj.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("routing", ["full", "last-2", "dilated-2", "per-dim"])
+def test_second_backward_over_retained_graph_doubles_gradients(routing):
+    model = make(routing)
+    loss = model(torch.randint(0, 50, (2, 6))).logits.square().mean()
+    loss.backward(retain_graph=True)
+    once = {n: p.grad.clone() for n, p in model.named_parameters()}
+    loss.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, 2 * once[n], msg=n)
+
+
 def test_router_layout_and_init():
     model = make("full", kv=4)
     layers = model.model.layers
