@@ -356,3 +356,30 @@ def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckp
     assert _read_json(tmp_path / "r" / "entropy_values.json")["rows"] == _read_json(
         tmp_path / "e" / "entropy_values.json")["rows"]
     assert {r["model"] for r in _read_json(tmp_path / "r" / "router.json")["rows"]} == {"lime"}  # LIMe only
+
+
+def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, text_file, monkeypatch):
+    import lime_probe.extract as extract_mod
+
+    monkeypatch.setattr(extract_mod, "SHARD_BYTES", 1)  # a cache shard after every batch
+    real_forward, calls = extract_mod._forward, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_forward(*a, **k)
+
+    argv = ["entropy", "--ckpt", ckpts["llama"], "--data", text_file, "--batch-size", 4, "--max-length", 16,
+            "--cache", tmp_path / "cache"]
+    monkeypatch.setattr(extract_mod, "_forward", interrupted)
+    code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "out")
+    assert code == 130 and "interrupted" in err
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["cache"]
+    calls.clear()
+    monkeypatch.setattr(extract_mod, "_forward", lambda *a, **k: calls.append(1) or real_forward(*a, **k))
+    assert run_cli(capsys, *argv, "--out", tmp_path / "out")[0] == 0
+    assert len(calls) == 5 - 2  # 18 texts in batches of 4: the 2 batches cached before Ctrl-C are reused
+    assert run_cli(capsys, *argv[:-2], "--no-cache", "--out", tmp_path / "fresh")[0] == 0
+    resumed = _read_json(tmp_path / "out" / "entropy_values.json")["rows"]
+    assert resumed == _read_json(tmp_path / "fresh" / "entropy_values.json")["rows"]
