@@ -9,6 +9,9 @@ results as JSON and CSV (settings, checkpoint identity and versions recorded; se
 Output is staged in a hidden temporary folder beside ``--out`` and moved in only when the
 command succeeds, so a failure or Ctrl-C never leaves half-written files there. Exit codes:
 0 done, 2 bad usage or input (one line on stderr), 1 an unexpected failure, 130 interrupted.
+
+The probes, nnsight and torch are imported inside the commands, so ``--help`` and usage errors
+answer at once.
 """
 
 from __future__ import annotations
