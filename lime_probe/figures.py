@@ -331,6 +331,7 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Sequence[float]]], *, s
                 ax.plot(x, loss, color=color(i), linestyle=LINESTYLES[i % len(LINESTYLES)], label=label)
         axes[0, 0].set(xlabel="training FLOPs", ylabel="training loss [nats/token]", xscale="log",
                        title="Loss vs compute")
+        axes[0, 0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no clutter
         axes[0, 1].set(xlabel="training tokens", title="Loss vs data")
         axes[0, 1].ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
         axes[0, 0].legend()
