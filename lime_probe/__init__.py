@@ -1,1 +1,70 @@
-"""Probes of representation collapse for LIMe, LLaMA and any Hugging Face checkpoint."""
+"""Probes of representation collapse for LIMe, LLaMA and any Hugging Face checkpoint.
+
+    import lime_probe
+    model, tok = lime_probe.load("runs/lime")                 # a checkpoint dir or hub id
+    acts = lime_probe.extract(model, tok, texts, sites=["values", "hidden"])
+    acts["values"][3]                                          # (n_tokens, dim), padding removed
+    lime_probe.matrix_entropy(Z, alpha=1.0)                    # Z: (..., t, d) -> (...)
+
+Sites: ``hidden`` (residual stream X_0..X_L), ``final`` (after the final norm), ``values`` and
+``keys`` (the W_V / W_K outputs, which the paper's text calls values), and for LIMe
+``routed_values`` / ``routed_keys`` (the router's output, what the heads attend to; the official
+analysis code records these for LIMe).
+
+``load`` and ``extract`` are imported eagerly (their names are also submodule names, which
+would otherwise shadow them); the probes are imported on first use.
+"""
+
+from importlib import import_module
+
+from .extract import Activations as Activations
+from .extract import extract as extract
+from .load import load as load
+from .load import wrap as wrap
+
+_EXPORTS = {
+    "Adapter": "adapters",
+    "register_adapter": "adapters",
+    "matrix_entropy": "entropy",
+    "layer_entropy": "entropy",
+    "layer_entropies": "entropy",
+    "EntropyAccumulator": "entropy",
+    "EntropyConfig": "entropy",
+    "EntropyResult": "entropy",
+    "FeatureMoments": "entropy",
+    "PRESETS": "entropy",
+    "bootstrap_ci": "stats",
+    "summarize": "stats",
+    "token_separability": "separability",
+    "word_token_ids": "separability",
+    "word_rows": "separability",
+    "balance_classes": "separability",
+    "ProbeResult": "separability",
+    "load_blimp": "blimp",
+    "blimp_probe": "blimp",
+    "score_minimal_pairs": "blimp",
+    "sentence_logprobs": "blimp",
+    "BlimpScores": "blimp",
+    "tsne_embed": "tsne",
+    "tsne_layers": "tsne",
+    "router_weights": "router",
+    "RouterAnalysis": "router",
+    "linear_cka": "similarity",
+    "cka_matrix": "similarity",
+    "effective_rank": "similarity",
+    "effective_ranks": "similarity",
+}
+
+__all__ = sorted([*_EXPORTS, "Activations", "extract", "load", "wrap"])
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'lime_probe' has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

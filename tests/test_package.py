@@ -1,0 +1,27 @@
+"""The package's public names resolve, and the documented quick start works on a tiny checkpoint."""
+
+import torch
+from helpers import save_tiny_checkpoint
+
+import lime_probe
+
+
+def test_every_export_resolves():
+    for name in lime_probe.__all__:
+        assert getattr(lime_probe, name) is not None, name
+
+
+def test_quick_start_from_the_docstring(tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
+    model, tok = lime_probe.load(str(ckpt))
+    texts = ["the cat is here", "dogs are there and were here"]
+    acts = lime_probe.extract(model, tok, texts, sites=["values", "hidden"], progress=False)
+    n_tokens = sum(len(tok(t)["input_ids"]) for t in texts)
+    values = acts["values"][0]
+    assert values.shape[0] == n_tokens
+    # matrix entropy of one sequence's values against the formula on its Gram matrix
+    Z = acts.sequences("values", 0)[0].double()
+    p = torch.linalg.eigvalsh(Z @ Z.T).clamp(min=0)
+    p = p / p.sum()
+    expected = -(p[p > 0] * p[p > 0].log()).sum()
+    assert torch.allclose(lime_probe.matrix_entropy(Z, alpha=1.0), expected, atol=1e-8)
