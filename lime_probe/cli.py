@@ -10,8 +10,7 @@ Output is staged in a hidden temporary folder beside ``--out`` and moved in only
 command succeeds, so a failure or Ctrl-C never leaves half-written files there. Exit codes:
 0 done, 2 bad usage or input (one line on stderr), 1 an unexpected failure, 130 interrupted.
 
-The probes, nnsight and torch are imported inside the commands, so ``--help`` and usage errors
-answer at once.
+Each command imports the probes it uses when it runs, so a command loads only what it needs.
 """
 
 from __future__ import annotations
