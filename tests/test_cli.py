@@ -359,7 +359,9 @@ def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckp
 
 
 def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, text_file, monkeypatch):
-    import lime_probe.extract as extract_mod
+    import importlib
+
+    extract_mod = importlib.import_module("lime_probe.extract")  # the module; lime_probe.extract is the function
 
     monkeypatch.setattr(extract_mod, "SHARD_BYTES", 1)  # a cache shard after every batch
     real_forward, calls = extract_mod._forward, []
