@@ -52,6 +52,10 @@ from lime_probe.report import Section, Table, write_report
 from lime_probe.results import read_metrics, run_metadata, write_results
 
 NUMBER_SETS = {"1-4": (1, 2, 3, 4), "100-103": (100, 101, 102, 103)}
+NUMBER_NOTE = ("A number's representation is the one at its last digit, the first position where a causal "
+               "model has read all of it; only whole numbers count (the 1 and 0 inside 103 are not occurrences "
+               "of 1 or 0). The texts are held-out test expressions plus 4-operand expressions built to reach "
+               "100-103, which random expressions rarely do.")
 _WHOLE_NUMBER = re.compile(r"(?<!\d)\d+(?!\d)")
 
 
@@ -245,12 +249,12 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         for key, numbers in NUMBER_SETS.items():
             feats = {c.label: number_features(c, probe_texts, "hidden", numbers, extract_kw) for c in cks}
             slug = key.replace("-", "_")
-            analyses.append(separability_from_features(feats, site="hidden", classes=numbers,
-                                                       name=f"separability_numbers_{slug}", what=f"numbers {key}",
-                                                       seed=seed))
-            analyses.append(tsne_from_features(feats, site="hidden", name=f"tsne_numbers_{slug}",
-                                               what=f"numbers {key}", per_class=settings.per_number,
-                                               perplexity=settings.perplexity, seed=seed))
+            for a in (separability_from_features(feats, site="hidden", classes=numbers, seed=seed,
+                                                 name=f"separability_numbers_{slug}", what=f"numbers {key}"),
+                      tsne_from_features(feats, site="hidden", name=f"tsne_numbers_{slug}", what=f"numbers {key}",
+                                         per_class=settings.per_number, perplexity=settings.perplexity, seed=seed)):
+                a.text += " " + NUMBER_NOTE
+                analyses.append(a)
 
         _stage(6, n, "router weights of LIMe")
         analyses.append(router_analysis([c for c in cks if c.label == "LIMe"]))
