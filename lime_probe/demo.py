@@ -37,6 +37,7 @@ from lime_model.tasks.arithmetic import make_sample
 from lime_model.train import prepare_data, train
 from lime_probe import figures as F
 from lime_probe.cli import (
+    Analysis,
     Checkpoint,
     check_class_counts,
     entropy_analysis,
@@ -48,8 +49,8 @@ from lime_probe.cli import (
     write_analysis,
 )
 from lime_probe.load import load
-from lime_probe.report import Section, Table, write_report
-from lime_probe.results import read_metrics, run_metadata, write_results
+from lime_probe.report import write_report
+from lime_probe.results import read_metrics, run_metadata
 
 NUMBER_SETS = {"1-4": (1, 2, 3, 4), "100-103": (100, 101, 102, 103)}
 NUMBER_NOTE = ("A number's representation is the one at its last digit, the first position where a causal "
@@ -138,15 +139,40 @@ def sample_text(sample, tokenizer) -> str:
     return tokenizer.bos_token + sample.prompt + sample.solution + tokenizer.eos_token
 
 
-def number_features(ck, texts: Sequence[str], site: str, numbers: Collection[int],
-                    extract_kw: dict | None = None) -> tuple[dict, np.ndarray]:
-    """Representations at whole-number occurrences of ``numbers`` (see the module docstring):
-    ({layer: (n, d)}, labels (n,) as strings)."""
-    acts = extract_site(ck, texts, site, extract_kw)
-    rows, labels = number_rows(acts.offsets, acts.token_ids, ck.tokenizer, numbers)
+def number_features(acts, tokenizer, site: str, numbers: Collection[int], label: str) -> tuple[dict, np.ndarray]:
+    """Representations at whole-number occurrences of ``numbers`` (see the module docstring) in an
+    extraction ``acts`` (``pool="none"``) of ``site``: ({layer: (n, d)}, labels (n,) as strings).
+    ValueError naming ``label`` if a number occurs fewer than 5 times."""
+    rows, labels = number_rows(acts.offsets, acts.token_ids, tokenizer, numbers)
     labels = np.array([str(n) for n in labels], dtype=object)
-    check_class_counts(labels, [str(n) for n in numbers], 5, f"{ck.label}: numbers")
+    check_class_counts(labels, [str(n) for n in numbers], 5, f"{label}: numbers")
     return {layer: acts[site][layer][rows] for layer in acts[site]}, labels
+
+
+def accuracy_analysis(cks: Sequence[Checkpoint]) -> Analysis:
+    """Arithmetic accuracy by operand count, as each run's trainer measured it (arithmetic_eval.json)."""
+    acc = {}
+    for c in cks:
+        measured = json.loads((Path(c.source) / "arithmetic_eval.json").read_text())["accuracy"]
+        acc[c.label] = {int(k): v for k, v in measured.items()}
+    rows = [{"model": m, "n_operands": k, "accuracy": v} for m, a in acc.items() for k, v in a.items()]
+    return Analysis("arithmetic_accuracy", "Arithmetic accuracy by operand count", rows,
+                    text=("Exact final answer by greedy generation on the held-out expressions, per operand count "
+                          "(paper Figure 4b)."),
+                    figures={"arithmetic_accuracy": F.plot_accuracy_by_operands(acc)})
+
+
+def training_analysis(cks: Sequence[Checkpoint]) -> Analysis:
+    """Training loss against FLOPs and tokens from each run's metrics.jsonl (paper Figures 1, 10)."""
+    metrics = {c.label: read_metrics(c.source) for c in cks}
+    rows = [{"model": m, **dict(zip(cols, record, strict=True))}
+            for m, cols in metrics.items() for record in zip(*cols.values(), strict=True)]
+    summary = [{"model": m, "steps": int(cols["step"][-1]), "tokens": int(cols["tokens"][-1]),
+                "flops": float(cols["flops"][-1]), "final_loss": float(cols["loss"][-1])} for m, cols in metrics.items()]
+    return Analysis("training_curves", "Training curves", rows,
+                    text="Training loss (nats per target token) logged by the trainer, against cumulative training "
+                         "FLOPs (3 x forward) and tokens.",
+                    figures={"training_curves": F.plot_training_curves(metrics)}, summary=summary)
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -215,28 +241,13 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         tok = cks[0].tokenizer
         recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
         test = prepare_data(recipe).test_samples
-        steps, n_test = recipe["steps"], recipe["arithmetic"]["test_per_operand"]
+        steps = recipe["steps"]
         extract_kw = {"max_length": recipe["seq_len"], "batch_size": 32, "cache_dir": None}
-        sections, analyses = [], []
 
         _stage(3, n, "accuracy by operand count and training curves")
-        acc = {c.label: {int(k): v for k, v in json.loads((Path(c.source) / "arithmetic_eval.json").read_text())
-                         ["accuracy"].items()} for c in cks}
-        acc_rows = [{"model": m, "n_operands": k, "accuracy": v} for m, a in acc.items() for k, v in a.items()]
-        write_results(out / "arithmetic_accuracy", acc_rows, meta=meta)
-        F.save_figure(fig_acc := F.plot_accuracy_by_operands(acc), out / "arithmetic_accuracy")
-        metrics = {c.label: read_metrics(c.source) for c in cks}
-        write_results(out / "training_curves", [{"model": m, **dict(zip(cols, vals, strict=True))}
-                                                 for m, cols in metrics.items() for vals in zip(*cols.values(),
-                                                                                                strict=True)],
-                      meta=meta)
-        F.save_figure(fig_train := F.plot_training_curves(metrics), out / "training_curves")
-        sections.append(Section(
-            "Task accuracy and training curves",
-            text=(f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
-                  "they differ only in routing (LIMe: full, LLaMA: none). Accuracy is the exact final answer by "
-                  f"greedy generation on {n_test} held-out expressions per operand count."),
-            figures=[fig_acc, fig_train], tables=[Table("accuracy", acc_rows)]))
+        analyses = [accuracy_analysis(cks), training_analysis(cks)]
+        analyses[0].text = (f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
+                            "they differ only in routing (LIMe: full, LLaMA: none). " + analyses[0].text)
 
         _stage(4, n, "matrix entropy of values and hidden states")
         texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
@@ -246,8 +257,9 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         _stage(5, n, "separability and t-SNE of close numbers")
         probe_texts = [sample_text(s, tok) for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number,
                                                                         seed)]
+        acts = {c.label: extract_site(c, probe_texts, "hidden", extract_kw) for c in cks}
         for key, numbers in NUMBER_SETS.items():
-            feats = {c.label: number_features(c, probe_texts, "hidden", numbers, extract_kw) for c in cks}
+            feats = {c.label: number_features(acts[c.label], c.tokenizer, "hidden", numbers, c.label) for c in cks}
             slug = key.replace("-", "_")
             for a in (separability_from_features(feats, site="hidden", classes=numbers, seed=seed,
                                                  name=f"separability_numbers_{slug}", what=f"numbers {key}"),
@@ -262,7 +274,6 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         _stage(7, n, "writing results, figures and the report")
         for a in analyses:
             write_analysis(a, out, meta)
-            sections.append(section_for(a))
         report = write_report(out / "report.html", "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
-                              sections, meta=meta)
+                              [section_for(a) for a in analyses], meta=meta)
     return report
