@@ -551,7 +551,7 @@ EXAMPLES = {
     "router": "lime-probe router --ckpt runs/lime --label LIMe --out out/router",
     "report": "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
               "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
-    "demo": "lime-probe demo                 # about 5 minutes on 2 CPU cores, writes figures/\n"
+    "demo": "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
             "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
 }
 
