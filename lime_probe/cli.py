@@ -585,8 +585,9 @@ def _checkpoint_options(p: argparse.ArgumentParser, *, data: str) -> None:
         g.add_argument("--data", required=data == "required", metavar="SPEC",
                        help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
                             + ("" if data == "required" else " (only for routing 'dynamic')"))
-    g.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
-                   help="use at most N sequences (default: %(default)s)")
+    if data != "blimp":  # BLiMP is limited per paradigm by --max-pairs
+        g.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
+                       help="use at most N sequences (default: %(default)s)")
     g.add_argument("--max-length", type=_positive, default=256, metavar="T",
                    help="truncate each sequence to T tokens (default: %(default)s)")
     g.add_argument("--max-tokens", type=_positive, default=None, metavar="N",
