@@ -11,18 +11,16 @@ Sites: ``hidden`` (residual stream X_0..X_L), ``final`` (after the final norm), 
 ``routed_values`` / ``routed_keys`` (the router's output, what the heads attend to; the official
 analysis code records these for LIMe).
 
-``load`` and ``extract`` are imported eagerly (their names are also submodule names, which
-would otherwise shadow them); the probes are imported on first use.
+Names are imported on first use, so ``import lime_probe`` (and ``lime-probe --help``) stays cheap.
 """
 
 from importlib import import_module
 
-from .extract import Activations as Activations
-from .extract import extract as extract
-from .load import load as load
-from .load import wrap as wrap
-
 _EXPORTS = {
+    "load": "loading",
+    "wrap": "loading",
+    "extract": "extraction",
+    "Activations": "extraction",
     "Adapter": "adapters",
     "register_adapter": "adapters",
     "matrix_entropy": "entropy",
@@ -55,7 +53,7 @@ _EXPORTS = {
     "effective_ranks": "similarity",
 }
 
-__all__ = sorted([*_EXPORTS, "Activations", "extract", "load", "wrap"])
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):

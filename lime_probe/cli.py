@@ -72,7 +72,7 @@ def labels_for(ckpts: Sequence[str], labels: Sequence[str] | None) -> list[str]:
 def load_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None, device: str) -> list[Checkpoint]:
     """Load every checkpoint with ``lime_probe.load`` (errors name the offending path)."""
     names = labels_for(ckpts, labels)
-    from lime_probe.load import load
+    from lime_probe.loading import load
 
     out = []
     for label, ckpt in zip(names, ckpts, strict=True):
@@ -124,7 +124,7 @@ def _layer_list(spec: str | None) -> list[int] | None:
 def extract_site(ck: Checkpoint, texts: Sequence[str], site: str, extract_kw: dict | None = None, **kw):
     """``lime_probe.extract`` of one site for one checkpoint; ``extract_kw`` holds the size limits,
     cache and layers (see ``extract_options``)."""
-    from lime_probe.extract import extract
+    from lime_probe.extraction import extract
 
     if site not in SITES:
         raise ValueError(f"unknown site {site!r}; choose from {', '.join(SITES)}")

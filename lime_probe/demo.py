@@ -48,7 +48,7 @@ from lime_probe.cli import (
     tsne_from_features,
     write_analysis,
 )
-from lime_probe.load import load
+from lime_probe.loading import load
 from lime_probe.report import write_report
 from lime_probe.results import read_metrics, run_metadata
 

@@ -9,7 +9,7 @@ from helpers import tiny_config, tiny_model, tiny_tokenizer
 from transformers import AutoModel
 
 from lime_probe.adapters import ADAPTERS, Adapter, get_adapter, proj_sites, register_adapter
-from lime_probe.extract import extract
+from lime_probe.extraction import extract
 
 TEXTS = ["The cat is on the mat and the dogs are in the garden.", "It was", "A model is a function."]
 

@@ -124,8 +124,8 @@ def test_format_table_aligns_columns():
 
 def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file):
     from lime_probe.entropy import layer_entropies
-    from lime_probe.extract import extract
-    from lime_probe.load import load
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
 
     out = tmp_path / "out"
     code, stdout, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--ckpt", ckpts["bert"], "--label",
@@ -219,8 +219,8 @@ def _ok(capsys, *argv) -> str:
 
 
 def _word_features(ckpt, site, words=cli.DEFAULT_WORDS):
-    from lime_probe.extract import extract
-    from lime_probe.load import load
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
     from lime_probe.separability import word_rows, word_token_ids
 
     model, tok = load(ckpt)
@@ -273,8 +273,8 @@ def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
 
 
 def test_cka_matches_the_library(capsys, tmp_path, ckpts, text_file):
-    from lime_probe.extract import extract
-    from lime_probe.load import load
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
     from lime_probe.similarity import cka_matrix, effective_ranks
 
     _ok(capsys, "cka", "--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32, "--out", tmp_path / "o",
@@ -289,7 +289,7 @@ def test_cka_matches_the_library(capsys, tmp_path, ckpts, text_file):
 
 
 def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
-    from lime_probe.load import load
+    from lime_probe.loading import load
     from lime_probe.router import router_weights
 
     _ok(capsys, "router", "--ckpt", ckpts["lime"], "--label", "LIMe", "--out", tmp_path / "o")
@@ -315,8 +315,8 @@ def blimp_dir(tmp_path_factory) -> Path:
 
 def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
     from lime_probe.blimp import blimp_probe, load_blimp, score_minimal_pairs
-    from lime_probe.extract import extract
-    from lime_probe.load import load
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
 
     _ok(capsys, "blimp", "--ckpt", ckpts["llama"], "--ckpt", ckpts["bert"], "--data", blimp_dir, "--max-pairs", 10,
         "--out", tmp_path / "o", "--no-cache")
@@ -361,7 +361,7 @@ def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckp
 def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, text_file, monkeypatch):
     import importlib
 
-    extract_mod = importlib.import_module("lime_probe.extract")  # the module; lime_probe.extract is the function
+    extract_mod = importlib.import_module("lime_probe.extraction")
 
     monkeypatch.setattr(extract_mod, "SHARD_BYTES", 1)  # a cache shard after every batch
     real_forward, calls = extract_mod._forward, []

@@ -59,8 +59,8 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     from lime_probe import cli
     from lime_probe.demo import NUMBER_SETS, QUICK, probe_samples, sample_text
     from lime_probe.entropy import layer_entropies
-    from lime_probe.extract import extract
-    from lime_probe.load import load
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
     from lime_probe.router import router_weights
 
     out, runs = tmp_path / "figures", tmp_path / "runs"

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from lime_probe.extract import extract, pad_batch
+from lime_probe.extraction import extract, pad_batch
 
 TEXTS = [
     "The cat is on the mat and the dogs are in the garden.",
@@ -173,7 +173,7 @@ def test_works_from_python_dash_c(tmp_path):
     from pathlib import Path
 
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from helpers import tiny_tokenizer, tiny_model; "
-            "from lime_probe.extract import extract; tok = tiny_tokenizer(); "
+            "from lime_probe.extraction import extract; tok = tiny_tokenizer(); "
             "acts = extract(tiny_model('gpt2', tok), tok, ['The cat is here'], sites=['values'], progress=False); "
             "print(tuple(acts['values'][1].shape))")
     out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,

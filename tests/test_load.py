@@ -5,8 +5,8 @@ import torch
 import transformers as tf
 from helpers import save_tiny_checkpoint
 
-from lime_probe.extract import extract
-from lime_probe.load import _is_hub_id, load
+from lime_probe.extraction import extract
+from lime_probe.loading import _is_hub_id, load
 
 
 @pytest.mark.parametrize("arch", ["llama", "lime", "gpt2", "gpt_neox", "bert"])

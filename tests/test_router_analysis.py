@@ -140,7 +140,7 @@ def test_nnsight_wrapped_model():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from lime_probe.load import wrap
+    from lime_probe.loading import wrap
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")),
                                   unk_token="[UNK]", pad_token="[UNK]")

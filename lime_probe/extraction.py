@@ -48,7 +48,7 @@ from .cache import (
     texts_hash,
     tokenizer_fingerprint,
 )
-from .load import wrap
+from .loading import wrap
 
 SITES = ("hidden", "final", "keys", "values", "routed_keys", "routed_values")
 POOLS = ("none", "mean")
