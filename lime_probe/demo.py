@@ -36,7 +36,8 @@ from lime_model.recipes import load_recipe
 from lime_model.tasks.arithmetic import make_sample
 from lime_model.train import prepare_data, train
 from lime_probe import figures as F
-from lime_probe.cli import (
+from lime_probe.loading import load
+from lime_probe.pipelines import (
     Analysis,
     Checkpoint,
     check_class_counts,
@@ -48,7 +49,6 @@ from lime_probe.cli import (
     tsne_from_features,
     write_analysis,
 )
-from lime_probe.loading import load
 from lime_probe.report import write_report
 from lime_probe.results import read_metrics, run_metadata
 

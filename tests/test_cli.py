@@ -13,6 +13,7 @@ import pytest
 from helpers import save_tiny_checkpoint
 
 from lime_probe import cli
+from lime_probe.pipelines import DEFAULT_WORDS
 
 COMMANDS = ["entropy", "separability", "tsne", "blimp", "cka", "router", "report", "demo"]
 TEXTS = [
@@ -218,7 +219,7 @@ def _ok(capsys, *argv) -> str:
     return stdout
 
 
-def _word_features(ckpt, site, words=cli.DEFAULT_WORDS):
+def _word_features(ckpt, site, words=DEFAULT_WORDS):
     from lime_probe.extraction import extract
     from lime_probe.loading import load
     from lime_probe.separability import word_rows, word_token_ids
