@@ -6,10 +6,10 @@ Layout of one cached extraction (``<cache_dir>/<model_type>-<key hash>/``)::
                               "complete": bool}
     shard-00000.safetensors  tensors "<site>/<layer>" (rows, dim), "offsets" (n_seq+1,), "token_ids" (rows,)
 
-The key holds everything that decides the result: the checkpoint's identity (its path and the size
-and mtime of its weight files, or the hub revision, or, for a model built in memory, a hash of its
-parameters), hashes of the texts and of the tokenizer with the truncation limits, the extraction
-settings and the library versions.
+The key holds everything that decides the result: the checkpoint's identity (its path, a
+fingerprint of its config and weights and the size and mtime of its weight files, or the hub
+revision, or, for a model built in memory, a hash of its parameters), hashes of the texts and of
+the tokenizer with the truncation limits, the extraction settings and the library versions.
 A second run with the same key reuses the shards; a run that was interrupted resumes after the last
 shard listed in the manifest. Every file is written to a temporary name and moved into place with
 `os.replace`, shard first and manifest second, so a crash never leaves a listed shard half-written.
@@ -28,8 +28,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from lime_probe import results
+
 MANIFEST = "manifest.json"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def _sha256(data: bytes) -> str:
@@ -44,20 +45,17 @@ def fingerprint(obj: Any) -> str:
 def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     """What identifies the weights of a Hugging Face `model`.
 
-    A local checkpoint: its resolved path plus name, size and mtime of each weight file (cheap, and
-    changes whenever the weights are rewritten). A hub checkpoint: its id and commit. A model built
-    in memory: a hash of all parameters and buffers (exact, costs one pass over the weights).
+    A local or hub checkpoint: `lime_probe.results.checkpoint_identity` of the folder it was loaded
+    from (path, config and weights fingerprint, each weight file's size and mtime, so rewriting the
+    weights changes it) or of its hub id and commit. A model built in memory: a hash of all
+    parameters and buffers (exact, costs one pass over the weights).
     A loaded checkpoint whose weights are then changed in memory still reads as the checkpoint:
     give such a model a fresh cache folder.
     """
     source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
-    if source and Path(source).is_dir():
-        files = sorted(p for p in Path(source).iterdir() if p.suffix in WEIGHT_SUFFIXES)
-        return {"path": str(Path(source).resolve()),
-                "weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
     commit = getattr(model.config, "_commit_hash", None)
-    if source and commit:
-        return {"hub": source, "revision": commit}
+    if source and (Path(source).is_dir() or commit):
+        return results.checkpoint_identity(source, revision=commit)
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())

@@ -45,16 +45,19 @@ def versions() -> dict[str, str]:
     return out
 
 
-def checkpoint_identity(ckpt: str | os.PathLike) -> dict:
-    """Identity of a checkpoint: a local directory's resolved path, model type and fingerprint,
-    or a hub id as given.
+def checkpoint_identity(ckpt: str | os.PathLike, revision: str | None = None) -> dict:
+    """Identity of a checkpoint: for a local directory its resolved path, model type, architectures,
+    routing (LIMe), fingerprint and weight files; for anything else a hub id as given, with its
+    ``revision`` (commit) when known.
 
-    The fingerprint is a SHA-256 over config.json and, per weights file, its name, size and
-    first and last MiB; it changes whenever the weights are re-saved with different values.
+    The fingerprint is a SHA-256 over config.json and, per weights file, its name, size and first
+    and last MiB: it follows the content, so a copied checkpoint keeps it. ``weights`` lists each
+    file's ``[name, size, mtime_ns]``, so the identity as a whole also changes whenever a file is
+    rewritten (the activation cache keys on the whole identity).
     """
     path = Path(ckpt)
     if not path.is_dir():
-        return {"id": str(ckpt), "source": "hub"}
+        return {"id": str(ckpt), "source": "hub", **({"revision": revision} if revision else {})}
     ident: dict = {"path": str(path.resolve()), "source": "local"}
     config_file = path / "config.json"
     h = hashlib.sha256()
@@ -69,7 +72,8 @@ def checkpoint_identity(ckpt: str | os.PathLike) -> dict:
         ident["architectures"] = config.get("architectures")
         if config.get("routing") is not None:
             ident["routing"] = config["routing"]
-    for f in sorted(p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES and p.is_file()):
+    files = sorted(p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES and p.is_file())
+    for f in files:
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
         with f.open("rb") as fh:
@@ -78,6 +82,7 @@ def checkpoint_identity(ckpt: str | os.PathLike) -> dict:
                 fh.seek(-_HASH_BYTES, os.SEEK_END)
                 h.update(fh.read(_HASH_BYTES))
     ident["fingerprint"] = h.hexdigest()[:16]
+    ident["weights"] = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
     return ident
 
 

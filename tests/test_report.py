@@ -4,6 +4,7 @@ import base64
 import csv
 import json
 import math
+import os
 import re
 from html.parser import HTMLParser
 
@@ -92,9 +93,17 @@ def test_checkpoint_identity_changes_with_weights(tmp_path):
     a = checkpoint_identity(tmp_path)
     assert a["model_type"] == "lime" and a["routing"] == "full" and re.fullmatch("[0-9a-f]{16}", a["fingerprint"])
     assert checkpoint_identity(tmp_path) == a
+    st = (tmp_path / "model.safetensors").stat()
+    assert a["weights"] == [["model.safetensors", st.st_size, st.st_mtime_ns]]
+    os.utime(tmp_path / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten, same bytes
+    touched = checkpoint_identity(tmp_path)
+    assert touched["fingerprint"] == a["fingerprint"] and touched != a  # the cache key changes, the content id not
     save_file({"w": torch.ones(3)}, tmp_path / "model.safetensors")
     assert checkpoint_identity(tmp_path)["fingerprint"] != a["fingerprint"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "lime", "routing": "average"}))
+    assert checkpoint_identity(tmp_path)["routing"] == "average"
     assert checkpoint_identity("org/model") == {"id": "org/model", "source": "hub"}
+    assert checkpoint_identity("org/model", revision="abc") == {"id": "org/model", "source": "hub", "revision": "abc"}
 
 
 def test_to_jsonable_handles_numpy_torch_and_nonfinite():
