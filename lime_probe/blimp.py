@@ -55,15 +55,40 @@ def _local_files(source: Path, paradigms: Sequence[str] | None) -> list[Path]:
     return [by_name[p] for p in paradigms]
 
 
-def _first_record(path: Path) -> dict:
+def _read_jsonl(path: Path) -> list[dict]:
+    """The records of one BLiMP JSONL file, each checked for `REQUIRED_FIELDS`."""
+    records = []
     with open(path, encoding="utf-8") as f:
-        line = f.readline()
-    if not line.strip():
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON line ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON object")
+            _check_fields(list(record), f"{path}:{n}")
+            records.append(record)
+    if not records:
         raise ValueError(f"{path}: empty file")
+    return records
+
+
+def _records_to_dataset(records: Sequence[dict], where: str) -> Any:
+    """A `datasets.Dataset` with the union of the records' fields (None where a record lacks one).
+
+    Paradigm files differ in their optional fields (`one_prefix_*`, `two_prefix_*`, `crucial_item`, ...),
+    so one schema cannot be inferred from the first file (as `load_dataset("json")` does).
+    """
+    import datasets
+
+    columns = list(dict.fromkeys(k for r in records for k in r))
     try:
-        return json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON lines ({e})") from None
+        return datasets.Dataset.from_dict({c: [r.get(c) for r in records] for c in columns})
+    except (TypeError, ValueError, OverflowError) as e:  # pyarrow: a field with mixed types across records
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"could not read BLiMP JSONL {where}: {first}") from None
 
 
 def load_blimp(
@@ -94,14 +119,7 @@ def load_blimp(
             raise FileNotFoundError(f"BLiMP source not found: {src}")
         # A single folder: pick the paradigms' files by name; otherwise the UID filter below selects.
         files += _local_files(src, paradigms if len(sources) == 1 and src.is_dir() else None)
-    for f in files:
-        _check_fields(list(_first_record(f)), str(f))
-    try:
-        ds = datasets.load_dataset("json", data_files=[str(f) for f in files], split="train")
-    except Exception as e:  # datasets raises many types for malformed files; report one line
-        first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"could not read BLiMP JSONL {[f.name for f in files]}: {first}") from None
-    _check_fields(ds.column_names, str(source))
+    ds = _records_to_dataset([r for f in files for r in _read_jsonl(f)], str(source))
     if paradigms is not None:
         wanted = set(paradigms)
         ds = ds.filter(lambda uid: uid in wanted, input_columns="UID")

@@ -139,6 +139,31 @@ def test_load_blimp_local(tmp_path):
         load_blimp(tmp_path / "empty")
 
 
+def test_load_blimp_paradigms_with_different_optional_fields(tmp_path):
+    """Regression: two 30-line paradigm files whose optional fields differ (as in the release, where
+    only some paradigms carry `one_prefix_*`). `load_dataset("json")` took the schema from the first
+    file and failed on the second ("An error occurred while generating the dataset")."""
+    base = {"field": "syntax", "simple_LM_method": True, "one_prefix_method": False, "two_prefix_method": False,
+            "lexically_identical": True}
+    island = [{"sentence_good": f"who did {i} see ?", "sentence_bad": f"who {i} did see ?", **base,
+               "linguistics_term": "island_effects", "UID": "adjunct_island", "pairID": str(i)} for i in range(30)]
+    anaphor = [{"sentence_good": f"she {i} helps herself .", "sentence_bad": f"she {i} helps himself .", **base,
+                "one_prefix_prefix": f"she {i} helps", "one_prefix_word_good": "herself",
+                "one_prefix_word_bad": "himself", "linguistics_term": "anaphor_agreement",
+                "UID": "anaphor_gender_agreement", "pairID": str(i)} for i in range(30)]
+    for name, records in (("adjunct_island", island), ("anaphor_gender_agreement", anaphor)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ds = load_blimp(tmp_path)
+    # adjunct_island sorts first; the rows it lacks fields for read as None
+    want = [{**dict.fromkeys(anaphor[0]), **r} for r in island + anaphor]
+    assert len(ds) == 60 and set(ds.column_names) == set(anaphor[0])
+    assert [ds[i] for i in range(len(ds))] == want
+    assert list(load_blimp(tmp_path, paradigms=["adjunct_island"])["pairID"]) == [str(i) for i in range(30)]
+    (tmp_path / "adjunct_island.jsonl").write_text(json.dumps({**island[0], "pairID": 0}) + "\n")
+    with pytest.raises(ValueError, match="could not read BLiMP JSONL"):  # pairID an int here, a string there
+        load_blimp(tmp_path)
+
+
 def test_blimp_probe_known_answers_and_grouped_folds():
     g = np.random.default_rng(0)
     n, d = 40, 6
