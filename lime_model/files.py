@@ -1,0 +1,98 @@
+"""All-or-nothing file and folder writes, shared by lime_model and lime_probe.
+
+Everything is written under a temporary name in the destination's own folder (so the final
+``os.replace`` is a same-filesystem rename) and renamed into place only once complete: a reader or
+a crashed run never sees a half-written file. The results get the permissions a plain ``open()``
+or ``mkdir()`` would give them (0o666 / 0o777 minus the umask), not mkstemp's private 0o600/0o700.
+
+* :func:`atomic_write` -- text or bytes, or a function that writes into the open binary file;
+* :func:`atomic_path` -- a temporary path for writers that want a file name (safetensors'
+  ``save_file``, matplotlib's ``savefig``);
+* :func:`atomic_dir` -- a temporary folder, published as a whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["atomic_dir", "atomic_path", "atomic_write", "umask"]
+
+
+@cache
+def umask() -> int:
+    """The process umask (read once: reading it means setting it, so it is set straight back)."""
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary file path beside ``path``; on normal exit it is fsynced, given mode
+    ``0o666 & ~umask`` and renamed onto ``path``. On an exception it is deleted and ``path`` is
+    untouched. The parent folder must exist.
+
+    >>> with atomic_path("model.safetensors") as tmp:  # doctest: +SKIP
+    ...     save_file(tensors, tmp)
+    """
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: str | os.PathLike, content: str | bytes | Callable[[BinaryIO], object]) -> Path:
+    """Write ``path`` all or nothing and return it (as a ``Path``).
+
+    ``content`` is text (written as UTF-8, newlines untranslated), bytes, or a function called with
+    the open binary file. The parent folder must exist.
+    """
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content.encode() if isinstance(content, str) else content)
+    return Path(path)
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside ``path``; on normal exit it gets mode ``0o777 & ~umask``
+    and replaces ``path`` (an existing folder at ``path`` is deleted first). On an exception the
+    temporary folder is deleted and ``path`` is untouched. The parent folder must exist.
+    """
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                _fsync(f)
+        os.chmod(tmp, 0o777 & ~umask())
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # os.replace cannot overwrite a non-empty folder
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
