@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import LlamaConfig
 
-from .routing import parse_routing
+from .routing import RoutingSpec, parse_routing
 
 
 class LimeConfig(LlamaConfig):
@@ -23,7 +23,13 @@ class LimeConfig(LlamaConfig):
         super().__init__(**kwargs)
         if self.attention_bias:
             raise ValueError("LIMe routes bias-free K/V projections; attention_bias=True is not supported")
+        heads, kv = self.num_attention_heads, self.num_key_value_heads
+        if kv < 1 or heads % kv:
+            raise ValueError(
+                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})"
+            )
 
     @property
-    def routing_spec(self):
+    def routing_spec(self) -> RoutingSpec:
+        """The parsed ``routing`` string (source sets per layer: :meth:`RoutingSpec.sources`)."""
         return parse_routing(self.routing)

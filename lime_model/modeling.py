@@ -102,6 +102,7 @@ class LimeDecoderLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``(B, T, hidden) -> (B, T, hidden)``; ``kwargs`` go to attention (mask, RoPE, cache, buffer)."""
         attn_out, _ = self.self_attn(self.input_layernorm(hidden_states), **kwargs)
         hidden_states = hidden_states + attn_out
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -150,6 +151,11 @@ class LimeModel(LimePreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
+        """``input_ids (B, T)`` or ``inputs_embeds (B, T, hidden)`` -> ``last_hidden_state (B, T, hidden)``.
+
+        One :class:`KVBuffer` per call collects every layer's raw K/V for the routers; with a cache it
+        covers only the new positions, which is all routing needs (it mixes K/V of the same position).
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:

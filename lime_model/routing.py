@@ -28,7 +28,6 @@ import re
 from dataclasses import dataclass
 
 SIMPLE_KINDS = ("none", "full", "average", "no-head-mix", "per-dim", "dynamic")
-PARAMETRIC_KINDS = ("first", "last", "dilated")
 _PARAMETRIC = re.compile(r"^(first|last|dilated)-(\d+)$")
 
 

@@ -129,17 +129,25 @@ def test_routing_none_equals_transformers_llama(kv):
     assert lime(ids, labels=ids).loss.item() == pytest.approx(llama(ids, labels=ids).loss.item(), abs=1e-6)
 
 
-@pytest.mark.parametrize("routing", ["full", "first-1", "last-2", "dilated-2", "per-dim"])
+@pytest.mark.parametrize(
+    "routing", ["full", "first-1", "last-2", "dilated-2", "per-dim", "no-head-mix", "dynamic"]
+)
 def test_identity_routers_equal_llama(routing):
     lime = make(routing)
     llama = LimeForCausalLM(LimeConfig(routing="none", num_key_value_heads=2, **SIZES)).eval()
     llama.load_state_dict({k: v for k, v in lime.state_dict().items() if ".router." not in k})
     with torch.no_grad():
         for layer in lime.model.layers:
-            w = layer.self_attn.router.weight
-            if w is not None:
-                w.zero_()
-                w[:, -2:][torch.arange(2), torch.arange(2)] = 1.0
+            router = layer.self_attn.router
+            if router.weight is None:
+                continue
+            router.weight.zero_()
+            if routing == "no-head-mix":  # [kv, S]: weight 1 on the own layer
+                router.weight[:, -1] = 1.0
+            else:
+                router.weight[:, -2:][torch.arange(2), torch.arange(2)] = 1.0
+            if routing == "dynamic":
+                router.proj.weight.zero_()
     ids = torch.randint(0, 50, (2, 8))
     torch.testing.assert_close(lime(ids).logits, llama(ids).logits)
 
@@ -224,6 +232,23 @@ def test_router_shapes_follow_source_sets():
 def test_bad_routing_specs_are_rejected(bad):
     with pytest.raises(ValueError, match="routing spec"):
         LimeConfig(routing=bad)
+
+
+def test_head_counts_must_divide():
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        LimeConfig(num_attention_heads=4, num_key_value_heads=3)
+
+
+def test_compiled_model_matches_eager():
+    model = make("full")
+    ids = torch.randint(0, 50, (2, 6))
+    compiled = torch.compile(model, backend="aot_eager")  # traces the custom autograd function
+    torch.testing.assert_close(compiled(ids).logits, model(ids).logits)
+    target = torch.randn(2, 6, 50)
+    grads = torch.autograd.grad((compiled(ids).logits * target).sum(), list(model.parameters()))
+    eager = torch.autograd.grad((model(ids).logits * target).sum(), list(model.parameters()))
+    for g, e in zip(grads, eager, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("routing", ["none", *VARIANTS])
