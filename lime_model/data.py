@@ -16,15 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from .files import atomic_write
 from .tokenization import tokenizer_hash
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -184,24 +183,3 @@ def packed_sequences(
         atomic_write(npy, lambda f: np.save(f, seqs, allow_pickle=False))
         atomic_write(npy.with_suffix(".json"), json.dumps(meta, indent=1))
     return seqs
-
-
-def atomic_write(path: str | os.PathLike, content: str | bytes | Callable[[BinaryIO], object]) -> None:
-    """Write ``path`` all or nothing: a temporary file beside it, fsynced, then renamed over it.
-
-    ``content`` is text, bytes, or a function that writes into the open binary file.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode() if isinstance(content, str) else content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -76,7 +76,12 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 
 
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
-    """A digest that changes whenever the tokenizer would split text differently."""
+    """A digest that changes whenever the tokenizer would split text differently: the full
+    serialisation of a fast tokenizer (vocabulary, merges, normaliser, special-token template),
+    else its class and vocabulary."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = repr([type(tokenizer).__name__, sorted(tokenizer.get_vocab().items())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -45,6 +45,7 @@ from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
 from .config import LimeConfig
+from .files import atomic_dir, atomic_write
 from .flops import forward_flops
 from .modeling import LimeForCausalLM
 from .optim import param_groups
@@ -184,15 +185,6 @@ def checkpoints(out_dir: Path) -> list[Path]:
     return sorted(root.glob("step-*"), key=lambda p: int(p.name[5:])) if root.is_dir() else []
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in [*path.rglob("*"), path]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _uses_fsdp(accelerator) -> bool:
     from accelerate.utils import DistributedType
 
@@ -242,34 +234,31 @@ def _save_checkpoint(
     opt_state = _named_optimizer_state(accelerator, model, optimizer)
     if accelerator.is_main_process:
         root = out_dir / CHECKPOINTS
-        final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        with _quiet_hf_progress():
-            accelerator.unwrap_model(model).save_pretrained(
-                tmp, state_dict=state_dict, safe_serialization=True
-            )
-        tokenizer.save_pretrained(tmp)
-        tensors = {
-            f"state/{name}/{k}": v.detach().cpu().contiguous()
-            for name, s in opt_state["state"].items()
-            for k, v in s.items()
-        }
-        tensors["rng/torch"] = torch.get_rng_state()
-        if torch.cuda.is_available():
-            tensors["rng/cuda"] = torch.cuda.get_rng_state()
-        save_file(tensors, tmp / STATE_TENSORS)
-        state = {
-            "step": step,
-            "world_size": accelerator.num_processes,
-            "recipe": identity(recipe),
-            "param_groups": opt_state["param_groups"],
-            "scheduler": scheduler.state_dict(),
-        }
-        (tmp / STATE_JSON).write_text(json.dumps(state, indent=1))
-        _fsync_tree(tmp)
-        if final.exists():  # the same step saved again (a resumed run): swap it out
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        root.mkdir(exist_ok=True)
+        # the same step saved again (a resumed run) is swapped out whole
+        with atomic_dir(root / f"step-{step:08d}") as tmp:
+            with _quiet_hf_progress():
+                accelerator.unwrap_model(model).save_pretrained(
+                    tmp, state_dict=state_dict, safe_serialization=True
+                )
+            tokenizer.save_pretrained(tmp)
+            tensors = {
+                f"state/{name}/{k}": v.detach().cpu().contiguous()
+                for name, s in opt_state["state"].items()
+                for k, v in s.items()
+            }
+            tensors["rng/torch"] = torch.get_rng_state()
+            if torch.cuda.is_available():
+                tensors["rng/cuda"] = torch.cuda.get_rng_state()
+            save_file(tensors, tmp / STATE_TENSORS)
+            state = {
+                "step": step,
+                "world_size": accelerator.num_processes,
+                "recipe": identity(recipe),
+                "param_groups": opt_state["param_groups"],
+                "scheduler": scheduler.state_dict(),
+            }
+            (tmp / STATE_JSON).write_text(json.dumps(state, indent=1))
         for old in checkpoints(out_dir)[: -recipe["keep_last"]]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
@@ -320,7 +309,7 @@ def _publish_final(out_dir: Path, ckpt: Path) -> None:
         if f.name in (STATE_JSON, STATE_TENSORS):
             continue
         with open(f, "rb") as src:
-            data_mod.atomic_write(out_dir / f.name, lambda dst, src=src: shutil.copyfileobj(src, dst))
+            atomic_write(out_dir / f.name, lambda dst, src=src: shutil.copyfileobj(src, dst))
 
 
 def _check_out_dir(out_dir: Path, recipe: Mapping[str, Any], resume: bool) -> Path | None:
@@ -447,7 +436,7 @@ def train(
 
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        data_mod.atomic_write(out_dir / "recipe.json", json.dumps(recipe, indent=1))
+        atomic_write(out_dir / "recipe.json", json.dumps(recipe, indent=1))
         data.tokenizer.save_pretrained(out_dir)  # resume reads the same tokenizer back
     torch.manual_seed(recipe["seed"])
     model = LimeForCausalLM(config)
@@ -467,7 +456,7 @@ def train(
     metrics_path = out_dir / "metrics.jsonl"
     if main and resume:  # drop lines logged after the checkpoint by an interrupted run
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        data_mod.atomic_write(
+        atomic_write(
             metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start)
         )
     seq_flops = 3 * forward_flops(config, recipe["seq_len"])
@@ -534,5 +523,5 @@ def evaluate_arithmetic(
         "n_test_per_operand": recipe["arithmetic"]["test_per_operand"],
         "routing": recipe["routing"],
     }
-    data_mod.atomic_write(run_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
+    atomic_write(run_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
     return acc

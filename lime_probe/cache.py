@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +26,23 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from lime_model.data import texts_hash
+from lime_model.files import atomic_path, atomic_write
+from lime_model.tokenization import tokenizer_hash as tokenizer_fingerprint
 from lime_probe import results
+from lime_probe.results import versions as library_versions
+
+# texts_hash, tokenizer_fingerprint and library_versions are re-exported for the cache key: one
+# implementation each lives in lime_model.data, lime_model.tokenization and lime_probe.results.
+__all__ = ["ShardCache", "checkpoint_identity", "fingerprint", "library_versions", "read_tensor",
+           "texts_hash", "tokenizer_fingerprint"]
 
 MANIFEST = "manifest.json"
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def fingerprint(obj: Any) -> str:
     """A stable hash of a JSON-serialisable object (keys sorted)."""
-    return _sha256(json.dumps(obj, sort_keys=True, default=str).encode())
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
@@ -63,44 +66,6 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     return {"parameters": digest.hexdigest()}
 
 
-def texts_hash(texts: list[str]) -> str:
-    """Hash of the input texts, in order."""
-    digest = hashlib.sha256()
-    for text in texts:
-        digest.update(hashlib.sha256(text.encode()).digest())
-    return digest.hexdigest()
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """Hash of what decides a tokenizer's output: its full serialisation for fast tokenizers
-    (vocabulary, merges, normaliser, special-token template), else its class and vocabulary."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return _sha256(backend.to_str().encode())
-    return fingerprint([type(tokenizer).__name__, sorted(tokenizer.get_vocab().items())])
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries whose numerics or file formats the cached results depend on."""
-    out = {}
-    for package in ("lime-probe", "torch", "transformers", "nnsight", "safetensors"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = "unknown"
-    return out
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Call `write(tmp_path)`, then move the finished file onto `path`."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def read_tensor(shard: Path, name: str) -> torch.Tensor:
     """One tensor from a shard file (only that tensor is read)."""
     with safe_open(str(shard), framework="pt") as f:
@@ -118,7 +83,7 @@ class ShardCache:
         self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
         self.directory = Path(root) / f"{prefix}-{fingerprint(self.key)[:16]}"
         self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob(".*.tmp-*"):  # left by a killed writer
+        for stale in self.directory.glob(".*.tmp"):  # left by a killed writer
             stale.unlink(missing_ok=True)
         self._entries: list[dict[str, Any]] = []
         self.complete = False
@@ -143,7 +108,7 @@ class ShardCache:
 
     def _write_manifest(self) -> None:
         text = json.dumps({"key": self.key, "shards": self._entries, "complete": self.complete}, indent=1)
-        _atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(text))
+        atomic_write(self.directory / MANIFEST, text)
 
     @property
     def done_tokens(self) -> int:
@@ -156,7 +121,8 @@ class ShardCache:
         tensors = dict(tensors)
         n_tokens = int(tensors.pop("n_tokens"))
         tensors = {name: t.contiguous() for name, t in tensors.items()}
-        _atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp))
         self._entries.append({"file": path.name, "n_sequences": len(tensors["offsets"]) - 1,
                               "n_rows": len(tensors["token_ids"]), "n_tokens": n_tokens})
         self._write_manifest()

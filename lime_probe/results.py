@@ -18,7 +18,6 @@ import math
 import os
 import platform
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
@@ -26,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lime_model.files import atomic_write
+
 _VERSIONED = ("lime-probe", "torch", "transformers", "nnsight", "numpy", "scikit-learn", "openTSNE",
-              "datasets", "tokenizers", "matplotlib")
+              "datasets", "tokenizers", "safetensors", "matplotlib")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # Hash at most this much of each weights file (head and tail): enough to tell checkpoints
 # apart, cheap for multi-GB models. File sizes are always included.
@@ -120,19 +121,11 @@ def to_jsonable(obj):
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temp file in the same folder and a rename, so readers
-    never see a partial file."""
+    """Write ``text`` (UTF-8) to ``path`` all or nothing (:func:`lime_model.files.atomic_write`),
+    creating its folder; return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, text)
 
 
 def rows_to_csv(rows: Sequence[Mapping]) -> str:

@@ -1,6 +1,8 @@
 """The on-disk cache: reuse without a forward pass, resume after an interruption, keys, atomicity."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -53,6 +55,10 @@ def test_second_run_reuses_the_cache_without_forward(tok, tmp_path, monkeypatch)
     assert manifest["complete"] and sum(s["n_sequences"] for s in manifest["shards"]) == len(TEXTS)
     assert set(manifest["key"]) == {"checkpoint", "model_type", "data", "settings", "versions"}
     assert not list(tmp_path.rglob(".*tmp*"))
+    umask = os.umask(0)
+    os.umask(umask)  # readable by the group like any file the user writes, not mkstemp's 0o600
+    for f in [*first.shards, first.shards[0].parent / "manifest.json"]:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask
 
 
 def test_interrupted_run_resumes_from_last_complete_shard(tok, tmp_path, monkeypatch):

@@ -2,7 +2,9 @@
 
 import json
 import math
+import os
 import random
+import stat
 
 import pytest
 import torch
@@ -155,14 +157,18 @@ def test_checkpoints_are_atomic_and_pruned(tiny, tmp_path):
     out = run(tiny, tmp_path / "run", steps=6, save_every=1, keep_last=2, stop_after=4)
     assert [p.name for p in T.checkpoints(out)] == ["step-00000003", "step-00000004"]
     # a crash while writing step 5 leaves only a dot-named temp dir: resume ignores it
-    (out / "checkpoints" / ".tmp-step-00000005").mkdir()
-    (out / "checkpoints" / ".tmp-step-00000005" / "model.safetensors").write_bytes(b"half")
+    (out / "checkpoints" / ".step-00000005.crash.tmp").mkdir()
+    (out / "checkpoints" / ".step-00000005.crash.tmp" / "model.safetensors").write_bytes(b"half")
     ref = run(tiny, tmp_path / "ref", steps=6, save_every=1, keep_last=2)
     run(tiny, out, steps=6, save_every=1, keep_last=2, resume=True)
     assert [m["loss"] for m in metrics(out)] == [m["loss"] for m in metrics(ref)]
     state = json.loads((out / "checkpoints" / "step-00000006" / "trainer_state.json").read_text())
     assert state["step"] == 6
     assert {p.suffix for p in (out / "checkpoints" / "step-00000006").iterdir()} <= {".json", ".safetensors"}
+    umask = os.umask(0)
+    os.umask(umask)  # published dirs and files get plain mkdir()/open() modes, not mkdtemp's 0o700
+    assert stat.S_IMODE((out / "checkpoints" / "step-00000006").stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~umask
 
 
 def test_final_dir_is_a_self_contained_hf_model(tiny, tmp_path):
