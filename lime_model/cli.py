@@ -1,7 +1,8 @@
 """``lime-model``: train LIMe / LLaMA from a recipe, evaluate arithmetic runs, list recipes.
 
 Bad input (unknown recipe keys, bad routing, missing or empty data, a mismatched tokenizer, resuming
-a directory of another config) ends with one ``lime-model: error: ...`` line and exit code 2.
+a directory of another config, an unwritable or misplaced path) ends with one ``lime-model: error: ...``
+line and exit code 2.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--steps", type=int, help="optimizer steps (overrides the recipe's steps/epochs)")
     t.add_argument("--seed", type=int)
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint; the recipe must be the same, --steps "
+        "included (it sets the learning-rate schedule), so a finished run cannot be extended: "
+        "train longer into a new --out",
+    )
     t.add_argument("--stop-after", type=int, help="end this invocation after that step (resume later)")
     t.add_argument(
         "--set",
@@ -83,11 +90,17 @@ def main(argv: list[str] | None = None) -> int:
             _eval_arithmetic(args)
         else:
             print("\n".join(recipe_names()))
-    except (ValueError, FileNotFoundError) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"lime-model: error: {message}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # OSError: unwritable --out, a file where a folder should be, ...
+        print(f"lime-model: error: {_one_line(e)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _one_line(error: Exception) -> str:
+    """The first line of ``error``'s message; an OS error as ``PATH: reason`` (no errno prefix)."""
+    if isinstance(error, OSError) and error.strerror and error.filename is not None:
+        return f"{error.filename}: {error.strerror}"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ so any ``step-N`` directory is whole. Nothing in it needs unpickling.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -319,6 +320,7 @@ def _check_out_dir(out_dir: Path, recipe: Mapping[str, Any], resume: bool) -> Pa
             raise ValueError(
                 f"{out_dir} is not empty: pass --resume to continue its run, or choose a new --out"
             )
+        _check_creatable(out_dir)
         return None
     saved = out_dir / "recipe.json"
     if not saved.is_file():
@@ -326,12 +328,30 @@ def _check_out_dir(out_dir: Path, recipe: Mapping[str, Any], resume: bool) -> Pa
     old = identity(json.loads(saved.read_text()))
     new = identity(recipe)
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed and set(changed) <= {"steps", "epochs"}:
+        diff = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in changed)
+        raise ValueError(
+            f"cannot resume {out_dir} with another length ({diff}): the length sets the learning-rate "
+            "schedule, so a run cannot be extended; train into a new --out"
+        )
     if changed:
         raise ValueError(
             f"cannot resume {out_dir}: it was trained with another config (differs in: {', '.join(changed)})"
         )
     found = checkpoints(out_dir)
     return found[-1] if found else None
+
+
+def _check_creatable(out_dir: Path) -> None:
+    """Fail before any data work if ``out_dir`` cannot be created: its nearest existing ancestor
+    must be a folder we can write into."""
+    parent = out_dir.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder, cannot hold the run directory", str(parent))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "permission denied, cannot create the run directory", str(parent))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,9 +476,7 @@ def train(
     metrics_path = out_dir / "metrics.jsonl"
     if main and resume:  # drop lines logged after the checkpoint by an interrupted run
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        atomic_write(
-            metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start)
-        )
+        atomic_write(metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start))
     seq_flops = 3 * forward_flops(config, recipe["seq_len"])
     last = steps if stop_after is None else min(steps, stop_after)
     bar = tqdm(total=last, initial=start, desc="train", disable=not (progress and main), unit="step")

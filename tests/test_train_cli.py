@@ -1,6 +1,7 @@
 """`lime-model` CLI: a run end to end, and every kind of bad input as one line + exit 2, nothing written."""
 
 import json
+import os
 
 import pytest
 
@@ -103,6 +104,36 @@ def test_resume_guards(tmp_path, text, capsys):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # nothing touched
     one_line_error(capsys, train_args(tmp_path / "fresh", text, "--resume"), "nothing to resume")
     assert not (tmp_path / "fresh").exists()
+    # a finished run cannot be extended: the length is part of the schedule, said in one line
+    one_line_error(
+        capsys, train_args(out, text, "--resume", "--steps", "4"), "steps 2 -> 4", "cannot be extended", "new --out"
+    )  # fmt: skip
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+def test_resume_help_says_the_length_cannot_change(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--steps included" in help_text and "a finished run cannot be extended" in help_text
+
+
+def test_out_under_a_file_is_a_one_line_error(tmp_path, text, capsys):
+    (tmp_path / "a_file").write_text("x")  # a path under a file fails even for root
+    one_line_error(capsys, train_args(tmp_path / "a_file" / "run", text), "a_file", "not a folder")
+    one_line_error(capsys, train_args(tmp_path / "a_file", text), "a_file", "not empty")
+
+
+def test_unwritable_out_is_a_one_line_error(tmp_path, text, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores permissions
+            pytest.skip("permissions are not enforced for this user")
+        one_line_error(capsys, train_args(locked / "run", text), str(locked), "ermission denied")
+    finally:
+        locked.chmod(0o755)
+    assert not (locked / "run").exists()
 
 
 def test_console_script_and_eval_arithmetic(tmp_path, capsys):
