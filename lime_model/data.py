@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -118,10 +119,40 @@ def load_texts(spec: str, split: str | None = None, max_texts: int | None = None
 
 
 def texts_hash(texts: Sequence[str]) -> str:
+    """SHA-256 (hex) of the texts, in order; stable across processes and runs."""
     h = hashlib.sha256()
     for t in texts:
         h.update(hashlib.sha256(t.encode()).digest())
-    return h.hexdigest()[:16]
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """The first ``max_texts`` (default: all) documents of a data ``spec``, not read until :meth:`load`.
+
+    :meth:`key` identifies them without reading any text, so a cache keyed on it is checked first:
+    local files by resolved path, size and modification time (rewriting a file changes the key);
+    hub specs by the spec itself (a dataset changed upstream needs a fresh cache folder).
+    """
+
+    spec: str
+    split: str | None = None
+    max_texts: int | None = None
+
+    def key(self) -> dict:
+        if self.max_texts is not None and self.max_texts < 1:
+            raise ValueError(f"max_texts must be >= 1, got {self.max_texts}")
+        if self.spec.startswith("hf:"):
+            where: object = self.spec
+        else:
+            where = [
+                [str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns]
+                for f in data_files(self.spec, self.split)
+            ]
+        return {"source": where, "split": self.split, "max_texts": self.max_texts}
+
+    def load(self) -> list[str]:
+        return load_texts(self.spec, self.split, self.max_texts)
 
 
 def pack(token_lists: Sequence[Sequence[int]], eos_id: int, seq_len: int) -> np.ndarray:
@@ -152,7 +183,7 @@ def tokenize_and_pack(
 
 
 def packed_sequences(
-    texts: Sequence[str],
+    texts: Sequence[str] | TextSource,
     tokenizer,
     seq_len: int,
     cache_dir: str | os.PathLike | None = None,
@@ -160,26 +191,36 @@ def packed_sequences(
 ) -> np.ndarray:
     """:func:`tokenize_and_pack`, cached in ``cache_dir`` under a key of (texts, tokenizer, seq_len).
 
-    The cache is ``packed-KEY.npy`` beside ``packed-KEY.json`` (what the key was made of), each
-    written to a temporary file first, so an interrupted run never leaves a truncated array.
-    Raises ValueError if the texts do not fill a single sequence.
+    ``texts`` is a list of documents (keyed by their hash) or a :class:`TextSource` (keyed by
+    :meth:`TextSource.key`, and read only when the cache misses). The cache is ``packed-KEY.npy``
+    beside ``packed-KEY.json`` (what the key was made of), each written atomically, so an
+    interrupted run never leaves a truncated array; a hit is memory-mapped (copy-on-write), not read.
+    Returns (n_sequences, seq_len) int32. Raises ValueError if the texts do not fill one sequence.
     """
     meta = {
-        "texts": texts_hash(texts),
+        "texts": texts.key() if isinstance(texts, TextSource) else texts_hash(texts),
         "tokenizer": tokenizer_hash(tokenizer),
         "seq_len": seq_len,
         "eos": tokenizer.eos_token_id,
     }
-    key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:20]
-    npy = Path(cache_dir) / f"packed-{key}.npy" if cache_dir is not None else None
+    npy = cache_path(cache_dir, "packed", meta, ".npy")
     if npy is not None and npy.exists():
-        return np.load(npy, mmap_mode="r", allow_pickle=False)
-    seqs = tokenize_and_pack(texts, tokenizer, seq_len, progress=progress)
+        return np.load(npy, mmap_mode="c", allow_pickle=False)
+    docs = texts.load() if isinstance(texts, TextSource) else texts
+    seqs = tokenize_and_pack(docs, tokenizer, seq_len, progress=progress)
     if len(seqs) == 0:
         raise ValueError(f"the data holds fewer tokens than one sequence of seq_len={seq_len}")
     if npy is not None:
-        npy.parent.mkdir(parents=True, exist_ok=True)
-        meta["n_sequences"] = len(seqs)
-        atomic_write(npy, lambda f: np.save(f, seqs, allow_pickle=False))
-        atomic_write(npy.with_suffix(".json"), json.dumps(meta, indent=1))
+        atomic_write(npy.with_suffix(".json"), json.dumps({**meta, "n_sequences": len(seqs)}, indent=1))
+        atomic_write(npy, lambda f: np.save(f, seqs, allow_pickle=False))  # last: its presence is the hit
     return seqs
+
+
+def cache_path(cache_dir: str | os.PathLike | None, prefix: str, key: dict, suffix: str = "") -> Path | None:
+    """``cache_dir/PREFIX-HASH[SUFFIX]`` for a JSON-able ``key`` (the folder is created), or None
+    without a ``cache_dir``."""
+    if cache_dir is None:
+        return None
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    return Path(cache_dir) / f"{prefix}-{digest}{suffix}"

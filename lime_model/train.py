@@ -35,6 +35,7 @@ import time
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,8 @@ STATE_TENSORS = "optimizer.safetensors"
 
 @dataclass
 class TrainingData:
-    """Token rows ``input_ids`` (N, seq_len) int64 and ``labels`` (N, seq_len), -100 where no loss."""
+    """Token rows ``input_ids`` (N, seq_len) and ``labels`` (N, seq_len), -100 where no loss; integer
+    tensors (int32 memory-mapped rows for language modelling), made int64 per batch."""
 
     tokenizer: Any
     input_ids: torch.Tensor
@@ -92,10 +94,15 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int) -> torch.Tensor
     epochs = positions // n
     out = torch.empty(batch_size, dtype=torch.long)
     for epoch in epochs.unique().tolist():
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
         mask = epochs == epoch
-        out[mask] = perm[positions[mask] % n]
+        out[mask] = _epoch_permutation(n, seed, epoch)[positions[mask] % n]
     return out
+
+
+@lru_cache(maxsize=2)  # a batch spans at most two epochs; each step reuses them instead of redrawing
+def _epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The row order of ``epoch`` (n,), drawn from its own seeded generator (read-only by convention)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
 def total_steps(recipe: Mapping[str, Any], n_rows: int) -> int:
@@ -116,28 +123,37 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_data(recipe: Mapping[str, Any], tokenizer=None, progress: bool = False) -> TrainingData:
-    """Training rows (and the arithmetic test set) for ``recipe``; ``tokenizer`` overrides the recipe's."""
+    """Training rows (and the arithmetic test set) for ``recipe``; ``tokenizer`` overrides the recipe's.
+
+    Language-model rows come from the packed-token cache when it holds them (memory-mapped, int32),
+    checked before any text is read; a BPE trained on the data is cached the same way.
+    """
     if recipe["task"] == "arithmetic":
         train_s, test_s = arithmetic_splits(recipe)
         tokenizer = tokenizer or char_tokenizer(arithmetic.CHARS)
         input_ids, labels = arithmetic.encode(train_s, tokenizer, recipe["seq_len"])
         return TrainingData(tokenizer, input_ids, labels, test_s)
-    texts = data_mod.load_texts(recipe["data"], recipe["split"], recipe["max_texts"])
+    source = data_mod.TextSource(recipe["data"], recipe["split"], recipe["max_texts"])
+    cache = recipe["cache_dir"] or os.environ.get("LIME_MODEL_CACHE") or Path.home() / ".cache" / "lime_model"
     if tokenizer is None:
         if recipe["tokenizer"] is not None:
             tokenizer = load_tokenizer(recipe["tokenizer"])
         elif recipe["model"]["vocab_size"] is None:
             raise ValueError("set model.vocab_size (the BPE size to train) or name a --set tokenizer=DIR")
         else:
-            tokenizer = train_bpe(texts, recipe["model"]["vocab_size"])
+            tokenizer = _cached_bpe(source, recipe["model"]["vocab_size"], cache)
     check_vocab(tokenizer, recipe)
-    cache = recipe["cache_dir"] or os.environ.get("LIME_MODEL_CACHE") or Path.home() / ".cache" / "lime_model"
-    rows = torch.from_numpy(
-        data_mod.packed_sequences(texts, tokenizer, recipe["seq_len"], cache, progress=progress).astype(
-            "int64"
-        )
-    )
+    rows = torch.from_numpy(data_mod.packed_sequences(source, tokenizer, recipe["seq_len"], cache, progress))
     return TrainingData(tokenizer, rows, rows)
+
+
+def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir) -> Any:
+    """:func:`train_bpe` on ``source``, saved under ``cache_dir`` and loaded from there next time."""
+    folder = data_mod.cache_path(cache_dir, "bpe", {"texts": source.key(), "vocab_size": vocab_size})
+    if not folder.is_dir():
+        with atomic_dir(folder) as tmp:
+            train_bpe(source.load(), vocab_size).save_pretrained(tmp)
+    return load_tokenizer(str(folder))
 
 
 def arithmetic_splits(recipe: Mapping[str, Any], with_train: bool = True):
@@ -388,7 +404,7 @@ def _accelerator(recipe: Mapping[str, Any]):
     return accelerator
 
 
-def _train_step(accelerator, model, optimizer, scheduler, data: TrainingData, recipe, step: int):
+def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, recipe, step: int):
     """One optimizer step on global batch ``step``: (this process's share of the loss, grad norm, lr).
 
     The process's slice of the batch runs in micro-batches; gradients are synchronised on the last.
@@ -402,8 +418,8 @@ def _train_step(accelerator, model, optimizer, scheduler, data: TrainingData, re
     loss_sum = torch.zeros((), device=accelerator.device)
     for m in range(0, per_rank, micro):
         rows = local[m : m + micro]
-        input_ids = data.input_ids[rows].to(accelerator.device)
-        labels = data.labels[rows].to(accelerator.device)
+        input_ids = data.input_ids[rows].to(accelerator.device, torch.long)
+        labels = data.labels[rows].to(accelerator.device, torch.long)
         with nullcontext() if m + micro >= per_rank else accelerator.no_sync(model):
             loss = token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
             accelerator.backward(loss * world)  # DDP averages gradients over processes
@@ -482,7 +498,7 @@ def train(
     bar = tqdm(total=last, initial=start, desc="train", disable=not (progress and main), unit="step")
     window_t, window_tokens = time.perf_counter(), 0
     for step in range(start, last):
-        loss, grad_norm, lr = _train_step(accelerator, model, optimizer, scheduler, data, recipe, step)
+        loss, grad_norm, lr = train_step(accelerator, model, optimizer, scheduler, data, recipe, step)
         window_tokens += recipe["batch_size"] * recipe["seq_len"]
         done = step + 1
         if done % recipe["log_every"] == 0 or done == last:

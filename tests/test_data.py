@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from lime_model import data
@@ -144,3 +145,69 @@ def test_hub_specs_stream_the_named_split(monkeypatch):
     ]
     with pytest.raises(ValueError, match="hf:NAME"):
         data.load_texts("hf:")
+
+
+def no_reading(*a, **k):
+    raise AssertionError("the texts were read despite the cache")
+
+
+def test_a_cached_local_source_is_not_read_again_until_the_file_changes(tmp_path, monkeypatch):
+    tok = char_tokenizer("abcdefghij ")
+    path = tmp_path / "t.txt"
+    path.write_text("abc def\n\nghij\n\na b c d e f g h\n")
+    source = data.TextSource(str(path))
+    first = data.packed_sequences(source, tok, seq_len=5, cache_dir=tmp_path / "cache")
+    # an independent packing of the same documents from the list
+    assert np.array_equal(first, data.tokenize_and_pack(["abc def", "ghij", "a b c d e f g h"], tok, 5))
+    with monkeypatch.context() as m:
+        m.setattr(data, "_file_documents", no_reading)
+        again = data.packed_sequences(source, tok, seq_len=5, cache_dir=tmp_path / "cache")
+        assert np.array_equal(again, first) and isinstance(again, np.memmap)
+        with pytest.raises(AssertionError, match="were read"):  # another max_texts is another key
+            data.packed_sequences(data.TextSource(str(path), max_texts=2), tok, seq_len=5, cache_dir=tmp_path / "cache")
+        path.write_text("abc\n\nabc def ghij\n")  # rewritten (size changes): the key follows
+        with pytest.raises(AssertionError, match="were read"):
+            data.packed_sequences(source, tok, seq_len=5, cache_dir=tmp_path / "cache")
+    changed = data.packed_sequences(source, tok, seq_len=5, cache_dir=tmp_path / "cache")
+    assert np.array_equal(changed, data.tokenize_and_pack(["abc", "abc def ghij"], tok, 5))
+
+
+def test_a_cached_hub_source_is_not_streamed_again(tmp_path, monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, config=None, split=None, streaming=False):
+        calls.append(name)
+        return iter([{"text": "abc def"}, {"text": "ghij"}, {"text": "a b c d e f g h"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    tok = char_tokenizer("abcdefghij ")
+    first = data.packed_sequences(data.TextSource("hf:org/c", "train"), tok, 5, tmp_path)
+    assert calls == ["org/c"]
+    assert np.array_equal(first, data.tokenize_and_pack(["abc def", "ghij", "a b c d e f g h"], tok, 5))
+    monkeypatch.setattr(datasets, "load_dataset", no_reading)
+    assert np.array_equal(data.packed_sequences(data.TextSource("hf:org/c", "train"), tok, 5, tmp_path), first)
+    with pytest.raises(AssertionError, match="were read"):  # another split is another key
+        data.packed_sequences(data.TextSource("hf:org/c", "test"), tok, 5, tmp_path)
+
+
+def test_prepare_data_caches_the_trained_bpe_too(tmp_path, monkeypatch):
+    from lime_model import train
+    from lime_model.recipes import load_recipe
+
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"document {i} about cats and mats number {i % 7}" for i in range(40)))
+    recipe = load_recipe("cpu-tiny", {"data": str(path), "cache_dir": str(tmp_path / "cache"), "seq_len": 16,
+                                      "model": {"vocab_size": 300}})  # fmt: skip
+    first = train.prepare_data(recipe)
+    monkeypatch.setattr(data, "_file_documents", no_reading)
+    second = train.prepare_data(recipe)
+    assert tokenizer_hash(second.tokenizer) == tokenizer_hash(first.tokenizer)
+    assert torch.equal(second.input_ids, first.input_ids)
+    # the rows are the packed BPE tokens of the documents, computed here from scratch
+    docs = path.read_text().split("\n\n")
+    ids = [first.tokenizer(d, add_special_tokens=False)["input_ids"] + [first.tokenizer.eos_token_id] for d in docs]
+    stream = [i for row in ids for i in row]
+    n = len(stream) // 16
+    assert first.input_ids.tolist() == [stream[k * 16 : (k + 1) * 16] for k in range(n)]

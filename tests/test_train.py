@@ -107,7 +107,7 @@ def test_metrics_are_the_true_loss_flops_and_schedule(tiny, tmp_path):
     config = T.model_config(recipe, tok)
     torch.manual_seed(recipe["seed"])
     fresh = lime_model.LimeForCausalLM(config)  # the initial weights of the run
-    all_rows = T.prepare_data(recipe, tok).input_ids
+    all_rows = T.prepare_data(recipe, tok).input_ids.long()  # int32 memory-mapped rows
     rows = all_rows[T.batch_indices(0, 4, len(all_rows), recipe["seed"])]
     with torch.no_grad():
         expected = fresh(input_ids=rows, labels=rows).loss.item()  # transformers' own shifted cross-entropy
