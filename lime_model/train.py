@@ -15,10 +15,11 @@ An output directory holds::
     config.json, model.safetensors, tokenizer files     the final model, a self-contained HF dir
     arithmetic_eval.json   accuracy per operand count (arithmetic task)
 
-Metrics: ``step``; ``tokens`` and ``flops`` (3 x forward FLOPs per sequence) seen so far;
-``loss``, the mean token loss of the step's global batch; ``lr``, the step's learning rate
-(routers use ``lr * router_lr_mult``); ``grad_norm`` before clipping; ``tokens_per_s`` since the
-previous line.
+Metrics: ``step``; ``tokens``, the real input tokens seen so far (padding excluded: the arithmetic
+task's right-padded rows count their ``bos prompt solution eos`` only); ``flops`` (3 x forward
+FLOPs per sequence, padding included: it is compute spent); ``loss``, the mean token loss of the
+step's global batch; ``lr``, the step's learning rate (routers use ``lr * router_lr_mult``);
+``grad_norm`` before clipping; ``tokens_per_s``, real tokens per second since the previous line.
 
 A checkpoint directory is written under a dot-name, fsynced and renamed into place when complete,
 so any ``step-N`` directory is whole. Nothing in it needs unpickling.
@@ -69,6 +70,13 @@ class TrainingData:
     input_ids: torch.Tensor
     labels: torch.Tensor
     test_samples: list[arithmetic.Sample] | None = None
+    lengths: torch.Tensor | None = None  # (N,) non-padding tokens per row; None: every row is full
+
+    def n_tokens(self, idx: torch.Tensor) -> int:
+        """Real (non-padding) input tokens in rows ``idx``."""
+        return (
+            int(self.lengths[idx].sum()) if self.lengths is not None else len(idx) * self.input_ids.shape[1]
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +140,8 @@ def prepare_data(recipe: Mapping[str, Any], tokenizer=None, progress: bool = Fal
         train_s, test_s = arithmetic_splits(recipe)
         tokenizer = tokenizer or char_tokenizer(arithmetic.CHARS)
         input_ids, labels = arithmetic.encode(train_s, tokenizer, recipe["seq_len"])
-        return TrainingData(tokenizer, input_ids, labels, test_s)
+        lengths = (input_ids != tokenizer.pad_token_id).sum(1)
+        return TrainingData(tokenizer, input_ids, labels, test_s, lengths=lengths)
     source = data_mod.TextSource(recipe["data"], recipe["split"], recipe["max_texts"])
     cache = recipe["cache_dir"] or os.environ.get("LIME_MODEL_CACHE") or Path.home() / ".cache" / "lime_model"
     if tokenizer is None:
@@ -244,7 +253,7 @@ def _load_named_optimizer_state(accelerator, model, optimizer, named: dict) -> N
 
 
 def _save_checkpoint(
-    accelerator, model, optimizer, scheduler, tokenizer, recipe, step: int, out_dir: Path
+    accelerator, model, optimizer, scheduler, tokenizer, recipe, step: int, tokens: int, out_dir: Path
 ) -> None:
     """Write ``checkpoints/step-N`` atomically: HF model + tokenizer, optimizer/RNG tensors, JSON state."""
     state_dict = accelerator.get_state_dict(model)  # collectives under FSDP: every rank calls them
@@ -270,6 +279,7 @@ def _save_checkpoint(
             save_file(tensors, tmp / STATE_TENSORS)
             state = {
                 "step": step,
+                "tokens": tokens,
                 "world_size": accelerator.num_processes,
                 "recipe": identity(recipe),
                 "param_groups": opt_state["param_groups"],
@@ -300,8 +310,9 @@ def _load_weights(ckpt: Path, model) -> None:
         raise ValueError(f"{ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
 
 
-def _load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) -> int:
-    """Optimizer, scheduler and RNG state of ``ckpt`` into the prepared objects; returns its step."""
+def _load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) -> tuple[int, int]:
+    """Optimizer, scheduler and RNG state of ``ckpt`` into the prepared objects; returns its
+    (step, tokens seen)."""
     state = json.loads((ckpt / STATE_JSON).read_text())
     tensors = load_file(ckpt / STATE_TENSORS)
     torch.set_rng_state(tensors.pop("rng/torch"))
@@ -317,7 +328,7 @@ def _load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) -
         accelerator, model, optimizer, {"state": named, "param_groups": state["param_groups"]}
     )
     scheduler.load_state_dict(state["scheduler"])
-    return state["step"]
+    return state["step"], state["tokens"]
 
 
 def _publish_final(out_dir: Path, ckpt: Path) -> None:
@@ -487,7 +498,9 @@ def train(
         _load_weights(ckpt, model)
     model.train()
     model, optimizer = accelerator.prepare(model, optimizer)
-    start = _load_training_state(ckpt, accelerator, model, optimizer, scheduler) if ckpt is not None else 0
+    start, tokens = (
+        (0, 0) if ckpt is None else _load_training_state(ckpt, accelerator, model, optimizer, scheduler)
+    )
 
     metrics_path = out_dir / "metrics.jsonl"
     if main and resume:  # drop lines logged after the checkpoint by an interrupted run
@@ -499,7 +512,11 @@ def train(
     window_t, window_tokens = time.perf_counter(), 0
     for step in range(start, last):
         loss, grad_norm, lr = train_step(accelerator, model, optimizer, scheduler, data, recipe, step)
-        window_tokens += recipe["batch_size"] * recipe["seq_len"]
+        batch_tokens = data.n_tokens(
+            batch_indices(step, recipe["batch_size"], len(data.input_ids), recipe["seed"])
+        )
+        tokens += batch_tokens
+        window_tokens += batch_tokens
         done = step + 1
         if done % recipe["log_every"] == 0 or done == last:
             loss_value = accelerator.reduce(loss, reduction="sum").item()
@@ -507,7 +524,7 @@ def train(
                 now = time.perf_counter()
                 record = {
                     "step": done,
-                    "tokens": done * recipe["batch_size"] * recipe["seq_len"],
+                    "tokens": tokens,
                     "flops": done * recipe["batch_size"] * seq_flops,
                     "loss": loss_value,
                     "lr": lr,
@@ -520,7 +537,9 @@ def train(
                 window_t, window_tokens = now, 0
         bar.update(1)
         if done % recipe["save_every"] == 0 or done == last:
-            _save_checkpoint(accelerator, model, optimizer, scheduler, data.tokenizer, recipe, done, out_dir)
+            _save_checkpoint(
+                accelerator, model, optimizer, scheduler, data.tokenizer, recipe, done, tokens, out_dir
+            )
     bar.close()
     if main and last == steps:
         _publish_final(out_dir, checkpoints(out_dir)[-1])

@@ -204,6 +204,20 @@ def test_arithmetic_run_writes_accuracy_per_operand_count(tmp_path):
     assert set(report["accuracy"]) == {"2", "3"}
 
 
+def test_arithmetic_tokens_metric_counts_no_padding(tmp_path):
+    # 2 steps x 8 rows = exactly one epoch of the 16 training samples, so every sample is seen once
+    out = T.train(
+        "arithmetic", tmp_path / "arith", progress=False, steps=2, batch_size=8, micro_batch_size=8,
+        log_every=1, seq_len=40, arithmetic={"operands": [2], "train_per_operand": 16, "test_per_operand": 2},
+    )  # fmt: skip
+    train, _ = arithmetic.make_splits([2], 16, 2, seed=42)
+    # one token per character (char tokenizer) plus bos and eos; the padding up to seq_len is not counted
+    real = sum(1 + len(s.prompt) + len(s.solution) + 1 for s in train)
+    ms = metrics(out)
+    assert ms[-1]["tokens"] == real < 16 * 40
+    assert 0 < ms[0]["tokens"] < real
+
+
 def test_wikitext_training_lowers_the_loss(shared_data, tmp_path):
     out = T.train(
         "cpu-tiny", tmp_path / "wiki", progress=False, data=str(shared_data / "wikitext-2" / "valid.txt"),
