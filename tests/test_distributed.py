@@ -1,4 +1,5 @@
-"""Two CPU processes (gloo, under torchrun) train the same weights as one with the same global batch."""
+"""Two CPU processes (gloo, under torchrun) train the same weights as one with the same global batch;
+only the main process reads the data, the other loads what it cached."""
 
 import json
 import os
@@ -19,6 +20,22 @@ ARGS = [
 ]  # fmt: skip
 
 
+def write_entry(folder):
+    """A lime-model entry point whose non-main ranks fail if they read any text."""
+    path = folder / "entry.py"
+    path.write_text(
+        "import os, sys\n"
+        "from lime_model import data\n"
+        "from lime_model.cli import main\n"
+        "def no_reading(*a, **k):\n"
+        "    raise AssertionError('rank ' + os.environ['RANK'] + ' read the texts')\n"
+        "if os.environ['RANK'] != '0':\n"
+        "    data._file_documents = no_reading\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    return str(path)
+
+
 def test_two_gloo_processes_match_one(tmp_path, monkeypatch):
     text = tmp_path / "t.txt"
     text.write_text(
@@ -27,13 +44,16 @@ def test_two_gloo_processes_match_one(tmp_path, monkeypatch):
     monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", "--out", str(one), "--data", str(text), *ARGS]) == 0  # 1 process, 2 micro-batches
-    env = {**os.environ, "LIME_MODEL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    # a fresh cache: rank 0 trains the BPE and packs the tokens; rank 1 must only load them
+    cache = tmp_path / "cache-2"
+    env = {**os.environ, "LIME_MODEL_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",  # picks a free port
-        "-m", "lime_model.cli", "train", "--out", str(two), "--data", str(text), *ARGS,
+        write_entry(tmp_path), "train", "--out", str(two), "--data", str(text), *ARGS,
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["bpe", "packed", "packed"]  # .npy, .json
     wa, wb = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     assert wa.keys() == wb.keys()
     for k in wa:
