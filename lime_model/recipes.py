@@ -12,7 +12,11 @@ Key meanings (batch sizes count sequences):
   ``model.vocab_size`` entries on the data (lm) or uses the task's characters (arithmetic).
 * ``batch_size``: sequences per optimizer step, over all processes; ``micro_batch_size``:
   sequences per forward pass on one process (the rest is gradient accumulation).
-* ``steps`` (or, when ``null``, ``epochs`` over the training set) sets the run length.
+* ``steps`` (or, when ``null``, ``epochs`` over the training set) sets the run length and with it
+  the learning-rate schedule, so it cannot change on ``--resume`` (a finished run is not extended).
+* ``cache_dir``: where packed token rows and trained BPEs are cached (default ``$LIME_MODEL_CACHE``,
+  else ``~/.cache/lime_model``), keyed on the data source (each file's path, size and mtime, or the
+  ``hf:`` spec), ``split``, ``max_texts``, the tokenizer and ``seq_len``; a hit reads no text.
 * ``schedule``: ``cosine`` / ``linear`` decay to ``min_lr`` after ``warmup_steps``, or ``constant``.
 * ``router_lr_mult``: router learning rate / ``lr`` (the paper: 1e-2 / 1e-3 = 10).
 * ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``.
