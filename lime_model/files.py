@@ -87,9 +87,8 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                _fsync(f)
+        for f in [*tmp.rglob("*"), tmp]:
+            _fsync(f)
         os.chmod(tmp, 0o777 & ~umask())
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)  # os.replace cannot overwrite a non-empty folder
