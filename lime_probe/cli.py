@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lime_model.files import umask
+from lime_probe.loading import one_line
 from lime_probe.pipelines import (
     ANALYSES,
-    DEFAULT_WORDS,
-    SITES,
     Analysis,
     Checkpoint,
     blimp_analysis,
@@ -43,10 +43,12 @@ from lime_probe.pipelines import (
 )
 from lime_probe.report import write_report
 from lime_probe.results import run_metadata
+from lime_probe.sites import DEFAULT_WORDS, SITES
 
 PROG = "lime-probe"
-# Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1).
-BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, KeyError)
+# Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
+# one: the library raises ValueError for a wrong name, so a KeyError is a bug.
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 # --------------------------------------------------------------------------- options
@@ -75,7 +77,8 @@ def staged_output(out: str | os.PathLike):
     """Yield a fresh temp folder beside ``out``; on success move its files into ``out``.
 
     On any exception (including KeyboardInterrupt) the temp folder is removed and ``out`` is
-    left as it was. Raises ValueError if ``out`` is a file and PermissionError if it cannot be
+    left as it was. A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not
+    mkdtemp's private 0o700. Raises ValueError if ``out`` is a file and PermissionError if it cannot be
     written.
     """
     out = Path(out)
@@ -92,6 +95,7 @@ def staged_output(out: str | os.PathLike):
         raise PermissionError(f"--out {out} is not writable ({e.strerror})") from None
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~umask())
         if not out.exists():
             os.replace(tmp, out)
             return
@@ -370,11 +374,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(e: BaseException) -> str:
-    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-    return " ".join(msg.split()) or type(e).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, run the command, map errors to exit codes (see module doc)."""
     parser = build_parser()
@@ -392,12 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BAD_INPUT as e:
         if args.debug:
             raise
-        print(f"{where}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"{where}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:
         if args.debug:
             raise
-        print(f"{where}: failed: {type(e).__name__}: {_one_line(e)} (rerun with --debug for the traceback)",
+        print(f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return 1
     print(f"results in {args.out}", file=sys.stderr)

@@ -49,8 +49,8 @@ from .cache import (
     tokenizer_fingerprint,
 )
 from .loading import wrap
+from .sites import SITES
 
-SITES = ("hidden", "final", "keys", "values", "routed_keys", "routed_values")
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
 
@@ -122,6 +122,26 @@ class Activations(Mapping):
     def sequences(self, site: str, layer: int) -> list[torch.Tensor]:
         """The rows of `site`/`layer` split per sequence: a list of (t_i, dim) tensors."""
         return list(torch.split(self[site][layer], self.offsets.diff().tolist()))
+
+    def iter_sequences(self, site: str, layer: int, chunk: int = 256) -> Iterator[list[torch.Tensor]]:
+        """The sequences of `site`/`layer` in order, `chunk` at a time (the last chunk may be smaller):
+        lists of (t_i, dim) tensors.
+
+        A cached result reads one shard at a time, so memory holds about one shard's rows of this layer
+        rather than the whole layer (what `sequences` returns). The chunks do not depend on how the
+        result is sharded, so streamed statistics are the same with or without the cache.
+        """
+        if layer not in self[site]:
+            raise KeyError(f"layer {layer} of site {site!r} was not extracted; available: {self.layers(site)}")
+        pending: list[torch.Tensor] = []
+        for part in self._parts:
+            lengths = self._load(part, "offsets").diff().tolist()
+            pending += torch.split(self._load(part, f"{site}/{layer}"), lengths)
+            while len(pending) >= chunk:
+                yield pending[:chunk]
+                pending = pending[chunk:]
+        if pending:
+            yield pending
 
     def per_head(self, site: str, layer: int) -> torch.Tensor:
         """`site`/`layer` viewed per head: (n_rows, kv_heads, head_dim), for keys/values sites."""

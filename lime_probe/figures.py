@@ -12,7 +12,6 @@ the order of the labels passed in.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +19,8 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+
+from lime_model.files import atomic_path
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under protan/deuter/tritan vision.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
@@ -71,7 +72,8 @@ def _new_figure(ncols: int = 1, nrows: int = 1, *, size: tuple[float, float] | N
 
 
 def save_figure(fig: Figure, stem: str | os.PathLike, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
-    """Write ``fig`` to ``stem.png`` and ``stem.pdf`` (each written to a temp file, then renamed).
+    """Write ``fig`` to ``stem.png`` and ``stem.pdf``, each all or nothing (``lime_model.files.atomic_path``),
+    with the permissions a plain ``open()`` gives.
 
     Returns the written paths in the order of ``formats``.
     """
@@ -80,14 +82,8 @@ def save_figure(fig: Figure, stem: str | os.PathLike, formats: Sequence[str] = (
     paths = []
     for fmt in formats:
         path = stem.with_name(f"{stem.name}.{fmt}")
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh, style():
-                fig.savefig(fh, format=fmt, dpi=STYLE["savefig.dpi"], bbox_inches="tight")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(path) as tmp, style():
+            fig.savefig(tmp, format=fmt, dpi=STYLE["savefig.dpi"], bbox_inches="tight")
         paths.append(path)
     return paths
 

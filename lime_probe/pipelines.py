@@ -20,14 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from lime_probe import figures as F
 from lime_probe.report import Section, Table
 from lime_probe.results import write_results
-
-SITES = ("hidden", "final", "values", "keys", "routed_values", "routed_keys")
-DEFAULT_WORDS = (" is", " are", " was", " were")
-
+from lime_probe.sites import DEFAULT_WORDS, SITES
 
 # --------------------------------------------------------------------------- checkpoints
 
@@ -104,18 +102,41 @@ def extract_site(ck: Checkpoint, texts: Sequence[str], site: str, extract_kw: di
     return extract(ck.model, ck.tokenizer, texts, sites=[site], **{**(extract_kw or {}), **kw})
 
 
+def stream_entropy(acts, site: str, layer: int, preset: str = "lime", *, alpha: float | None = None,
+                   seed: int = 0):
+    """``layer_entropy`` of one extracted layer (``acts``: ``Activations``), fed to an ``EntropyAccumulator`` a
+    chunk of sequences at a time (``Activations.iter_sequences``: one cache shard at a time), so memory does
+    not grow with the data. Returns an ``EntropyResult`` (per-sequence values (n_seq,), mean, CI).
+
+    The z-score of the "lime" preset needs the layer's global feature moments before any entropy: they are
+    gathered in a first pass (``FeatureMoments``), then the second pass computes each entropy at once.
+    """
+    import torch
+
+    from lime_probe.entropy import EntropyAccumulator, FeatureMoments, entropy_config
+
+    config = entropy_config(preset, alpha=alpha)
+    moments = None
+    if config.normalize == "zscore":
+        moments = FeatureMoments()
+        for seqs in acts.iter_sequences(site, layer):
+            moments.update(torch.cat(seqs))
+    acc = EntropyAccumulator(config, feature_stats=moments, seed=seed)
+    for seqs in acts.iter_sequences(site, layer):
+        acc.update(seqs)
+    return acc.result()
+
+
 def entropy_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "values", preset: str = "lime",
                      alpha: float | None = None, seed: int = 0, extract_kw: dict | None = None) -> Analysis:
-    """Matrix entropy per layer of ``site`` for each checkpoint (paper Figures 2a, 4a, 7a)."""
-    from lime_probe.entropy import layer_entropies
-
-    knobs = {} if alpha is None else {"alpha": alpha}
+    """Matrix entropy per layer of ``site`` for each checkpoint (paper Figures 2a, 4a, 7a), streamed layer by
+    layer and shard by shard (``stream_entropy``)."""
     rows, series = [], {}
     for ck in cks:
         acts = extract_site(ck, texts, site, extract_kw)
-        res = layer_entropies({layer: acts.sequences(site, layer) for layer in acts[site]},
-                              preset=preset, seed=seed, **knobs)
-        layers = sorted(res)
+        layers = acts.layers(site)
+        res = {layer: stream_entropy(acts, site, layer, preset, alpha=alpha, seed=seed)
+               for layer in tqdm(layers, desc=f"entropy {ck.label}", unit="layer")}
         for layer in layers:
             r = res[layer]
             rows.append({"model": ck.label, "site": site, "layer": layer, "entropy_mean": r.mean,

@@ -6,7 +6,8 @@ classifier; collapsed layers mix the words up. Defaults here follow the paper's 
 
 - classes balanced by subsampling each to the rarest class's count (seeded);
 - per layer, a standardised (z-scored on the training folds) multinomial logistic regression run to
-  convergence (lbfgs; a ConvergenceWarning is turned into an error asking for a larger `max_iter`);
+  convergence (lbfgs; a ConvergenceWarning becomes a ValueError naming the layer and fold and asking
+  for a larger `max_iter`: a settings problem, not a crash);
 - stratified 5-fold cross-validation (shuffled, seeded); mean and std (ddof=0) of the fold accuracies,
   next to the majority-class baseline.
 
@@ -32,7 +33,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tqdm.auto import tqdm
 
-DEFAULT_WORDS = (" is", " are", " was", " were")
+from .sites import DEFAULT_WORDS
+
 Method = Literal["logreg", "adam-linear"]
 LayerFeatures = Mapping[Any, np.ndarray | torch.Tensor] | Sequence[np.ndarray | torch.Tensor]
 
@@ -145,16 +147,20 @@ def _check_method(method: str) -> None:
         raise ValueError(f"method must be 'logreg' or 'adam-linear', got {method!r}")
 
 
-def fit_logreg(X_train: np.ndarray, y_train: np.ndarray, C: float, max_iter: int) -> Any:
-    """A standardised logistic regression fitted to convergence (ConvergenceWarning -> RuntimeError)."""
+def fit_logreg(X_train: np.ndarray, y_train: np.ndarray, C: float, max_iter: int, where: str = "") -> Any:
+    """A standardised logistic regression fitted to convergence.
+
+    X_train (n, d), y_train (n,). A ConvergenceWarning becomes a ValueError starting with `where`
+    (e.g. "layer 3, fold 1: ") that asks for a larger `max_iter` or a smaller `C`.
+    """
     model = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         try:
             return model.fit(X_train, y_train)
         except ConvergenceWarning:
-            raise RuntimeError(
-                f"logistic regression did not converge in max_iter={max_iter}; raise max_iter or lower C"
+            raise ValueError(
+                f"{where}logistic regression did not converge in max_iter={max_iter}; raise max_iter or lower C"
             ) from None
 
 
@@ -221,10 +227,7 @@ def probe_layers(
     for li, (layer, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
         for k, (train, test) in enumerate(folds):
             if method == "logreg":
-                try:
-                    clf = fit_logreg(X[train], y[train], C, max_iter)
-                except RuntimeError as e:
-                    raise RuntimeError(f"layer {layer}, fold {k}: {e}") from None
+                clf = fit_logreg(X[train], y[train], C, max_iter, where=f"layer {layer}, fold {k}: ")
                 acc[li, k] = float((clf.predict(X[test]) == y[test]).mean())
             else:
                 acc[li, k] = _adam_linear_accuracy(X[train], y[train], X[test], y[test], seed + k)

@@ -123,30 +123,43 @@ def test_format_table_aligns_columns():
     assert len({len(line) for line in lines}) == 1
 
 
-def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file):
-    from lime_probe.entropy import layer_entropies
-    from lime_probe.extraction import extract
+def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeypatch):
+    import importlib
+
+    from lime_probe.entropy import layer_entropy
+    from lime_probe.extraction import Activations, extract
     from lime_probe.loading import load
 
+    extract_mod = importlib.import_module("lime_probe.extraction")
+    monkeypatch.setattr(extract_mod, "SHARD_BYTES", 1)  # a cache shard per batch: the command streams them
+
+    def whole_layer(*a, **k):
+        raise AssertionError("the entropy command must stream, not load every sequence of a layer")
+
+    monkeypatch.setattr(Activations, "sequences", whole_layer)
     out = tmp_path / "out"
     code, stdout, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--ckpt", ckpts["bert"], "--label",
                                 "LLaMA", "--label", "BERT", "--data", text_file, "--site", "values", "--max-length",
-                                16, "--out", out, "--cache", tmp_path / "cache", "--seed", 3)
+                                16, "--batch-size", 4, "--out", out, "--cache", tmp_path / "cache", "--seed", 3)
     assert code == 0, err
+    assert len(list((tmp_path / "cache").rglob("*.safetensors"))) > 2  # several shards were streamed
+    monkeypatch.undo()
     doc = _read_json(out / "entropy_values.json")
     assert doc["meta"]["settings"]["site"] == "values"
     assert doc["meta"]["checkpoints"]["BERT"]["model_type"] == "bert"
     for label, arch in (("LLaMA", "llama"), ("BERT", "bert")):
         model, tok = load(ckpts[arch])
-        acts = extract(model, tok, DOCS, sites=["values"], max_length=16, progress=False)
-        want = layer_entropies({la: acts.sequences("values", la) for la in acts["values"]}, preset="lime",
-                               seed=3, progress=False)
+        acts = extract(model, tok, DOCS, sites=["values"], max_length=16, progress=False)  # in memory, unbatched
         rows = [r for r in doc["rows"] if r["model"] == label]
-        assert [r["layer"] for r in rows] == sorted(want)
+        assert [r["layer"] for r in rows] == acts.layers("values")
         for r in rows:
-            w = want[r["layer"]]
-            np.testing.assert_allclose([r["entropy_mean"], r["entropy_std"], r["ci_low"], r["ci_high"]],
-                                       [w.mean, w.std, w.ci_low, w.ci_high], rtol=1e-12)
+            seqs = acts.sequences("values", r["layer"])
+            got = [r["entropy_mean"], r["entropy_std"], r["ci_low"], r["ci_high"]]
+            # the library on all sequences at once (its default one-pass z-score); equal up to float64
+            # round-off in the feature moments (merged per shard here), which p**0.5 of the smallest Gram
+            # eigenvalues magnifies to ~1e-9
+            want = layer_entropy(seqs, "lime", seed=3)
+            np.testing.assert_allclose(got, [want.mean, want.std, want.ci_low, want.ci_high], rtol=1e-7)
             assert r["n_sequences"] == len(DOCS)
     assert sorted(p.name for p in out.iterdir()) == [f"entropy_values.{x}" for x in ("csv", "json", "pdf", "png")]
     assert "LLaMA" in stdout and "entropy_mean" in stdout
@@ -201,6 +214,45 @@ def test_a_site_the_model_lacks_is_exit_2(capsys, ckpts, text_file, tmp_path):
                            "routed_values", "--out", tmp_path / "o", "--no-cache")
     assert code == 2 and "routed_values" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_relative_path_fails_fast_naming_both_readings(capsys, tmp_path, text_file, monkeypatch):
+    import time
+
+    monkeypatch.chdir(tmp_path)  # "runs/nope" reads as a hub id too, and the hub cannot be reached here
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    start = time.monotonic()
+    code, _, err = run_cli(capsys, "entropy", "--ckpt", "runs/nope", "--data", text_file, "--out", "o", "--no-cache")
+    took = time.monotonic() - start
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith(
+        "lime-probe entropy: error: no local folder 'runs/nope' and no hub model 'runs/nope' could be reached (")
+    assert "Retry" not in err and "Traceback" not in err
+    assert took < 10, f"took {took:.1f} s: the hub was retried"
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bug_raising_keyerror_is_exit_1_not_bad_input(capsys, tmp_path, monkeypatch):
+    def buggy(*args):
+        raise KeyError("internal")
+
+    monkeypatch.setattr(cli, "run_analysis", buggy)
+    monkeypatch.setattr(cli, "load_checkpoints", lambda *a: [])
+    (tmp_path / "t.txt").write_text("hello there\n")
+    code, _, err = run_cli(capsys, "cka", "--ckpt", "x", "--data", tmp_path / "t.txt", "--out", tmp_path / "o")
+    assert code == 1 and "failed: KeyError: internal" in err
+
+
+def test_published_files_and_folder_have_normal_permissions(capsys, tmp_path, ckpts):
+    from lime_model.files import umask
+
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "router", "--ckpt", ckpts["lime"], "--out", out)
+    assert code == 0, err
+    assert (out.stat().st_mode & 0o777) == 0o777 & ~umask()
+    files = sorted(out.iterdir())
+    assert {f.suffix for f in files} == {".json", ".csv", ".png", ".pdf"}
+    assert {f.name: f.stat().st_mode & 0o777 for f in files} == {f.name: 0o666 & ~umask() for f in files}
 
 
 def test_installed_script_reports_bad_input(tmp_path, text_file):

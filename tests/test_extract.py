@@ -136,6 +136,25 @@ def test_activations_views(tok):
         acts.per_head("hidden", 0)
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_iter_sequences_streams_the_same_sequences(tok, tmp_path, monkeypatch, cached):
+    import lime_probe.extraction as ex
+
+    monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # a cache shard per batch
+    model = tiny_model("llama", tok)
+    acts = extract(model, tok, TEXTS, sites=["values"], batch_size=2, progress=False,
+                   cache_dir=tmp_path if cached else None)
+    assert len(acts.shards) == (3 if cached else 0)
+    chunks = list(acts.iter_sequences("values", 1, chunk=3))
+    assert [len(c) for c in chunks] == [3, 2]  # across shard boundaries: the same chunks either way
+    want = torch.split(acts["values"][1], acts.offsets.diff().tolist())  # the whole layer at once
+    assert len(want) == len(TEXTS)
+    for got, w in zip((s for c in chunks for s in c), want, strict=True):
+        assert torch.equal(got, w)
+    with pytest.raises(KeyError, match="layer 5 of site 'values' was not extracted"):
+        next(acts.iter_sequences("values", 5))
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(texts=[]), "texts is empty"),
     (dict(texts="a string"), "texts must be a list of strings"),

@@ -113,6 +113,9 @@ def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
     assert paths[0].read_bytes().startswith(b"\x89PNG")
     assert paths[1].read_bytes().startswith(b"%PDF")
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["entropy.pdf", "entropy.png"]
+    from lime_model.files import umask
+
+    assert [p.stat().st_mode & 0o777 for p in paths] == [0o666 & ~umask()] * 2  # not mkstemp's private 0o600
 
 
 @pytest.mark.parametrize(

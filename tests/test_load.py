@@ -77,3 +77,23 @@ def test_hub_ids_versus_paths(tmp_path):
     assert _is_hub_id("EleutherAI/pythia-70m") and _is_hub_id("gpt2")
     assert not _is_hub_id("./runs/lime") and not _is_hub_id("/abs/path") and not _is_hub_id("a/b/c")
     assert not _is_hub_id(str(tmp_path))
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_unreachable_hub_id_fails_at_once_naming_both_readings(tmp_path, monkeypatch, offline):
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)  # read by huggingface_hub.is_offline_mode()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError) as info:
+        load("runs/nope")
+    assert time.monotonic() - start < 10  # one request, no retries (this machine has no network)
+    message = str(info.value)
+    assert message.startswith("no local folder 'runs/nope' and no hub model 'runs/nope' could be reached (")
+    assert "\n" not in message
+    assert ("HF_HUB_OFFLINE is set" in message) == offline

@@ -109,7 +109,7 @@ def test_bad_input(kwargs, err, match):
         token_separability(progress=False, **args)
 
 
-def test_non_convergence_is_an_error():
+def test_non_convergence_is_a_settings_error():
     feats, y = synthetic(separation=0.5)
-    with pytest.raises(RuntimeError, match="layer 0, fold 0: .*max_iter=1"):
+    with pytest.raises(ValueError, match=r"^layer 0, fold 0: .*did not converge in max_iter=1; raise max_iter"):
         token_separability(feats, y, max_iter=1, progress=False)
