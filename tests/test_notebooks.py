@@ -21,6 +21,7 @@ PAIRS = [("The cat is here.", "The cat are here."), ("They were happy.", "They w
 def env(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("nb")
     lime, llama = save_tiny_checkpoint(root / "lime", "lime"), save_tiny_checkpoint(root / "llama", "llama")
+    dynamic = save_tiny_checkpoint(root / "dynamic", "lime", routing="dynamic")  # routers need the data
     text = root / "texts.txt"
     text.write_text("\n\n".join(CORPUS * 4) + "\n")
     blimp = root / "blimp"
@@ -37,7 +38,7 @@ def env(tmp_path_factory) -> dict[str, str]:
     return {"LIME_CKPTS": f"{lime},{llama}", "LIME_LABELS": "LIMe,LLaMA", "LIME_DATA": str(text),
             "LIME_MAX_SEQUENCES": "24", "LIME_MAX_LENGTH": "32", "LIME_PER_WORD": "8", "LIME_PERPLEXITY": "3",
             "LIME_BLIMP": str(blimp), "LIME_PARADIGMS": "agreement_a,agreement_b", "LIME_MAX_PAIRS": "12",
-            "LIME_RUNS": f"{lime},{llama}", "LIME_ROUTER_CKPTS": str(lime)}
+            "LIME_RUNS": f"{lime},{llama}", "LIME_ROUTER_CKPTS": f"{lime},{dynamic}"}
 
 
 def test_every_analysis_has_a_notebook():
@@ -49,9 +50,9 @@ def test_every_analysis_has_a_notebook():
 def test_notebook_runs_and_shows_figures(path, env, monkeypatch, tmp_path):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    if path.stem == "routers":  # LIMe checkpoints only
+    if path.stem == "routers":  # LIMe checkpoints only, static and input-dependent routing
         monkeypatch.setenv("LIME_CKPTS", env["LIME_ROUTER_CKPTS"])
-        monkeypatch.setenv("LIME_LABELS", "LIMe")
+        monkeypatch.setenv("LIME_LABELS", "LIMe,dynamic")
     book = nbformat.read(path, as_version=4)
     assert "os.environ" in book.cells[1].source  # parameters first, overridable from outside
     nbclient.NotebookClient(book, timeout=300, kernel_name="python3",
@@ -61,3 +62,19 @@ def test_notebook_runs_and_shows_figures(path, env, monkeypatch, tmp_path):
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     assert images, f"{path.name} showed no figure"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_valid_and_uses_the_pipelines(path):
+    """The notebooks call the library's analyses rather than re-implementing their steps."""
+    book = nbformat.read(path, as_version=4)
+    nbformat.validate(book)
+    code = "\n".join(c.source for c in book.cells if c.cell_type == "code")
+    for step in ("word_rows(", "balance_classes(", "np.flatnonzero(", "acts.sequences(", "extract("):
+        assert step not in code, f"{path.name} re-implements {step!r}: call lime_probe.pipelines"
+    if path.stem != "training_curves":
+        assert f"{path.stem.rstrip('s')}_analysis(" in code
+    params = book.cells[1].source
+    names = [line.split("=")[0].strip() for line in params.splitlines() if line[:1].isupper() and "=" in line]
+    unused = [n for n in names if code.count(n) < 2]  # defined once, never read
+    assert not unused, f"{path.name}: unused parameters {unused}"
