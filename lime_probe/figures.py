@@ -18,6 +18,7 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
+import seaborn as sns
 from matplotlib.figure import Figure
 
 from lime_model.files import atomic_path
@@ -27,7 +28,7 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 # Line styles double the colour cue so curves stay apart in greyscale print.
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
-# A perceptually uniform sequential map that also reads in greyscale, for heatmaps.
+# A perceptually uniform sequential map that also reads in greyscale, for heatmaps (drawn with seaborn).
 SEQUENTIAL_CMAP = "viridis"
 
 STYLE = {
@@ -185,26 +186,18 @@ def plot_heatmap(
         annotate = m.size <= 200
     with style():
         if ax is None:
-            fig, axes = _new_figure(size=(max(3.6, 0.45 * m.shape[1] + 2.0), max(2.8, 0.35 * m.shape[0] + 1.4)))
+            label_width = 0.07 * max(len(str(r)) for r in row_labels)  # inches of the widest row label
+            fig, axes = _new_figure(size=(max(3.6, 0.45 * m.shape[1] + 2.0 + label_width),
+                                          max(2.8, 0.35 * m.shape[0] + 1.4)))
             ax = axes[0, 0]
-        fig = ax.figure
-        masked = np.ma.masked_invalid(m)
-        im = ax.imshow(masked, cmap=SEQUENTIAL_CMAP, aspect="auto", vmin=vmin, vmax=vmax,
-                       interpolation="nearest")
+        # seaborn masks the NaN cells, centres the ticks and picks a legible annotation colour per cell
+        sns.heatmap(m, ax=ax, cmap=SEQUENTIAL_CMAP, vmin=vmin, vmax=vmax, annot=annotate, fmt=fmt,
+                    annot_kws={"fontsize": 7}, xticklabels=[str(c) for c in col_labels],
+                    yticklabels=[str(r) for r in row_labels], cbar_kws={"label": cbar_label, "shrink": 0.9})
+        ax.tick_params(axis="y", labelrotation=0)
         ax.grid(False)
-        ax.set_xticks(range(m.shape[1]), [str(c) for c in col_labels])
-        ax.set_yticks(range(m.shape[0]), [str(r) for r in row_labels])
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-        if annotate:
-            lo, hi = im.get_clim()
-            for (r, c), v in np.ndenumerate(m):
-                if np.isfinite(v):
-                    # dark text on the bright end of viridis, light text on the dark end
-                    bright = hi > lo and (v - lo) / (hi - lo) > 0.6
-                    ax.text(c, r, format(v, fmt), ha="center", va="center", fontsize=7,
-                            color="black" if bright else "white")
-        fig.colorbar(im, ax=ax, label=cbar_label, shrink=0.9)
-    return fig
+    return ax.figure
 
 
 def plot_router(weights, *, label: str, sources_label: str = "buffered layer (memory source)") -> Figure:
@@ -243,14 +236,14 @@ def plot_router_heads(per_head, *, label: str, layers: Sequence[int] | None = No
             if k >= len(layers):
                 ax.set_visible(False)
                 continue
-            im = ax.imshow(np.ma.masked_invalid(t[k]), cmap=SEQUENTIAL_CMAP, aspect="auto", vmin=0.0,
-                           vmax=vmax, interpolation="nearest")
+            sns.heatmap(t[k], ax=ax, cmap=SEQUENTIAL_CMAP, vmin=0.0, vmax=vmax, cbar=False,
+                        xticklabels=range(t.shape[2]), yticklabels=range(t.shape[1]))
+            ax.tick_params(axis="y", labelrotation=0)
             ax.grid(False)
-            ax.set_title(f"layer {layers[k]}")
-            ax.set_xlabel("buffered layer")
-            ax.set_ylabel("KV head")
-            ax.set_yticks(range(t.shape[1]))
-        fig.colorbar(im, ax=axes.ravel().tolist(), label="share of |R| (row sums to 1)", shrink=0.9)
+            ax.set(title=f"layer {layers[k]}", xlabel="buffered layer", ylabel="KV head")
+        # one colour bar for every panel: they share vmin/vmax
+        fig.colorbar(axes.flat[0].collections[0], ax=axes.ravel().tolist(), label="share of |R| (row sums to 1)",
+                     shrink=0.9)
         fig.suptitle(f"{label}: router weights per head")
     return fig
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.collections import PathCollection, PolyCollection, QuadMesh
 
 from lime_probe import figures as F
 
@@ -48,23 +48,40 @@ def test_separability_draws_std_band_and_chance_line():
     assert "' is'" in ax.get_title()
 
 
+def _mesh(ax) -> QuadMesh:
+    """A heatmap's cells (seaborn draws one QuadMesh)."""
+    (mesh,) = [c for c in ax.collections if isinstance(c, QuadMesh)]
+    return mesh
+
+
+def _cells(ax) -> np.ma.MaskedArray:
+    return _mesh(ax).get_array()
+
+
 def test_heatmap_shows_the_matrix_with_nan_blank():
     m = np.array([[1.0, np.nan], [0.3, 0.7]])
     fig = F.plot_router(m, label="LIMe")
-    img = fig.axes[0].get_images()[0].get_array()
-    assert img.mask[0, 1] and not img.mask[1, 1]
-    np.testing.assert_allclose(img.data[~img.mask], m[np.isfinite(m)])
+    cells = _cells(fig.axes[0]).reshape(m.shape)
+    assert cells.mask[0, 1] and not cells.mask[1, 1]
+    np.testing.assert_allclose(cells.data[~cells.mask], m[np.isfinite(m)])
     texts = sorted(t.get_text() for t in fig.axes[0].texts)
     assert texts == ["0.30", "0.70", "1.00"]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1"]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # row 0 on top, as in the paper
+    assert fig.axes[1].get_ylabel() == "share of |R| (row sums to 1)"  # the colour bar
+    assert _mesh(ax).get_cmap().name == F.SEQUENTIAL_CMAP
 
 
 def test_router_heads_one_panel_per_layer():
     t = rng.random((3, 2, 4))
     fig = F.plot_router_heads(t, label="LIMe")
-    panels = [ax for ax in fig.axes if ax.get_images() and ax.get_visible() and ax.get_title()]
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
     assert [ax.get_title() for ax in panels] == ["layer 0", "layer 1", "layer 2"]
     for k, ax in enumerate(panels):
-        np.testing.assert_allclose(ax.get_images()[0].get_array().data, t[k])
+        np.testing.assert_allclose(_cells(ax).reshape(t[k].shape), t[k])
+        assert _mesh(ax).get_clim() == (0.0, t.max())  # one shared colour scale
 
 
 def test_tsne_grid_places_every_point_with_its_word():
