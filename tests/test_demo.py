@@ -88,7 +88,8 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     acts = extract(lime, tok, texts, sites=["values"], max_length=recipe["seq_len"], batch_size=32, progress=False)
     want = layer_entropies({la: acts.sequences("values", la) for la in acts["values"]}, seed=0, progress=False)
     got = [r for r in json.loads((out / "entropy_values.json").read_text())["rows"] if r["model"] == "LIMe"]
-    np.testing.assert_allclose([r["entropy_mean"] for r in got], [want[la].mean for la in sorted(want)], rtol=1e-12)
+    # the demo streams (two-pass z-score): equal to the one-pass library up to float64 round-off (~1e-9)
+    np.testing.assert_allclose([r["entropy_mean"] for r in got], [want[la].mean for la in sorted(want)], rtol=1e-7)
 
     # router weights of the trained LIMe
     doc = json.loads((out / "router.json").read_text())
