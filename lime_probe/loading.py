@@ -143,10 +143,9 @@ def load(ckpt: str | os.PathLike, device: str | torch.device = "cpu",
     ckpt = os.fspath(ckpt)
     dtype = _resolve_dtype(dtype)
     hub = _is_hub_id(ckpt)
-    cached = {}  # from_pretrained keywords: read an unreachable hub model from the local hub cache only
-    if hub:
-        cached = {"local_files_only": True} if _hub_offline(ckpt) else {}
-    else:
+    # an unreachable hub model that is in the local hub cache is read from there, with no network retries
+    cached = {"local_files_only": True} if hub and _hub_offline(ckpt) else {}
+    if not hub:
         ckpt = str(Path(ckpt).expanduser())
         _check_local(Path(ckpt))
     where = f"hub checkpoint {ckpt!r}" if hub else f"checkpoint {ckpt}"
