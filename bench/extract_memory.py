@@ -45,9 +45,16 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     ex.SHARD_BYTES = args.shard_mib * 2**20
     tok = tiny_tokenizer()
-    config = tf.LlamaConfig(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                            num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=SEQ, pad_token_id=0)
+    config = tf.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = tf.LlamaForCausalLM(config).eval()
     texts = make_texts(tok, args.tokens // SEQ, SEQ)
@@ -55,16 +62,30 @@ def child(args: argparse.Namespace) -> None:
         ex.extract(model, tok, texts[:1], max_length=SEQ, progress=False)  # warm-up: imports, nnsight
         before = peak_rss_mib()
         cache = None if args.in_memory else Path(tmp)
-        acts = ex.extract(model, tok, texts, sites=["hidden"], max_length=SEQ, batch_size=8,
-                          cache_dir=cache, progress=False)
+        acts = ex.extract(
+            model, tok, texts, sites=["hidden"], max_length=SEQ, batch_size=8, cache_dir=cache, progress=False
+        )
         after = peak_rss_mib()
         written = sum(p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file())
-        print(json.dumps({"tokens": len(acts.token_ids), "before": before, "after": after, "written": written}))
+        print(
+            json.dumps({"tokens": len(acts.token_ids), "before": before, "after": after, "written": written})
+        )
 
 
 def run(tokens: int, args: argparse.Namespace, in_memory: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--tokens", str(tokens), "--shard-mib", str(args.shard_mib),
-           "--hidden", str(args.hidden), "--layers", str(args.layers)] + (["--in-memory"] if in_memory else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--tokens",
+        str(tokens),
+        "--shard-mib",
+        str(args.shard_mib),
+        "--hidden",
+        str(args.hidden),
+        "--layers",
+        str(args.layers),
+    ] + (["--in-memory"] if in_memory else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -82,15 +103,19 @@ def main() -> None:
         child(args)
         return
     modes = [False, True] if args.in_memory else [False]
-    print(f"LLaMA {args.layers} layers, hidden {args.hidden}; all 'hidden' layers of every token; "
-          f"{SEQ}-token sequences; shards of {args.shard_mib} MiB")
+    print(
+        f"LLaMA {args.layers} layers, hidden {args.hidden}; all 'hidden' layers of every token; "
+        f"{SEQ}-token sequences; shards of {args.shard_mib} MiB"
+    )
     for in_memory in modes:
         small, large = run(args.tokens, args, in_memory), run(10 * args.tokens, args, in_memory)
         label = "in memory (no cache_dir)" if in_memory else "streamed to cache_dir"
         print(label)
         for r in (small, large):
-            print(f"  {r['tokens']:>9,} tokens  written {r['written'] / 2**20:7.1f} MiB  peak RSS "
-                  f"{r['after']:7.1f} MiB  (+{r['after'] - r['before']:6.1f} MiB over the warmed-up process)")
+            print(
+                f"  {r['tokens']:>9,} tokens  written {r['written'] / 2**20:7.1f} MiB  peak RSS "
+                f"{r['after']:7.1f} MiB  (+{r['after'] - r['before']:6.1f} MiB over the warmed-up process)"
+            )
         print(f"  peak RSS ratio 10N / N: {large['after'] / small['after']:.3f}")
 
 

@@ -42,9 +42,16 @@ def make_texts(tok, n: int, n_tokens: int, seed: int = 0) -> list[str]:
 
 
 def build(kind: str, vocab: int, layers: int, hidden: int, device: str) -> torch.nn.Module:
-    kw = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-              num_attention_heads=hidden // 32, num_key_value_heads=hidden // 64, max_position_embeddings=4096,
-              pad_token_id=0)
+    kw = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=hidden // 64,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     if kind == "lime":
         import lime_model
@@ -66,8 +73,10 @@ def bench(kind: str, sites: list[str], args: argparse.Namespace, tok) -> None:
     texts = make_texts(tok, args.batches * args.batch_size, args.seq)
     ids = tok(texts, truncation=True, max_length=args.seq)["input_ids"]
     assert all(len(s) == args.seq for s in ids)
-    batches = [{k: v.to(args.device) for k, v in pad_batch(ids[i : i + args.batch_size], 0, "left").items()}
-               for i in range(0, len(ids), args.batch_size)]
+    batches = [
+        {k: v.to(args.device) for k, v in pad_batch(ids[i : i + args.batch_size], 0, "left").items()}
+        for i in range(0, len(ids), args.batch_size)
+    ]
 
     def baseline():
         with torch.inference_mode():
@@ -75,7 +84,9 @@ def bench(kind: str, sites: list[str], args: argparse.Namespace, tok) -> None:
                 hf(**batch, output_hidden_states=True)
 
     def ours(site):
-        extract(model, tok, texts, sites=[site], batch_size=args.batch_size, max_length=args.seq, progress=False)
+        extract(
+            model, tok, texts, sites=[site], batch_size=args.batch_size, max_length=args.seq, progress=False
+        )
 
     runs = {"baseline": baseline} | {site: (lambda s=site: ours(s)) for site in sites}
     wall: dict[str, list[float]] = {name: [] for name in runs}
@@ -93,10 +104,14 @@ def bench(kind: str, sites: list[str], args: argparse.Namespace, tok) -> None:
             sync(args.device)
             wall[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
-    print(f"{kind}: {args.layers} layers, hidden {args.hidden}, {args.batches} batch(es) of "
-          f"{args.batch_size} x {args.seq} tokens on {args.device}, {torch.get_num_threads()} threads; "
-          f"median of {args.repeats}")
-    print(f"  {'':32s} {'wall ms':>9s} {'ratio':>6s} {'paired':>6s}   {'CPU ms':>9s} {'ratio':>6s} {'paired':>6s}")
+    print(
+        f"{kind}: {args.layers} layers, hidden {args.hidden}, {args.batches} batch(es) of "
+        f"{args.batch_size} x {args.seq} tokens on {args.device}, {torch.get_num_threads()} threads; "
+        f"median of {args.repeats}"
+    )
+    print(
+        f"  {'':32s} {'wall ms':>9s} {'ratio':>6s} {'paired':>6s}   {'CPU ms':>9s} {'ratio':>6s} {'paired':>6s}"
+    )
     for name in runs:
         label = "baseline (output_hidden_states)" if name == "baseline" else f"extract {name}"
         print(f"  {label:32s} " + "   ".join(_stats(clock[name], clock["baseline"]) for clock in (wall, cpu)))

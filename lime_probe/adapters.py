@@ -91,7 +91,9 @@ class Adapter:
 
     layers: str
     final_norm: str | None
-    sites: dict[str, tuple[str, Take]] | Callable[[Any], dict[str, tuple[str, Take]]] = field(default_factory=dict)
+    sites: dict[str, tuple[str, Take]] | Callable[[Any], dict[str, tuple[str, Take]]] = field(
+        default_factory=dict
+    )
 
     def block_sites(self, config: Any) -> dict[str, tuple[str, Take]]:
         """The per-block sites for this `config`, in execution order."""
@@ -129,7 +131,10 @@ def head_shape(config: Any) -> tuple[int, int]:
 def _lime_sites(config: Any) -> dict[str, tuple[str, Take]]:
     sites = proj_sites("self_attn.k_proj", "self_attn.v_proj")
     if getattr(config, "routing", "none") != "none":
-        sites |= {"routed_keys": ("self_attn.router", routed(0)), "routed_values": ("self_attn.router", routed(1))}
+        sites |= {
+            "routed_keys": ("self_attn.router", routed(0)),
+            "routed_values": ("self_attn.router", routed(1)),
+        }
     return sites
 
 
@@ -139,16 +144,44 @@ def _neox_sites(config: Any) -> dict[str, tuple[str, Take]]:
     return {"keys": (qkv, interleaved_slice(1, heads)), "values": (qkv, interleaved_slice(2, heads))}
 
 
-LLAMA_FAMILY = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-                "phi3", "olmo", "olmo2", "granite", "cohere", "starcoder2", "smollm3"]
+LLAMA_FAMILY = [
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "granite",
+    "cohere",
+    "starcoder2",
+    "smollm3",
+]
 
 register_adapter("lime", Adapter(layers="layers", final_norm="norm", sites=_lime_sites))
-register_adapter(LLAMA_FAMILY, Adapter(layers="layers", final_norm="norm",
-                                       sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")))
-register_adapter("gpt2", Adapter(layers="h", final_norm="ln_f",
-                                 sites={"keys": ("attn.c_attn", fused_slice(1)),
-                                        "values": ("attn.c_attn", fused_slice(2))}))
+register_adapter(
+    LLAMA_FAMILY,
+    Adapter(layers="layers", final_norm="norm", sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")),
+)
+register_adapter(
+    "gpt2",
+    Adapter(
+        layers="h",
+        final_norm="ln_f",
+        sites={"keys": ("attn.c_attn", fused_slice(1)), "values": ("attn.c_attn", fused_slice(2))},
+    ),
+)
 register_adapter("gpt_neox", Adapter(layers="layers", final_norm="final_layer_norm", sites=_neox_sites))
-register_adapter(["bert", "roberta", "xlm-roberta", "camembert"],
-                 Adapter(layers="encoder.layer", final_norm=None,
-                         sites=proj_sites("attention.self.key", "attention.self.value")))
+register_adapter(
+    ["bert", "roberta", "xlm-roberta", "camembert"],
+    Adapter(
+        layers="encoder.layer",
+        final_norm=None,
+        sites=proj_sites("attention.self.key", "attention.self.value"),
+    ),
+)

@@ -37,7 +37,9 @@ REQUIRED_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID", "linguistic
 def _check_fields(columns: Sequence[str], where: str) -> None:
     missing = [f for f in REQUIRED_FIELDS if f not in columns]
     if missing:
-        raise ValueError(f"{where}: not BLiMP data, missing field(s) {missing} (needs {list(REQUIRED_FIELDS)})")
+        raise ValueError(
+            f"{where}: not BLiMP data, missing field(s) {missing} (needs {list(REQUIRED_FIELDS)})"
+        )
 
 
 def _local_files(source: Path, paradigms: Sequence[str] | None) -> list[Path]:
@@ -51,7 +53,9 @@ def _local_files(source: Path, paradigms: Sequence[str] | None) -> list[Path]:
     by_name = {f.stem: f for f in files}
     unknown = [p for p in paradigms if p not in by_name]
     if unknown:
-        raise ValueError(f"paradigm(s) {unknown} not in {source}; available: {sorted(by_name)[:5]}... ({len(by_name)})")
+        raise ValueError(
+            f"paradigm(s) {unknown} not in {source}; available: {sorted(by_name)[:5]}... ({len(by_name)})"
+        )
     return [by_name[p] for p in paradigms]
 
 
@@ -65,7 +69,9 @@ def _read_jsonl(path: Path) -> list[dict]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON line ({e.msg})") from None
+                raise ValueError(
+                    f"could not read BLiMP JSONL {path}:{n}: not a JSON line ({e.msg})"
+                ) from None
             if not isinstance(record, dict):
                 raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON object")
             _check_fields(list(record), f"{path}:{n}")
@@ -156,7 +162,9 @@ def blimp_probe(
     g_items = dict(good) if isinstance(good, Mapping) else dict(enumerate(good))
     b_items = dict(bad) if isinstance(bad, Mapping) else dict(enumerate(bad))
     if list(g_items) != list(b_items):
-        raise ValueError(f"good and bad features must have the same layers, got {list(g_items)} and {list(b_items)}")
+        raise ValueError(
+            f"good and bad features must have the same layers, got {list(g_items)} and {list(b_items)}"
+        )
     if len(np.unique(pair_ids)) < n_splits:
         raise ValueError(f"blimp_probe: {len(np.unique(pair_ids))} pairs are too few for {n_splits}-fold CV")
     features = {}
@@ -170,8 +178,16 @@ def blimp_probe(
     labels = np.repeat([1, 0], pair_ids.shape[0])
     splitter = GroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
     return probe_layers(
-        features, labels, splitter, groups=np.concatenate([pair_ids, pair_ids]), method=method, C=C,
-        max_iter=max_iter, seed=seed, progress=progress, desc="BLiMP probe",
+        features,
+        labels,
+        splitter,
+        groups=np.concatenate([pair_ids, pair_ids]),
+        method=method,
+        C=C,
+        max_iter=max_iter,
+        seed=seed,
+        progress=progress,
+        desc="BLiMP probe",
     )
 
 
@@ -210,7 +226,9 @@ def sentence_logprobs(
     limit = getattr(getattr(module, "config", None), "max_position_embeddings", None)
     longest = max(len(s) for s in seqs)
     if limit is not None and longest > limit:
-        raise ValueError(f"a sentence has {longest} tokens with the prefix, over the model's {limit} positions")
+        raise ValueError(
+            f"a sentence has {longest} tokens with the prefix, over the model's {limit} positions"
+        )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prefix
     device = next(module.parameters()).device
     order = np.argsort([len(s) for s in seqs], kind="stable")
@@ -219,7 +237,9 @@ def sentence_logprobs(
     module.eval()
     try:
         with torch.inference_mode():
-            for start in tqdm(range(0, len(seqs), batch_size), desc="scoring", unit="batch", disable=not progress):
+            for start in tqdm(
+                range(0, len(seqs), batch_size), desc="scoring", unit="batch", disable=not progress
+            ):
                 idx = order[start : start + batch_size]
                 width = max(len(seqs[i]) for i in idx)
                 ids = torch.full((len(idx), width), pad, dtype=torch.long)

@@ -26,16 +26,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from lime_model.data import texts_hash
 from lime_model.files import atomic_path, atomic_write
-from lime_model.tokenization import tokenizer_hash as tokenizer_fingerprint
 from lime_probe import results
-from lime_probe.results import versions as library_versions
-
-# texts_hash, tokenizer_fingerprint and library_versions are re-exported for the cache key: one
-# implementation each lives in lime_model.data, lime_model.tokenization and lime_probe.results.
-__all__ = ["ShardCache", "checkpoint_identity", "fingerprint", "library_versions", "read_tensor",
-           "texts_hash", "tokenizer_fingerprint"]
 
 MANIFEST = "manifest.json"
 
@@ -123,8 +115,14 @@ class ShardCache:
         tensors = {name: t.contiguous() for name, t in tensors.items()}
         with atomic_path(path) as tmp:
             save_file(tensors, str(tmp))
-        self._entries.append({"file": path.name, "n_sequences": len(tensors["offsets"]) - 1,
-                              "n_rows": len(tensors["token_ids"]), "n_tokens": n_tokens})
+        self._entries.append(
+            {
+                "file": path.name,
+                "n_sequences": len(tensors["offsets"]) - 1,
+                "n_rows": len(tensors["token_ids"]),
+                "n_tokens": n_tokens,
+            }
+        )
         self._write_manifest()
         return path
 

@@ -65,8 +65,13 @@ def _layer_list(spec: str | None) -> list[int] | None:
 
 def extract_options(args) -> dict:
     """The extraction settings of a parsed command line, as ``extract`` keywords."""
-    return {"layers": _layer_list(getattr(args, "layers", None)), "max_length": args.max_length,
-            "max_tokens": args.max_tokens, "batch_size": args.batch_size, "cache_dir": args.cache}
+    return {
+        "layers": _layer_list(getattr(args, "layers", None)),
+        "max_length": args.max_length,
+        "max_tokens": args.max_tokens,
+        "batch_size": args.batch_size,
+        "cache_dir": args.cache,
+    }
 
 
 # --------------------------------------------------------------------------- output
@@ -123,11 +128,15 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
     cells = [[cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     # numbers right-aligned, text left-aligned
-    numeric = [all(isinstance(r.get(c), int | float | np.number) or r.get(c) is None for r in rows) for c in cols]
+    numeric = [
+        all(isinstance(r.get(c), int | float | np.number) or r.get(c) is None for r in rows) for c in cols
+    ]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(row, widths, numeric, strict=True))
-              for row in cells]
+    lines += [
+        "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(row, widths, numeric, strict=True))
+        for row in cells
+    ]
     return "\n".join(lines)
 
 
@@ -188,8 +197,15 @@ def cmd_blimp(args, out: Path) -> None:
 
     data = load_blimp(args.data, args.paradigms)
     cks = load_checkpoints(args.ckpt, args.label, args.device)
-    a = blimp_analysis(cks, data, site=args.site, max_pairs=args.max_pairs, method=args.method, seed=args.seed,
-                       extract_kw=extract_options(args))
+    a = blimp_analysis(
+        cks,
+        data,
+        site=args.site,
+        max_pairs=args.max_pairs,
+        method=args.method,
+        seed=args.seed,
+        extract_kw=extract_options(args),
+    )
     write_analysis(a, out, _meta("blimp", args, cks))
     print(format_table(a.table()))
 
@@ -206,19 +222,19 @@ def cmd_demo(args, out: Path) -> None:
 
 EXAMPLES = {
     "entropy": "lime-probe entropy --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-               "    --data wikitext-2/valid.txt --site values --max-sequences 64 --out out/entropy",
+    "    --data wikitext-2/valid.txt --site values --max-sequences 64 --out out/entropy",
     "separability": "lime-probe separability --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt \\\n"
-                    "    --words ' is' ' are' ' was' ' were' --site values --max-sequences 2000 --out out/sep",
+    "    --words ' is' ' are' ' was' ' were' --site values --max-sequences 2000 --out out/sep",
     "tsne": "lime-probe tsne --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt --layers 0,4,8,12 \\\n"
-            "    --per-word 150 --out out/tsne",
+    "    --per-word 150 --out out/tsne",
     "blimp": "lime-probe blimp --ckpt runs/lime --ckpt runs/llama --data shared/data/blimp \\\n"
-             "    --paradigms anaphor_gender_agreement adjunct_island --max-pairs 500 --out out/blimp",
+    "    --paradigms anaphor_gender_agreement adjunct_island --max-pairs 500 --out out/blimp",
     "cka": "lime-probe cka --ckpt runs/lime --data wikitext-2/valid.txt --site hidden --max-tokens 2000 --out out/cka",
     "router": "lime-probe router --ckpt runs/lime --label LIMe --out out/router",
     "report": "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-              "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
+    "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
     "demo": "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
-            "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
+    "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
 }
 
 HELP = {
@@ -237,40 +253,88 @@ def _checkpoint_options(p: argparse.ArgumentParser, *, data: str) -> None:
     """--ckpt/--label and, unless ``data`` is "none", --data ("required", "optional" or "blimp") and the
     size limits."""
     g = p.add_argument_group("checkpoints and data")
-    g.add_argument("--ckpt", action="append", required=True, metavar="PATH|HUB_ID",
-                   help="checkpoint directory or hub id; repeat to compare side by side")
-    g.add_argument("--label", action="append", metavar="NAME",
-                   help="name per --ckpt in tables and legends (default: the folder name)")
+    g.add_argument(
+        "--ckpt",
+        action="append",
+        required=True,
+        metavar="PATH|HUB_ID",
+        help="checkpoint directory or hub id; repeat to compare side by side",
+    )
+    g.add_argument(
+        "--label",
+        action="append",
+        metavar="NAME",
+        help="name per --ckpt in tables and legends (default: the folder name)",
+    )
     if data == "none":
         return
     if data == "blimp":
-        g.add_argument("--data", default="nyu-mll/blimp", metavar="SPEC",
-                       help="a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id nyu-mll/blimp "
-                            "(default: %(default)s, needs a network)")
+        g.add_argument(
+            "--data",
+            default="nyu-mll/blimp",
+            metavar="SPEC",
+            help="a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id nyu-mll/blimp "
+            "(default: %(default)s, needs a network)",
+        )
     else:
-        g.add_argument("--data", required=data == "required", metavar="SPEC",
-                       help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
-                            + ("" if data == "required" else " (only for routing 'dynamic')"))
+        g.add_argument(
+            "--data",
+            required=data == "required",
+            metavar="SPEC",
+            help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
+            + ("" if data == "required" else " (only for routing 'dynamic')"),
+        )
     if data != "blimp":  # BLiMP is limited per paradigm by --max-pairs
-        g.add_argument("--max-sequences", type=_positive, default=64, metavar="N",
-                       help="use at most N sequences (default: %(default)s)")
-    g.add_argument("--max-length", type=_positive, default=256, metavar="T",
-                   help="truncate each sequence to T tokens (default: %(default)s)")
-    g.add_argument("--max-tokens", type=_positive, default=None, metavar="N",
-                   help="stop extracting after N tokens in all (default: no limit)")
-    g.add_argument("--batch-size", type=_positive, default=8, metavar="B",
-                   help="sequences per forward pass (default: %(default)s)")
-    g.add_argument("--cache", default=_default_cache(), metavar="DIR",
-                   help="activation cache; a rerun or an interrupted run reuses it (default: %(default)s)")
-    g.add_argument("--no-cache", dest="cache", action="store_const", const=None,
-                   help="extract without the on-disk cache")
+        g.add_argument(
+            "--max-sequences",
+            type=_positive,
+            default=64,
+            metavar="N",
+            help="use at most N sequences (default: %(default)s)",
+        )
+    g.add_argument(
+        "--max-length",
+        type=_positive,
+        default=256,
+        metavar="T",
+        help="truncate each sequence to T tokens (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="stop extracting after N tokens in all (default: no limit)",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=8,
+        metavar="B",
+        help="sequences per forward pass (default: %(default)s)",
+    )
+    g.add_argument(
+        "--cache",
+        default=_default_cache(),
+        metavar="DIR",
+        help="activation cache; a rerun or an interrupted run reuses it (default: %(default)s)",
+    )
+    g.add_argument(
+        "--no-cache", dest="cache", action="store_const", const=None, help="extract without the on-disk cache"
+    )
 
 
 def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> None:
     r = p.add_argument_group("run")
-    r.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
-    r.add_argument("--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)")
-    r.add_argument("--seed", type=int, default=0, help="seed for sampling, folds, t-SNE (default: %(default)s)")
+    r.add_argument(
+        "--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)"
+    )
+    r.add_argument(
+        "--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)"
+    )
+    r.add_argument(
+        "--seed", type=int, default=0, help="seed for sampling, folds, t-SNE (default: %(default)s)"
+    )
     r.add_argument("--debug", action="store_true", help="show the full traceback on failure")
 
 
@@ -290,22 +354,37 @@ def _positive(s: str) -> int:
 
 
 def _site_options(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--site", default=default, choices=SITES, help="representation to probe (default: %(default)s)")
+    p.add_argument(
+        "--site", default=default, choices=SITES, help="representation to probe (default: %(default)s)"
+    )
     p.add_argument("--layers", default="all", help="'all' or comma-separated layer indices (default: all)")
 
 
 def _entropy_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="lime", choices=("lime", "layer-by-layer"),
-                   help="normalisation preset: the official code's or Skean et al.'s (default: %(default)s)")
+    p.add_argument(
+        "--preset",
+        default="lime",
+        choices=("lime", "layer-by-layer"),
+        help="normalisation preset: the official code's or Skean et al.'s (default: %(default)s)",
+    )
     p.add_argument("--alpha", type=float, default=None, help="Renyi order (default: the preset's)")
 
 
 def _word_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--words", nargs="+", default=list(DEFAULT_WORDS), metavar="WORD",
-                   help="single-token words to tell apart, leading spaces included (default: ' is' ' are' ' was' ' were')")
-    p.add_argument("--method", default="logreg", choices=("logreg", "adam-linear"),
-                   help="probe: converged logistic regression (paper text) or the official one-epoch Adam "
-                        "linear layer (default: %(default)s)")
+    p.add_argument(
+        "--words",
+        nargs="+",
+        default=list(DEFAULT_WORDS),
+        metavar="WORD",
+        help="single-token words to tell apart, leading spaces included (default: ' is' ' are' ' was' ' were')",
+    )
+    p.add_argument(
+        "--method",
+        default="logreg",
+        choices=("logreg", "adam-linear"),
+        help="probe: converged logistic regression (paper text) or the official one-epoch Adam "
+        "linear layer (default: %(default)s)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -317,14 +396,21 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lime-probe`` argument parser with one subcommand per analysis."""
-    parser = _Parser(prog=PROG, description="The LIMe paper's analyses of representation collapse.",
-                     epilog="Run 'lime-probe COMMAND --help' for a command's options and an example.")
+    parser = _Parser(
+        prog=PROG,
+        description="The LIMe paper's analyses of representation collapse.",
+        epilog="Run 'lime-probe COMMAND --help' for a command's options and an example.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def add(name: str, handler: Callable, data: str = "required") -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=HELP[name], description=HELP[name],
-                           epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=HELP[name],
+            description=HELP[name],
+            epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         if name != "demo":
             _checkpoint_options(p, data=data)
         _run_options(p, out="figures" if name == "demo" else "lime-probe-out")
@@ -342,18 +428,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("tsne", _analysis_command("tsne"))
     _site_options(p, "hidden")
     _word_options(p)
-    p.add_argument("--per-word", type=_positive, default=100, metavar="N",
-                   help="points per word in each map (default: %(default)s)")
+    p.add_argument(
+        "--per-word",
+        type=_positive,
+        default=100,
+        metavar="N",
+        help="points per word in each map (default: %(default)s)",
+    )
     p.add_argument("--perplexity", type=float, default=30.0, help="t-SNE perplexity (default: %(default)s)")
 
     p = add("blimp", cmd_blimp, data="blimp")
     _site_options(p, "hidden")
-    p.add_argument("--paradigms", nargs="+", default=None, metavar="UID",
-                   help="BLiMP paradigms to use (default: all in --data)")
-    p.add_argument("--max-pairs", type=_positive, default=200, metavar="N",
-                   help="minimal pairs per paradigm (default: %(default)s; BLiMP has 1,000)")
-    p.add_argument("--method", default="logreg", choices=("logreg", "adam-linear"),
-                   help="probe (default: %(default)s)")
+    p.add_argument(
+        "--paradigms",
+        nargs="+",
+        default=None,
+        metavar="UID",
+        help="BLiMP paradigms to use (default: all in --data)",
+    )
+    p.add_argument(
+        "--max-pairs",
+        type=_positive,
+        default=200,
+        metavar="N",
+        help="minimal pairs per paradigm (default: %(default)s; BLiMP has 1,000)",
+    )
+    p.add_argument(
+        "--method", default="logreg", choices=("logreg", "adam-linear"), help="probe (default: %(default)s)"
+    )
 
     p = add("cka", _analysis_command("cka"))
     _site_options(p, "hidden")
@@ -364,13 +466,24 @@ def build_parser() -> argparse.ArgumentParser:
     _site_options(p, "values")
     _entropy_options(p)
     _word_options(p)
-    p.add_argument("--analyses", nargs="+", default=list(ANALYSES), choices=list(ANALYSES),
-                   help="analyses to include; router only for LIMe checkpoints (default: all)")
+    p.add_argument(
+        "--analyses",
+        nargs="+",
+        default=list(ANALYSES),
+        choices=list(ANALYSES),
+        help="analyses to include; router only for LIMe checkpoints (default: all)",
+    )
 
     p = add("demo", cmd_demo)
-    p.add_argument("--quick", action="store_true", help="a tiny smoke run (about a minute) instead of the real demo")
-    p.add_argument("--runs", default=None, metavar="DIR",
-                   help="keep the two training runs here and reuse finished ones (default: a temporary folder)")
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny smoke run (about a minute) instead of the real demo"
+    )
+    p.add_argument(
+        "--runs",
+        default=None,
+        metavar="DIR",
+        help="keep the two training runs here and reuse finished ones (default: a temporary folder)",
+    )
     return parser
 
 
@@ -396,8 +509,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if args.debug:
             raise
-        print(f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
     print(f"results in {args.out}", file=sys.stderr)
     return 0

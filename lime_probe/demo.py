@@ -53,10 +53,12 @@ from lime_probe.report import write_report
 from lime_probe.results import read_metrics, run_metadata
 
 NUMBER_SETS = {"1-4": (1, 2, 3, 4), "100-103": (100, 101, 102, 103)}
-NUMBER_NOTE = ("A number's representation is the one at its last digit, the first position where a causal "
-               "model has read all of it; only whole numbers count (the 1 and 0 inside 103 are not occurrences "
-               "of 1 or 0). The texts are held-out test expressions plus 4-operand expressions built to reach "
-               "100-103, which random expressions rarely do.")
+NUMBER_NOTE = (
+    "A number's representation is the one at its last digit, the first position where a causal "
+    "model has read all of it; only whole numbers count (the 1 and 0 inside 103 are not occurrences "
+    "of 1 or 0). The texts are held-out test expressions plus 4-operand expressions built to reach "
+    "100-103, which random expressions rarely do."
+)
 _WHOLE_NUMBER = re.compile(r"(?<!\d)\d+(?!\d)")
 
 
@@ -81,8 +83,9 @@ def number_positions(pieces: Sequence[str], numbers: Collection[int]) -> list[tu
     return out
 
 
-def number_rows(offsets: torch.Tensor, token_ids: torch.Tensor, tokenizer,
-                numbers: Collection[int]) -> tuple[torch.Tensor, np.ndarray]:
+def number_rows(
+    offsets: torch.Tensor, token_ids: torch.Tensor, tokenizer, numbers: Collection[int]
+) -> tuple[torch.Tensor, np.ndarray]:
     """Rows of an extraction (``pool="none"``) that hold whole-number occurrences of ``numbers``.
 
     Args:
@@ -139,7 +142,9 @@ def sample_text(sample, tokenizer) -> str:
     return tokenizer.bos_token + sample.prompt + sample.solution + tokenizer.eos_token
 
 
-def number_features(acts, tokenizer, site: str, numbers: Collection[int], label: str) -> tuple[dict, np.ndarray]:
+def number_features(
+    acts, tokenizer, site: str, numbers: Collection[int], label: str
+) -> tuple[dict, np.ndarray]:
     """Representations at whole-number occurrences of ``numbers`` (see the module docstring) in an
     extraction ``acts`` (``pool="none"``) of ``site``: ({layer: (n, d)}, labels (n,) as strings).
     ValueError naming ``label`` if a number occurs fewer than 5 times."""
@@ -156,23 +161,45 @@ def accuracy_analysis(cks: Sequence[Checkpoint]) -> Analysis:
         measured = json.loads((Path(c.source) / "arithmetic_eval.json").read_text())["accuracy"]
         acc[c.label] = {int(k): v for k, v in measured.items()}
     rows = [{"model": m, "n_operands": k, "accuracy": v} for m, a in acc.items() for k, v in a.items()]
-    return Analysis("arithmetic_accuracy", "Arithmetic accuracy by operand count", rows,
-                    text=("Exact final answer by greedy generation on the held-out expressions, per operand count "
-                          "(paper Figure 4b)."),
-                    figures={"arithmetic_accuracy": F.plot_accuracy_by_operands(acc)})
+    return Analysis(
+        "arithmetic_accuracy",
+        "Arithmetic accuracy by operand count",
+        rows,
+        text=(
+            "Exact final answer by greedy generation on the held-out expressions, per operand count "
+            "(paper Figure 4b)."
+        ),
+        figures={"arithmetic_accuracy": F.plot_accuracy_by_operands(acc)},
+    )
 
 
 def training_analysis(cks: Sequence[Checkpoint]) -> Analysis:
     """Training loss against FLOPs and tokens from each run's metrics.jsonl (paper Figures 1, 10)."""
     metrics = {c.label: read_metrics(c.source) for c in cks}
-    rows = [{"model": m, **dict(zip(cols, record, strict=True))}
-            for m, cols in metrics.items() for record in zip(*cols.values(), strict=True)]
-    summary = [{"model": m, "steps": int(cols["step"][-1]), "tokens": int(cols["tokens"][-1]),
-                "flops": float(cols["flops"][-1]), "final_loss": float(cols["loss"][-1])} for m, cols in metrics.items()]
-    return Analysis("training_curves", "Training curves", rows,
-                    text="Training loss (nats per target token) logged by the trainer, against cumulative training "
-                         "FLOPs (3 x forward) and tokens.",
-                    figures={"training_curves": F.plot_training_curves(metrics)}, summary=summary)
+    rows = [
+        {"model": m, **dict(zip(cols, record, strict=True))}
+        for m, cols in metrics.items()
+        for record in zip(*cols.values(), strict=True)
+    ]
+    summary = [
+        {
+            "model": m,
+            "steps": int(cols["step"][-1]),
+            "tokens": int(cols["tokens"][-1]),
+            "flops": float(cols["flops"][-1]),
+            "final_loss": float(cols["loss"][-1]),
+        }
+        for m, cols in metrics.items()
+    ]
+    return Analysis(
+        "training_curves",
+        "Training curves",
+        rows,
+        text="Training loss (nats per target token) logged by the trainer, against cumulative training "
+        "FLOPs (3 x forward) and tokens.",
+        figures={"training_curves": F.plot_training_curves(metrics)},
+        summary=summary,
+    )
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -191,10 +218,17 @@ class DemoSettings:
 
 
 # The recipe as it is (1,000 steps per model): the whole demo measured 1:43 wall, 172 s CPU, on 2 cores.
-FULL = DemoSettings(steps=None, train_per_operand=None, test_per_operand=None, entropy_texts=128, per_number=60,
-                    perplexity=20.0)
-QUICK = DemoSettings(steps=4, train_per_operand=100, test_per_operand=6, entropy_texts=12, per_number=8,
-                     perplexity=3.0)
+FULL = DemoSettings(
+    steps=None,
+    train_per_operand=None,
+    test_per_operand=None,
+    entropy_texts=128,
+    per_number=60,
+    perplexity=20.0,
+)
+QUICK = DemoSettings(
+    steps=4, train_per_operand=100, test_per_operand=6, entropy_texts=12, per_number=8, perplexity=3.0
+)
 RECIPE = "arithmetic-cpu"
 MODELS = {"LIMe": "full", "LLaMA": "none"}  # label -> routing; the twin differs only in routing
 
@@ -210,7 +244,10 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
         run = runs / label.lower()
         if not (run / "arithmetic_eval.json").is_file():
             resume = run.exists() and any(run.iterdir())
-            sizes = {"train_per_operand": settings.train_per_operand, "test_per_operand": settings.test_per_operand}
+            sizes = {
+                "train_per_operand": settings.train_per_operand,
+                "test_per_operand": settings.test_per_operand,
+            }
             overrides = {"arithmetic": {k: v for k, v in sizes.items() if v is not None}}
             if settings.steps is not None:
                 overrides["steps"] = settings.steps
@@ -219,8 +256,14 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
     return out
 
 
-def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, device: str = "cpu",
-             runs: str | os.PathLike | None = None) -> Path:
+def run_demo(
+    out: str | os.PathLike,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    runs: str | os.PathLike | None = None,
+) -> Path:
     """Train, analyse and report (see the module docstring); returns the report's path in ``out``.
 
     ``runs`` keeps the two training runs (reused when finished); by default they live in a
@@ -235,8 +278,11 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         run_dirs = train_models(run_root, settings, seed)
         _stage(2, n, "loading the trained checkpoints")
         cks = [Checkpoint(label, str(path), *load(path, device=device)) for label, path in run_dirs.items()]
-        meta = run_metadata("demo", settings={"quick": quick, "seed": seed, "recipe": RECIPE, **asdict(settings)},
-                            checkpoints={c.label: c.source for c in cks})
+        meta = run_metadata(
+            "demo",
+            settings={"quick": quick, "seed": seed, "recipe": RECIPE, **asdict(settings)},
+            checkpoints={c.label: c.source for c in cks},
+        )
         tok = cks[0].tokenizer
         recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
         test = prepare_data(recipe).test_samples
@@ -245,8 +291,10 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
 
         _stage(3, n, "accuracy by operand count and training curves")
         analyses = [accuracy_analysis(cks), training_analysis(cks)]
-        analyses[0].text = (f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
-                            "they differ only in routing (LIMe: full, LLaMA: none). " + analyses[0].text)
+        analyses[0].text = (
+            f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
+            "they differ only in routing (LIMe: full, LLaMA: none). " + analyses[0].text
+        )
 
         _stage(4, n, "matrix entropy of values and hidden states")
         texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
@@ -254,16 +302,35 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
             analyses.append(entropy_analysis(cks, texts, site=site, seed=seed, extract_kw=extract_kw))
 
         _stage(5, n, "separability and t-SNE of close numbers")
-        probe_texts = [sample_text(s, tok) for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number,
-                                                                        seed)]
+        probe_texts = [
+            sample_text(s, tok)
+            for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number, seed)
+        ]
         acts = {c.label: extract_site(c, probe_texts, "hidden", extract_kw) for c in cks}
         for key, numbers in NUMBER_SETS.items():
-            feats = {c.label: number_features(acts[c.label], c.tokenizer, "hidden", numbers, c.label) for c in cks}
+            feats = {
+                c.label: number_features(acts[c.label], c.tokenizer, "hidden", numbers, c.label) for c in cks
+            }
             slug = key.replace("-", "_")
-            for a in (separability_from_features(feats, site="hidden", classes=numbers, seed=seed,
-                                                 name=f"separability_numbers_{slug}", what=f"numbers {key}"),
-                      tsne_from_features(feats, site="hidden", name=f"tsne_numbers_{slug}", what=f"numbers {key}",
-                                         per_class=settings.per_number, perplexity=settings.perplexity, seed=seed)):
+            for a in (
+                separability_from_features(
+                    feats,
+                    site="hidden",
+                    classes=numbers,
+                    seed=seed,
+                    name=f"separability_numbers_{slug}",
+                    what=f"numbers {key}",
+                ),
+                tsne_from_features(
+                    feats,
+                    site="hidden",
+                    name=f"tsne_numbers_{slug}",
+                    what=f"numbers {key}",
+                    per_class=settings.per_number,
+                    perplexity=settings.perplexity,
+                    seed=seed,
+                ),
+            ):
                 a.text += " " + NUMBER_NOTE
                 analyses.append(a)
 
@@ -273,6 +340,10 @@ def run_demo(out: str | os.PathLike, *, quick: bool = False, seed: int = 0, devi
         _stage(7, n, "writing results, figures and the report")
         for a in analyses:
             write_analysis(a, out, meta)
-        report = write_report(out / "report.html", "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
-                              [section_for(a) for a in analyses], meta=meta)
+        report = write_report(
+            out / "report.html",
+            "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
+            [section_for(a) for a in analyses],
+            meta=meta,
+        )
     return report

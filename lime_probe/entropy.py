@@ -137,7 +137,9 @@ def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Te
     """
     Z = torch.as_tensor(Z)
     if Z.ndim < 2 or Z.shape[-1] == 0 or Z.shape[-2] == 0:
-        raise ValueError(f"matrix_entropy: Z must have shape (..., t, d) with t, d >= 1, got {tuple(Z.shape)}")
+        raise ValueError(
+            f"matrix_entropy: Z must have shape (..., t, d) with t, d >= 1, got {tuple(Z.shape)}"
+        )
     if not Z.is_floating_point():
         raise ValueError(f"matrix_entropy: Z must be a floating-point tensor, got {Z.dtype}")
     if not bool(torch.isfinite(Z).all()):
@@ -182,7 +184,9 @@ class FeatureMoments:
             self.count, self._mean, self._m2 = other.count, other._mean, other._m2
             return self
         if other._mean.shape != self._mean.shape:
-            raise ValueError(f"FeatureMoments: got dim {other._mean.shape[0]}, earlier rows had {self._mean.shape[0]}")
+            raise ValueError(
+                f"FeatureMoments: got dim {other._mean.shape[0]}, earlier rows had {self._mean.shape[0]}"
+            )
         total = self.count + other.count
         delta = other._mean - self._mean
         self._mean = self._mean + delta * (other.count / total)
@@ -227,7 +231,9 @@ def _as_sequences(seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> l
         if z.ndim != 2 or z.shape[0] == 0 or z.shape[1] == 0:
             raise ValueError(f"sequence {i}: expected shape (t, d) with t, d >= 1, got {tuple(z.shape)}")
         if z.shape[1] != out[0].shape[1]:
-            raise ValueError(f"sequence {i}: dim {z.shape[1]} differs from sequence 0's dim {out[0].shape[1]}")
+            raise ValueError(
+                f"sequence {i}: dim {z.shape[1]} differs from sequence 0's dim {out[0].shape[1]}"
+            )
         if not z.is_floating_point():
             raise ValueError(f"sequence {i}: expected a floating-point tensor, got {z.dtype}")
     return out
@@ -306,7 +312,9 @@ class EntropyAccumulator:
         if self._dim is None:
             self._dim = seqs[0].shape[1]
         elif seqs[0].shape[1] != self._dim:
-            raise ValueError(f"EntropyAccumulator: got dim {seqs[0].shape[1]}, earlier sequences had {self._dim}")
+            raise ValueError(
+                f"EntropyAccumulator: got dim {seqs[0].shape[1]}, earlier sequences had {self._dim}"
+            )
         # Collected first and committed at the end, so that a bad sequence leaves the accumulator unchanged.
         done, pending, moments = [], [], FeatureMoments()
         for chunk, Z, colsum in _batches(seqs):

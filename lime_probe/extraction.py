@@ -39,16 +39,13 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
+from lime_model.data import texts_hash
+from lime_model.tokenization import tokenizer_hash
+
 from .adapters import Adapter, Take, first, get_adapter, head_shape
-from .cache import (
-    ShardCache,
-    checkpoint_identity,
-    library_versions,
-    read_tensor,
-    texts_hash,
-    tokenizer_fingerprint,
-)
+from .cache import ShardCache, checkpoint_identity, read_tensor
 from .loading import wrap
+from .results import versions
 from .sites import SITES
 
 POOLS = ("none", "mean")
@@ -74,8 +71,12 @@ class Activations(Mapping):
     ``acts[site][layer]`` to a name rather than indexing it in a hot loop.
     """
 
-    def __init__(self, parts: list[dict[str, torch.Tensor] | Path], site_layers: dict[str, list[int]],
-                 heads: dict[str, tuple[int, int]]):
+    def __init__(
+        self,
+        parts: list[dict[str, torch.Tensor] | Path],
+        site_layers: dict[str, list[int]],
+        heads: dict[str, tuple[int, int]],
+    ):
         self._parts = parts
         self._site_layers = site_layers
         self.heads = heads
@@ -132,7 +133,9 @@ class Activations(Mapping):
         result is sharded, so streamed statistics are the same with or without the cache.
         """
         if layer not in self[site]:
-            raise KeyError(f"layer {layer} of site {site!r} was not extracted; available: {self.layers(site)}")
+            raise KeyError(
+                f"layer {layer} of site {site!r} was not extracted; available: {self.layers(site)}"
+            )
         pending: list[torch.Tensor] = []
         for part in self._parts:
             lengths = self._load(part, "offsets").diff().tolist()
@@ -162,8 +165,10 @@ class _SiteView(Mapping):
 
     def __getitem__(self, layer: int) -> torch.Tensor:
         if layer not in self._acts._site_layers[self._site]:
-            raise KeyError(f"layer {layer} of site {self._site!r} was not extracted; "
-                           f"available: {self._acts._site_layers[self._site]}")
+            raise KeyError(
+                f"layer {layer} of site {self._site!r} was not extracted; "
+                f"available: {self._acts._site_layers[self._site]}"
+            )
         return self._acts._cat(f"{self._site}/{layer}")
 
     def __iter__(self) -> Iterator[int]:
@@ -193,14 +198,16 @@ def site_sizes(adapter: Adapter, config: Any, n_layers: int) -> dict[str, int]:
     return sizes
 
 
-def resolve_layers(sites: Sequence[str], layers: Iterable[int] | None, sizes: dict[str, int],
-                   model_type: str) -> dict[str, list[int]]:
+def resolve_layers(
+    sites: Sequence[str], layers: Iterable[int] | None, sizes: dict[str, int], model_type: str
+) -> dict[str, list[int]]:
     """site -> sorted layer indices; negative indices count from each site's end; ``final`` is always [0]."""
     out = {}
     for site in sites:
         if site not in sizes:
-            raise ValueError(f"site {site!r} is not available for model_type {model_type!r}; "
-                             f"available: {list(sizes)}")
+            raise ValueError(
+                f"site {site!r} is not available for model_type {model_type!r}; available: {list(sizes)}"
+            )
         n = sizes[site]
         if layers is None or site == "final":
             out[site] = list(range(n))
@@ -216,8 +223,9 @@ def resolve_layers(sites: Sequence[str], layers: Iterable[int] | None, sizes: di
     return out
 
 
-def plan_reads(adapter: Adapter, config: Any, prefix: str, n_layers: int,
-               site_layers: dict[str, list[int]]) -> list[Read]:
+def plan_reads(
+    adapter: Adapter, config: Any, prefix: str, n_layers: int, site_layers: dict[str, list[int]]
+) -> list[Read]:
     """The reads that produce `site_layers`, in the order the forward pass produces them."""
     wanted = {(s, i) for s, ls in site_layers.items() for i in ls}
     blocks = f"{prefix}{adapter.layers}"
@@ -272,8 +280,9 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
     return x[keep]
 
 
-def _tokenize(tokenizer: Any, texts: Sequence[str], start: int, max_length: int,
-              token_budget: int | None) -> list[list[int]]:
+def _tokenize(
+    tokenizer: Any, texts: Sequence[str], start: int, max_length: int, token_budget: int | None
+) -> list[list[int]]:
     """Token id lists of `texts` (the first at index `start` of the whole list), truncated to
     `max_length`, within `token_budget` tokens (the sequence that crosses it is cut short)."""
     out = []
@@ -301,8 +310,16 @@ def _as_nnsight(model: Any, tokenizer: Any) -> Any:
     raise TypeError(f"model must be a Hugging Face model or an nnsight model, not {type(model).__name__}")
 
 
-def _validate(texts: Any, sites: Any, pool: str, token_ids: Any, batch_size: int, max_length: int,
-              max_sequences: int | None, max_tokens: int | None) -> None:
+def _validate(
+    texts: Any,
+    sites: Any,
+    pool: str,
+    token_ids: Any,
+    batch_size: int,
+    max_length: int,
+    max_sequences: int | None,
+    max_tokens: int | None,
+) -> None:
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise ValueError("texts must be a list of strings")
     if len(texts) == 0:
@@ -318,8 +335,12 @@ def _validate(texts: Any, sites: Any, pool: str, token_ids: Any, batch_size: int
         raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
     if token_ids is not None and pool != "none":
         raise ValueError("token_ids selects token rows; it cannot be combined with pool='mean'")
-    for name, value in (("batch_size", batch_size), ("max_length", max_length),
-                        ("max_sequences", max_sequences), ("max_tokens", max_tokens)):
+    for name, value in (
+        ("batch_size", batch_size),
+        ("max_length", max_length),
+        ("max_sequences", max_sequences),
+        ("max_tokens", max_tokens),
+    ):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
@@ -378,8 +399,9 @@ def extract(
     adapter = get_adapter(hf.config)
     n_layers = len(base.get_submodule(adapter.layers))
     model_type = hf.config.model_type
-    site_layers = resolve_layers(list(dict.fromkeys(sites)), layers,
-                                 site_sizes(adapter, hf.config, n_layers), model_type)
+    site_layers = resolve_layers(
+        list(dict.fromkeys(sites)), layers, site_sizes(adapter, hf.config, n_layers), model_type
+    )
     reads = plan_reads(adapter, hf.config, prefix, n_layers, site_layers)
     heads = {s: head_shape(hf.config) for s in site_layers if s != "hidden" and s != "final"}
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
@@ -397,13 +419,28 @@ def extract(
 
     cache = None
     if cache_dir is not None:
-        data = {"texts": texts_hash(texts), "tokenizer": tokenizer_fingerprint(tokenizer),
-                "max_length": max_length, "max_tokens": max_tokens}
-        settings = {"sites": site_layers, "pool": pool, "batch_size": batch_size, "padding_side": side,
-                    "token_ids": None if select_ids is None else select_ids.tolist(),
-                    "dtype": str(next(hf.parameters()).dtype), "device": device.type}
-        key = {"checkpoint": checkpoint_identity(hf), "model_type": model_type, "data": data,
-               "settings": settings, "versions": library_versions()}
+        data = {
+            "texts": texts_hash(texts),
+            "tokenizer": tokenizer_hash(tokenizer),
+            "max_length": max_length,
+            "max_tokens": max_tokens,
+        }
+        settings = {
+            "sites": site_layers,
+            "pool": pool,
+            "batch_size": batch_size,
+            "padding_side": side,
+            "token_ids": None if select_ids is None else select_ids.tolist(),
+            "dtype": str(next(hf.parameters()).dtype),
+            "device": device.type,
+        }
+        key = {
+            "checkpoint": checkpoint_identity(hf),
+            "model_type": model_type,
+            "data": data,
+            "settings": settings,
+            "versions": versions(),
+        }
         cache = ShardCache(cache_dir, key, prefix=model_type)
         if cache.complete:
             return Activations(cache.shards, site_layers, heads)
@@ -426,7 +463,9 @@ def extract(
             keep &= torch.isin(batch["input_ids"], select_ids)
         result = _forward(nn_model, batch, keep.to(device), reads, pool, remote, lo)
         result["offsets"] = _offsets(keep, pool)
-        result["token_ids"] = batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
+        result["token_ids"] = (
+            batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
+        )
         result["n_tokens"] = torch.tensor([sum(map(len, batch_seqs))])
         buffer.append(result)
         buffered_bytes += sum(t.numel() * t.element_size() for t in result.values())
@@ -446,8 +485,15 @@ def extract(
     return Activations(parts, site_layers, heads)
 
 
-def _forward(nn_model: Any, batch: dict[str, torch.Tensor], keep: torch.Tensor, reads: list[Read],
-             pool: str, remote: bool | str, first_sequence: int) -> dict[str, torch.Tensor]:
+def _forward(
+    nn_model: Any,
+    batch: dict[str, torch.Tensor],
+    keep: torch.Tensor,
+    reads: list[Read],
+    pool: str,
+    remote: bool | str,
+    first_sequence: int,
+) -> dict[str, torch.Tensor]:
     """One traced forward pass of `batch`: "<site>/<layer>" -> selected rows (float32, CPU)."""
     inputs = {k: v.to(keep.device) for k, v in batch.items()}
     if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
@@ -462,8 +508,10 @@ def _forward(nn_model: Any, batch: dict[str, torch.Tensor], keep: torch.Tensor, 
     for name, x in rows.items():
         if not torch.isfinite(x).all():
             site, layer = name.split("/")
-            raise ValueError(f"non-finite activations (NaN/Inf) at site {site!r} layer {layer} "
-                             f"in sequences {first_sequence}..{first_sequence + len(keep) - 1}")
+            raise ValueError(
+                f"non-finite activations (NaN/Inf) at site {site!r} layer {layer} "
+                f"in sequences {first_sequence}..{first_sequence + len(keep) - 1}"
+            )
     return rows
 
 
@@ -477,8 +525,10 @@ def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Concatenate batch results (emptying `parts`, so each piece is freed once copied: the peak is
     the result plus one site/layer, not twice the result); offsets are rebased, token counts summed."""
     counts = torch.cat([p.pop("offsets").diff() for p in parts])
-    out = {"offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
-           "n_tokens": sum(p.pop("n_tokens") for p in parts)}
+    out = {
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
+        "n_tokens": sum(p.pop("n_tokens") for p in parts),
+    }
     for name in list(parts[0]):
         out[name] = torch.cat([p.pop(name) for p in parts])
     return out

@@ -129,8 +129,14 @@ def plot_layer_curves(
                 low, high = mean - std, mean + std
             else:
                 low = high = None
-            ax.plot(layers, mean, color=color(i), linestyle=LINESTYLES[i % len(LINESTYLES)],
-                    marker=MARKERS[i % len(MARKERS)], label=label)
+            ax.plot(
+                layers,
+                mean,
+                color=color(i),
+                linestyle=LINESTYLES[i % len(LINESTYLES)],
+                marker=MARKERS[i % len(MARKERS)],
+                label=label,
+            )
             if low is not None:
                 ax.fill_between(layers, low, high, color=color(i), alpha=0.2, linewidth=0)
         if baseline is not None:
@@ -141,20 +147,32 @@ def plot_layer_curves(
     return fig
 
 
-def plot_entropy(series: Mapping[str, Mapping[str, Sequence[float]]], *, site: str, alpha: float | None = None,
-                 band: str = "95% CI") -> Figure:
+def plot_entropy(
+    series: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    site: str,
+    alpha: float | None = None,
+    band: str = "95% CI",
+) -> Figure:
     """Matrix entropy per layer for several models (paper Figures 2a, 4a, 7a); see ``plot_layer_curves``."""
     order = f" (α={alpha:g})" if alpha is not None else ""
-    return plot_layer_curves(series, ylabel=f"matrix entropy{order} [nats]",
-                             title=f"Entropy of {site} per layer, band: {band}")
+    return plot_layer_curves(
+        series, ylabel=f"matrix entropy{order} [nats]", title=f"Entropy of {site} per layer, band: {band}"
+    )
 
 
-def plot_separability(series: Mapping[str, Mapping[str, Sequence[float]]], *, site: str,
-                      words: Sequence[str], chance: float) -> Figure:
+def plot_separability(
+    series: Mapping[str, Mapping[str, Sequence[float]]], *, site: str, words: Sequence[str], chance: float
+) -> Figure:
     """Linear-probe accuracy per layer, mean +- std over folds (paper Figures 2b, 7b)."""
     shown = ", ".join(repr(w) for w in words)
-    fig = plot_layer_curves(series, ylabel="probe accuracy", baseline=chance, baseline_label="majority class",
-                            title=f"Separability of {shown}\n({site}, mean ± std over folds)")
+    fig = plot_layer_curves(
+        series,
+        ylabel="probe accuracy",
+        baseline=chance,
+        baseline_label="majority class",
+        title=f"Separability of {shown}\n({site}, mean ± std over folds)",
+    )
     fig.axes[0].set_ylim(min(chance, *(np.min(s["mean"]) for s in series.values())) - 0.05, 1.02)
     return fig
 
@@ -180,20 +198,32 @@ def plot_heatmap(
     """
     m = np.asarray(matrix, dtype=float)
     if m.ndim != 2 or m.shape != (len(row_labels), len(col_labels)):
-        raise ValueError(f"matrix shape {m.shape} does not match {len(row_labels)} row and "
-                         f"{len(col_labels)} column labels")
+        raise ValueError(
+            f"matrix shape {m.shape} does not match {len(row_labels)} row and {len(col_labels)} column labels"
+        )
     if annotate is None:
         annotate = m.size <= 200
     with style():
         if ax is None:
             label_width = 0.07 * max(len(str(r)) for r in row_labels)  # inches of the widest row label
-            fig, axes = _new_figure(size=(max(3.6, 0.45 * m.shape[1] + 2.0 + label_width),
-                                          max(2.8, 0.35 * m.shape[0] + 1.4)))
+            fig, axes = _new_figure(
+                size=(max(3.6, 0.45 * m.shape[1] + 2.0 + label_width), max(2.8, 0.35 * m.shape[0] + 1.4))
+            )
             ax = axes[0, 0]
         # seaborn masks the NaN cells, centres the ticks and picks a legible annotation colour per cell
-        sns.heatmap(m, ax=ax, cmap=SEQUENTIAL_CMAP, vmin=vmin, vmax=vmax, annot=annotate, fmt=fmt,
-                    annot_kws={"fontsize": 7}, xticklabels=[str(c) for c in col_labels],
-                    yticklabels=[str(r) for r in row_labels], cbar_kws={"label": cbar_label, "shrink": 0.9})
+        sns.heatmap(
+            m,
+            ax=ax,
+            cmap=SEQUENTIAL_CMAP,
+            vmin=vmin,
+            vmax=vmax,
+            annot=annotate,
+            fmt=fmt,
+            annot_kws={"fontsize": 7},
+            xticklabels=[str(c) for c in col_labels],
+            yticklabels=[str(r) for r in row_labels],
+            cbar_kws={"label": cbar_label, "shrink": 0.9},
+        )
         ax.tick_params(axis="y", labelrotation=0)
         ax.grid(False)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
@@ -209,9 +239,16 @@ def plot_router(weights, *, label: str, sources_label: str = "buffered layer (me
     m = np.asarray(weights, dtype=float)
     if m.ndim != 2:
         raise ValueError(f"router weights must be 2-D (layer x source), got shape {m.shape}")
-    return plot_heatmap(m, row_labels=range(m.shape[0]), col_labels=range(m.shape[1]), xlabel=sources_label,
-                        ylabel="layer (reader)", cbar_label="share of |R| (row sums to 1)",
-                        title=f"{label}: where each layer reads its keys/values", vmin=0.0)
+    return plot_heatmap(
+        m,
+        row_labels=range(m.shape[0]),
+        col_labels=range(m.shape[1]),
+        xlabel=sources_label,
+        ylabel="layer (reader)",
+        cbar_label="share of |R| (row sums to 1)",
+        title=f"{label}: where each layer reads its keys/values",
+        vmin=0.0,
+    )
 
 
 def plot_router_heads(per_head, *, label: str, layers: Sequence[int] | None = None) -> Figure:
@@ -236,14 +273,26 @@ def plot_router_heads(per_head, *, label: str, layers: Sequence[int] | None = No
             if k >= len(layers):
                 ax.set_visible(False)
                 continue
-            sns.heatmap(t[k], ax=ax, cmap=SEQUENTIAL_CMAP, vmin=0.0, vmax=vmax, cbar=False,
-                        xticklabels=range(t.shape[2]), yticklabels=range(t.shape[1]))
+            sns.heatmap(
+                t[k],
+                ax=ax,
+                cmap=SEQUENTIAL_CMAP,
+                vmin=0.0,
+                vmax=vmax,
+                cbar=False,
+                xticklabels=range(t.shape[2]),
+                yticklabels=range(t.shape[1]),
+            )
             ax.tick_params(axis="y", labelrotation=0)
             ax.grid(False)
             ax.set(title=f"layer {layers[k]}", xlabel="buffered layer", ylabel="KV head")
         # one colour bar for every panel: they share vmin/vmax
-        fig.colorbar(axes.flat[0].collections[0], ax=axes.ravel().tolist(), label="share of |R| (row sums to 1)",
-                     shrink=0.9)
+        fig.colorbar(
+            axes.flat[0].collections[0],
+            ax=axes.ravel().tolist(),
+            label="share of |R| (row sums to 1)",
+            shrink=0.9,
+        )
         fig.suptitle(f"{label}: router weights per head")
     return fig
 
@@ -266,18 +315,30 @@ def plot_tsne_grid(
     per_model = labels if isinstance(labels, Mapping) else dict.fromkeys(models, labels)
     words = sorted({str(w) for m in models for w in per_model[m]}, key=_natural)
     with style():
-        fig, axes = _new_figure(len(layers), len(models), size=(2.3 * len(layers) + 1.6, 2.3 * len(models) + 0.5))
+        fig, axes = _new_figure(
+            len(layers), len(models), size=(2.3 * len(layers) + 1.6, 2.3 * len(models) + 0.5)
+        )
         for r, model in enumerate(models):
             lab = np.asarray([str(w) for w in per_model[model]])
             for c, layer in enumerate(layers):
                 ax = axes[r, c]
                 xy = np.asarray(embeddings[model][layer])
                 if xy.shape != (len(lab), 2):
-                    raise ValueError(f"{model} layer {layer}: embedding shape {xy.shape}, expected ({len(lab)}, 2)")
+                    raise ValueError(
+                        f"{model} layer {layer}: embedding shape {xy.shape}, expected ({len(lab)}, 2)"
+                    )
                 for k, word in enumerate(words):
                     sel = lab == word
-                    ax.scatter(xy[sel, 0], xy[sel, 1], s=10, color=color(k), marker=MARKERS[k % len(MARKERS)],
-                               alpha=0.75, linewidths=0, label=word)
+                    ax.scatter(
+                        xy[sel, 0],
+                        xy[sel, 1],
+                        s=10,
+                        color=color(k),
+                        marker=MARKERS[k % len(MARKERS)],
+                        alpha=0.75,
+                        linewidths=0,
+                        label=word,
+                    )
                 ax.set_xticks([])
                 ax.set_yticks([])
                 ax.grid(False)
@@ -318,8 +379,12 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Sequence[float]]], *, s
             for ax, key in zip(axes[0], ("flops", "tokens"), strict=True):
                 x = _as_1d(f"{label} {key}", run[key])
                 ax.plot(x, loss, color=color(i), linestyle=LINESTYLES[i % len(LINESTYLES)], label=label)
-        axes[0, 0].set(xlabel="training FLOPs", ylabel="training loss [nats/token]", xscale="log",
-                       title="Loss vs compute")
+        axes[0, 0].set(
+            xlabel="training FLOPs",
+            ylabel="training loss [nats/token]",
+            xscale="log",
+            title="Loss vs compute",
+        )
         axes[0, 0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no clutter
         axes[0, 1].set(xlabel="training tokens", title="Loss vs data")
         axes[0, 1].ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
@@ -327,7 +392,9 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Sequence[float]]], *, s
     return fig
 
 
-def plot_accuracy_by_operands(accuracy: Mapping[str, Mapping[int, float]], *, title: str | None = None) -> Figure:
+def plot_accuracy_by_operands(
+    accuracy: Mapping[str, Mapping[int, float]], *, title: str | None = None
+) -> Figure:
     """Arithmetic-task accuracy per operand count, grouped bars per model (paper Figure 4b).
 
     ``accuracy[label][n_operands]`` is a fraction in [0, 1].
@@ -343,24 +410,44 @@ def plot_accuracy_by_operands(accuracy: Mapping[str, Mapping[int, float]], *, ti
             acc = {int(k): float(v) for k, v in acc.items()}
             xs = np.arange(len(counts)) + (i - (len(accuracy) - 1) / 2) * width
             ys = [acc.get(n, np.nan) for n in counts]
-            bars = ax.bar(xs, ys, width=width, color=color(i), label=label, hatch=["", "//", "..", "xx"][i % 4],
-                          edgecolor="white", linewidth=0.5)
-            ax.bar_label(bars, labels=[f"{y:.0%}" if np.isfinite(y) else "" for y in ys], fontsize=7, padding=1)
+            bars = ax.bar(
+                xs,
+                ys,
+                width=width,
+                color=color(i),
+                label=label,
+                hatch=["", "//", "..", "xx"][i % 4],
+                edgecolor="white",
+                linewidth=0.5,
+            )
+            ax.bar_label(
+                bars, labels=[f"{y:.0%}" if np.isfinite(y) else "" for y in ys], fontsize=7, padding=1
+            )
         ax.set_xticks(range(len(counts)), [str(n) for n in counts])
-        ax.set(xlabel="operands in expression", ylabel="exact-answer accuracy", ylim=(0, 1.08),
-               title=title or "Arithmetic expressions: accuracy by operand count")
+        ax.set(
+            xlabel="operands in expression",
+            ylabel="exact-answer accuracy",
+            ylim=(0, 1.08),
+            title=title or "Arithmetic expressions: accuracy by operand count",
+        )
         ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.grid(axis="x", visible=False)
         ax.legend(loc="upper right")
     return fig
 
 
-def plot_blimp_layers(curves: Mapping[str, Mapping[str, Sequence[float]]], *, model: str, site: str) -> Figure:
+def plot_blimp_layers(
+    curves: Mapping[str, Mapping[str, Sequence[float]]], *, model: str, site: str
+) -> Figure:
     """BLiMP probe accuracy per layer, one line per paradigm, for one model (paper Table 2/11 as curves).
 
     ``curves[paradigm]`` is a ``plot_layer_curves`` series (``"mean"``, optional ``"std"``).
     """
-    fig = plot_layer_curves(curves, ylabel="probe accuracy (good vs bad)", baseline=0.5,
-                            title=f"{model}: BLiMP probes per layer ({site}, mean-pooled)")
+    fig = plot_layer_curves(
+        curves,
+        ylabel="probe accuracy (good vs bad)",
+        baseline=0.5,
+        title=f"{model}: BLiMP probes per layer ({site}, mean-pooled)",
+    )
     fig.axes[0].legend(fontsize=7, ncols=2 if len(curves) > 6 else 1)
     return fig

@@ -73,8 +73,12 @@ def _hub_offline(repo_id: str) -> bool:
         problem = "HF_HUB_OFFLINE is set"
         if not constants.is_offline_mode():
             try:
-                response = get_session().head(hf_hub_url(repo_id, "config.json"), headers=build_hf_headers(),
-                                              follow_redirects=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+                response = get_session().head(
+                    hf_hub_url(repo_id, "config.json"),
+                    headers=build_hf_headers(),
+                    follow_redirects=True,
+                    timeout=constants.HF_HUB_ETAG_TIMEOUT,
+                )
                 hf_raise_for_status(response)
                 return False
             except Exception as error:  # noqa: BLE001  network and hub errors come in many types
@@ -83,8 +87,9 @@ def _hub_offline(repo_id: str) -> bool:
             hf_hub_download(repo_id, "config.json", local_files_only=True)
             return True
         except Exception:  # noqa: BLE001  not in the cache either
-            raise FileNotFoundError(f"no local folder {repo_id!r} and no hub model {repo_id!r} could be reached "
-                                    f"({problem})") from None
+            raise FileNotFoundError(
+                f"no local folder {repo_id!r} and no hub model {repo_id!r} could be reached ({problem})"
+            ) from None
 
 
 def _check_local(path: Path) -> None:
@@ -114,8 +119,9 @@ def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
     return wrapped
 
 
-def load(ckpt: str | os.PathLike, device: str | torch.device = "cpu",
-         dtype: str | torch.dtype | None = None) -> tuple[Any, Any]:
+def load(
+    ckpt: str | os.PathLike, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+) -> tuple[Any, Any]:
     """Load a checkpoint for extraction: ``(nnsight model, tokenizer)``.
 
     Args:

@@ -48,7 +48,9 @@ class Checkpoint:
 def labels_for(ckpts: Sequence[str], labels: Sequence[str] | None) -> list[str]:
     """One label per checkpoint: the given ones, or each path's last component; must be unique."""
     if labels and len(labels) != len(ckpts):
-        raise ValueError(f"got {len(labels)} --label for {len(ckpts)} --ckpt; give one label per checkpoint or none")
+        raise ValueError(
+            f"got {len(labels)} --label for {len(ckpts)} --ckpt; give one label per checkpoint or none"
+        )
     out = list(labels) if labels else [Path(c.rstrip("/")).name or c for c in ckpts]
     dupes = sorted({x for x in out if out.count(x) > 1})
     if dupes:
@@ -66,7 +68,6 @@ def load_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None, device:
         model, tok = load(ckpt, device=device)
         out.append(Checkpoint(label, ckpt, model, tok))
     return out
-
 
 
 # --------------------------------------------------------------------------- analyses
@@ -102,8 +103,9 @@ def extract_site(ck: Checkpoint, texts: Sequence[str], site: str, extract_kw: di
     return extract(ck.model, ck.tokenizer, texts, sites=[site], **{**(extract_kw or {}), **kw})
 
 
-def stream_entropy(acts, site: str, layer: int, preset: str = "lime", *, alpha: float | None = None,
-                   seed: int = 0):
+def stream_entropy(
+    acts, site: str, layer: int, preset: str = "lime", *, alpha: float | None = None, seed: int = 0
+):
     """``layer_entropy`` of one extracted layer (``acts``: ``Activations``), fed to an ``EntropyAccumulator`` a
     chunk of sequences at a time (``Activations.iter_sequences``: one cache shard at a time), so memory does
     not grow with the data. Returns an ``EntropyResult`` (per-sequence values (n_seq,), mean, CI).
@@ -127,31 +129,60 @@ def stream_entropy(acts, site: str, layer: int, preset: str = "lime", *, alpha: 
     return acc.result()
 
 
-def entropy_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "values", preset: str = "lime",
-                     alpha: float | None = None, seed: int = 0, extract_kw: dict | None = None) -> Analysis:
+def entropy_analysis(
+    cks: Sequence[Checkpoint],
+    texts: Sequence[str],
+    *,
+    site: str = "values",
+    preset: str = "lime",
+    alpha: float | None = None,
+    seed: int = 0,
+    extract_kw: dict | None = None,
+) -> Analysis:
     """Matrix entropy per layer of ``site`` for each checkpoint (paper Figures 2a, 4a, 7a), streamed layer by
     layer and shard by shard (``stream_entropy``)."""
     rows, series = [], {}
     for ck in cks:
         acts = extract_site(ck, texts, site, extract_kw)
         layers = acts.layers(site)
-        res = {layer: stream_entropy(acts, site, layer, preset, alpha=alpha, seed=seed)
-               for layer in tqdm(layers, desc=f"entropy {ck.label}", unit="layer")}
+        res = {
+            layer: stream_entropy(acts, site, layer, preset, alpha=alpha, seed=seed)
+            for layer in tqdm(layers, desc=f"entropy {ck.label}", unit="layer")
+        }
         for layer in layers:
             r = res[layer]
-            rows.append({"model": ck.label, "site": site, "layer": layer, "entropy_mean": r.mean,
-                         "entropy_std": r.std, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                         "n_sequences": len(r.values), "alpha": r.config.alpha})
-        series[ck.label] = {"layers": layers, "mean": [res[la].mean for la in layers],
-                            "low": [res[la].ci_low for la in layers], "high": [res[la].ci_high for la in layers]}
+            rows.append(
+                {
+                    "model": ck.label,
+                    "site": site,
+                    "layer": layer,
+                    "entropy_mean": r.mean,
+                    "entropy_std": r.std,
+                    "ci_low": r.ci_low,
+                    "ci_high": r.ci_high,
+                    "n_sequences": len(r.values),
+                    "alpha": r.config.alpha,
+                }
+            )
+        series[ck.label] = {
+            "layers": layers,
+            "mean": [res[la].mean for la in layers],
+            "low": [res[la].ci_low for la in layers],
+            "high": [res[la].ci_high for la in layers],
+        }
     used_alpha = rows[0]["alpha"]
     return Analysis(
-        f"entropy_{site}", f"Matrix entropy of {site}", rows,
-        text=(f"Matrix-based Renyi entropy (alpha={used_alpha:g}, preset {preset!r}) of each sequence's {site} per "
-              f"layer; mean over {rows[0]['n_sequences']} sequences with a 95% bootstrap CI of the mean. Lower "
-              "entropy means the tokens crowd into fewer directions (representation collapse)."),
+        f"entropy_{site}",
+        f"Matrix entropy of {site}",
+        rows,
+        text=(
+            f"Matrix-based Renyi entropy (alpha={used_alpha:g}, preset {preset!r}) of each sequence's {site} per "
+            f"layer; mean over {rows[0]['n_sequences']} sequences with a 95% bootstrap CI of the mean. Lower "
+            "entropy means the tokens crowd into fewer directions (representation collapse)."
+        ),
         figures={f"entropy_{site}": F.plot_entropy(series, site=site, alpha=used_alpha)},
-        columns=("model", "layer", "entropy_mean", "ci_low", "ci_high"))
+        columns=("model", "layer", "entropy_mean", "ci_low", "ci_high"),
+    )
 
 
 def check_class_counts(labels: np.ndarray, classes: Sequence, minimum: int, what: str) -> None:
@@ -160,12 +191,22 @@ def check_class_counts(labels: np.ndarray, classes: Sequence, minimum: int, what
     short = {c: int(found.get(c, 0)) for c in classes if found.get(c, 0) < minimum}
     if short:
         counts = ", ".join(f"{c!r}: {n}" for c, n in short.items())
-        raise ValueError(f"{what} too rare in the data (need at least {minimum} each): {counts}; "
-                         "give more data (--data, --max-sequences) or other words")
+        raise ValueError(
+            f"{what} too rare in the data (need at least {minimum} each): {counts}; "
+            "give more data (--data, --max-sequences) or other words"
+        )
 
 
-def separability_from_features(features: dict[str, tuple[dict, np.ndarray]], *, site: str, classes: Sequence,
-                               name: str, what: str, method: str = "logreg", seed: int = 0) -> Analysis:
+def separability_from_features(
+    features: dict[str, tuple[dict, np.ndarray]],
+    *,
+    site: str,
+    classes: Sequence,
+    name: str,
+    what: str,
+    method: str = "logreg",
+    seed: int = 0,
+) -> Analysis:
     """Token separability per layer for each model, from {label: ({layer: (n, d)}, labels (n,))}."""
     from lime_probe.separability import token_separability
 
@@ -174,22 +215,42 @@ def separability_from_features(features: dict[str, tuple[dict, np.ndarray]], *, 
         res = token_separability(per_layer, y, method=method, seed=seed)
         chance = res.majority_baseline
         for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
-            rows.append({"model": label, "site": site, "layer": layer, "accuracy_mean": float(m),
-                         "accuracy_std": float(s), "majority_baseline": res.majority_baseline,
-                         "n_rows": res.n_rows, "method": res.method})
+            rows.append(
+                {
+                    "model": label,
+                    "site": site,
+                    "layer": layer,
+                    "accuracy_mean": float(m),
+                    "accuracy_std": float(s),
+                    "majority_baseline": res.majority_baseline,
+                    "n_rows": res.n_rows,
+                    "method": res.method,
+                }
+            )
         series[label] = {"layers": res.layers, "mean": res.accuracy_mean, "std": res.accuracy_std}
     shown = [str(c) for c in classes]
     return Analysis(
-        name, f"Separability of {what}", rows,
-        text=(f"Cross-validated accuracy (5 stratified folds, mean ± std) of a linear probe ({method}) telling apart "
-              f"the {site} representations of {', '.join(repr(c) for c in shown)} at each layer, classes balanced. "
-              "Chance is the majority-class rate; collapsed layers fall towards it."),
+        name,
+        f"Separability of {what}",
+        rows,
+        text=(
+            f"Cross-validated accuracy (5 stratified folds, mean ± std) of a linear probe ({method}) telling apart "
+            f"the {site} representations of {', '.join(repr(c) for c in shown)} at each layer, classes balanced. "
+            "Chance is the majority-class rate; collapsed layers fall towards it."
+        ),
         figures={name: F.plot_separability(series, site=site, words=shown, chance=chance)},
-        columns=("model", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"))
+        columns=("model", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"),
+    )
 
 
-def word_features(ck: Checkpoint, texts: Sequence[str], site: str, words: Sequence[str],
-                  extract_kw: dict | None = None, minimum: int = 5) -> tuple[dict, np.ndarray]:
+def word_features(
+    ck: Checkpoint,
+    texts: Sequence[str],
+    site: str,
+    words: Sequence[str],
+    extract_kw: dict | None = None,
+    minimum: int = 5,
+) -> tuple[dict, np.ndarray]:
     """Representations of every occurrence of single-token ``words``: ({layer: (n, d)}, labels (n,)).
 
     ValueError if a word is not one token, or occurs fewer than ``minimum`` times in ``texts``.
@@ -203,17 +264,39 @@ def word_features(ck: Checkpoint, texts: Sequence[str], site: str, words: Sequen
     return {layer: acts[site][layer][rows] for layer in acts[site]}, y
 
 
-def separability_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden",
-                          words: Sequence[str] = DEFAULT_WORDS, method: str = "logreg", seed: int = 0,
-                          extract_kw: dict | None = None) -> Analysis:
+def separability_analysis(
+    cks: Sequence[Checkpoint],
+    texts: Sequence[str],
+    *,
+    site: str = "hidden",
+    words: Sequence[str] = DEFAULT_WORDS,
+    method: str = "logreg",
+    seed: int = 0,
+    extract_kw: dict | None = None,
+) -> Analysis:
     """Separability of the occurrences of single-token ``words`` (paper Sec. 5.3, Figures 2b, 7b)."""
     features = {ck.label: word_features(ck, texts, site, words, extract_kw) for ck in cks}
-    return separability_from_features(features, site=site, classes=words, name=f"separability_{site}",
-                                      what="words", method=method, seed=seed)
+    return separability_from_features(
+        features,
+        site=site,
+        classes=words,
+        name=f"separability_{site}",
+        what="words",
+        method=method,
+        seed=seed,
+    )
 
 
-def tsne_from_features(features: dict[str, tuple[dict, np.ndarray]], *, site: str, name: str, what: str,
-                       per_class: int = 100, perplexity: float = 30.0, seed: int = 0) -> Analysis:
+def tsne_from_features(
+    features: dict[str, tuple[dict, np.ndarray]],
+    *,
+    site: str,
+    name: str,
+    what: str,
+    per_class: int = 100,
+    perplexity: float = 30.0,
+    seed: int = 0,
+) -> Analysis:
     """t-SNE maps per model and layer from {label: ({layer: (n, d)}, labels (n,))}, at most ``per_class``
     points of each class (seeded subsample, the same rows at every layer)."""
     from lime_probe.separability import balance_classes
@@ -224,33 +307,77 @@ def tsne_from_features(features: dict[str, tuple[dict, np.ndarray]], *, site: st
         y = np.asarray(y)
         n = min(per_class, int(np.unique(y, return_counts=True)[1].min()))
         keep = balance_classes(y, seed=seed, n_per_class=n)
-        emb = tsne_layers({layer: X[keep] for layer, X in per_layer.items()}, perplexity=perplexity, seed=seed)
+        emb = tsne_layers(
+            {layer: X[keep] for layer, X in per_layer.items()}, perplexity=perplexity, seed=seed
+        )
         embeddings[label], point_labels[label] = emb, [str(v) for v in y[keep]]
         for layer, xy in emb.items():
-            rows += [{"model": label, "site": site, "layer": layer, "point": k, "token": point_labels[label][k],
-                      "x": float(p[0]), "y": float(p[1])} for k, p in enumerate(xy)]
+            rows += [
+                {
+                    "model": label,
+                    "site": site,
+                    "layer": layer,
+                    "point": k,
+                    "token": point_labels[label][k],
+                    "x": float(p[0]),
+                    "y": float(p[1]),
+                }
+                for k, p in enumerate(xy)
+            ]
     return Analysis(
-        name, f"t-SNE of {what}", rows,
-        text=(f"openTSNE maps (perplexity {perplexity:g}, seed {seed}) of the {site} representations of {what}, "
-              "one panel per model and layer, the same points in every panel. Separate clusters mean the layer "
-              "keeps the tokens apart; a collapsed layer mixes them."),
+        name,
+        f"t-SNE of {what}",
+        rows,
+        text=(
+            f"openTSNE maps (perplexity {perplexity:g}, seed {seed}) of the {site} representations of {what}, "
+            "one panel per model and layer, the same points in every panel. Separate clusters mean the layer "
+            "keeps the tokens apart; a collapsed layer mixes them."
+        ),
         figures={name: F.plot_tsne_grid(embeddings, point_labels, site=site)},
-        summary=[{"model": m, "layers": ",".join(str(la) for la in embeddings[m]),
-                  "points_per_map": len(point_labels[m]), "tokens": " ".join(sorted(set(point_labels[m])))}
-                 for m in embeddings])
+        summary=[
+            {
+                "model": m,
+                "layers": ",".join(str(la) for la in embeddings[m]),
+                "points_per_map": len(point_labels[m]),
+                "tokens": " ".join(sorted(set(point_labels[m]))),
+            }
+            for m in embeddings
+        ],
+    )
 
 
-def tsne_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden",
-                  words: Sequence[str] = DEFAULT_WORDS, per_word: int = 100, perplexity: float = 30.0,
-                  seed: int = 0, extract_kw: dict | None = None) -> Analysis:
+def tsne_analysis(
+    cks: Sequence[Checkpoint],
+    texts: Sequence[str],
+    *,
+    site: str = "hidden",
+    words: Sequence[str] = DEFAULT_WORDS,
+    per_word: int = 100,
+    perplexity: float = 30.0,
+    seed: int = 0,
+    extract_kw: dict | None = None,
+) -> Analysis:
     """t-SNE of the occurrences of ``words`` per layer (paper Figures 3, 8)."""
     features = {ck.label: word_features(ck, texts, site, words, extract_kw) for ck in cks}
-    return tsne_from_features(features, site=site, name=f"tsne_{site}", what="words", per_class=per_word,
-                              perplexity=perplexity, seed=seed)
+    return tsne_from_features(
+        features,
+        site=site,
+        name=f"tsne_{site}",
+        what="words",
+        per_class=per_word,
+        perplexity=perplexity,
+        seed=seed,
+    )
 
 
-def cka_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str = "hidden", seed: int = 0,
-                 extract_kw: dict | None = None) -> Analysis:
+def cka_analysis(
+    cks: Sequence[Checkpoint],
+    texts: Sequence[str],
+    *,
+    site: str = "hidden",
+    seed: int = 0,
+    extract_kw: dict | None = None,
+) -> Analysis:
     """Linear CKA between every pair of layers and the effective rank of each layer (beyond the paper)."""
     from lime_probe.similarity import cka_matrix, effective_ranks
 
@@ -262,27 +389,54 @@ def cka_analysis(cks: Sequence[Checkpoint], texts: Sequence[str], *, site: str =
         cka = cka_matrix(feats, progress=False)
         er = effective_ranks(feats, center=True, progress=False)
         for k, layer in enumerate(layers):
-            rows.append({"model": ck.label, "site": site, "layer": layer, "effective_rank": float(er[k]),
-                         "cka_with_previous": float(cka[k, k - 1]) if k else None,
-                         "n_tokens": int(feats[layer].shape[0])})
+            rows.append(
+                {
+                    "model": ck.label,
+                    "site": site,
+                    "layer": layer,
+                    "effective_rank": float(er[k]),
+                    "cka_with_previous": float(cka[k, k - 1]) if k else None,
+                    "n_tokens": int(feats[layer].shape[0]),
+                }
+            )
         extra[ck.label] = {"layers": layers, "cka": cka, "effective_rank": er}
         ranks[ck.label] = {"layers": layers, "mean": er}
         figures[f"cka_{site}_{_slug(ck.label)}"] = F.plot_heatmap(
-            cka, row_labels=layers, col_labels=layers, xlabel="layer", ylabel="layer", vmin=0.0, vmax=1.0,
-            title=f"{ck.label}: linear CKA between layers ({site})", cbar_label="linear CKA")
+            cka,
+            row_labels=layers,
+            col_labels=layers,
+            xlabel="layer",
+            ylabel="layer",
+            vmin=0.0,
+            vmax=1.0,
+            title=f"{ck.label}: linear CKA between layers ({site})",
+            cbar_label="linear CKA",
+        )
     figures[f"effective_rank_{site}"] = F.plot_layer_curves(
-        ranks, ylabel="effective rank (centred)", title=f"Effective rank of {site} per layer")
+        ranks, ylabel="effective rank (centred)", title=f"Effective rank of {site} per layer"
+    )
     return Analysis(
-        f"cka_{site}", f"Layer similarity (CKA) and effective rank of {site}", rows,
-        text=("Linear CKA between the token representations of every pair of layers (1 = the same up to rotation "
-              "and scale), and the effective rank (exp of the entropy of the singular values) of each layer's "
-              "centred token cloud."),
-        extra={"cka": extra}, figures=figures,
-        columns=("model", "layer", "effective_rank", "cka_with_previous"))
+        f"cka_{site}",
+        f"Layer similarity (CKA) and effective rank of {site}",
+        rows,
+        text=(
+            "Linear CKA between the token representations of every pair of layers (1 = the same up to rotation "
+            "and scale), and the effective rank (exp of the entropy of the singular values) of each layer's "
+            "centred token cloud."
+        ),
+        extra={"cka": extra},
+        figures=figures,
+        columns=("model", "layer", "effective_rank", "cka_with_previous"),
+    )
 
 
-def router_analysis(cks: Sequence[Checkpoint], texts: Sequence[str] | None = None, *, seed: int = 0,
-                    extract_kw: dict | None = None) -> Analysis:
+def router_analysis(
+    cks: Sequence[Checkpoint],
+    texts: Sequence[str] | None = None,
+    *,
+    seed: int = 0,
+    extract_kw: dict | None = None,
+) -> Analysis:
     """LIMe router weights, layer x buffered layer and per head (paper Figures 5, 9).
 
     ``texts`` are needed only for routing "dynamic", whose weights depend on the token.
@@ -293,8 +447,10 @@ def router_analysis(cks: Sequence[Checkpoint], texts: Sequence[str] | None = Non
     for ck in cks:
         routing = getattr(ck.config, "routing", None)
         if routing in (None, "none"):
-            raise ValueError(f"{ck.label} ({ck.source}) has no LIMe routers (routing {routing!r}); "
-                             "the router analysis applies to LIMe checkpoints only")
+            raise ValueError(
+                f"{ck.label} ({ck.source}) has no LIMe routers (routing {routing!r}); "
+                "the router analysis applies to LIMe checkpoints only"
+            )
         hidden = None
         if routing == "dynamic":
             if not texts:
@@ -304,20 +460,39 @@ def router_analysis(cks: Sequence[Checkpoint], texts: Sequence[str] | None = Non
         res = router_weights(ck.model, hidden)
         for i, src in enumerate(res.sources):
             for j in src:
-                rows.append({"model": ck.label, "routing": res.routing, "layer": i, "source_layer": j,
-                             "weight_share": float(res.per_layer[i, j])})
-        extra[ck.label] = {"routing": res.routing, "per_layer": res.per_layer, "per_head": res.per_head,
-                           "sources": res.sources}
+                rows.append(
+                    {
+                        "model": ck.label,
+                        "routing": res.routing,
+                        "layer": i,
+                        "source_layer": j,
+                        "weight_share": float(res.per_layer[i, j]),
+                    }
+                )
+        extra[ck.label] = {
+            "routing": res.routing,
+            "per_layer": res.per_layer,
+            "per_head": res.per_head,
+            "sources": res.sources,
+        }
         slug = _slug(ck.label)
         figures[f"router_{slug}"] = F.plot_router(res.per_layer, label=f"{ck.label} ({res.routing})")
-        figures[f"router_heads_{slug}"] = F.plot_router_heads(res.per_head, label=f"{ck.label} ({res.routing})")
+        figures[f"router_heads_{slug}"] = F.plot_router_heads(
+            res.per_head, label=f"{ck.label} ({res.routing})"
+        )
     return Analysis(
-        "router", "Router weights", rows,
-        text=("Normalised |router weight| of each layer over the buffered layers it reads (rows sum to 1), averaged "
-              "over heads (first figure per model) and per KV head. Mass off the diagonal means the layer reads "
-              "keys/values of earlier layers."),
-        extra={"routers": extra}, figures=figures,
-        columns=("model", "layer", "source_layer", "weight_share"))
+        "router",
+        "Router weights",
+        rows,
+        text=(
+            "Normalised |router weight| of each layer over the buffered layers it reads (rows sum to 1), averaged "
+            "over heads (first figure per model) and per KV head. Mass off the diagonal means the layer reads "
+            "keys/values of earlier layers."
+        ),
+        extra={"routers": extra},
+        figures=figures,
+        columns=("model", "layer", "source_layer", "weight_share"),
+    )
 
 
 def _is_causal_lm(ck: Checkpoint) -> bool:
@@ -325,11 +500,21 @@ def _is_causal_lm(ck: Checkpoint) -> bool:
     attention is bidirectional, so summed next-token log-probabilities mean nothing."""
     import transformers as tf
 
-    return bool(getattr(ck.config, "is_decoder", False)) or type(ck.config) not in tf.MODEL_FOR_MASKED_LM_MAPPING
+    return (
+        bool(getattr(ck.config, "is_decoder", False)) or type(ck.config) not in tf.MODEL_FOR_MASKED_LM_MAPPING
+    )
 
 
-def blimp_analysis(cks: Sequence[Checkpoint], data, *, site: str = "hidden", max_pairs: int = 200,
-                   method: str = "logreg", seed: int = 0, extract_kw: dict | None = None) -> Analysis:
+def blimp_analysis(
+    cks: Sequence[Checkpoint],
+    data,
+    *,
+    site: str = "hidden",
+    max_pairs: int = 200,
+    method: str = "logreg",
+    seed: int = 0,
+    extract_kw: dict | None = None,
+) -> Analysis:
     """BLiMP per paradigm: good-vs-bad probes per layer (paper Table 2, Appendix D) and, for causal LMs,
     minimal-pair scoring (lm-evaluation-harness's rule). ``data`` is a ``load_blimp`` dataset."""
     from lime_probe.blimp import blimp_probe, score_minimal_pairs
@@ -341,40 +526,88 @@ def blimp_analysis(cks: Sequence[Checkpoint], data, *, site: str = "hidden", max
         curves, scores = {}, None
         picked = {p: np.flatnonzero(uids == p)[:max_pairs] for p in paradigms}
         if _is_causal_lm(ck):
-            scores = score_minimal_pairs(ck.model, ck.tokenizer, data.select(np.concatenate(list(picked.values()))),
-                                         progress=False)
-            extra[ck.label] = {"minimal_pairs": {"per_paradigm": scores.per_paradigm,
-                                                 "per_phenomenon": scores.per_phenomenon,
-                                                 "mean_over_paradigms": scores.mean_over_paradigms,
-                                                 "mean_over_phenomena": scores.mean_over_phenomena}}
+            scores = score_minimal_pairs(
+                ck.model, ck.tokenizer, data.select(np.concatenate(list(picked.values()))), progress=False
+            )
+            extra[ck.label] = {
+                "minimal_pairs": {
+                    "per_paradigm": scores.per_paradigm,
+                    "per_phenomenon": scores.per_phenomenon,
+                    "mean_over_paradigms": scores.mean_over_paradigms,
+                    "mean_over_phenomena": scores.mean_over_phenomena,
+                }
+            }
         for p in paradigms:
             part = data.select(picked[p])
             good = extract_site(ck, list(part["sentence_good"]), site, extract_kw, pool="mean")
             bad = extract_site(ck, list(part["sentence_bad"]), site, extract_kw, pool="mean")
-            res = blimp_probe({la: good[site][la] for la in good[site]}, {la: bad[site][la] for la in bad[site]},
-                              np.asarray(part["pairID"]), method=method, seed=seed, progress=False)
+            res = blimp_probe(
+                {la: good[site][la] for la in good[site]},
+                {la: bad[site][la] for la in bad[site]},
+                np.asarray(part["pairID"]),
+                method=method,
+                seed=seed,
+                progress=False,
+            )
             for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
-                rows.append({"model": ck.label, "paradigm": p, "site": site, "layer": layer,
-                             "probe_accuracy_mean": float(m), "probe_accuracy_std": float(s), "n_pairs": len(part)})
+                rows.append(
+                    {
+                        "model": ck.label,
+                        "paradigm": p,
+                        "site": site,
+                        "layer": layer,
+                        "probe_accuracy_mean": float(m),
+                        "probe_accuracy_std": float(s),
+                        "n_pairs": len(part),
+                    }
+                )
             curves[p] = {"layers": res.layers, "mean": res.accuracy_mean, "std": res.accuracy_std}
             best = int(np.argmax(res.accuracy_mean))
-            summary.append({"model": ck.label, "paradigm": p, "best_layer": res.layers[best],
-                            "probe_accuracy": float(res.accuracy_mean[best]),
-                            "minimal_pair_accuracy": scores.per_paradigm[p] if scores else None})
+            summary.append(
+                {
+                    "model": ck.label,
+                    "paradigm": p,
+                    "best_layer": res.layers[best],
+                    "probe_accuracy": float(res.accuracy_mean[best]),
+                    "minimal_pair_accuracy": scores.per_paradigm[p] if scores else None,
+                }
+            )
         figures[f"blimp_{site}_{_slug(ck.label)}"] = F.plot_blimp_layers(curves, model=ck.label, site=site)
     models = [ck.label for ck in cks]
-    best = np.array([[next(r["probe_accuracy"] for r in summary if r["model"] == m and r["paradigm"] == p)
-                      for m in models] for p in paradigms])
+    best = np.array(
+        [
+            [
+                next(r["probe_accuracy"] for r in summary if r["model"] == m and r["paradigm"] == p)
+                for m in models
+            ]
+            for p in paradigms
+        ]
+    )
     figures[f"blimp_{site}_best_layer"] = F.plot_heatmap(
-        best, row_labels=paradigms, col_labels=models, xlabel="model", ylabel="paradigm", vmin=0.5, vmax=1.0,
-        title=f"BLiMP probe accuracy at the best layer ({site})", cbar_label="probe accuracy")
+        best,
+        row_labels=paradigms,
+        col_labels=models,
+        xlabel="model",
+        ylabel="paradigm",
+        vmin=0.5,
+        vmax=1.0,
+        title=f"BLiMP probe accuracy at the best layer ({site})",
+        cbar_label="probe accuracy",
+    )
     return Analysis(
-        f"blimp_{site}", "BLiMP probes and minimal pairs", rows,
-        text=(f"Per paradigm (at most {max_pairs} pairs each): a logistic-regression probe telling the mean-pooled "
-              f"{site} representation of the good sentence from the bad one, 5-fold CV grouped by pair, per layer; "
-              "and, for causal LMs, minimal-pair accuracy (summed log-probabilities after the BOS token, good > bad, "
-              "as lm-evaluation-harness). The mean over paradigms and over phenomena are both in the JSON."),
-        extra={"blimp": extra}, figures=figures, summary=summary)
+        f"blimp_{site}",
+        "BLiMP probes and minimal pairs",
+        rows,
+        text=(
+            f"Per paradigm (at most {max_pairs} pairs each): a logistic-regression probe telling the mean-pooled "
+            f"{site} representation of the good sentence from the bad one, 5-fold CV grouped by pair, per layer; "
+            "and, for causal LMs, minimal-pair accuracy (summed log-probabilities after the BOS token, good > bad, "
+            "as lm-evaluation-harness). The mean over paradigms and over phenomena are both in the JSON."
+        ),
+        extra={"blimp": extra},
+        figures=figures,
+        summary=summary,
+    )
 
 
 def _slug(label: str) -> str:
@@ -382,8 +615,13 @@ def _slug(label: str) -> str:
 
 
 # The analyses of texts, by command name (BLiMP takes its own data: ``blimp_analysis``).
-ANALYSES: dict[str, Callable] = {"entropy": entropy_analysis, "separability": separability_analysis,
-                                 "tsne": tsne_analysis, "cka": cka_analysis, "router": router_analysis}
+ANALYSES: dict[str, Callable] = {
+    "entropy": entropy_analysis,
+    "separability": separability_analysis,
+    "tsne": tsne_analysis,
+    "cka": cka_analysis,
+    "router": router_analysis,
+}
 
 
 # --------------------------------------------------------------------------- output
@@ -394,6 +632,7 @@ def write_analysis(a: Analysis, out: Path, meta: dict) -> None:
     write_results(out / a.name, a.rows, meta=meta, extra=a.extra)
     for stem, fig in a.figures.items():
         F.save_figure(fig, out / stem)
+
 
 def section_for(a: Analysis) -> Section:
     """The report section of an analysis: its text, figures and compact table."""

@@ -82,10 +82,14 @@ def table_html(table: Table) -> str:
     rows = [to_jsonable(dict(r)) for r in table.rows]
     columns = list(dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c), table.float_format)}</td>" for c in columns) + "</tr>"
-                   for r in rows)
-    return (f"<table><caption>{html.escape(table.caption)}</caption><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>")
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(r.get(c), table.float_format)}</td>" for c in columns) + "</tr>"
+        for r in rows
+    )
+    return (
+        f"<table><caption>{html.escape(table.caption)}</caption><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
 
 
 def _anchor(i: int) -> str:
@@ -95,20 +99,31 @@ def _anchor(i: int) -> str:
 def render_report(title: str, sections: Sequence[Section], *, meta: Mapping | None = None) -> str:
     """The report as one HTML string. ``meta`` (from ``results.run_metadata``) is shown as the
     settings, checkpoints and versions at the end."""
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+    ]
     if meta and meta.get("created"):
-        parts.append(f"<p class='sub'>Generated {html.escape(str(meta['created']))} by lime-probe "
-                     f"{html.escape(str(meta.get('versions', {}).get('lime-probe', '')))}</p>")
-    parts.append("<nav><ul>" + "".join(f"<li><a href='#{_anchor(i)}'>{html.escape(s.title)}</a></li>"
-                                        for i, s in enumerate(sections)) + "</ul></nav>")
+        parts.append(
+            f"<p class='sub'>Generated {html.escape(str(meta['created']))} by lime-probe "
+            f"{html.escape(str(meta.get('versions', {}).get('lime-probe', '')))}</p>"
+        )
+    parts.append(
+        "<nav><ul>"
+        + "".join(
+            f"<li><a href='#{_anchor(i)}'>{html.escape(s.title)}</a></li>" for i, s in enumerate(sections)
+        )
+        + "</ul></nav>"
+    )
     for i, s in enumerate(sections):
         parts.append(f"<h2 id='{_anchor(i)}'>{html.escape(s.title)}</h2>")
         if s.text:
             parts.extend(f"<p>{html.escape(p)}</p>" for p in s.text.split("\n\n"))
         for fig in s.figures:
-            parts.append(f"<figure><img alt='{html.escape(s.title)}' "
-                         f"src='data:image/png;base64,{figure_png_base64(fig)}'></figure>")
+            parts.append(
+                f"<figure><img alt='{html.escape(s.title)}' "
+                f"src='data:image/png;base64,{figure_png_base64(fig)}'></figure>"
+            )
         parts.extend(table_html(t) for t in s.tables)
     if meta:
         parts.append("<h2>Settings, checkpoints and versions</h2>")
@@ -120,7 +135,8 @@ def render_report(title: str, sections: Sequence[Section], *, meta: Mapping | No
     return "".join(parts)
 
 
-def write_report(path: str | os.PathLike, title: str, sections: Sequence[Section], *,
-                 meta: Mapping | None = None) -> Path:
+def write_report(
+    path: str | os.PathLike, title: str, sections: Sequence[Section], *, meta: Mapping | None = None
+) -> Path:
     """Render the report and write it atomically to ``path``; return the path."""
     return atomic_write_text(path, render_report(title, sections, meta=meta))

@@ -27,8 +27,19 @@ import numpy as np
 
 from lime_model.files import atomic_write
 
-_VERSIONED = ("lime-probe", "torch", "transformers", "nnsight", "numpy", "scikit-learn", "openTSNE",
-              "datasets", "tokenizers", "safetensors", "matplotlib")
+_VERSIONED = (
+    "lime-probe",
+    "torch",
+    "transformers",
+    "nnsight",
+    "numpy",
+    "scikit-learn",
+    "openTSNE",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "matplotlib",
+)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # Hash at most this much of each weights file (head and tail): enough to tell checkpoints
 # apart, cheap for multi-GB models. File sizes are always included.
@@ -139,8 +150,9 @@ def rows_to_csv(rows: Sequence[Mapping]) -> str:
     return buf.getvalue()
 
 
-def write_results(stem: str | os.PathLike, rows: Sequence[Mapping], *, meta: Mapping,
-                  extra: Mapping | None = None) -> list[Path]:
+def write_results(
+    stem: str | os.PathLike, rows: Sequence[Mapping], *, meta: Mapping, extra: Mapping | None = None
+) -> list[Path]:
     """Write ``stem.json`` ({"meta", "rows", **extra}) and ``stem.csv`` (the rows); return both paths.
 
     ``rows`` is the flat table (one dict per model x layer x ...); ``extra`` holds structured
@@ -148,8 +160,9 @@ def write_results(stem: str | os.PathLike, rows: Sequence[Mapping], *, meta: Map
     """
     stem = Path(stem)
     doc = {"meta": to_jsonable(dict(meta)), "rows": to_jsonable(list(rows)), **to_jsonable(dict(extra or {}))}
-    json_path = atomic_write_text(stem.with_name(stem.name + ".json"),
-                                  json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    json_path = atomic_write_text(
+        stem.with_name(stem.name + ".json"), json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    )
     csv_path = atomic_write_text(stem.with_name(stem.name + ".csv"), rows_to_csv(rows))
     return [json_path, csv_path]
 
@@ -178,5 +191,8 @@ def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not records:
         raise ValueError(f"{path} holds no training records with a 'loss'")
     keys = list(dict.fromkeys(k for r in records for k in r))
-    return {k: np.array([r.get(k, np.nan) for r in records], dtype=float) for k in keys
-            if all(isinstance(r.get(k, 0.0), (int, float)) for r in records)}
+    return {
+        k: np.array([r.get(k, np.nan) for r in records], dtype=float)
+        for k in keys
+        if all(isinstance(r.get(k, 0.0), (int, float)) for r in records)
+    }

@@ -76,7 +76,9 @@ def _routing_kind(model: torch.nn.Module) -> tuple[str, str]:
 
 def _check(weight: torch.Tensor, shape: tuple[int, ...], layer: int, kind: str) -> torch.Tensor:
     if tuple(weight.shape) != shape:
-        raise ValueError(f"layer {layer}: {kind} router weight has shape {tuple(weight.shape)}, expected {shape}")
+        raise ValueError(
+            f"layer {layer}: {kind} router weight has shape {tuple(weight.shape)}, expected {shape}"
+        )
     return weight.detach().float().abs()
 
 
@@ -116,7 +118,9 @@ def _router_inputs(
         raise ValueError(f"routing 'dynamic': hidden_states has no entry for layer {i}") from None
     h = torch.as_tensor(h)
     if h.ndim != 2 or h.shape[0] == 0:
-        raise ValueError(f"routing 'dynamic': hidden_states[{i}] must have shape (n_tokens, hidden), got {tuple(h.shape)}")
+        raise ValueError(
+            f"routing 'dynamic': hidden_states[{i}] must have shape (n_tokens, hidden), got {tuple(h.shape)}"
+        )
     if not bool(torch.isfinite(h).all()):
         raise ValueError(f"routing 'dynamic': hidden_states[{i}] contains NaN or Inf")
     norm = layer.input_layernorm

@@ -88,7 +88,9 @@ def word_token_ids(tokenizer: Any, words: Sequence[str] = DEFAULT_WORDS) -> dict
     return out
 
 
-def word_rows(token_ids: np.ndarray | torch.Tensor, word_ids: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+def word_rows(
+    token_ids: np.ndarray | torch.Tensor, word_ids: Mapping[str, int]
+) -> tuple[np.ndarray, np.ndarray]:
     """Rows of `token_ids` (n_rows,) that are one of the words -> (row indices (m,), word labels (m,))."""
     token_ids = np.asarray(token_ids)
     by_id = {i: w for w, i in word_ids.items()}
@@ -97,7 +99,9 @@ def word_rows(token_ids: np.ndarray | torch.Tensor, word_ids: Mapping[str, int])
     return rows, labels
 
 
-def balance_classes(labels: np.ndarray | Sequence, seed: int = 0, n_per_class: int | None = None) -> np.ndarray:
+def balance_classes(
+    labels: np.ndarray | Sequence, seed: int = 0, n_per_class: int | None = None
+) -> np.ndarray:
     """Indices (sorted) of a class-balanced subsample: `n_per_class` rows of each class, by default the
     rarest class's count; seeded, so the same labels and seed always give the same rows."""
     labels = np.asarray(labels)
@@ -123,7 +127,9 @@ def _layer_items(features: LayerFeatures) -> list[tuple[Any, np.ndarray]]:
         if not np.isfinite(X).all():
             raise ValueError(f"layer {layer}: features contain NaN or Inf")
         if out and X.shape[0] != out[0][1].shape[0]:
-            raise ValueError(f"layer {layer}: {X.shape[0]} rows, but layer {out[0][0]} has {out[0][1].shape[0]}")
+            raise ValueError(
+                f"layer {layer}: {X.shape[0]} rows, but layer {out[0][0]} has {out[0][1].shape[0]}"
+            )
         out.append((layer, X))
     return out
 
@@ -221,7 +227,9 @@ def probe_layers(
     items = _layer_items(features)
     y = np.asarray(labels)
     if y.shape != (items[0][1].shape[0],):
-        raise ValueError(f"labels must have shape ({items[0][1].shape[0]},) to match the features, got {y.shape}")
+        raise ValueError(
+            f"labels must have shape ({items[0][1].shape[0]},) to match the features, got {y.shape}"
+        )
     folds = list(splitter.split(items[0][1], y, groups))
     acc = np.empty((len(items), len(folds)))
     for li, (layer, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
@@ -273,6 +281,13 @@ def token_separability(
     _check_labels(y, items[0][1].shape[0], n_splits, "token_separability")
     splitter = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed)
     return probe_layers(
-        dict(items), y, splitter, method=method, C=C, max_iter=max_iter, seed=seed, progress=progress,
+        dict(items),
+        y,
+        splitter,
+        method=method,
+        C=C,
+        max_iter=max_iter,
+        seed=seed,
+        progress=progress,
         desc="separability",
     )

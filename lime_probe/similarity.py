@@ -44,7 +44,9 @@ def _layers(features: Features) -> tuple[list, list[torch.Tensor]]:
     mats = [_matrix(X, f"layer {k}") for k, X in items]
     for k, X in zip(names, mats, strict=True):
         if X.shape[0] != mats[0].shape[0]:
-            raise ValueError(f"layer {k}: {X.shape[0]} rows, but layer {names[0]} has {mats[0].shape[0]}; CKA needs the same rows")
+            raise ValueError(
+                f"layer {k}: {X.shape[0]} rows, but layer {names[0]} has {mats[0].shape[0]}; CKA needs the same rows"
+            )
     return names, mats
 
 

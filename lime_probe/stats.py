@@ -51,7 +51,10 @@ def bootstrap_ci(
     # Drawn in blocks so that memory stays bounded for long value lists.
     block = max(1, 2**22 // v.size)
     means = np.concatenate(
-        [v[rng.integers(0, v.size, size=(min(block, n_boot - i), v.size))].mean(axis=1) for i in range(0, n_boot, block)]
+        [
+            v[rng.integers(0, v.size, size=(min(block, n_boot - i), v.size))].mean(axis=1)
+            for i in range(0, n_boot, block)
+        ]
     )
     lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(lo), float(hi)
@@ -61,4 +64,6 @@ def summarize(values: ArrayLike, level: float = 0.95, n_boot: int = 1000, seed: 
     """`Summary` of `values` (n,): mean, std (ddof=0) and `bootstrap_ci(values, level, n_boot, seed)`."""
     v = _as_finite_1d(values, "summarize")
     lo, hi = bootstrap_ci(v, level=level, n_boot=n_boot, seed=seed)
-    return Summary(mean=float(v.mean()), std=float(v.std()), ci_low=lo, ci_high=hi, n=int(v.size), level=level)
+    return Summary(
+        mean=float(v.mean()), std=float(v.std()), ci_low=lo, ci_high=hi, n=int(v.size), level=level
+    )

@@ -18,5 +18,7 @@ torch.set_num_threads(1)
 def shared_data() -> Path:
     root = os.environ.get("LIME_PROBE_DATA")
     if not root or not Path(root).is_dir():
-        pytest.skip("shared data not available: set LIME_PROBE_DATA to the folder holding blimp/ and wikitext-2/")
+        pytest.skip(
+            "shared data not available: set LIME_PROBE_DATA to the folder holding blimp/ and wikitext-2/"
+        )
     return Path(root)

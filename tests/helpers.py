@@ -18,7 +18,13 @@ from transformers import PreTrainedTokenizerFast
 
 ARCHS = ("llama", "lime", "gpt2", "gpt_neox", "bert")
 
-SPECIALS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
+SPECIALS = {
+    "pad_token": "<pad>",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+}
 
 CORPUS = [
     "The cat is on the mat and the dogs are in the garden.",
@@ -55,22 +61,44 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
 
     common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if arch in ("llama", "lime"):
-        kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, **common)
+        kw = dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            **common,
+        )
         if arch == "lime":
             import lime_model  # registers LimeConfig
 
             return lime_model.LimeConfig(**{"routing": "full", **kw, **overrides})
         return tf.LlamaConfig(**{**kw, **overrides})
     if arch == "gpt2":
-        return tf.GPT2Config(**{**dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, **common), **overrides})
+        return tf.GPT2Config(
+            **{**dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, **common), **overrides}
+        )
     if arch == "gpt_neox":
-        kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=128, **common)
+        kw = dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            **common,
+        )
         return tf.GPTNeoXConfig(**{**kw, **overrides})
     if arch == "bert":
-        kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=128, vocab_size=vocab_size, pad_token_id=0)
+        kw = dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            vocab_size=vocab_size,
+            pad_token_id=0,
+        )
         return tf.BertConfig(**{**kw, **overrides})
     raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
 

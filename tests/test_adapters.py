@@ -25,8 +25,11 @@ def reference(model, tok, texts, hook_fns):
     caps = {name: [] for name in hook_fns}
     handles = []
     for name, (path, fn) in hook_fns.items():
-        handles.append(model.get_submodule(path).register_forward_hook(
-            lambda m, args, out, name=name, fn=fn: caps[name].append(fn(args, out)[0])))
+        handles.append(
+            model.get_submodule(path).register_forward_hook(
+                lambda m, args, out, name=name, fn=fn: caps[name].append(fn(args, out)[0])
+            )
+        )
     hidden = []
     try:
         with torch.no_grad():
@@ -94,7 +97,9 @@ def test_gpt_neox_interleaved_qkv_matches_weights(tok):
 
     def rows_of(layer, part):
         lin = model.gpt_neox.layers[layer].attention.query_key_value
-        idx = torch.cat([torch.arange(h * 3 * hd + part * hd, h * 3 * hd + (part + 1) * hd) for h in range(heads)])
+        idx = torch.cat(
+            [torch.arange(h * 3 * hd + part * hd, h * 3 * hd + (part + 1) * hd) for h in range(heads)]
+        )
         return lambda args, out: F.linear(args[0], lin.weight[idx], lin.bias[idx])
 
     hooks = {"last_block": ("gpt_neox.layers.1", out_of)}
@@ -116,8 +121,9 @@ def test_bert_matches_hooks(tok):
     check(acts, refs, 2, final_is_last_block=True)  # no final norm: "final" is the last block's output
 
 
-@pytest.mark.parametrize("routing", ["full", "average", "first-1", "last-1", "dilated-2", "no-head-mix", "per-dim",
-                                     "dynamic"])
+@pytest.mark.parametrize(
+    "routing", ["full", "average", "first-1", "last-1", "dilated-2", "no-head-mix", "per-dim", "dynamic"]
+)
 def test_lime_routed_sites_match_router_hooks(tok, routing):
     pytest.importorskip("lime_model")
     model = tiny_model("lime", tok, routing=routing, num_hidden_layers=3)
@@ -126,10 +132,18 @@ def test_lime_routed_sites_match_router_hooks(tok, routing):
         hooks[f"keys{i}"] = (f"model.layers.{i}.self_attn.k_proj", out_of)
         hooks[f"values{i}"] = (f"model.layers.{i}.self_attn.v_proj", out_of)
         # router output: (keys, values), each (batch, kv_heads, seq, head_dim) -> rows of kv*hd
-        hooks[f"rkeys{i}"] = (f"model.layers.{i}.self_attn.router", lambda a, o: o[0].permute(0, 2, 1, 3).flatten(2))
-        hooks[f"rvalues{i}"] = (f"model.layers.{i}.self_attn.router", lambda a, o: o[1].permute(0, 2, 1, 3).flatten(2))
+        hooks[f"rkeys{i}"] = (
+            f"model.layers.{i}.self_attn.router",
+            lambda a, o: o[0].permute(0, 2, 1, 3).flatten(2),
+        )
+        hooks[f"rvalues{i}"] = (
+            f"model.layers.{i}.self_attn.router",
+            lambda a, o: o[1].permute(0, 2, 1, 3).flatten(2),
+        )
     refs = reference(model, tok, TEXTS, hooks)
-    acts = extract(model, tok, TEXTS, sites=SITES + ["routed_keys", "routed_values"], batch_size=2, progress=False)
+    acts = extract(
+        model, tok, TEXTS, sites=SITES + ["routed_keys", "routed_values"], batch_size=2, progress=False
+    )
     check(acts, refs, 3)
     for i in range(3):
         torch.testing.assert_close(acts["routed_keys"][i], refs[f"rkeys{i}"])
@@ -147,7 +161,9 @@ def test_lime_without_routing_has_no_routed_sites(tok):
 
 
 def test_unsupported_model_type_names_supported_and_how_to_register():
-    with pytest.raises(ValueError, match=r"no extraction adapter for model_type 't5'.*gpt2.*llama.*register_adapter"):
+    with pytest.raises(
+        ValueError, match=r"no extraction adapter for model_type 't5'.*gpt2.*llama.*register_adapter"
+    ):
         get_adapter(types.SimpleNamespace(model_type="t5"))
 
 
@@ -155,19 +171,25 @@ def test_register_adapter_in_a_few_lines(tok, monkeypatch):
     model = tiny_model("llama", tok)
     monkeypatch.setattr(model.config, "model_type", "my_llama")
     monkeypatch.setitem(ADAPTERS, "my_llama", None)  # restored (removed) after the test
-    register_adapter("my_llama", Adapter(layers="layers", final_norm="norm",
-                                         sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")))
+    register_adapter(
+        "my_llama",
+        Adapter(layers="layers", final_norm="norm", sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")),
+    )
     acts = extract(model, tok, TEXTS[:1], sites=["values"], layers=[1], progress=False)
     captured = []
-    handle = model.model.layers[1].self_attn.v_proj.register_forward_hook(lambda m, a, o: captured.append(o[0]))
+    handle = model.model.layers[1].self_attn.v_proj.register_forward_hook(
+        lambda m, a, o: captured.append(o[0])
+    )
     with torch.no_grad():
         model(**tok(TEXTS[0], return_tensors="pt"))
     handle.remove()
     torch.testing.assert_close(acts["values"][1], captured[0])
 
 
-@pytest.mark.parametrize(("arch", "value_path"), [("llama", "layers.1.self_attn.v_proj"),
-                                                  ("bert", "encoder.layer.1.attention.self.value")])
+@pytest.mark.parametrize(
+    ("arch", "value_path"),
+    [("llama", "layers.1.self_attn.v_proj"), ("bert", "encoder.layer.1.attention.self.value")],
+)
 def test_bare_base_models_without_a_head(tok, arch, value_path):
     """Paths are relative to the base model, so AutoModel (no LM head) works as well."""
     model = AutoModel.from_config(tiny_config(arch, len(tok))).eval()

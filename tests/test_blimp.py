@@ -31,13 +31,22 @@ def make_tokenizer(words, bos=True):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     extra = {"bos_token": "<s>"} if bos else {}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>", pad_token="<pad>", **extra)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>", pad_token="<pad>", **extra
+    )
 
 
 def make_model(vocab_size, seed=0):
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -55,8 +64,11 @@ def loop_logprob(model, tok, sentence, prefix):
 
 def as_columns(rows):
     return {
-        "UID": [r[0] for r in rows], "linguistics_term": [r[1] for r in rows], "sentence_good": [r[2] for r in rows],
-        "sentence_bad": [r[3] for r in rows], "pairID": [str(i) for i in range(len(rows))],
+        "UID": [r[0] for r in rows],
+        "linguistics_term": [r[1] for r in rows],
+        "sentence_good": [r[2] for r in rows],
+        "sentence_bad": [r[3] for r in rows],
+        "pairID": [str(i) for i in range(len(rows))],
     }
 
 
@@ -77,9 +89,14 @@ def test_score_minimal_pairs_aggregates():
     model = make_model(len(tok), seed=1)
     res = score_minimal_pairs(model, tok, as_columns(ROWS), batch_size=4, progress=False)
     prefix = tok.bos_token_id
-    correct = [loop_logprob(model, tok, g, prefix) > loop_logprob(model, tok, b, prefix) for _, _, g, b in ROWS]
+    correct = [
+        loop_logprob(model, tok, g, prefix) > loop_logprob(model, tok, b, prefix) for _, _, g, b in ROWS
+    ]
     np.testing.assert_array_equal(res.correct, correct)
-    para = {u: np.mean([c for (uu, *_), c in zip(ROWS, correct, strict=True) if uu == u]) for u in ("agr_a", "agr_b", "isl_c")}
+    para = {
+        u: np.mean([c for (uu, *_), c in zip(ROWS, correct, strict=True) if uu == u])
+        for u in ("agr_a", "agr_b", "isl_c")
+    }
     assert res.per_paradigm == pytest.approx(para)
     phen = {"agreement": (para["agr_a"] + para["agr_b"]) / 2, "island": para["isl_c"]}
     assert res.per_phenomenon == pytest.approx(phen)
@@ -105,8 +122,19 @@ def test_scoring_bad_input():
 def write_jsonl(path, rows):
     with open(path, "w") as f:
         for i, (uid, term, good, bad) in enumerate(rows):
-            f.write(json.dumps({"sentence_good": good, "sentence_bad": bad, "field": "syntax", "linguistics_term": term,
-                                "UID": uid, "pairID": str(i)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "sentence_good": good,
+                        "sentence_bad": bad,
+                        "field": "syntax",
+                        "linguistics_term": term,
+                        "UID": uid,
+                        "pairID": str(i),
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_load_blimp_local(tmp_path):
@@ -143,14 +171,38 @@ def test_load_blimp_paradigms_with_different_optional_fields(tmp_path):
     """Regression: two 30-line paradigm files whose optional fields differ (as in the release, where
     only some paradigms carry `one_prefix_*`). `load_dataset("json")` took the schema from the first
     file and failed on the second ("An error occurred while generating the dataset")."""
-    base = {"field": "syntax", "simple_LM_method": True, "one_prefix_method": False, "two_prefix_method": False,
-            "lexically_identical": True}
-    island = [{"sentence_good": f"who did {i} see ?", "sentence_bad": f"who {i} did see ?", **base,
-               "linguistics_term": "island_effects", "UID": "adjunct_island", "pairID": str(i)} for i in range(30)]
-    anaphor = [{"sentence_good": f"she {i} helps herself .", "sentence_bad": f"she {i} helps himself .", **base,
-                "one_prefix_prefix": f"she {i} helps", "one_prefix_word_good": "herself",
-                "one_prefix_word_bad": "himself", "linguistics_term": "anaphor_agreement",
-                "UID": "anaphor_gender_agreement", "pairID": str(i)} for i in range(30)]
+    base = {
+        "field": "syntax",
+        "simple_LM_method": True,
+        "one_prefix_method": False,
+        "two_prefix_method": False,
+        "lexically_identical": True,
+    }
+    island = [
+        {
+            "sentence_good": f"who did {i} see ?",
+            "sentence_bad": f"who {i} did see ?",
+            **base,
+            "linguistics_term": "island_effects",
+            "UID": "adjunct_island",
+            "pairID": str(i),
+        }
+        for i in range(30)
+    ]
+    anaphor = [
+        {
+            "sentence_good": f"she {i} helps herself .",
+            "sentence_bad": f"she {i} helps himself .",
+            **base,
+            "one_prefix_prefix": f"she {i} helps",
+            "one_prefix_word_good": "herself",
+            "one_prefix_word_bad": "himself",
+            "linguistics_term": "anaphor_agreement",
+            "UID": "anaphor_gender_agreement",
+            "pairID": str(i),
+        }
+        for i in range(30)
+    ]
     for name, records in (("adjunct_island", island), ("anaphor_gender_agreement", anaphor)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     ds = load_blimp(tmp_path)
@@ -191,7 +243,9 @@ def test_blimp_probe_known_answers_and_grouped_folds():
 
 
 def test_real_blimp_files(shared_data):
-    ds = load_blimp(shared_data / "blimp", paradigms=["anaphor_gender_agreement", "adjunct_island", "wh_island"])
+    ds = load_blimp(
+        shared_data / "blimp", paradigms=["anaphor_gender_agreement", "adjunct_island", "wh_island"]
+    )
     assert len(ds) == 3000
     assert set(ds["UID"]) == {"anaphor_gender_agreement", "adjunct_island", "wh_island"}
     small = ds.filter(lambda pid: int(pid) < 3, input_columns="pairID")
@@ -214,7 +268,9 @@ def test_load_blimp_hub_code_path(monkeypatch):
 
     def fake_load(name, config, split):
         calls.append((name, config, split))
-        return datasets.Dataset.from_dict({k: v for k, v in as_columns([r for r in ROWS if r[0] == config]).items()})
+        return datasets.Dataset.from_dict(
+            {k: v for k, v in as_columns([r for r in ROWS if r[0] == config]).items()}
+        )
 
     monkeypatch.setattr(datasets, "get_dataset_config_names", lambda name: ["agr_a", "isl_c"])
     monkeypatch.setattr(datasets, "load_dataset", fake_load)

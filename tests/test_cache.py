@@ -107,7 +107,9 @@ def test_in_memory_model_identity_is_a_parameter_hash(tok):
 def test_corrupt_manifest_or_missing_shard_starts_over(tmp_path):
     key = {"x": 1}
     cache = ShardCache(tmp_path, key)
-    cache.add_shard({"offsets": torch.tensor([0, 2]), "token_ids": torch.tensor([4, 5]), "n_tokens": torch.tensor([2])})
+    cache.add_shard(
+        {"offsets": torch.tensor([0, 2]), "token_ids": torch.tensor([4, 5]), "n_tokens": torch.tensor([2])}
+    )
     assert (ShardCache(tmp_path, key).done_sequences, ShardCache(tmp_path, key).done_tokens) == (1, 2)
     cache.shards[0].unlink()
     assert ShardCache(tmp_path, key).done_sequences == 0

@@ -10,24 +10,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import save_tiny_checkpoint
+from helpers import CORPUS, save_tiny_checkpoint
 
 from lime_probe import cli
 from lime_probe.pipelines import DEFAULT_WORDS
 
 COMMANDS = ["entropy", "separability", "tsne", "blimp", "cka", "router", "report", "demo"]
-TEXTS = [
-    "The cat is on the mat and the dogs are in the garden.",
-    "She was happy because the results were good.",
-    "It is what it is, they are who they are.",
-    "There was a time when the rivers were clean.",
-    "A model is a function; layers are functions too.",
-    "The quick brown fox jumps over the lazy dog.",
-]
+TEXTS = CORPUS
 DOCS = TEXTS * 3  # every probed word occurs at least 5 times
-PAIRS = [("The cat is here.", "The cat are here."), ("They were happy.", "They was happy."),
-         ("It is what it is.", "It are what it is."), ("The dogs are in the garden.", "The dogs is in the garden."),
-         ("She was happy.", "She were happy."), ("The rivers were clean.", "The rivers was clean.")]
+PAIRS = [
+    ("The cat is here.", "The cat are here."),
+    ("They were happy.", "They was happy."),
+    ("It is what it is.", "It are what it is."),
+    ("The dogs are in the garden.", "The dogs is in the garden."),
+    ("She was happy.", "She were happy."),
+    ("The rivers were clean.", "The rivers was clean."),
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +66,25 @@ def test_no_command_is_a_usage_error(capsys):
 def test_label_count_must_match(capsys, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("hello there\n")
-    code, _, err = run_cli(capsys, "entropy", "--ckpt", "a", "--ckpt", "b", "--label", "x", "--data", text,
-                           "--out", tmp_path / "out")
+    code, _, err = run_cli(
+        capsys,
+        "entropy",
+        "--ckpt",
+        "a",
+        "--ckpt",
+        "b",
+        "--label",
+        "x",
+        "--data",
+        text,
+        "--out",
+        tmp_path / "out",
+    )
     assert code == 2
-    assert err.strip() == "lime-probe entropy: error: got 1 --label for 2 --ckpt; give one label per checkpoint or none"
+    assert (
+        err.strip()
+        == "lime-probe entropy: error: got 1 --label for 2 --ckpt; give one label per checkpoint or none"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -107,7 +120,12 @@ def test_staged_output_moves_files_only_on_success(tmp_path):
         (tmp / "sub").mkdir()
         (tmp / "sub" / "a.png").write_text("png")
         assert not (out / "new.json").exists()  # nothing appears before the end
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["keep.txt", "new.json", "sub", "sub/a.png"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "keep.txt",
+        "new.json",
+        "sub",
+        "sub/a.png",
+    ]
     with pytest.raises(KeyboardInterrupt), cli.staged_output(out) as tmp:
         (tmp / "half.json").write_text("{")
         raise KeyboardInterrupt
@@ -116,7 +134,9 @@ def test_staged_output_moves_files_only_on_success(tmp_path):
 
 
 def test_format_table_aligns_columns():
-    text = cli.format_table([{"model": "LIMe", "layer": 0, "v": 1.234567}, {"model": "LLaMA", "layer": 10, "v": None}])
+    text = cli.format_table(
+        [{"model": "LIMe", "layer": 0, "v": 1.234567}, {"model": "LLaMA", "layer": 10, "v": None}]
+    )
     lines = text.splitlines()
     assert lines[0].split() == ["model", "layer", "v"]
     assert lines[2].split() == ["LIMe", "0", "1.235"] and lines[3].split() == ["LLaMA", "10"]
@@ -138,9 +158,32 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeyp
 
     monkeypatch.setattr(Activations, "sequences", whole_layer)
     out = tmp_path / "out"
-    code, stdout, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--ckpt", ckpts["bert"], "--label",
-                                "LLaMA", "--label", "BERT", "--data", text_file, "--site", "values", "--max-length",
-                                16, "--batch-size", 4, "--out", out, "--cache", tmp_path / "cache", "--seed", 3)
+    code, stdout, err = run_cli(
+        capsys,
+        "entropy",
+        "--ckpt",
+        ckpts["llama"],
+        "--ckpt",
+        ckpts["bert"],
+        "--label",
+        "LLaMA",
+        "--label",
+        "BERT",
+        "--data",
+        text_file,
+        "--site",
+        "values",
+        "--max-length",
+        16,
+        "--batch-size",
+        4,
+        "--out",
+        out,
+        "--cache",
+        tmp_path / "cache",
+        "--seed",
+        3,
+    )
     assert code == 0, err
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) > 2  # several shards were streamed
     monkeypatch.undo()
@@ -149,7 +192,9 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeyp
     assert doc["meta"]["checkpoints"]["BERT"]["model_type"] == "bert"
     for label, arch in (("LLaMA", "llama"), ("BERT", "bert")):
         model, tok = load(ckpts[arch])
-        acts = extract(model, tok, DOCS, sites=["values"], max_length=16, progress=False)  # in memory, unbatched
+        acts = extract(
+            model, tok, DOCS, sites=["values"], max_length=16, progress=False
+        )  # in memory, unbatched
         rows = [r for r in doc["rows"] if r["model"] == label]
         assert [r["layer"] for r in rows] == acts.layers("values")
         for r in rows:
@@ -161,7 +206,9 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeyp
             want = layer_entropy(seqs, "lime", seed=3)
             np.testing.assert_allclose(got, [want.mean, want.std, want.ci_low, want.ci_high], rtol=1e-7)
             assert r["n_sequences"] == len(DOCS)
-    assert sorted(p.name for p in out.iterdir()) == [f"entropy_values.{x}" for x in ("csv", "json", "pdf", "png")]
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"entropy_values.{x}" for x in ("csv", "json", "pdf", "png")
+    ]
     assert "LLaMA" in stdout and "entropy_mean" in stdout
 
 
@@ -173,13 +220,16 @@ def _corrupt_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("case, match", [
-    ("missing", "checkpoint not found"),
-    ("not_ckpt", "not a checkpoint"),
-    ("corrupt", "cannot load the weights"),
-    ("empty_data", "no text"),
-    ("missing_data", "data not found"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("missing", "checkpoint not found"),
+        ("not_ckpt", "not a checkpoint"),
+        ("corrupt", "cannot load the weights"),
+        ("empty_data", "no text"),
+        ("missing_data", "data not found"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, case, match):
     ckpt, data = ckpts["llama"], text_file
     if case == "missing":
@@ -204,14 +254,35 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, ca
 
 
 def test_unknown_site_is_a_usage_error(capsys, ckpts, text_file, tmp_path):
-    code, _, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--data", text_file, "--site", "attn",
-                           "--out", tmp_path / "o")
+    code, _, err = run_cli(
+        capsys,
+        "entropy",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--site",
+        "attn",
+        "--out",
+        tmp_path / "o",
+    )
     assert code == 2 and err.count("\n") == 1 and "invalid choice: 'attn'" in err
 
 
 def test_a_site_the_model_lacks_is_exit_2(capsys, ckpts, text_file, tmp_path):
-    code, _, err = run_cli(capsys, "entropy", "--ckpt", ckpts["llama"], "--data", text_file, "--site",
-                           "routed_values", "--out", tmp_path / "o", "--no-cache")
+    code, _, err = run_cli(
+        capsys,
+        "entropy",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--site",
+        "routed_values",
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+    )
     assert code == 2 and "routed_values" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
@@ -222,11 +293,18 @@ def test_a_missing_relative_path_fails_fast_naming_both_readings(capsys, tmp_pat
     monkeypatch.chdir(tmp_path)  # "runs/nope" reads as a hub id too, and the hub cannot be reached here
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     start = time.monotonic()
-    code, _, err = run_cli(capsys, "entropy", "--ckpt", "runs/nope", "--data", text_file, "--out", "o", "--no-cache")
+    code, _, err = run_cli(
+        capsys, "entropy", "--ckpt", "runs/nope", "--data", text_file, "--out", "o", "--no-cache"
+    )
     took = time.monotonic() - start
     assert code == 2
-    assert err.strip().splitlines()[-1].startswith(
-        "lime-probe entropy: error: no local folder 'runs/nope' and no hub model 'runs/nope' could be reached (")
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(
+            "lime-probe entropy: error: no local folder 'runs/nope' and no hub model 'runs/nope' could be reached ("
+        )
+    )
     assert "Retry" not in err and "Traceback" not in err
     assert took < 10, f"took {took:.1f} s: the hub was retried"
     assert not (tmp_path / "o").exists()
@@ -239,7 +317,9 @@ def test_a_bug_raising_keyerror_is_exit_1_not_bad_input(capsys, tmp_path, monkey
     monkeypatch.setattr(cli, "run_analysis", buggy)
     monkeypatch.setattr(cli, "load_checkpoints", lambda *a: [])
     (tmp_path / "t.txt").write_text("hello there\n")
-    code, _, err = run_cli(capsys, "cka", "--ckpt", "x", "--data", tmp_path / "t.txt", "--out", tmp_path / "o")
+    code, _, err = run_cli(
+        capsys, "cka", "--ckpt", "x", "--data", tmp_path / "t.txt", "--out", tmp_path / "o"
+    )
     assert code == 1 and "failed: KeyError: internal" in err
 
 
@@ -259,10 +339,26 @@ def test_installed_script_reports_bad_input(tmp_path, text_file):
     script = Path(sys.executable).with_name("lime-probe")
     if not script.exists():
         pytest.skip("lime-probe is not installed in this environment (pip install -e .)")
-    proc = subprocess.run([str(script), "entropy", "--ckpt", str(tmp_path / "nope"), "--data", str(text_file),
-                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            str(script),
+            "entropy",
+            "--ckpt",
+            str(tmp_path / "nope"),
+            "--data",
+            str(text_file),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == f"lime-probe entropy: error: checkpoint not found: {tmp_path / 'nope'}"
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == f"lime-probe entropy: error: checkpoint not found: {tmp_path / 'nope'}"
+    )
 
 
 def _ok(capsys, *argv) -> str:
@@ -278,7 +374,9 @@ def _word_features(ckpt, site, words=DEFAULT_WORDS):
 
     model, tok = load(ckpt)
     ids = word_token_ids(tok, words)
-    acts = extract(model, tok, DOCS, sites=[site], token_ids=list(ids.values()), max_length=32, progress=False)
+    acts = extract(
+        model, tok, DOCS, sites=[site], token_ids=list(ids.values()), max_length=32, progress=False
+    )
     rows, y = word_rows(acts.token_ids, ids)
     return {la: acts[site][la][rows] for la in acts[site]}, y
 
@@ -286,8 +384,25 @@ def _word_features(ckpt, site, words=DEFAULT_WORDS):
 def test_separability_matches_the_library(capsys, tmp_path, ckpts, text_file):
     from lime_probe.separability import token_separability
 
-    _ok(capsys, "separability", "--ckpt", ckpts["lime"], "--ckpt", ckpts["bert"], "--data", text_file, "--site",
-        "values", "--max-length", 32, "--out", tmp_path / "o", "--no-cache", "--seed", 1)
+    _ok(
+        capsys,
+        "separability",
+        "--ckpt",
+        ckpts["lime"],
+        "--ckpt",
+        ckpts["bert"],
+        "--data",
+        text_file,
+        "--site",
+        "values",
+        "--max-length",
+        32,
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+        "--seed",
+        1,
+    )
     doc = _read_json(tmp_path / "o" / "separability_values.json")
     for label in ("lime", "bert"):
         want = token_separability(*_word_features(ckpts[label], "values"), seed=1, progress=False)
@@ -300,11 +415,37 @@ def test_separability_matches_the_library(capsys, tmp_path, ckpts, text_file):
 
 def test_missing_words_are_named(capsys, tmp_path, ckpts, text_file):
     # the first two documents hold " is" once and " the" four times: both are named with their counts
-    code, _, err = run_cli(capsys, "separability", "--ckpt", ckpts["llama"], "--data", text_file, "--words", " is",
-                           " the", "--max-sequences", 2, "--out", tmp_path / "o", "--no-cache")
+    code, _, err = run_cli(
+        capsys,
+        "separability",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--words",
+        " is",
+        " the",
+        "--max-sequences",
+        2,
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+    )
     assert code == 2 and "too rare in the data" in err and "' is': 1, ' the': 4" in err
-    code, _, err = run_cli(capsys, "separability", "--ckpt", ckpts["llama"], "--data", text_file, "--words", " is",
-                           " garden", "--out", tmp_path / "o", "--no-cache")
+    code, _, err = run_cli(
+        capsys,
+        "separability",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--words",
+        " is",
+        " garden",
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+    )
     assert code == 2 and "' garden' is 5 tokens" in err and not (tmp_path / "o").exists()
 
 
@@ -312,8 +453,27 @@ def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
     from lime_probe.separability import balance_classes
     from lime_probe.tsne import tsne_layers
 
-    _ok(capsys, "tsne", "--ckpt", ckpts["llama"], "--data", text_file, "--layers", "0,2", "--per-word", 6,
-        "--perplexity", 3, "--max-length", 32, "--out", tmp_path / "o", "--no-cache", "--seed", 2)
+    _ok(
+        capsys,
+        "tsne",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--layers",
+        "0,2",
+        "--per-word",
+        6,
+        "--perplexity",
+        3,
+        "--max-length",
+        32,
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+        "--seed",
+        2,
+    )
     doc = _read_json(tmp_path / "o" / "tsne_hidden.json")
     feats, y = _word_features(ckpts["llama"], "hidden")
     keep = balance_classes(y, seed=2, n_per_class=6)
@@ -330,15 +490,27 @@ def test_cka_matches_the_library(capsys, tmp_path, ckpts, text_file):
     from lime_probe.loading import load
     from lime_probe.similarity import cka_matrix, effective_ranks
 
-    _ok(capsys, "cka", "--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32, "--out", tmp_path / "o",
-        "--no-cache")
+    _ok(
+        capsys,
+        "cka",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--max-length",
+        32,
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+    )
     doc = _read_json(tmp_path / "o" / "cka_hidden.json")
     model, tok = load(ckpts["llama"])
     acts = extract(model, tok, DOCS, sites=["hidden"], max_length=32, progress=False)
     feats = {la: acts["hidden"][la] for la in acts["hidden"]}
     np.testing.assert_allclose(doc["cka"]["llama"]["cka"], cka_matrix(feats, progress=False))
-    np.testing.assert_allclose([r["effective_rank"] for r in doc["rows"]],
-                               effective_ranks(feats, center=True, progress=False))
+    np.testing.assert_allclose(
+        [r["effective_rank"] for r in doc["rows"]], effective_ranks(feats, center=True, progress=False)
+    )
 
 
 def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
@@ -350,8 +522,9 @@ def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
     want = router_weights(load(ckpts["lime"])[0])
     got = np.array(doc["routers"]["LIMe"]["per_layer"], dtype=float)  # None (NaN) above the diagonal
     np.testing.assert_allclose(got, want.per_layer)
-    assert {(r["layer"], r["source_layer"]) for r in doc["rows"]} == {(i, j) for i, s in enumerate(want.sources)
-                                                                        for j in s}
+    assert {(r["layer"], r["source_layer"]) for r in doc["rows"]} == {
+        (i, j) for i, s in enumerate(want.sources) for j in s
+    }
     code, _, err = run_cli(capsys, "router", "--ckpt", ckpts["llama"], "--out", tmp_path / "o2")
     assert code == 2 and "has no LIMe routers" in err
 
@@ -360,8 +533,17 @@ def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
 def blimp_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("blimp")
     for uid in ("agreement_a", "agreement_b"):
-        rows = [{"sentence_good": g, "sentence_bad": b, "UID": uid, "pairID": str(k), "field": "syntax",
-                 "linguistics_term": "subject_verb_agreement"} for k, (g, b) in enumerate(PAIRS * 2)]
+        rows = [
+            {
+                "sentence_good": g,
+                "sentence_bad": b,
+                "UID": uid,
+                "pairID": str(k),
+                "field": "syntax",
+                "linguistics_term": "subject_verb_agreement",
+            }
+            for k, (g, b) in enumerate(PAIRS * 2)
+        ]
         (root / f"{uid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -371,16 +553,33 @@ def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
     from lime_probe.extraction import extract
     from lime_probe.loading import load
 
-    _ok(capsys, "blimp", "--ckpt", ckpts["llama"], "--ckpt", ckpts["bert"], "--data", blimp_dir, "--max-pairs", 10,
-        "--out", tmp_path / "o", "--no-cache")
+    _ok(
+        capsys,
+        "blimp",
+        "--ckpt",
+        ckpts["llama"],
+        "--ckpt",
+        ckpts["bert"],
+        "--data",
+        blimp_dir,
+        "--max-pairs",
+        10,
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+    )
     doc = _read_json(tmp_path / "o" / "blimp_hidden.json")
     data = load_blimp(blimp_dir)
     model, tok = load(ckpts["llama"])
     part = data.select(range(10))  # the first paradigm's first 10 pairs
     good = extract(model, tok, list(part["sentence_good"]), sites=["hidden"], pool="mean", progress=False)
     bad = extract(model, tok, list(part["sentence_bad"]), sites=["hidden"], pool="mean", progress=False)
-    want = blimp_probe({la: good["hidden"][la] for la in good["hidden"]}, {la: bad["hidden"][la] for la in bad["hidden"]},
-                       np.asarray(part["pairID"]), progress=False)
+    want = blimp_probe(
+        {la: good["hidden"][la] for la in good["hidden"]},
+        {la: bad["hidden"][la] for la in bad["hidden"]},
+        np.asarray(part["pairID"]),
+        progress=False,
+    )
     rows = [r for r in doc["rows"] if r["model"] == "llama" and r["paradigm"] == "agreement_a"]
     np.testing.assert_allclose([r["probe_accuracy_mean"] for r in rows], want.accuracy_mean)
     picked = data.select(list(range(10)) + list(range(12, 22)))
@@ -399,15 +598,26 @@ def test_blimp_with_wrong_fields_is_exit_2(capsys, tmp_path, ckpts):
 
 
 def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckpts, text_file):
-    common = ["--ckpt", ckpts["lime"], "--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32,
-              "--no-cache"]
+    common = [
+        "--ckpt",
+        ckpts["lime"],
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--max-length",
+        32,
+        "--no-cache",
+    ]
     _ok(capsys, "report", *common, "--analyses", "entropy", "router", "--out", tmp_path / "r")
     _ok(capsys, "entropy", *common, "--out", tmp_path / "e")
     html = (tmp_path / "r" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # entropy + router per layer + router per head
     assert "<script" not in html and "Matrix entropy of values" in html and "Router weights" in html
-    assert _read_json(tmp_path / "r" / "entropy_values.json")["rows"] == _read_json(
-        tmp_path / "e" / "entropy_values.json")["rows"]
+    assert (
+        _read_json(tmp_path / "r" / "entropy_values.json")["rows"]
+        == _read_json(tmp_path / "e" / "entropy_values.json")["rows"]
+    )
     assert {r["model"] for r in _read_json(tmp_path / "r" / "router.json")["rows"]} == {"lime"}  # LIMe only
 
 
@@ -425,8 +635,19 @@ def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, tex
             raise KeyboardInterrupt
         return real_forward(*a, **k)
 
-    argv = ["entropy", "--ckpt", ckpts["llama"], "--data", text_file, "--batch-size", 4, "--max-length", 16,
-            "--cache", tmp_path / "cache"]
+    argv = [
+        "entropy",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--batch-size",
+        4,
+        "--max-length",
+        16,
+        "--cache",
+        tmp_path / "cache",
+    ]
     monkeypatch.setattr(extract_mod, "_forward", interrupted)
     code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "out")
     assert code == 130 and "interrupted" in err

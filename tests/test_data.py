@@ -164,7 +164,9 @@ def test_a_cached_local_source_is_not_read_again_until_the_file_changes(tmp_path
         again = data.packed_sequences(source, tok, seq_len=5, cache_dir=tmp_path / "cache")
         assert np.array_equal(again, first) and isinstance(again, np.memmap)
         with pytest.raises(AssertionError, match="were read"):  # another max_texts is another key
-            data.packed_sequences(data.TextSource(str(path), max_texts=2), tok, seq_len=5, cache_dir=tmp_path / "cache")
+            data.packed_sequences(
+                data.TextSource(str(path), max_texts=2), tok, seq_len=5, cache_dir=tmp_path / "cache"
+            )
         path.write_text("abc\n\nabc def ghij\n")  # rewritten (size changes): the key follows
         with pytest.raises(AssertionError, match="were read"):
             data.packed_sequences(source, tok, seq_len=5, cache_dir=tmp_path / "cache")
@@ -187,7 +189,9 @@ def test_a_cached_hub_source_is_not_streamed_again(tmp_path, monkeypatch):
     assert calls == ["org/c"]
     assert np.array_equal(first, data.tokenize_and_pack(["abc def", "ghij", "a b c d e f g h"], tok, 5))
     monkeypatch.setattr(datasets, "load_dataset", no_reading)
-    assert np.array_equal(data.packed_sequences(data.TextSource("hf:org/c", "train"), tok, 5, tmp_path), first)
+    assert np.array_equal(
+        data.packed_sequences(data.TextSource("hf:org/c", "train"), tok, 5, tmp_path), first
+    )
     with pytest.raises(AssertionError, match="were read"):  # another split is another key
         data.packed_sequences(data.TextSource("hf:org/c", "test"), tok, 5, tmp_path)
 
@@ -207,7 +211,10 @@ def test_prepare_data_caches_the_trained_bpe_too(tmp_path, monkeypatch):
     assert torch.equal(second.input_ids, first.input_ids)
     # the rows are the packed BPE tokens of the documents, computed here from scratch
     docs = path.read_text().split("\n\n")
-    ids = [first.tokenizer(d, add_special_tokens=False)["input_ids"] + [first.tokenizer.eos_token_id] for d in docs]
+    ids = [
+        first.tokenizer(d, add_special_tokens=False)["input_ids"] + [first.tokenizer.eos_token_id]
+        for d in docs
+    ]
     stream = [i for row in ids for i in row]
     n = len(stream) // 16
     assert first.input_ids.tolist() == [stream[k * 16 : (k + 1) * 16] for k in range(n)]

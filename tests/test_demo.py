@@ -67,9 +67,17 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert cli.main(["demo", "--quick", "--out", str(out), "--runs", str(runs)]) == 0
     err = capsys.readouterr().err
     assert all(f"[{k}/7]" in err for k in range(1, 8))  # progress through every stage
-    for stem in ("arithmetic_accuracy", "training_curves", "entropy_values", "entropy_hidden", "router",
-                 "separability_numbers_1_4", "separability_numbers_100_103", "tsne_numbers_1_4",
-                 "tsne_numbers_100_103"):
+    for stem in (
+        "arithmetic_accuracy",
+        "training_curves",
+        "entropy_values",
+        "entropy_hidden",
+        "router",
+        "separability_numbers_1_4",
+        "separability_numbers_100_103",
+        "tsne_numbers_1_4",
+        "tsne_numbers_100_103",
+    ):
         assert (out / f"{stem}.json").is_file() and (out / f"{stem}.csv").is_file(), stem
     assert (out / "arithmetic_accuracy.png").is_file() and (out / "router_LIMe.pdf").is_file()
     html = (out / "report.html").read_text()
@@ -85,21 +93,30 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     lime, tok = load(runs / "lime")
     recipe = load_recipe(str(runs / "lime" / "recipe.json"))
     texts = [sample_text(s, tok) for s in prepare_data(recipe).test_samples[: QUICK.entropy_texts]]
-    acts = extract(lime, tok, texts, sites=["values"], max_length=recipe["seq_len"], batch_size=32, progress=False)
-    want = layer_entropies({la: acts.sequences("values", la) for la in acts["values"]}, seed=0, progress=False)
+    acts = extract(
+        lime, tok, texts, sites=["values"], max_length=recipe["seq_len"], batch_size=32, progress=False
+    )
+    want = layer_entropies(
+        {la: acts.sequences("values", la) for la in acts["values"]}, seed=0, progress=False
+    )
     got = [r for r in json.loads((out / "entropy_values.json").read_text())["rows"] if r["model"] == "LIMe"]
     # the demo streams (two-pass z-score): equal to the one-pass library up to float64 round-off (~1e-9)
-    np.testing.assert_allclose([r["entropy_mean"] for r in got], [want[la].mean for la in sorted(want)], rtol=1e-7)
+    np.testing.assert_allclose(
+        [r["entropy_mean"] for r in got], [want[la].mean for la in sorted(want)], rtol=1e-7
+    )
 
     # router weights of the trained LIMe
     doc = json.loads((out / "router.json").read_text())
-    np.testing.assert_allclose(np.array(doc["routers"]["LIMe"]["per_layer"], dtype=float),
-                               router_weights(lime).per_layer)
+    np.testing.assert_allclose(
+        np.array(doc["routers"]["LIMe"]["per_layer"], dtype=float), router_weights(lime).per_layer
+    )
 
     # every probed number class is balanced to the rarest class's count, counted here by a plain scan
     probe = prepare_data(recipe).test_samples + probe_samples(NUMBER_SETS["100-103"], QUICK.per_number, 0)
     for key, numbers in NUMBER_SETS.items():
-        counts = {n: sum(1 for s in probe for _, m in _scan(s.prompt + s.solution, set(numbers)) if m == n)
-                  for n in numbers}
+        counts = {
+            n: sum(1 for s in probe for _, m in _scan(s.prompt + s.solution, set(numbers)) if m == n)
+            for n in numbers
+        }
         sep = json.loads((out / f"separability_numbers_{key.replace('-', '_')}.json").read_text())["rows"]
         assert {r["n_rows"] for r in sep} == {len(numbers) * min(counts.values())}

@@ -208,7 +208,10 @@ def test_bootstrap_ci_close_to_normal_theory():
         (lambda: matrix_entropy(torch.ones(2, 2, dtype=torch.long)), "floating"),
         (lambda: layer_entropy([torch.ones(3, 4)], "nope"), "unknown entropy preset"),
         (lambda: layer_entropy([torch.ones(3, 4), torch.ones(3, 5)], "lime"), "sequence 1: dim"),
-        (lambda: layer_entropy([torch.ones(3, 4), torch.tensor([[float("inf")] * 4])], "lime"), "sequence 1: contains"),
+        (
+            lambda: layer_entropy([torch.ones(3, 4), torch.tensor([[float("inf")] * 4])], "lime"),
+            "sequence 1: contains",
+        ),
         (lambda: layer_entropy([], "lime"), "no sequences"),
         (lambda: EntropyConfig(normalize="pca"), "normalize"),
         (lambda: layer_entropies({}, "lime"), "no layers"),

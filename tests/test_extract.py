@@ -100,7 +100,9 @@ def test_limits_on_sequences_and_tokens(tok):
     cut = extract(model, tok, TEXTS, max_tokens=budget, progress=False)
     assert cut.offsets.diff().tolist() == [lengths[0], 1]
     full = extract(model, tok, TEXTS[:2], progress=False)
-    torch.testing.assert_close(cut["hidden"][2][:budget], full["hidden"][2][:budget])  # causal: prefix unchanged
+    torch.testing.assert_close(
+        cut["hidden"][2][:budget], full["hidden"][2][:budget]
+    )  # causal: prefix unchanged
 
 
 class NoLimeProbe(importlib.abc.MetaPathFinder):
@@ -142,8 +144,15 @@ def test_iter_sequences_streams_the_same_sequences(tok, tmp_path, monkeypatch, c
 
     monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # a cache shard per batch
     model = tiny_model("llama", tok)
-    acts = extract(model, tok, TEXTS, sites=["values"], batch_size=2, progress=False,
-                   cache_dir=tmp_path if cached else None)
+    acts = extract(
+        model,
+        tok,
+        TEXTS,
+        sites=["values"],
+        batch_size=2,
+        progress=False,
+        cache_dir=tmp_path if cached else None,
+    )
     assert len(acts.shards) == (3 if cached else 0)
     chunks = list(acts.iter_sequences("values", 1, chunk=3))
     assert [len(c) for c in chunks] == [3, 2]  # across shard boundaries: the same chunks either way
@@ -155,19 +164,22 @@ def test_iter_sequences_streams_the_same_sequences(tok, tmp_path, monkeypatch, c
         next(acts.iter_sequences("values", 5))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(texts=[]), "texts is empty"),
-    (dict(texts="a string"), "texts must be a list of strings"),
-    (dict(sites=[]), "sites must be a non-empty list"),
-    (dict(layers=[0.5]), "layers must be integers"),
-    (dict(sites=["attention"]), r"unknown site\(s\) \['attention'\]"),
-    (dict(sites=["routed_values"]), "site 'routed_values' is not available for model_type 'llama'"),
-    (dict(layers=[3], sites=["values"]), "layer 3 out of range for site 'values', which has 2 entries"),
-    (dict(pool="max"), "pool must be one of"),
-    (dict(pool="mean", token_ids=[5]), "cannot be combined"),
-    (dict(batch_size=0), "batch_size must be a positive integer"),
-    (dict(texts=["fine", ""]), "text 1 tokenizes to no tokens"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(texts=[]), "texts is empty"),
+        (dict(texts="a string"), "texts must be a list of strings"),
+        (dict(sites=[]), "sites must be a non-empty list"),
+        (dict(layers=[0.5]), "layers must be integers"),
+        (dict(sites=["attention"]), r"unknown site\(s\) \['attention'\]"),
+        (dict(sites=["routed_values"]), "site 'routed_values' is not available for model_type 'llama'"),
+        (dict(layers=[3], sites=["values"]), "layer 3 out of range for site 'values', which has 2 entries"),
+        (dict(pool="max"), "pool must be one of"),
+        (dict(pool="mean", token_ids=[5]), "cannot be combined"),
+        (dict(batch_size=0), "batch_size must be a positive integer"),
+        (dict(texts=["fine", ""]), "text 1 tokenizes to no tokens"),
+    ],
+)
 def test_bad_input_is_a_clear_error(tok, kwargs, message):
     model = tiny_model("llama", tok)
     args = dict(texts=TEXTS, progress=False) | kwargs
@@ -191,10 +203,20 @@ def test_works_from_python_dash_c(tmp_path):
     import subprocess
     from pathlib import Path
 
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from helpers import tiny_tokenizer, tiny_model; "
-            "from lime_probe.extraction import extract; tok = tiny_tokenizer(); "
-            "acts = extract(tiny_model('gpt2', tok), tok, ['The cat is here'], sites=['values'], progress=False); "
-            "print(tuple(acts['values'][1].shape))")
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
-                         check=True, cwd=tmp_path)
-    assert out.stdout.strip().splitlines()[-1] == f"({len(tiny_tokenizer()('The cat is here')['input_ids'])}, 32)"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from helpers import tiny_tokenizer, tiny_model; "
+        "from lime_probe.extraction import extract; tok = tiny_tokenizer(); "
+        "acts = extract(tiny_model('gpt2', tok), tok, ['The cat is here'], sites=['values'], progress=False); "
+        "print(tuple(acts['values'][1].shape))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert (
+        out.stdout.strip().splitlines()[-1]
+        == f"({len(tiny_tokenizer()('The cat is here')['input_ids'])}, 32)"
+    )

@@ -141,9 +141,22 @@ def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
         (lambda: F.plot_layer_curves({}, ylabel="y", title="t"), "at least one series"),
         (lambda: F.plot_router(np.zeros(3), label="x"), "must be 2-D"),
         (lambda: F.plot_router_heads(np.zeros((2, 2)), label="x"), "must be 3-D"),
-        (lambda: F.plot_training_curves({"r": {"loss": [1], "flops": [1], "tokens": [1]}}, smooth=0), "smooth"),
-        (lambda: F.plot_heatmap(np.zeros((2, 2)), row_labels=[0], col_labels=[0, 1], xlabel="", ylabel="",
-                                title="", cbar_label=""), "does not match"),
+        (
+            lambda: F.plot_training_curves({"r": {"loss": [1], "flops": [1], "tokens": [1]}}, smooth=0),
+            "smooth",
+        ),
+        (
+            lambda: F.plot_heatmap(
+                np.zeros((2, 2)),
+                row_labels=[0],
+                col_labels=[0, 1],
+                xlabel="",
+                ylabel="",
+                title="",
+                cbar_label="",
+            ),
+            "does not match",
+        ),
     ],
 )
 def test_bad_inputs_raise_clear_errors(call, match):

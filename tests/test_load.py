@@ -66,8 +66,14 @@ def test_missing_weights(tmp_path):
 
 
 def test_unsupported_architecture(tmp_path):
-    config = tf.OPTConfig(hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
-                          vocab_size=50, word_embed_proj_dim=16)
+    config = tf.OPTConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        ffn_dim=32,
+        num_attention_heads=2,
+        vocab_size=50,
+        word_embed_proj_dim=16,
+    )
     tf.OPTForCausalLM(config).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no extraction adapter for model_type 'opt'; supported: .*gpt2"):
         load(tmp_path)

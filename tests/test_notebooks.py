@@ -12,9 +12,14 @@ from helpers import CORPUS, save_tiny_checkpoint
 nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "analyses").glob("*.ipynb"))
-PAIRS = [("The cat is here.", "The cat are here."), ("They were happy.", "They was happy."),
-         ("It is what it is.", "It are what it is."), ("The dogs are in the garden.", "The dogs is in the garden."),
-         ("She was happy.", "She were happy."), ("The rivers were clean.", "The rivers was clean.")]
+PAIRS = [
+    ("The cat is here.", "The cat are here."),
+    ("They were happy.", "They was happy."),
+    ("It is what it is.", "It are what it is."),
+    ("The dogs are in the garden.", "The dogs is in the garden."),
+    ("She was happy.", "She were happy."),
+    ("The rivers were clean.", "The rivers was clean."),
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +32,58 @@ def env(tmp_path_factory) -> dict[str, str]:
     blimp = root / "blimp"
     blimp.mkdir()
     for uid in ("agreement_a", "agreement_b"):
-        rows = [{"sentence_good": g, "sentence_bad": b, "UID": uid, "pairID": str(k), "field": "syntax",
-                 "linguistics_term": "subject_verb_agreement"} for k, (g, b) in enumerate(PAIRS * 2)]
+        rows = [
+            {
+                "sentence_good": g,
+                "sentence_bad": b,
+                "UID": uid,
+                "pairID": str(k),
+                "field": "syntax",
+                "linguistics_term": "subject_verb_agreement",
+            }
+            for k, (g, b) in enumerate(PAIRS * 2)
+        ]
         (blimp / f"{uid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for run, offset in ((lime, 0.0), (llama, 0.1)):  # training logs in the trainer's format
-        records = [{"step": s, "tokens": 512 * s, "flops": 1e9 * s, "loss": 3.0 / s + offset, "lr": 1e-3,
-                    "grad_norm": 1.0, "tokens_per_s": 1e4} for s in range(1, 11)]
+        records = [
+            {
+                "step": s,
+                "tokens": 512 * s,
+                "flops": 1e9 * s,
+                "loss": 3.0 / s + offset,
+                "lr": 1e-3,
+                "grad_norm": 1.0,
+                "tokens_per_s": 1e4,
+            }
+            for s in range(1, 11)
+        ]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (run / "arithmetic_eval.json").write_text(json.dumps({"accuracy": {"3": 0.5 - offset, "4": 0.25}}))
-    return {"LIME_CKPTS": f"{lime},{llama}", "LIME_LABELS": "LIMe,LLaMA", "LIME_DATA": str(text),
-            "LIME_MAX_SEQUENCES": "24", "LIME_MAX_LENGTH": "32", "LIME_PER_WORD": "8", "LIME_PERPLEXITY": "3",
-            "LIME_BLIMP": str(blimp), "LIME_PARADIGMS": "agreement_a,agreement_b", "LIME_MAX_PAIRS": "12",
-            "LIME_RUNS": f"{lime},{llama}", "LIME_ROUTER_CKPTS": f"{lime},{dynamic}"}
+    return {
+        "LIME_CKPTS": f"{lime},{llama}",
+        "LIME_LABELS": "LIMe,LLaMA",
+        "LIME_DATA": str(text),
+        "LIME_MAX_SEQUENCES": "24",
+        "LIME_MAX_LENGTH": "32",
+        "LIME_PER_WORD": "8",
+        "LIME_PERPLEXITY": "3",
+        "LIME_BLIMP": str(blimp),
+        "LIME_PARADIGMS": "agreement_a,agreement_b",
+        "LIME_MAX_PAIRS": "12",
+        "LIME_RUNS": f"{lime},{llama}",
+        "LIME_ROUTER_CKPTS": f"{lime},{dynamic}",
+    }
 
 
 def test_every_analysis_has_a_notebook():
-    assert sorted(p.stem for p in NOTEBOOKS) == ["blimp", "entropy", "routers", "separability", "training_curves",
-                                                  "tsne"]
+    assert sorted(p.stem for p in NOTEBOOKS) == [
+        "blimp",
+        "entropy",
+        "routers",
+        "separability",
+        "training_curves",
+        "tsne",
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -55,11 +95,23 @@ def test_notebook_runs_and_shows_figures(path, env, monkeypatch, tmp_path):
         monkeypatch.setenv("LIME_LABELS", "LIMe,dynamic")
     book = nbformat.read(path, as_version=4)
     assert "os.environ" in book.cells[1].source  # parameters first, overridable from outside
-    nbclient.NotebookClient(book, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-    images = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "image/png" in o.get("data", {})]
-    errors = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    nbclient.NotebookClient(
+        book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    images = [
+        o
+        for c in book.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
+    errors = [
+        o
+        for c in book.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "error"
+    ]
     assert not errors
     assert images, f"{path.name} showed no figure"
 

@@ -42,9 +42,15 @@ def _figure():
 
 def test_report_embeds_figures_and_escapes_tables(tmp_path):
     png = F.save_figure(_figure(), tmp_path / "f")[0]
-    rows = [{"model": "<LIMe>", "layer": 1, "entropy": 1.23456}, {"model": "LLaMA", "layer": 1, "entropy": None}]
-    sections = [Section("Entropy", text="First.\n\nSecond.", figures=[_figure(), png],
-                        tables=[Table("per layer", rows)])]
+    rows = [
+        {"model": "<LIMe>", "layer": 1, "entropy": 1.23456},
+        {"model": "LLaMA", "layer": 1, "entropy": None},
+    ]
+    sections = [
+        Section(
+            "Entropy", text="First.\n\nSecond.", figures=[_figure(), png], tables=[Table("per layer", rows)]
+        )
+    ]
     meta = run_metadata("report", settings={"site": "values"}, checkpoints={})
     path = write_report(tmp_path / "r.html", "A & B", sections, meta=meta)
     text = path.read_text()
@@ -69,9 +75,13 @@ def test_report_rejects_a_non_png_figure_file(tmp_path):
 
 
 def test_write_results_json_and_csv_round_trip(tmp_path):
-    rows = [{"model": "a", "layer": 0, "value": np.float32(0.5)}, {"model": "b", "layer": 1, "value": float("nan"),
-                                                                   "extra": "x"}]
-    meta = run_metadata("entropy", settings={"alpha": 0.5, "layers": (0, 1)}, checkpoints={"a": str(tmp_path)})
+    rows = [
+        {"model": "a", "layer": 0, "value": np.float32(0.5)},
+        {"model": "b", "layer": 1, "value": float("nan"), "extra": "x"},
+    ]
+    meta = run_metadata(
+        "entropy", settings={"alpha": 0.5, "layers": (0, 1)}, checkpoints={"a": str(tmp_path)}
+    )
     jp, cp = write_results(tmp_path / "out" / "entropy", rows, meta=meta, extra={"matrix": torch.eye(2)})
     doc = json.loads(jp.read_text())
     assert doc["rows"][0]["value"] == 0.5 and doc["rows"][1]["value"] is None
@@ -81,8 +91,10 @@ def test_write_results_json_and_csv_round_trip(tmp_path):
     assert doc["meta"]["checkpoints"]["a"]["path"] == str(tmp_path.resolve())
     with cp.open() as fh:
         table = list(csv.DictReader(fh))
-    assert table == [{"model": "a", "layer": "0", "value": "0.5", "extra": ""},
-                     {"model": "b", "layer": "1", "value": "", "extra": "x"}]
+    assert table == [
+        {"model": "a", "layer": "0", "value": "0.5", "extra": ""},
+        {"model": "b", "layer": "1", "value": "", "extra": "x"},
+    ]
 
 
 def test_checkpoint_identity_changes_with_weights(tmp_path):
@@ -91,19 +103,31 @@ def test_checkpoint_identity_changes_with_weights(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "lime", "routing": "full"}))
     save_file({"w": torch.zeros(3)}, tmp_path / "model.safetensors")
     a = checkpoint_identity(tmp_path)
-    assert a["model_type"] == "lime" and a["routing"] == "full" and re.fullmatch("[0-9a-f]{16}", a["fingerprint"])
+    assert (
+        a["model_type"] == "lime"
+        and a["routing"] == "full"
+        and re.fullmatch("[0-9a-f]{16}", a["fingerprint"])
+    )
     assert checkpoint_identity(tmp_path) == a
     st = (tmp_path / "model.safetensors").stat()
     assert a["weights"] == [["model.safetensors", st.st_size, st.st_mtime_ns]]
-    os.utime(tmp_path / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten, same bytes
+    os.utime(
+        tmp_path / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9)
+    )  # rewritten, same bytes
     touched = checkpoint_identity(tmp_path)
-    assert touched["fingerprint"] == a["fingerprint"] and touched != a  # the cache key changes, the content id not
+    assert (
+        touched["fingerprint"] == a["fingerprint"] and touched != a
+    )  # the cache key changes, the content id not
     save_file({"w": torch.ones(3)}, tmp_path / "model.safetensors")
     assert checkpoint_identity(tmp_path)["fingerprint"] != a["fingerprint"]
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "lime", "routing": "average"}))
     assert checkpoint_identity(tmp_path)["routing"] == "average"
     assert checkpoint_identity("org/model") == {"id": "org/model", "source": "hub"}
-    assert checkpoint_identity("org/model", revision="abc") == {"id": "org/model", "source": "hub", "revision": "abc"}
+    assert checkpoint_identity("org/model", revision="abc") == {
+        "id": "org/model",
+        "source": "hub",
+        "revision": "abc",
+    }
 
 
 def test_to_jsonable_handles_numpy_torch_and_nonfinite():

@@ -14,8 +14,14 @@ VARIANTS = ["full", "first-1", "last-2", "dilated-2", "no-head-mix", "per-dim", 
 def tiny_lime(routing: str, layers: int = 4, seed: int = 0) -> lime_model.LimeForCausalLM:
     torch.manual_seed(seed)
     config = lime_model.LimeConfig(
-        routing=routing, vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=KV, max_position_embeddings=64,
+        routing=routing,
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=KV,
+        max_position_embeddings=64,
     )
     model = lime_model.LimeForCausalLM(config).eval()
     with torch.no_grad():  # trained-looking weights: no exact identity blocks, non-zero dynamic projection
@@ -57,7 +63,10 @@ def reference(model, kind: str, router_inputs=None):
     for i in range(L):
         src = model.model.layers[i].self_attn.router.sources
         x = None if router_inputs is None else router_inputs[i]
-        c = [[[coefficient(model, kind, i, h, p, h2, x) for h2 in range(KV)] for p in range(len(src))] for h in range(KV)]
+        c = [
+            [[coefficient(model, kind, i, h, p, h2, x) for h2 in range(KV)] for p in range(len(src))]
+            for h in range(KV)
+        ]
         total = sum(c[h][p][h2] for h in range(KV) for p in range(len(src)) for h2 in range(KV))
         for p, j in enumerate(src):
             per_layer[i, j] = sum(c[h][p][h2] for h in range(KV) for h2 in range(KV)) / total
@@ -117,7 +126,9 @@ def test_known_answers():
     # A router that is the identity on its own heads puts all mass on its own layer.
     model = tiny_lime("full", layers=2)
     with torch.no_grad():
-        model.model.layers[1].self_attn.router.weight.copy_(torch.cat([torch.zeros(KV, KV), torch.eye(KV)], 1))
+        model.model.layers[1].self_attn.router.weight.copy_(
+            torch.cat([torch.zeros(KV, KV), torch.eye(KV)], 1)
+        )
     np.testing.assert_allclose(router_weights(model).per_layer[1], [0.0, 1.0])
 
 
@@ -130,8 +141,16 @@ def test_bad_input():
         router_weights(tiny_lime("dynamic", layers=3), hidden_states={0: torch.randn(3, 32)})
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=20,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     with pytest.raises(ValueError, match="not a LIMe model"):
         router_weights(llama)
 
@@ -142,8 +161,11 @@ def test_nnsight_wrapped_model():
 
     from lime_probe.loading import wrap
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")),
-                                  unk_token="[UNK]", pad_token="[UNK]")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")),
+        unk_token="[UNK]",
+        pad_token="[UNK]",
+    )
     model = tiny_lime("last-2", layers=3)
     wrapped = router_weights(wrap(model, tok))
     np.testing.assert_array_equal(wrapped.per_layer, router_weights(model).per_layer)

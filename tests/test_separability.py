@@ -49,7 +49,9 @@ def test_logreg_folds_equal_sklearn_cross_val_score():
 def test_adam_linear_known_answers_and_determinism():
     # One epoch of batch-64 Adam takes few steps: enough rows for ~50 of them.
     feats, y = synthetic(n_per_class=(1000, 1000, 1000, 1000), separation=8.0)
-    res = token_separability({k: torch.from_numpy(v) for k, v in feats.items()}, y, method="adam-linear", progress=False)
+    res = token_separability(
+        {k: torch.from_numpy(v) for k, v in feats.items()}, y, method="adam-linear", progress=False
+    )
     assert res.method == "adam-linear"
     assert res.accuracy_mean[1] > 0.95
     assert abs(res.accuracy_mean[0] - 0.25) < 0.15
@@ -92,7 +94,11 @@ def test_word_token_ids_and_rows():
 @pytest.mark.parametrize(
     "kwargs,err,match",
     [
-        ({"features": {0: np.zeros((8, 2)), 3: np.full((8, 2), np.nan)}}, ValueError, "layer 3: features contain NaN"),
+        (
+            {"features": {0: np.zeros((8, 2)), 3: np.full((8, 2), np.nan)}},
+            ValueError,
+            "layer 3: features contain NaN",
+        ),
         ({"labels": ["a"] * 4 + ["b"] * 4}, ValueError, "class 'a' has only 4 rows; 5-fold"),
         ({"labels": ["a"] * 7 + ["b"], "balance": False}, ValueError, "class 'b' has only 1 rows"),
         ({"labels": ["a"] * 8}, ValueError, "at least 2 classes"),
@@ -111,5 +117,7 @@ def test_bad_input(kwargs, err, match):
 
 def test_non_convergence_is_a_settings_error():
     feats, y = synthetic(separation=0.5)
-    with pytest.raises(ValueError, match=r"^layer 0, fold 0: .*did not converge in max_iter=1; raise max_iter"):
+    with pytest.raises(
+        ValueError, match=r"^layer 0, fold 0: .*did not converge in max_iter=1; raise max_iter"
+    ):
         token_separability(feats, y, max_iter=1, progress=False)

@@ -72,13 +72,18 @@ def test_effective_rank_matches_svd_formula_and_centering():
     sc = np.linalg.svd(X - X.mean(0), compute_uv=False)
     pc = sc / sc.sum()
     assert effective_rank(X, center=True) == pytest.approx(np.exp(-(pc * np.log(pc)).sum()), abs=1e-12)
-    np.testing.assert_allclose(effective_ranks([X, 2 * X], progress=False), [effective_rank(X)] * 2, atol=1e-12)
+    np.testing.assert_allclose(
+        effective_ranks([X, 2 * X], progress=False), [effective_rank(X)] * 2, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: cka_matrix([np.ones((5, 2)), np.random.rand(5, 3)], progress=False), "layer 0: every feature is constant"),
+        (
+            lambda: cka_matrix([np.ones((5, 2)), np.random.rand(5, 3)], progress=False),
+            "layer 0: every feature is constant",
+        ),
         (lambda: cka_matrix([np.random.rand(5, 2), np.random.rand(4, 2)], progress=False), "layer 1: 4 rows"),
         (lambda: cka_matrix({3: np.full((4, 2), np.nan)}, progress=False), "layer 3: contains NaN"),
         (lambda: cka_matrix([], progress=False), "no layers"),
