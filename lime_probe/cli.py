@@ -18,6 +18,7 @@ uses when it runs, so a command loads only what it needs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import os
 import shutil
@@ -81,6 +82,7 @@ def extract_options(args) -> dict:
 def staged_output(out: str | os.PathLike):
     """Yield a fresh temp folder beside ``out``; on success move its files into ``out``.
 
+    Missing parent folders are created (as ``mkdir -p``) and removed again if the command fails.
     On any exception (including KeyboardInterrupt) the temp folder is removed and ``out`` is
     left as it was. A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not
     mkdtemp's private 0o700. Raises ValueError if ``out`` is a file and PermissionError if it cannot be
@@ -90,28 +92,39 @@ def staged_output(out: str | os.PathLike):
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
     parent = out.resolve().parent
-    if not parent.is_dir():
-        raise FileNotFoundError(f"--out {out}: parent folder {parent} does not exist")
-    if not os.access(out if out.exists() else parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"--out {out} is not writable")
+    created = [p for p in (parent, *parent.parents) if not p.exists()]  # innermost first
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+        parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise PermissionError(f"--out {out} is not writable ({e.strerror})") from None
+        raise PermissionError(f"--out {out}: cannot create {parent} ({e.strerror})") from None
+    published = False
     try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~umask())
-        if not out.exists():
-            os.replace(tmp, out)
-            return
-        for item in sorted(tmp.rglob("*")):
-            target = out / item.relative_to(tmp)
-            if item.is_dir():
-                target.mkdir(exist_ok=True)
+        if not os.access(out if out.exists() else parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"--out {out} is not writable")
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+        except OSError as e:
+            raise PermissionError(f"--out {out} is not writable ({e.strerror})") from None
+        try:
+            yield tmp
+            os.chmod(tmp, 0o777 & ~umask())
+            if not out.exists():
+                os.replace(tmp, out)
             else:
-                os.replace(item, target)
+                for item in sorted(tmp.rglob("*")):
+                    target = out / item.relative_to(tmp)
+                    if item.is_dir():
+                        target.mkdir(exist_ok=True)
+                    else:
+                        os.replace(item, target)
+            published = True
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not published:
+            for folder in created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:

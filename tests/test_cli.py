@@ -133,6 +133,17 @@ def test_staged_output_moves_files_only_on_success(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temp folder left behind
 
 
+def test_staged_output_creates_missing_parents_and_removes_them_on_failure(tmp_path):
+    out = tmp_path / "a" / "b" / "out"
+    with cli.staged_output(out) as tmp:
+        (tmp / "r.json").write_text("{}")
+    assert (out / "r.json").read_text() == "{}"
+    failed = tmp_path / "x" / "y" / "out"
+    with pytest.raises(ValueError), cli.staged_output(failed) as tmp:
+        raise ValueError("bad input")
+    assert not (tmp_path / "x").exists()  # nothing half-made is left behind
+
+
 def test_format_table_aligns_columns():
     text = cli.format_table(
         [{"model": "LIMe", "layer": 0, "v": 1.234567}, {"model": "LLaMA", "layer": 10, "v": None}]
