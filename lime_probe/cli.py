@@ -262,7 +262,7 @@ HELP = {
 }
 
 
-def _checkpoint_options(p: argparse.ArgumentParser, *, data: str) -> None:
+def _checkpoint_options(p: argparse.ArgumentParser, *, data: str, max_sequences: int = 64) -> None:
     """--ckpt/--label and, unless ``data`` is "none", --data ("required", "optional" or "blimp") and the
     size limits."""
     g = p.add_argument_group("checkpoints and data")
@@ -301,7 +301,7 @@ def _checkpoint_options(p: argparse.ArgumentParser, *, data: str) -> None:
         g.add_argument(
             "--max-sequences",
             type=_positive,
-            default=64,
+            default=max_sequences,
             metavar="N",
             help="use at most N sequences (default: %(default)s)",
         )
@@ -425,7 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         if name != "demo":
-            _checkpoint_options(p, data=data)
+            # word probes need many occurrences of each word: read more text by default
+            max_sequences = 1000 if name in ("separability", "tsne") else 64
+            _checkpoint_options(p, data=data, max_sequences=max_sequences)
         _run_options(p, out="figures" if name == "demo" else "lime-probe-out")
         p.set_defaults(handler=handler)
         return p
