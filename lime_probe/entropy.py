@@ -323,7 +323,7 @@ class EntropyAccumulator:
                 done.append((pos, _entropy(self._normalize_(Z), self.config.alpha)))
                 continue
             t = Z.shape[1]
-            if t >= self._dim:
+            if t > self._dim:  # at t == d the t x t path does the same eigenproblem with less work
                 seq_mean = colsum / t
                 Z.sub_(seq_mean.unsqueeze(1))  # in place: Z is this chunk's own copy
                 scatter = Z.mT @ Z
@@ -333,7 +333,7 @@ class EntropyAccumulator:
                 m2 = scatter.diagonal(dim1=-2, dim2=-1).sum(0) + t * (seq_mean - mean).square().sum(0)
                 moments.merge(FeatureMoments.of(len(chunk) * t, mean, m2))
                 pending.append((pos, scatter, seq_mean, t))
-            else:  # the sequences themselves are smaller than their d x d Grams
+            else:  # the sequences themselves are no larger than their d x d Grams
                 moments.update(Z.reshape(-1, self._dim))
                 pending.append((pos, Z, None, t))
         self._done += done
