@@ -35,6 +35,16 @@ CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
 ]
 
+# BLiMP-style minimal pairs (good, bad) over the corpus vocabulary
+PAIRS = [
+    ("The cat is here.", "The cat are here."),
+    ("They were happy.", "They was happy."),
+    ("It is what it is.", "It are what it is."),
+    ("The dogs are in the garden.", "The dogs is in the garden."),
+    ("She was happy.", "She were happy."),
+    ("The rivers were clean.", "The rivers was clean."),
+]
+
 
 def tiny_tokenizer(corpus: list[str] | None = None, vocab_size: int = 300) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on `corpus` (default: a few English sentences).

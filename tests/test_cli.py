@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import CORPUS, save_tiny_checkpoint
+from helpers import CORPUS, PAIRS, save_tiny_checkpoint
 
 from lime_probe import cli
 from lime_probe.pipelines import DEFAULT_WORDS
@@ -18,14 +18,6 @@ from lime_probe.pipelines import DEFAULT_WORDS
 COMMANDS = ["entropy", "separability", "tsne", "blimp", "cka", "router", "report", "demo"]
 TEXTS = CORPUS
 DOCS = TEXTS * 3  # every probed word occurs at least 5 times
-PAIRS = [
-    ("The cat is here.", "The cat are here."),
-    ("They were happy.", "They was happy."),
-    ("It is what it is.", "It are what it is."),
-    ("The dogs are in the garden.", "The dogs is in the garden."),
-    ("She was happy.", "She were happy."),
-    ("The rivers were clean.", "The rivers was clean."),
-]
 
 
 @pytest.fixture(scope="module")

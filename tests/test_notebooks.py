@@ -7,19 +7,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import CORPUS, save_tiny_checkpoint
+from helpers import CORPUS, PAIRS, save_tiny_checkpoint
 
 nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "analyses").glob("*.ipynb"))
-PAIRS = [
-    ("The cat is here.", "The cat are here."),
-    ("They were happy.", "They was happy."),
-    ("It is what it is.", "It are what it is."),
-    ("The dogs are in the garden.", "The dogs is in the garden."),
-    ("She was happy.", "She were happy."),
-    ("The rivers were clean.", "The rivers was clean."),
-]
 
 
 @pytest.fixture(scope="module")
