@@ -10,6 +10,7 @@ Architectures: "llama" (with GQA: 4 heads, 2 kv heads), "lime" (needs `lime_mode
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -131,4 +132,24 @@ def save_tiny_checkpoint(directory: str | Path, arch: str, seed: int = 0, **over
     tok = tiny_tokenizer()
     tiny_model(arch, tok, seed=seed, **overrides).save_pretrained(directory)
     tok.save_pretrained(directory)
+    return directory
+
+
+def write_blimp_dir(directory: str | Path) -> Path:
+    """Write two BLiMP-format paradigms (``agreement_a``/``_b``) of ``PAIRS`` into ``directory`` (created)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for uid in ("agreement_a", "agreement_b"):
+        rows = [
+            {
+                "sentence_good": g,
+                "sentence_bad": b,
+                "UID": uid,
+                "pairID": str(k),
+                "field": "syntax",
+                "linguistics_term": "subject_verb_agreement",
+            }
+            for k, (g, b) in enumerate(PAIRS * 2)
+        ]
+        (directory / f"{uid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return directory

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import CORPUS, PAIRS, save_tiny_checkpoint
+from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
 from lime_probe import cli
 from lime_probe.pipelines import DEFAULT_WORDS
@@ -534,21 +534,7 @@ def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
 
 @pytest.fixture(scope="module")
 def blimp_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("blimp")
-    for uid in ("agreement_a", "agreement_b"):
-        rows = [
-            {
-                "sentence_good": g,
-                "sentence_bad": b,
-                "UID": uid,
-                "pairID": str(k),
-                "field": "syntax",
-                "linguistics_term": "subject_verb_agreement",
-            }
-            for k, (g, b) in enumerate(PAIRS * 2)
-        ]
-        (root / f"{uid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+    return write_blimp_dir(tmp_path_factory.mktemp("blimp"))
 
 
 def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):

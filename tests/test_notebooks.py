@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import CORPUS, PAIRS, save_tiny_checkpoint
+from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
 nbclient = pytest.importorskip("nbclient")
 
@@ -21,21 +21,7 @@ def env(tmp_path_factory) -> dict[str, str]:
     dynamic = save_tiny_checkpoint(root / "dynamic", "lime", routing="dynamic")  # routers need the data
     text = root / "texts.txt"
     text.write_text("\n\n".join(CORPUS * 4) + "\n")
-    blimp = root / "blimp"
-    blimp.mkdir()
-    for uid in ("agreement_a", "agreement_b"):
-        rows = [
-            {
-                "sentence_good": g,
-                "sentence_bad": b,
-                "UID": uid,
-                "pairID": str(k),
-                "field": "syntax",
-                "linguistics_term": "subject_verb_agreement",
-            }
-            for k, (g, b) in enumerate(PAIRS * 2)
-        ]
-        (blimp / f"{uid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    blimp = write_blimp_dir(root / "blimp")
     for run, offset in ((lime, 0.0), (llama, 0.1)):  # training logs in the trainer's format
         records = [
             {
