@@ -67,3 +67,73 @@ def summarize(values: ArrayLike, level: float = 0.95, n_boot: int = 1000, seed: 
     return Summary(
         mean=float(v.mean()), std=float(v.std()), ci_low=lo, ci_high=hi, n=int(v.size), level=level
     )
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A paired difference ``a - b`` over n pairs (seeds): mean, std (ddof=1), a t-interval, the verdict.
+
+    ``verdict`` is ``"a > b"`` or ``"a < b"`` when the interval excludes 0, else ``"not resolved"``.
+    """
+
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+    n: int
+    level: float
+    pairs: tuple[float, ...]
+
+    @property
+    def verdict(self) -> str:
+        if self.ci_low > 0:
+            return "a > b"
+        if self.ci_high < 0:
+            return "a < b"
+        return "not resolved"
+
+
+def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Difference:
+    """Mean of ``a - b`` (n,) with Student's t confidence interval (n - 1 degrees of freedom).
+
+    The pairs are independent replicates (one per training seed), so the interval is
+    ``mean +- t_{(1+level)/2, n-1} * std / sqrt(n)``. With n = 1 there is no spread to estimate and
+    the interval is infinite.
+    """
+    from scipy.stats import t as student_t
+
+    a, b = _as_finite_1d(a, "paired_difference a"), _as_finite_1d(b, "paired_difference b")
+    if a.shape != b.shape:
+        raise ValueError(f"paired_difference: a has {a.size} values, b has {b.size}; they must pair up")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"paired_difference: level must be in (0, 1), got {level}")
+    d = a - b
+    n = d.size
+    std = float(d.std(ddof=1)) if n > 1 else float("nan")
+    half = float(student_t.ppf((1 + level) / 2, n - 1) * std / np.sqrt(n)) if n > 1 else float("inf")
+    mean = float(d.mean())
+    return Difference(mean, std, mean - half, mean + half, n, level, tuple(float(x) for x in d))
+
+
+def paired_bootstrap_ci(
+    a: ArrayLike, b: ArrayLike, level: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Two-level percentile bootstrap CI of ``mean(a - b)`` for ``a, b`` of shape (seeds, items).
+
+    Items (e.g. text windows) are shared by both models, so each replicate resamples seeds, then item
+    indices, and applies the same indices to ``a`` and ``b``: the interval covers both the spread
+    over training seeds and the sampling of the text.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.ndim != 2 or a.shape != b.shape or a.size == 0:
+        raise ValueError(
+            f"paired_bootstrap_ci: expected two equal (seeds, items) arrays, got {a.shape}, {b.shape}"
+        )
+    d = a - b
+    n_seeds, n_items = d.shape
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    items = rng.integers(0, n_items, size=(n_boot, n_seeds, n_items))
+    means = d[seeds[..., None], items].mean(axis=(1, 2))
+    lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
