@@ -48,6 +48,7 @@ class LimeAttention(nn.Module):
         self.q_proj = nn.Linear(hidden, config.num_attention_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
+        self.k_proj.torch_default_init = self.v_proj.torch_default_init = config.routing_spec.enabled
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, hidden, bias=False)
         self.router = build_router(config, layer_idx)
 
@@ -120,10 +121,20 @@ class LimePreTrainedModel(PreTrainedModel):
     _can_record_outputs = {"hidden_states": LimeDecoderLayer, "attentions": LimeAttention}
 
     def _init_weights(self, module: nn.Module) -> None:
+        """LLaMA's init (normal(0, initializer_range) matrices and embeddings, unit norms), except:
+
+        * routers: identity on the own block, uniform elsewhere (:func:`~lime_model.router.init_router_matrix`);
+        * modules flagged ``torch_default_init`` (LIMe's k/v projections, every layer): PyTorch's default
+          ``nn.Linear`` init, ``kaiming_uniform_(a=sqrt(5))`` = uniform(+-1/sqrt(fan_in)), as the official
+          code's raw ``kv_proj_weight``, which HF's init never touches. ``routing="none"`` keeps HF's
+          normal init there, as the official LLaMA baseline (a plain ``LlamaForCausalLM``) does.
+        """
         if isinstance(module, LimeRouter):
-            module.reset_parameters()  # identity on the own block, Kaiming-uniform elsewhere
+            module.reset_parameters()
         elif getattr(module, "zero_init", False):
             nn.init.zeros_(module.weight)  # e.g. the dynamic router's input projection
+        elif getattr(module, "torch_default_init", False):
+            module.reset_parameters()
         else:
             super()._init_weights(module)
 

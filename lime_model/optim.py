@@ -1,4 +1,4 @@
-"""Optimizer parameter groups: no weight decay on routers, norms and biases; router LR multiplier."""
+"""Optimizer parameter groups: no weight decay on routers, norms, biases and embeddings; router LR multiplier."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ def param_groups(
 ) -> list[dict]:
     """Split ``model``'s trainable parameters into AdamW groups.
 
-    Groups: ``decay`` (matrices of projections and embeddings, ``weight_decay``), ``no_decay`` (norms,
-    biases: 0) and ``router`` (every parameter under a router module: 0 decay, learning rate
+    Groups: ``decay`` (projection matrices, an untied ``lm_head``: ``weight_decay``), ``no_decay``
+    (norms, biases, embeddings, so a tied ``lm_head`` too: 0, as the official code's
+    ``configure_optimizers``) and ``router`` (every parameter under a router module: 0 decay, learning rate
     ``lr * router_lr_mult`` when ``lr`` is given, else an ``lr_mult`` key for the caller's scheduler).
     Empty groups are dropped. Each group carries a ``name``.
     """
     router_params = {id(p) for m in model.modules() if isinstance(m, LimeRouter) for p in m.parameters()}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     groups: dict[str, list] = {"decay": [], "no_decay": [], "router": []}
     seen: set[int] = set()
     for name, p in model.named_parameters():
@@ -26,7 +28,7 @@ def param_groups(
         seen.add(id(p))
         if id(p) in router_params:
             groups["router"].append(p)
-        elif p.ndim < 2 or name.endswith(".bias") or "norm" in name:
+        elif p.ndim < 2 or name.endswith(".bias") or "norm" in name or id(p) in embeddings:
             groups["no_decay"].append(p)
         else:
             groups["decay"].append(p)

@@ -305,7 +305,7 @@ def test_param_groups_keep_routers_norms_out_of_decay():
     }
     ids = lambda g: {id(p) for p in g["params"]}  # noqa: E731
     routers = {id(p) for n, p in model.named_parameters() if ".router." in n}
-    norms = {id(p) for n, p in model.named_parameters() if "norm" in n}
+    norms = {id(p) for n, p in model.named_parameters() if "norm" in n or "embed_tokens" in n}
     assert ids(groups["router"]) == routers
     assert ids(groups["no_decay"]) == norms
     assert groups["router"]["weight_decay"] == 0 and groups["router"]["lr"] == pytest.approx(1e-2)
