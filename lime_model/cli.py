@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     e = sub.add_parser(
-        "eval-arithmetic", help="greedy-decoding accuracy of an arithmetic run, per operand count"
+        "eval-arithmetic", help="greedy-decoding accuracy of an arithmetic run, per operator count (tier)"
     )
     e.add_argument("--ckpt", required=True, help="a finished arithmetic run directory")
     e.add_argument("--no-progress", action="store_true")

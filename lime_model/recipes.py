@@ -77,9 +77,9 @@ DEFAULTS: dict[str, Any] = {
     "keep_last": 2,
     "cache_dir": None,
     "arithmetic": {
-        "operands": [4, 5, 6],
-        "train_per_operand": 50000,
-        "test_per_operand": 1000,
+        "operators": [4, 5, 6],
+        "train_per_tier": 50000,
+        "test_per_tier": 1000,
         "max_operand": 9,
         "max_value": 1000,
         "eval_batch_size": 256,

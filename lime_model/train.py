@@ -13,7 +13,7 @@ An output directory holds::
     checkpoints/step-N/    HF model + tokenizer, trainer_state.json (step, optimizer hyperparameters,
                            scheduler), optimizer.safetensors (Adam moments by parameter name, RNG)
     config.json, model.safetensors, tokenizer files     the final model, a self-contained HF dir
-    arithmetic_eval.json   accuracy per operand count (arithmetic task)
+    arithmetic_eval.json   accuracy per operator count, the task's tiers (arithmetic task)
 
 Metrics: ``step``; ``tokens``, the real input tokens seen so far (padding excluded: the arithmetic
 task's right-padded rows count their ``bos prompt solution eos`` only); ``flops`` (3 x forward
@@ -169,9 +169,9 @@ def arithmetic_splits(recipe: Mapping[str, Any], with_train: bool = True):
     """The (train, test) arithmetic samples of ``recipe`` (train empty unless ``with_train``)."""
     cfg = recipe["arithmetic"]
     return arithmetic.make_splits(
-        cfg["operands"],
-        cfg["train_per_operand"] if with_train else 0,
-        cfg["test_per_operand"],
+        cfg["operators"],
+        cfg["train_per_tier"] if with_train else 0,
+        cfg["test_per_tier"],
         seed=recipe["seed"],
         max_operand=cfg["max_operand"],
         max_value=cfg["max_value"],
@@ -573,7 +573,7 @@ def evaluate_arithmetic(
     )
     report = {
         "accuracy": {str(n): a for n, a in acc.items()},
-        "n_test_per_operand": recipe["arithmetic"]["test_per_operand"],
+        "n_test_per_tier": recipe["arithmetic"]["test_per_tier"],
         "routing": recipe["routing"],
     }
     atomic_write(run_dir / "arithmetic_eval.json", json.dumps(report, indent=1))

@@ -245,8 +245,8 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
         if not (run / "arithmetic_eval.json").is_file():
             resume = run.exists() and any(run.iterdir())
             sizes = {
-                "train_per_operand": settings.train_per_operand,
-                "test_per_operand": settings.test_per_operand,
+                "train_per_tier": settings.train_per_operand,
+                "test_per_tier": settings.test_per_operand,
             }
             overrides = {"arithmetic": {k: v for k, v in sizes.items() if v is not None}}
             if settings.steps is not None:

@@ -184,7 +184,7 @@ def test_final_dir_is_a_self_contained_hf_model(tiny, tmp_path):
     assert json.loads((out / "recipe.json").read_text())["routing"] == "none"
 
 
-def test_arithmetic_run_writes_accuracy_per_operand_count(tmp_path):
+def test_arithmetic_run_writes_accuracy_per_operator_count(tmp_path):
     out = T.train(
         "arithmetic",
         tmp_path / "arith",
@@ -192,25 +192,25 @@ def test_arithmetic_run_writes_accuracy_per_operand_count(tmp_path):
         steps=2,
         batch_size=8,
         micro_batch_size=8,
-        arithmetic={"operands": [2, 3], "train_per_operand": 40, "test_per_operand": 6},
+        arithmetic={"operators": [1, 2], "train_per_tier": 40, "test_per_tier": 6},
         seq_len=48,
     )
     report = json.loads((out / "arithmetic_eval.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    _, test = arithmetic.make_splits([2, 3], 40, 6, seed=42)
+    _, test = arithmetic.make_splits([1, 2], 40, 6, seed=42)
     expected = arithmetic.evaluate(model, tok, test)
     assert report["accuracy"] == {str(n): a for n, a in expected.items()}
-    assert set(report["accuracy"]) == {"2", "3"}
+    assert set(report["accuracy"]) == {"1", "2"}
 
 
 def test_arithmetic_tokens_metric_counts_no_padding(tmp_path):
     # 2 steps x 8 rows = exactly one epoch of the 16 training samples, so every sample is seen once
     out = T.train(
         "arithmetic", tmp_path / "arith", progress=False, steps=2, batch_size=8, micro_batch_size=8,
-        log_every=1, seq_len=40, arithmetic={"operands": [2], "train_per_operand": 16, "test_per_operand": 2},
+        log_every=1, seq_len=40, arithmetic={"operators": [1], "train_per_tier": 16, "test_per_tier": 2},
     )  # fmt: skip
-    train, _ = arithmetic.make_splits([2], 16, 2, seed=42)
+    train, _ = arithmetic.make_splits([1], 16, 2, seed=42)
     # one token per character (char tokenizer) plus bos and eos; the padding up to seq_len is not counted
     real = sum(1 + len(s.prompt) + len(s.solution) + 1 for s in train)
     ms = metrics(out)
@@ -271,7 +271,7 @@ def test_paper_recipes_follow_the_paper():
         a["model"]["num_attention_heads"],
         a["model"]["hidden_size"],
     ) == (4, 4, 32)
-    assert a["arithmetic"]["operands"] == [4, 5, 6] and a["arithmetic"]["train_per_operand"] == 50000
+    assert a["arithmetic"]["operators"] == [4, 5, 6] and a["arithmetic"]["train_per_tier"] == 50000
     assert (a["epochs"], a["lr"], a["schedule"]) == (200, 1e-3, "linear")
     with pytest.raises(ValueError, match="names no data"):
         load_recipe("cpu-tiny")
