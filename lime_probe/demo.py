@@ -286,8 +286,8 @@ def run_demo(
         tok = cks[0].tokenizer
         recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
         test = prepare_data(recipe).test_samples
-        steps = recipe["steps"]
-        extract_kw = {"max_length": recipe["seq_len"], "batch_size": 32, "cache_dir": None}
+        steps = recipe.steps
+        extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
 
         _stage(3, n, "accuracy by operand count and training curves")
         analyses = [accuracy_analysis(cks), training_analysis(cks)]
