@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--threads",
         type=int,
-        help="torch CPU threads (default: torch's own choice); recorded in run_info.json",
+        help="torch CPU threads (default: torch's own choice); train records it in run_info.json",
     )
 
     t = sub.add_parser("train", parents=[common], help="train a recipe into a run directory")
@@ -30,6 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--out", required=True, help="run directory (new, or an existing one with --resume)")
     t.add_argument("--data", help="text: a .txt/.jsonl/.parquet file, a folder, or hf:NAME[:CONFIG][:SPLIT]")
+    t.add_argument(
+        "--eval-data",
+        help="held-out text for validation loss/perplexity every eval_every steps (same forms as --data); "
+        "or hold out the last rows of --data with --set eval_holdout=0.01",
+    )
     t.add_argument(
         "--routing", help='routing spec, e.g. full, last-4, dilated-2; "none" is the LLaMA baseline'
     )
@@ -82,7 +87,7 @@ def _train(args: argparse.Namespace) -> None:
     from .train import train
 
     overrides = parse_set(args.set)
-    for key in ("data", "routing", "steps", "seed"):
+    for key in ("data", "eval_data", "routing", "steps", "seed"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     out = train(

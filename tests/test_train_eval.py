@@ -86,6 +86,16 @@ def test_eval_cli_perplexity_is_exp_mean_nll_over_fixed_windows(docs, tmp_path, 
     )
     assert main(["eval", "--ckpt", str(tmp_path / "nope"), "--data", str(path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+    assert main(["eval", "--ckpt", str(run), "--data", str(path), "--threads", "0"]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err
+
+
+def test_threads_option_sets_torch_threads_before_work(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    assert main(["eval-arithmetic", "--ckpt", "/nonexistent", "--threads", "3"]) == 2  # fails after setting
+    assert calls == [3]
+    capsys.readouterr()
 
 
 def test_held_out_rows_never_train_and_are_evaluated_every_eval_every(docs, tmp_path):
@@ -236,3 +246,37 @@ def test_recipe_is_typed_and_validated_and_old_runs_still_resume():
     saved["arithmetic"] = {"operands": [4, 5, 6], "train_per_operand": 50000}
     assert identity(saved) == r.identity()
     assert identity({**saved, "lr": 0.5}) != r.identity()
+
+
+def test_train_cli_eval_data_matches_the_eval_command_on_the_final_model(docs, tmp_path, monkeypatch, capsys):
+    path, _ = docs
+    held = tmp_path / "held.txt"
+    held.write_text("\n\n".join(f"a held out line {i} about a dog on a log" for i in range(20)))
+    monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        "--recipe",
+        "cpu-tiny",
+        "--out",
+        str(run),
+        "--data",
+        str(path),
+        "--eval-data",
+        str(held),
+        "--steps",
+        "3",
+        "--no-progress",
+        "--set",
+        "eval_every=1",
+        "--set",
+        "log_every=5",
+    ]
+    argv += [f"--set=model.{k}={v}" for k, v in TINY["model"].items()]
+    argv += [f"--set={k}={TINY[k]}" for k in ("seq_len", "batch_size", "micro_batch_size")]  # fmt: skip
+    assert main(argv) == 0
+    ms = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in ms] == [1, 2, 3] and all("val_perplexity" in m for m in ms)
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(run), "--data", str(held)]) == 0
+    assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(ms[-1]["val_loss"], rel=1e-6)
