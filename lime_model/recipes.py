@@ -194,7 +194,7 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
-        """A recipe from a full or partial mapping (missing keys take their defaults), validated."""
+        """A recipe from a mapping (missing top-level keys take their defaults; ``model`` is taken whole), validated."""
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"unknown recipe key(s): {', '.join(unknown)}")
