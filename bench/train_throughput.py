@@ -23,19 +23,19 @@ import time
 import torch
 
 from lime_model import LimeConfig, LimeForCausalLM, param_groups
-from lime_model.recipes import load_recipe
+from lime_model.recipes import Recipe, load_recipe
 from lime_model.train import TrainingData, _accelerator, train_step
 
 
-def build(recipe: dict, routing: str, vocab: int, accelerator):
+def build(recipe: Recipe, routing: str, vocab: int, accelerator):
     """A prepared (model, optimizer, constant-LR scheduler) as `lime_model.train` makes them."""
-    model_kwargs = {k: v for k, v in recipe["model"].items() if v is not None}
+    model_kwargs = {k: v for k, v in recipe.model.items() if v is not None}
     model_kwargs["vocab_size"] = vocab
     torch.manual_seed(0)
-    config = LimeConfig(routing=routing, max_position_embeddings=recipe["seq_len"], **model_kwargs)
+    config = LimeConfig(routing=routing, max_position_embeddings=recipe.seq_len, **model_kwargs)
     model = LimeForCausalLM(config).train()
-    groups = param_groups(model, recipe["weight_decay"], recipe["router_lr_mult"], lr=recipe["lr"])
-    optimizer = torch.optim.AdamW(groups, betas=(recipe["beta1"], recipe["beta2"]), eps=recipe["eps"])
+    groups = param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr)
+    optimizer = torch.optim.AdamW(groups, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps)
     model, optimizer = accelerator.prepare(model, optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     return model, optimizer, scheduler
@@ -65,10 +65,10 @@ def main() -> None:
     args = parser.parse_args()
 
     recipe = load_recipe(args.recipe, {"data": "unused"})
-    batch = args.micro_batch or recipe["micro_batch_size"]
-    recipe.update(batch_size=batch, micro_batch_size=batch)  # one micro-batch per optimizer step
-    vocab = recipe["model"]["vocab_size"] or args.vocab
-    seq = recipe["seq_len"]
+    batch = args.micro_batch or recipe.micro_batch_size
+    recipe = load_recipe(recipe, {"batch_size": batch, "micro_batch_size": batch})  # one micro-batch per step
+    vocab = recipe.model["vocab_size"] or args.vocab
+    seq = recipe.seq_len
     accelerator = _accelerator(recipe)  # the recipe's mixed precision (bf16 on capable GPUs), device
     gen = torch.Generator().manual_seed(0)
     rows = torch.randint(0, vocab, (args.steps * batch, seq), generator=gen)

@@ -1,4 +1,4 @@
-"""``lime-model``: train LIMe / LLaMA from a recipe, evaluate arithmetic runs, list recipes.
+"""``lime-model``: train LIMe / LLaMA from a recipe, evaluate perplexity or arithmetic, list recipes.
 
 Bad input (unknown recipe keys, bad routing, missing or empty data, a mismatched tokenizer, resuming
 a directory of another config, an unwritable or misplaced path) ends with one ``lime-model: error: ...``
@@ -17,13 +17,24 @@ from .recipes import parse_set, recipe_names
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lime-model", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: torch's own choice); train records it in run_info.json",
+    )
 
-    t = sub.add_parser("train", help="train a recipe into a run directory")
+    t = sub.add_parser("train", parents=[common], help="train a recipe into a run directory")
     t.add_argument(
         "--recipe", required=True, help=f"a recipe name ({', '.join(recipe_names())}) or a JSON path"
     )
     t.add_argument("--out", required=True, help="run directory (new, or an existing one with --resume)")
     t.add_argument("--data", help="text: a .txt/.jsonl/.parquet file, a folder, or hf:NAME[:CONFIG][:SPLIT]")
+    t.add_argument(
+        "--eval-data",
+        help="held-out text for validation loss/perplexity every eval_every steps (same forms as --data); "
+        "or hold out the last rows of --data with --set eval_holdout=0.01",
+    )
     t.add_argument(
         "--routing", help='routing spec, e.g. full, last-4, dilated-2; "none" is the LLaMA baseline'
     )
@@ -46,8 +57,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
 
+    p = sub.add_parser(
+        "eval",
+        parents=[common],
+        help="perplexity of a checkpoint on text, over fixed non-overlapping windows",
+        description="Perplexity (exp of the mean token NLL) over non-overlapping windows of --window tokens "
+        "(documents joined with eos, as training packs them; the tail is dropped), so every checkpoint "
+        "with the same tokenizer is scored on the same windows.",
+    )
+    p.add_argument("--ckpt", required=True, help="a run directory or one of its checkpoints/step-N")
+    p.add_argument("--data", required=True, help="text: a .txt/.jsonl/.parquet file, a folder, or hf:NAME...")
+    p.add_argument("--window", type=int, help="tokens per window (default: the model's training seq_len)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    p.add_argument("--out", help="also write the result there as JSON")
+
     e = sub.add_parser(
-        "eval-arithmetic", help="greedy-decoding accuracy of an arithmetic run, per operand count"
+        "eval-arithmetic",
+        parents=[common],
+        help="greedy-decoding accuracy of an arithmetic run, per operator count (tier)",
     )
     e.add_argument("--ckpt", required=True, help="a finished arithmetic run directory")
     e.add_argument("--no-progress", action="store_true")
@@ -60,7 +87,7 @@ def _train(args: argparse.Namespace) -> None:
     from .train import train
 
     overrides = parse_set(args.set)
-    for key in ("data", "routing", "steps", "seed"):
+    for key in ("data", "eval_data", "routing", "steps", "seed"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     out = train(
@@ -74,6 +101,15 @@ def _train(args: argparse.Namespace) -> None:
     print(out)
 
 
+def _eval(args: argparse.Namespace) -> None:
+    from .evaluate import perplexity
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    result = perplexity(args.ckpt, args.data, args.window, batch_size=args.batch_size, out=args.out)
+    print(json.dumps(result))
+
+
 def _eval_arithmetic(args: argparse.Namespace) -> None:
     from .train import evaluate_arithmetic
 
@@ -84,8 +120,16 @@ def _eval_arithmetic(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if getattr(args, "threads", None) is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be >= 1, got {args.threads}")
+            import torch
+
+            torch.set_num_threads(args.threads)
         if args.command == "train":
             _train(args)
+        elif args.command == "eval":
+            _eval(args)
         elif args.command == "eval-arithmetic":
             _eval_arithmetic(args)
         else:

@@ -154,6 +154,10 @@ class TextSource:
     def load(self) -> list[str]:
         return load_texts(self.spec, self.split, self.max_texts)
 
+    def iter(self) -> Iterator[str]:
+        """The documents, lazily (streamed for ``hf:`` specs)."""
+        return islice(iter_texts(self.spec, self.split), self.max_texts)
+
 
 def pack(token_lists: Sequence[Sequence[int]], eos_id: int, seq_len: int) -> np.ndarray:
     """Concatenate documents, each followed by ``eos_id``, and cut into rows of ``seq_len``.
@@ -182,12 +186,35 @@ def tokenize_and_pack(
     return pack(token_lists, tokenizer.eos_token_id, seq_len)
 
 
+def stream_pack(
+    docs: Iterator[str], tokenizer, seq_len: int, out: np.ndarray, progress: bool = False, chunk: int = 1000
+) -> int:
+    """Pack documents (as :func:`pack`) into the rows of ``out`` (max_rows, seq_len), reading only as
+    many documents as fill it; returns the number of rows filled (fewer when the documents run out)."""
+    eos, filled = tokenizer.eos_token_id, 0
+    carry = np.empty(0, dtype=np.int32)
+    bar = tqdm(total=len(out), desc="tokenize", disable=not progress, unit="row")
+    while filled < len(out):
+        batch = list(islice(docs, chunk))
+        if not batch:
+            break
+        ids = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        carry = np.concatenate([carry, *(np.array([*t, eos], dtype=np.int32) for t in ids)])
+        n = min(len(carry) // seq_len, len(out) - filled)
+        out[filled : filled + n] = carry[: n * seq_len].reshape(n, seq_len)
+        carry, filled = carry[n * seq_len :], filled + n
+        bar.update(n)
+    bar.close()
+    return filled
+
+
 def packed_sequences(
     texts: Sequence[str] | TextSource,
     tokenizer,
     seq_len: int,
     cache_dir: str | os.PathLike | None = None,
     progress: bool = False,
+    max_rows: int | None = None,
 ) -> np.ndarray:
     """:func:`tokenize_and_pack`, cached in ``cache_dir`` under a key of (texts, tokenizer, seq_len).
 
@@ -195,7 +222,9 @@ def packed_sequences(
     :meth:`TextSource.key`, and read only when the cache misses). The cache is ``packed-KEY.npy``
     beside ``packed-KEY.json`` (what the key was made of), each written atomically, so an
     interrupted run never leaves a truncated array; a hit is memory-mapped (copy-on-write), not read.
-    Returns (n_sequences, seq_len) int32. Raises ValueError if the texts do not fill one sequence.
+    With ``max_rows``, documents are streamed and only the first ``max_rows`` rows are made (written
+    straight into the cache file, so they need not fit in memory). Returns (n_sequences, seq_len)
+    int32. Raises ValueError if the texts do not fill one sequence.
     """
     meta = {
         "texts": texts.key() if isinstance(texts, TextSource) else texts_hash(texts),
@@ -203,17 +232,47 @@ def packed_sequences(
         "seq_len": seq_len,
         "eos": tokenizer.eos_token_id,
     }
+    if max_rows is not None:
+        meta["max_rows"] = max_rows
     npy = cache_path(cache_dir, "packed", meta, ".npy")
     if npy is not None and npy.exists():
         return np.load(npy, mmap_mode="c", allow_pickle=False)
-    docs = texts.load() if isinstance(texts, TextSource) else texts
-    seqs = tokenize_and_pack(docs, tokenizer, seq_len, progress=progress)
-    if len(seqs) == 0:
+    if max_rows is None:
+        docs = texts.load() if isinstance(texts, TextSource) else texts
+        seqs = tokenize_and_pack(docs, tokenizer, seq_len, progress=progress)
+        _check_rows(len(seqs), seq_len)
+        if npy is not None:
+            atomic_write(npy.with_suffix(".json"), json.dumps({**meta, "n_sequences": len(seqs)}, indent=1))
+            atomic_write(npy, lambda f: np.save(f, seqs, allow_pickle=False))  # last: its presence is the hit
+        return seqs
+    docs_iter = texts.iter() if isinstance(texts, TextSource) else iter(texts)
+    if npy is None:
+        seqs = np.empty((max_rows, seq_len), dtype=np.int32)
+        filled = stream_pack(docs_iter, tokenizer, seq_len, seqs, progress)
+        _check_rows(filled, seq_len)
+        return seqs[:filled]
+    tmp = npy.with_name(f".{npy.name}.{os.getpid()}.tmp")
+    try:
+        rows = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int32, shape=(max_rows, seq_len))
+        filled = stream_pack(docs_iter, tokenizer, seq_len, rows, progress)
+        _check_rows(filled, seq_len)
+        if filled < max_rows:  # the data ran out: keep what there is
+            short = np.array(rows[:filled])
+            del rows
+            atomic_write(tmp, lambda f: np.save(f, short, allow_pickle=False))
+        else:
+            rows.flush()
+            del rows
+        atomic_write(npy.with_suffix(".json"), json.dumps({**meta, "n_sequences": filled}, indent=1))
+        os.replace(tmp, npy)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return np.load(npy, mmap_mode="c", allow_pickle=False)
+
+
+def _check_rows(n_rows: int, seq_len: int) -> None:
+    if n_rows == 0:
         raise ValueError(f"the data holds fewer tokens than one sequence of seq_len={seq_len}")
-    if npy is not None:
-        atomic_write(npy.with_suffix(".json"), json.dumps({**meta, "n_sequences": len(seqs)}, indent=1))
-        atomic_write(npy, lambda f: np.save(f, seqs, allow_pickle=False))  # last: its presence is the hit
-    return seqs
 
 
 def cache_path(cache_dir: str | os.PathLike | None, prefix: str, key: dict, suffix: str = "") -> Path | None:

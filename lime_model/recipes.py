@@ -1,33 +1,45 @@
-"""Training recipes: JSON files in ``lime_model/recipes/`` merged over :data:`DEFAULTS`, validated.
+"""Training recipes: JSON files in ``lime_model/recipes/`` loaded into a typed, validated :class:`Recipe`.
 
-A recipe is a flat dict plus two nested ones, ``model`` (any `LlamaConfig` field) and
-``arithmetic`` (the task's generator). A recipe file only lists what differs from the defaults.
-Overrides use dotted keys for nested fields (``model.hidden_size=64``).
+A recipe file is a flat JSON object plus two nested ones, ``model`` (any `LlamaConfig` field) and
+``arithmetic`` (the task's generator: :class:`ArithmeticSettings`); it lists only what differs from
+the defaults (the field defaults of :class:`Recipe`). Overrides use dotted keys for nested fields
+(``model.hidden_size=64``).
 
 Key meanings (batch sizes count sequences):
 
 * ``task``: ``"lm"`` (packed text from ``data``) or ``"arithmetic"`` (generated expressions).
 * ``data``, ``split``, ``max_texts``: the text spec of :func:`lime_model.data.load_texts`.
+* ``one_pass``: read (stream) exactly the ``steps x batch_size`` sequences the run consumes, so
+  training makes one pass over fresh data, as the paper's runs do; ``max_texts`` then only caps.
 * ``tokenizer``: a tokenizer directory or hub name; ``null`` trains a byte-level BPE of
   ``model.vocab_size`` entries on the data (lm) or uses the task's characters (arithmetic).
 * ``batch_size``: sequences per optimizer step, over all processes; ``micro_batch_size``:
   sequences per forward pass on one process (the rest is gradient accumulation).
 * ``steps`` (or, when ``null``, ``epochs`` over the training set) sets the run length and with it
   the learning-rate schedule, so it cannot change on ``--resume`` (a finished run is not extended).
+* ``eval_data``: held-out text (a data spec) for validation loss and perplexity; without it,
+  ``eval_holdout`` (a fraction) of ``data``'s packed sequences, the last ones, is held out and never
+  trained on. The arithmetic task evaluates on its test expressions. ``eval_every``: steps between
+  evaluations (the last step is always evaluated when there is a held-out set); ``eval_max_rows``
+  caps the sequences evaluated (the first ones, so every evaluation sees the same windows).
 * ``cache_dir``: where packed token rows and trained BPEs are cached (default ``$LIME_MODEL_CACHE``,
   else ``~/.cache/lime_model``), keyed on the data source (each file's path, size and mtime, or the
   ``hf:`` spec), ``split``, ``max_texts``, the tokenizer and ``seq_len``; a hit reads no text.
 * ``schedule``: ``cosine`` / ``linear`` decay to ``min_lr`` after ``warmup_steps``, or ``constant``.
 * ``router_lr_mult``: router learning rate / ``lr`` (the paper: 1e-2 / 1e-3 = 10).
 * ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``.
-* ``log_every``, ``save_every``, ``keep_last``: run control; they may change on ``--resume``.
+* ``log_every``, ``save_every``, ``keep_last``, ``eval_every``: run control; they may change on ``--resume``.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import types
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -36,57 +48,16 @@ from transformers import LlamaConfig
 
 from .routing import parse_routing
 
-DEFAULTS: dict[str, Any] = {
-    "description": "",
-    "task": "lm",
-    "data": None,
-    "split": None,
-    "max_texts": None,
-    "tokenizer": None,
-    "routing": "full",
-    "model": {
-        "vocab_size": 50257,
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 32,
-        "tie_word_embeddings": True,
-    },
-    "seq_len": 2048,
-    "batch_size": 1024,
-    "micro_batch_size": 4,
-    "steps": None,
-    "epochs": None,
-    "lr": 1e-3,
-    "min_lr": 1e-6,
-    "warmup_steps": 200,
-    "schedule": "cosine",
-    "weight_decay": 0.1,
-    "beta1": 0.9,
-    "beta2": 0.95,
-    "eps": 1e-8,
-    "grad_clip": 1.0,
-    "router_lr_mult": 10.0,
-    "mixed_precision": "auto",
-    "compile": False,
-    "fsdp": False,
-    "seed": 42,
-    "log_every": 10,
-    "save_every": 1000,
-    "keep_last": 2,
-    "cache_dir": None,
-    "arithmetic": {
-        "operands": [4, 5, 6],
-        "train_per_operand": 50000,
-        "test_per_operand": 1000,
-        "max_operand": 9,
-        "max_value": 1000,
-        "eval_batch_size": 256,
-    },
+MODEL_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50257,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "tie_word_embeddings": True,
 }
-RUN_CONTROL = ("log_every", "save_every", "keep_last", "description")
-NESTED = ("model", "arithmetic")
+RUN_CONTROL = ("log_every", "save_every", "keep_last", "eval_every", "description")
 CHOICES = {
     "task": ("lm", "arithmetic"),
     "schedule": ("cosine", "linear", "constant"),
@@ -105,8 +76,184 @@ POSITIVE = (
     "log_every",
     "save_every",
     "keep_last",
+    "eval_every",
+    "eval_max_rows",
 )
 _MODEL_KEYS = frozenset(LlamaConfig().to_dict())
+
+
+@dataclass(frozen=True)
+class ArithmeticSettings:
+    """The Arithmetic Expression Task's data: tiers by operator count (:mod:`lime_model.tasks.arithmetic`)."""
+
+    operators: list[int] = field(default_factory=lambda: [4, 5, 6])
+    train_per_tier: int = 50000
+    test_per_tier: int = 1000
+    max_operand: int = 9
+    max_value: int = 1000
+    eval_batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "arithmetic.")
+        if not self.operators or min(self.operators) < 1:
+            raise ValueError(f"arithmetic.operators must be operator counts >= 1, got {self.operators}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A validated training recipe (see the module docstring for the meaning of each field)."""
+
+    description: str = ""
+    task: str = "lm"
+    data: str | None = None
+    split: str | None = None
+    max_texts: int | None = None
+    one_pass: bool = False
+    tokenizer: str | None = None
+    routing: str = "full"
+    model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_DEFAULTS))
+    seq_len: int = 2048
+    batch_size: int = 1024
+    micro_batch_size: int = 4
+    steps: int | None = None
+    epochs: float | None = None
+    lr: float = 1e-3
+    min_lr: float = 1e-6
+    warmup_steps: int = 200
+    schedule: str = "cosine"
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    router_lr_mult: float = 10.0
+    mixed_precision: str = "auto"
+    compile: bool = False
+    fsdp: bool = False
+    seed: int = 42
+    log_every: int = 10
+    save_every: int = 1000
+    keep_last: int = 2
+    eval_data: str | None = None
+    eval_holdout: float = 0.0
+    eval_every: int | None = None
+    eval_max_rows: int | None = None
+    cache_dir: str | None = None
+    arithmetic: ArithmeticSettings = field(default_factory=ArithmeticSettings)
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "")
+        self._check_model()
+        for key, choices in CHOICES.items():
+            if getattr(self, key) not in choices:
+                raise ValueError(
+                    f"recipe key {key!r} must be one of {', '.join(choices)}, got {getattr(self, key)!r}"
+                )
+        for key in POSITIVE:
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ValueError(f"recipe key {key!r} must be > 0, got {value}")
+        if self.steps is None and self.epochs is None:
+            raise ValueError("the recipe sets neither steps nor epochs")
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}"
+            )
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr must lie in [0, lr], got {self.min_lr}")
+        if not 0 <= self.eval_holdout < 1:
+            raise ValueError(f"eval_holdout must lie in [0, 1), got {self.eval_holdout}")
+        if self.one_pass and self.steps is None:
+            raise ValueError("one_pass needs steps (it reads steps x batch_size sequences)")
+        parse_routing(self.routing)
+        if self.task == "lm" and self.data is None:
+            raise ValueError("this recipe trains on text but names no data: pass --data FILE|FOLDER|hf:NAME")
+
+    def _check_model(self) -> None:
+        bad = sorted(set(self.model) - _MODEL_KEYS)
+        if bad:
+            raise ValueError(f"unknown recipe key(s): {', '.join(f'model.{b}' for b in bad)}")
+        for sub, value in self.model.items():
+            default = MODEL_DEFAULTS.get(sub)
+            if value is not None and default is not None and not _is_instance(value, type(default)):
+                raise ValueError(f"recipe key 'model.{sub}' must be {type(default).__name__}, got {value!r}")
+        heads = self.model.get("num_attention_heads")
+        kv = self.model.get("num_key_value_heads") or heads
+        hidden = self.model.get("hidden_size")
+        if None in (heads, hidden):
+            raise ValueError("the recipe's model needs hidden_size and num_attention_heads")
+        if hidden % heads or heads % kv:
+            raise ValueError(
+                f"hidden_size {hidden} must be divisible by num_attention_heads {heads}, "
+                f"and that by num_key_value_heads {kv}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as JSON-able data (what ``recipe.json`` holds)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        """A recipe from a mapping (missing top-level keys take their defaults; ``model`` is taken whole), validated."""
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown recipe key(s): {', '.join(unknown)}")
+        values = dict(data)
+        if "model" in values and not isinstance(values["model"], Mapping):
+            raise ValueError("recipe key 'model' must be an object")
+        if "arithmetic" in values:
+            values["arithmetic"] = _arithmetic(values["arithmetic"])
+        return cls(**{k: copy.deepcopy(v) for k, v in values.items()})
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the original: the recipe minus run-control keys."""
+        return identity(self.to_dict())
+
+
+def _arithmetic(value: Any) -> ArithmeticSettings:
+    if isinstance(value, ArithmeticSettings):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError("recipe key 'arithmetic' must be an object")
+    unknown = sorted(set(value) - {f.name for f in dataclasses.fields(ArithmeticSettings)})
+    if unknown:
+        hint = " (tiers count operators now: operands n -> operators n-1)" if "operands" in unknown else ""
+        raise ValueError(f"unknown recipe key(s): {', '.join(f'arithmetic.{u}' for u in unknown)}{hint}")
+    return ArithmeticSettings(**copy.deepcopy(dict(value)))
+
+
+def _is_instance(value: Any, kind: type) -> bool:
+    """``isinstance`` as JSON values mean it: a bool is not a number, an int is a float."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _check_fields(obj: Any, prefix: str) -> None:
+    """Check each field of dataclass ``obj`` against its annotation (``X``, ``X | None``, ``list[int]``)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, hint = getattr(obj, f.name), hints[f.name]
+        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if value is None and type(None) in options:
+            continue
+        ok = False
+        for kind in options:
+            origin = typing.get_origin(kind) or kind
+            if origin is list:
+                (item,) = typing.get_args(kind)
+                ok = isinstance(value, list) and all(_is_instance(v, item) for v in value)
+            elif origin is dict:
+                ok = isinstance(value, dict)
+            elif kind is not type(None):
+                ok = _is_instance(value, kind)
+            if ok:
+                break
+        if not ok:
+            names = " or ".join(getattr(k, "__name__", str(k)) for k in options)
+            raise ValueError(f"recipe key {prefix + f.name!r} must be {names}, got {value!r}")
 
 
 def recipe_names() -> list[str]:
@@ -133,6 +280,9 @@ def _read(name_or_path: str) -> dict:
     if not isinstance(recipe, dict):
         raise ValueError(f"recipe {path} must hold a JSON object")
     return recipe
+
+
+NESTED = ("model", "arithmetic")
 
 
 def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict:
@@ -163,70 +313,30 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _check_type(key: str, value: Any, default: Any) -> None:
-    if value is None or default is None:
-        return
-    if isinstance(default, bool) or isinstance(value, bool):
-        ok = isinstance(value, bool) and isinstance(default, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, (int, float))
+def load_recipe(
+    recipe: str | Mapping[str, Any] | Recipe, overrides: Mapping[str, Any] | None = None
+) -> Recipe:
+    """A shipped recipe name, a JSON path, a dict or a :class:`Recipe`, with ``overrides``, validated.
+
+    A file or dict lists only what differs from the defaults; ``model`` and ``arithmetic`` merge
+    key by key over the defaults too.
+    """
+    if isinstance(recipe, Recipe):
+        raw = recipe.to_dict()
     else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        raise ValueError(f"recipe key {key!r} must be {type(default).__name__}, got {value!r}")
-
-
-def validate(recipe: Mapping[str, Any]) -> dict:
-    """The recipe, checked: known keys and types, choices, positive sizes, a parsable routing."""
-    unknown = sorted(set(recipe) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown recipe key(s): {', '.join(unknown)}")
-    for key, value in recipe.items():
-        if key in NESTED:
-            if not isinstance(value, Mapping):
-                raise ValueError(f"recipe key {key!r} must be an object")
-            known = _MODEL_KEYS if key == "model" else set(DEFAULTS[key])
-            bad = sorted(set(value) - known)
-            if bad:
-                raise ValueError(f"unknown recipe key(s): {', '.join(f'{key}.{b}' for b in bad)}")
-            for sub, v in value.items():
-                _check_type(f"{key}.{sub}", v, DEFAULTS[key].get(sub))
-        else:
-            _check_type(key, value, DEFAULTS[key])
-    for key, choices in CHOICES.items():
-        if recipe[key] not in choices:
-            raise ValueError(f"recipe key {key!r} must be one of {', '.join(choices)}, got {recipe[key]!r}")
-    for key in POSITIVE:
-        if recipe[key] is not None and recipe[key] <= 0:
-            raise ValueError(f"recipe key {key!r} must be > 0, got {recipe[key]}")
-    if recipe["steps"] is None and recipe["epochs"] is None:
-        raise ValueError("the recipe sets neither steps nor epochs")
-    if recipe["batch_size"] % recipe["micro_batch_size"]:
-        raise ValueError(
-            f"batch_size {recipe['batch_size']} is not a multiple of micro_batch_size "
-            f"{recipe['micro_batch_size']}"
-        )
-    if not 0 <= recipe["min_lr"] <= recipe["lr"]:
-        raise ValueError(f"min_lr must lie in [0, lr], got {recipe['min_lr']}")
-    model = recipe["model"]
-    heads, kv = model["num_attention_heads"], model.get("num_key_value_heads") or model["num_attention_heads"]
-    if model["hidden_size"] % heads or heads % kv:
-        raise ValueError(
-            f"hidden_size {model['hidden_size']} must be divisible by num_attention_heads {heads}, "
-            f"and that by num_key_value_heads {kv}"
-        )
-    parse_routing(recipe["routing"])
-    if recipe["task"] == "lm" and recipe["data"] is None:
-        raise ValueError("this recipe trains on text but names no data: pass --data FILE|FOLDER|hf:NAME")
-    return dict(recipe)
-
-
-def load_recipe(recipe: str | Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict:
-    """A shipped recipe name, a JSON path or a dict, over :data:`DEFAULTS`, with ``overrides``, validated."""
-    raw = _read(recipe) if isinstance(recipe, str) else dict(recipe)
-    return validate(merge(merge(DEFAULTS, raw), overrides or {}))
+        raw = _read(recipe) if isinstance(recipe, str) else dict(recipe)
+    base = {"model": dict(MODEL_DEFAULTS), "arithmetic": dataclasses.asdict(ArithmeticSettings())}
+    return Recipe.from_dict(merge(merge(base, raw), overrides or {}))
 
 
 def identity(recipe: Mapping[str, Any]) -> dict:
-    """What a resumed run must share with the original: the recipe minus run-control keys."""
-    return {k: v for k, v in recipe.items() if k not in RUN_CONTROL}
+    """What a resumed run must share with the original: the recipe (as data) minus run-control keys.
+
+    Keys a saved recipe lacks (written before they existed) count as their defaults, so adding a
+    recipe field does not break resuming older runs that leave it at its default; the arithmetic
+    settings count only for the arithmetic task.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(Recipe) if f.default is not dataclasses.MISSING}
+    full = {**defaults, **recipe}
+    ignored = RUN_CONTROL if full["task"] == "arithmetic" else (*RUN_CONTROL, "arithmetic")  # unused by lm
+    return {k: v for k, v in full.items() if k not in ignored}

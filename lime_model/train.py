@@ -9,17 +9,22 @@ so 1 process with accumulation and N processes give the same gradients.
 An output directory holds::
 
     recipe.json            the recipe (resuming checks it)
-    metrics.jsonl          one JSON line every log_every steps (fields below)
+    run_info.json          per start of the process: versions, device, threads, determinism flags
+    metrics.jsonl          one JSON line every log_every (and eval_every) steps (fields below)
     checkpoints/step-N/    HF model + tokenizer, trainer_state.json (step, optimizer hyperparameters,
                            scheduler), optimizer.safetensors (Adam moments by parameter name, RNG)
     config.json, model.safetensors, tokenizer files     the final model, a self-contained HF dir
-    arithmetic_eval.json   accuracy per operand count (arithmetic task)
+    arithmetic_eval.json   accuracy per operator count, the task's tiers (arithmetic task)
 
 Metrics: ``step``; ``tokens``, the real input tokens seen so far (padding excluded: the arithmetic
 task's right-padded rows count their ``bos prompt solution eos`` only); ``flops`` (3 x forward
 FLOPs per sequence, padding included: it is compute spent); ``loss``, the mean token loss of the
 step's global batch; ``lr``, the step's learning rate (routers use ``lr * router_lr_mult``);
-``grad_norm`` before clipping; ``tokens_per_s``, real tokens per second since the previous line.
+``grad_norm`` before clipping; ``tokens_per_s``, real tokens per second since the previous line;
+on evaluation steps (every ``eval_every`` and the last, when there are held-out rows) also
+``val_loss``, the mean token NLL of the held-out rows, and ``val_perplexity``, its exp (see
+:mod:`lime_model.evaluate`). Training warns (:class:`SecondEpochWarning`) when it starts a
+second pass over its data.
 
 A checkpoint directory is written under a dot-name, fsynced and renamed into place when complete,
 so any ``step-N`` directory is whole. Nothing in it needs unpickling.
@@ -31,8 +36,10 @@ import errno
 import json
 import math
 import os
+import platform
 import shutil
 import time
+import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -41,18 +48,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
 from .config import LimeConfig
+from .evaluate import default_cache_dir, token_loss_sum, token_nll
 from .files import atomic_dir, atomic_write
 from .flops import forward_flops
 from .modeling import LimeForCausalLM
 from .optim import param_groups
-from .recipes import identity, load_recipe
+from .recipes import Recipe, identity, load_recipe
 from .tasks import arithmetic
 from .tokenization import char_tokenizer, load_tokenizer, train_bpe
 
@@ -64,13 +71,16 @@ STATE_TENSORS = "optimizer.safetensors"
 @dataclass
 class TrainingData:
     """Token rows ``input_ids`` (N, seq_len) and ``labels`` (N, seq_len), -100 where no loss; integer
-    tensors (int32 memory-mapped rows for language modelling), made int64 per batch."""
+    tensors (int32 memory-mapped rows for language modelling), made int64 per batch. ``eval_input_ids``
+    and ``eval_labels`` (M, seq_len) are the held-out rows (None: no held-out evaluation)."""
 
     tokenizer: Any
     input_ids: torch.Tensor
     labels: torch.Tensor
     test_samples: list[arithmetic.Sample] | None = None
     lengths: torch.Tensor | None = None  # (N,) non-padding tokens per row; None: every row is full
+    eval_input_ids: torch.Tensor | None = None
+    eval_labels: torch.Tensor | None = None
 
     def n_tokens(self, idx: torch.Tensor) -> int:
         """Real (non-padding) input tokens in rows ``idx``."""
@@ -83,16 +93,16 @@ class TrainingData:
 # pure pieces
 
 
-def lr_factor(step: int, recipe: Mapping[str, Any], total_steps: int) -> float:
+def lr_factor(step: int, recipe: Recipe, total_steps: int) -> float:
     """LR multiplier at 0-based optimizer step ``step``: linear warmup, then decay to ``min_lr/lr``."""
-    warmup = recipe["warmup_steps"]
+    warmup = recipe.warmup_steps
     if step < warmup:
         return (step + 1) / warmup
-    if recipe["schedule"] == "constant":
+    if recipe.schedule == "constant":
         return 1.0
-    floor = recipe["min_lr"] / recipe["lr"]
+    floor = recipe.min_lr / recipe.lr
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if recipe["schedule"] == "cosine" else 1 - progress
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if recipe.schedule == "cosine" else 1 - progress
     return floor + (1 - floor) * shape
 
 
@@ -113,47 +123,61 @@ def _epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
-def total_steps(recipe: Mapping[str, Any], n_rows: int) -> int:
-    if recipe["steps"] is not None:
-        return recipe["steps"]
-    return max(1, math.ceil(recipe["epochs"] * n_rows / recipe["batch_size"]))
-
-
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy (fp32) of logits (B, T, V) against labels (B, T), -100 ignored."""
-    return F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
-    )
+def total_steps(recipe: Recipe, n_rows: int) -> int:
+    if recipe.steps is not None:
+        return recipe.steps
+    return max(1, math.ceil(recipe.epochs * n_rows / recipe.batch_size))
 
 
 # ---------------------------------------------------------------------------------------------
 # data and model
 
 
-def prepare_data(recipe: Mapping[str, Any], tokenizer=None, progress: bool = False) -> TrainingData:
-    """Training rows (and the arithmetic test set) for ``recipe``; ``tokenizer`` overrides the recipe's.
+def prepare_data(recipe: Recipe, tokenizer=None, progress: bool = False) -> TrainingData:
+    """Training rows, held-out rows (and the arithmetic test set) for ``recipe``; ``tokenizer``
+    overrides the recipe's.
 
     Language-model rows come from the packed-token cache when it holds them (memory-mapped, int32),
-    checked before any text is read; a BPE trained on the data is cached the same way.
+    checked before any text is read; a BPE trained on the data is cached the same way. Held-out
+    rows are ``eval_data`` packed the same way, else the last ``eval_holdout`` of ``data``'s rows
+    (cut at a row boundary: a document straddling it has its start trained on), else none; the
+    arithmetic task holds out its test expressions. ``eval_max_rows`` keeps the first rows.
     """
-    if recipe["task"] == "arithmetic":
+    if recipe.task == "arithmetic":
         train_s, test_s = arithmetic_splits(recipe)
         tokenizer = tokenizer or char_tokenizer(arithmetic.CHARS)
-        input_ids, labels = arithmetic.encode(train_s, tokenizer, recipe["seq_len"])
+        input_ids, labels = arithmetic.encode(train_s, tokenizer, recipe.seq_len)
         lengths = (input_ids != tokenizer.pad_token_id).sum(1)
-        return TrainingData(tokenizer, input_ids, labels, test_s, lengths=lengths)
-    source = data_mod.TextSource(recipe["data"], recipe["split"], recipe["max_texts"])
-    cache = recipe["cache_dir"] or os.environ.get("LIME_MODEL_CACHE") or Path.home() / ".cache" / "lime_model"
+        eval_ids, eval_labels = arithmetic.encode(test_s[: recipe.eval_max_rows], tokenizer, recipe.seq_len)
+        return TrainingData(tokenizer, input_ids, labels, test_s, lengths, eval_ids, eval_labels)
+    source = data_mod.TextSource(recipe.data, recipe.split, recipe.max_texts)
+    cache = default_cache_dir(recipe.cache_dir)
     if tokenizer is None:
-        if recipe["tokenizer"] is not None:
-            tokenizer = load_tokenizer(recipe["tokenizer"])
-        elif recipe["model"]["vocab_size"] is None:
+        if recipe.tokenizer is not None:
+            tokenizer = load_tokenizer(recipe.tokenizer)
+        elif recipe.model["vocab_size"] is None:
             raise ValueError("set model.vocab_size (the BPE size to train) or name a --set tokenizer=DIR")
         else:
-            tokenizer = _cached_bpe(source, recipe["model"]["vocab_size"], cache)
+            tokenizer = _cached_bpe(source, recipe.model["vocab_size"], cache)
     check_vocab(tokenizer, recipe)
-    rows = torch.from_numpy(data_mod.packed_sequences(source, tokenizer, recipe["seq_len"], cache, progress))
-    return TrainingData(tokenizer, rows, rows)
+    max_rows = None
+    if recipe.one_pass:  # exactly the rows the steps consume, plus the held-out share
+        max_rows = math.ceil(recipe.steps * recipe.batch_size / (1 - recipe.eval_holdout))
+    rows = torch.from_numpy(
+        data_mod.packed_sequences(source, tokenizer, recipe.seq_len, cache, progress, max_rows=max_rows)
+    )
+    held_out = None
+    if recipe.eval_data is not None:
+        eval_source = data_mod.TextSource(recipe.eval_data)
+        held_out = torch.from_numpy(data_mod.packed_sequences(eval_source, tokenizer, recipe.seq_len, cache))
+    elif recipe.eval_holdout > 0:
+        n_eval = max(1, round(recipe.eval_holdout * len(rows)))
+        if n_eval >= len(rows):
+            raise ValueError(f"eval_holdout {recipe.eval_holdout} leaves no training rows of {len(rows)}")
+        rows, held_out = rows[:-n_eval], rows[-n_eval:]
+    if held_out is not None:
+        held_out = held_out[: recipe.eval_max_rows]
+    return TrainingData(tokenizer, rows, rows, eval_input_ids=held_out, eval_labels=held_out)
 
 
 def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir) -> Any:
@@ -165,21 +189,21 @@ def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir) -> Any:
     return load_tokenizer(str(folder))
 
 
-def arithmetic_splits(recipe: Mapping[str, Any], with_train: bool = True):
+def arithmetic_splits(recipe: Recipe, with_train: bool = True):
     """The (train, test) arithmetic samples of ``recipe`` (train empty unless ``with_train``)."""
-    cfg = recipe["arithmetic"]
+    cfg = recipe.arithmetic
     return arithmetic.make_splits(
-        cfg["operands"],
-        cfg["train_per_operand"] if with_train else 0,
-        cfg["test_per_operand"],
-        seed=recipe["seed"],
-        max_operand=cfg["max_operand"],
-        max_value=cfg["max_value"],
+        cfg.operators,
+        cfg.train_per_tier if with_train else 0,
+        cfg.test_per_tier,
+        seed=recipe.seed,
+        max_operand=cfg.max_operand,
+        max_value=cfg.max_value,
     )
 
 
-def check_vocab(tokenizer, recipe: Mapping[str, Any]) -> None:
-    vocab = recipe["model"]["vocab_size"]
+def check_vocab(tokenizer, recipe: Recipe) -> None:
+    vocab = recipe.model["vocab_size"]
     if vocab is not None and len(tokenizer) > vocab:
         raise ValueError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}: "
@@ -187,12 +211,12 @@ def check_vocab(tokenizer, recipe: Mapping[str, Any]) -> None:
         )
 
 
-def model_config(recipe: Mapping[str, Any], tokenizer) -> LimeConfig:
-    model = {k: v for k, v in recipe["model"].items() if v is not None}
+def model_config(recipe: Recipe, tokenizer) -> LimeConfig:
+    model = {k: v for k, v in recipe.model.items() if v is not None}
     model.setdefault("vocab_size", len(tokenizer))
     return LimeConfig(
-        routing=recipe["routing"],
-        max_position_embeddings=recipe["seq_len"],
+        routing=recipe.routing,
+        max_position_embeddings=recipe.seq_len,
         use_cache=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -281,12 +305,12 @@ def _save_checkpoint(
                 "step": step,
                 "tokens": tokens,
                 "world_size": accelerator.num_processes,
-                "recipe": identity(recipe),
+                "recipe": recipe.identity(),
                 "param_groups": opt_state["param_groups"],
                 "scheduler": scheduler.state_dict(),
             }
             (tmp / STATE_JSON).write_text(json.dumps(state, indent=1))
-        for old in checkpoints(out_dir)[: -recipe["keep_last"]]:
+        for old in checkpoints(out_dir)[: -recipe.keep_last]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
 
@@ -340,7 +364,7 @@ def _publish_final(out_dir: Path, ckpt: Path) -> None:
             atomic_write(out_dir / f.name, lambda dst, src=src: shutil.copyfileobj(src, dst))
 
 
-def _check_out_dir(out_dir: Path, recipe: Mapping[str, Any], resume: bool) -> Path | None:
+def _check_out_dir(out_dir: Path, recipe: Recipe, resume: bool) -> Path | None:
     """Validate ``out_dir`` for a new or resumed run before anything is written; the checkpoint to resume."""
     if not resume:
         if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
@@ -353,7 +377,7 @@ def _check_out_dir(out_dir: Path, recipe: Mapping[str, Any], resume: bool) -> Pa
     if not saved.is_file():
         raise FileNotFoundError(f"nothing to resume in {out_dir}: no recipe.json")
     old = identity(json.loads(saved.read_text()))
-    new = identity(recipe)
+    new = recipe.identity()
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     if changed and set(changed) <= {"steps", "epochs"}:
         diff = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in changed)
@@ -385,27 +409,27 @@ def _check_creatable(out_dir: Path) -> None:
 # the loop
 
 
-def _accelerator(recipe: Mapping[str, Any]):
+def _accelerator(recipe: Recipe):
     from accelerate import Accelerator, FullyShardedDataParallelPlugin
     from accelerate.utils import TorchDynamoPlugin
 
-    precision = recipe["mixed_precision"]
+    precision = recipe.mixed_precision
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     fsdp = None
-    if recipe["fsdp"]:
+    if recipe.fsdp:
         fsdp = FullyShardedDataParallelPlugin(
             auto_wrap_policy="transformer_based_wrap",
             transformer_cls_names_to_wrap=["LimeDecoderLayer"],
             state_dict_type="FULL_STATE_DICT",
             use_orig_params=True,
         )
-    dynamo = TorchDynamoPlugin(backend="inductor") if recipe["compile"] else None
+    dynamo = TorchDynamoPlugin(backend="inductor") if recipe.compile else None
     # cpu=True is what makes accelerate join a torchrun/accelerate-launch group over gloo without GPUs
     accelerator = Accelerator(
         mixed_precision=precision, fsdp_plugin=fsdp, dynamo_plugin=dynamo, cpu=not torch.cuda.is_available()
     )
-    if recipe["fsdp"] and not _uses_fsdp(accelerator):  # accelerate shards only on GPUs
+    if recipe.fsdp and not _uses_fsdp(accelerator):  # accelerate shards only on GPUs
         accelerator.print(
             f"lime-model: note: fsdp requested, running {accelerator.distributed_type.value} instead"
         )
@@ -422,8 +446,8 @@ def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, rec
     Loss and grad norm stay tensors (no device sync per step).
     """
     world, rank = accelerator.num_processes, accelerator.process_index
-    per_rank, micro = recipe["batch_size"] // world, recipe["micro_batch_size"]
-    idx = batch_indices(step, recipe["batch_size"], len(data.input_ids), recipe["seed"])
+    per_rank, micro = recipe.batch_size // world, recipe.micro_batch_size
+    idx = batch_indices(step, recipe.batch_size, len(data.input_ids), recipe.seed)
     n_targets = int((data.labels[idx][:, 1:] != -100).sum().clamp(min=1))
     local = idx[rank * per_rank : (rank + 1) * per_rank]
     loss_sum = torch.zeros((), device=accelerator.device)
@@ -435,7 +459,7 @@ def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, rec
             loss = token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
             accelerator.backward(loss * world)  # DDP averages gradients over processes
         loss_sum += loss.detach()
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
     lr = optimizer.param_groups[0]["lr"]  # the "decay" group's; routers run at lr x router_lr_mult
     optimizer.step()
     scheduler.step()
@@ -444,7 +468,7 @@ def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, rec
 
 
 def train(
-    recipe: str | Mapping[str, Any],
+    recipe: str | Mapping[str, Any] | Recipe,
     out_dir: str | os.PathLike,
     *,
     resume: bool = False,
@@ -467,10 +491,10 @@ def train(
     out_dir = Path(out_dir)
     accelerator = _accelerator(recipe)
     world, main = accelerator.num_processes, accelerator.is_main_process
-    if recipe["batch_size"] % (world * recipe["micro_batch_size"]):
+    if recipe.batch_size % (world * recipe.micro_batch_size):
         raise ValueError(
-            f"batch_size {recipe['batch_size']} is not a multiple of {world} processes x "
-            f"micro_batch_size {recipe['micro_batch_size']}"
+            f"batch_size {recipe.batch_size} is not a multiple of {world} processes x "
+            f"micro_batch_size {recipe.micro_batch_size}"
         )
     ckpt = _check_out_dir(out_dir, recipe, resume)
     with accelerator.main_process_first():  # rank 0 fills the tokenization cache first
@@ -483,15 +507,16 @@ def train(
 
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(out_dir / "recipe.json", json.dumps(recipe, indent=1))
+        atomic_write(out_dir / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
         data.tokenizer.save_pretrained(out_dir)  # resume reads the same tokenizer back
-    torch.manual_seed(recipe["seed"])
+        _record_run_info(out_dir, accelerator, resume)
+    torch.manual_seed(recipe.seed)
     model = LimeForCausalLM(config)
     steps = total_steps(recipe, len(data.input_ids))
     optimizer = torch.optim.AdamW(
-        param_groups(model, recipe["weight_decay"], recipe["router_lr_mult"], lr=recipe["lr"]),
-        betas=(recipe["beta1"], recipe["beta2"]),
-        eps=recipe["eps"],
+        param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr),
+        betas=(recipe.beta1, recipe.beta2),
+        eps=recipe.eps,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, recipe, steps))
     if ckpt is not None:
@@ -506,48 +531,103 @@ def train(
     if main and resume:  # drop lines logged after the checkpoint by an interrupted run
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
         atomic_write(metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start))
-    seq_flops = 3 * forward_flops(config, recipe["seq_len"])
+    seq_flops = 3 * forward_flops(config, recipe.seq_len)
     last = steps if stop_after is None else min(steps, stop_after)
     bar = tqdm(total=last, initial=start, desc="train", disable=not (progress and main), unit="step")
     window_t, window_tokens = time.perf_counter(), 0
+    has_eval = data.eval_input_ids is not None and len(data.eval_input_ids) > 0
     for step in range(start, last):
+        if main and second_epoch_starts(step, recipe.batch_size, len(data.input_ids)):
+            warn_second_epoch(step, recipe, len(data.input_ids))
         loss, grad_norm, lr = train_step(accelerator, model, optimizer, scheduler, data, recipe, step)
-        batch_tokens = data.n_tokens(
-            batch_indices(step, recipe["batch_size"], len(data.input_ids), recipe["seed"])
-        )
+        batch_tokens = data.n_tokens(batch_indices(step, recipe.batch_size, len(data.input_ids), recipe.seed))
         tokens += batch_tokens
         window_tokens += batch_tokens
         done = step + 1
-        if done % recipe["log_every"] == 0 or done == last:
+        evaluate_now = has_eval and (done == last or (recipe.eval_every and done % recipe.eval_every == 0))
+        if done % recipe.log_every == 0 or done == last or evaluate_now:
             loss_value = accelerator.reduce(loss, reduction="sum").item()
+            # every process evaluates every held-out row (FSDP needs all ranks in each forward)
+            held_out = _held_out(model, data, recipe) if evaluate_now else {}
             if main:
                 now = time.perf_counter()
                 record = {
                     "step": done,
                     "tokens": tokens,
-                    "flops": done * recipe["batch_size"] * seq_flops,
+                    "flops": done * recipe.batch_size * seq_flops,
                     "loss": loss_value,
                     "lr": lr,
                     "grad_norm": float(grad_norm),
                     "tokens_per_s": window_tokens / max(now - window_t, 1e-9),
+                    **held_out,
                 }
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
                 bar.set_postfix(loss=f"{loss_value:.4f}")
                 window_t, window_tokens = now, 0
         bar.update(1)
-        if done % recipe["save_every"] == 0 or done == last:
+        if done % recipe.save_every == 0 or done == last:
             _save_checkpoint(
                 accelerator, model, optimizer, scheduler, data.tokenizer, recipe, done, tokens, out_dir
             )
     bar.close()
     if main and last == steps:
         _publish_final(out_dir, checkpoints(out_dir)[-1])
-        if recipe["task"] == "arithmetic":  # from the published files: sharded or not, one whole model
+        if recipe.task == "arithmetic":  # from the published files: sharded or not, one whole model
             evaluate_arithmetic(out_dir, progress=progress, device=accelerator.device)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return out_dir
+
+
+def _held_out(model, data: TrainingData, recipe: Recipe) -> dict[str, float]:
+    """``val_loss`` (mean token NLL of the held-out rows) and ``val_perplexity`` (its exp)."""
+    total, count = token_nll(model, data.eval_input_ids, data.eval_labels, recipe.micro_batch_size)
+    return {"val_loss": total / count, "val_perplexity": math.exp(total / count)}
+
+
+def second_epoch_starts(step: int, batch_size: int, n_rows: int) -> bool:
+    """Whether global batch ``step`` is the first to reach past one pass over ``n_rows`` rows."""
+    return step * batch_size <= n_rows < (step + 1) * batch_size
+
+
+def warn_second_epoch(step: int, recipe: Recipe, n_rows: int) -> None:
+    planned = f" (the recipe asks for {recipe.epochs} epochs)" if recipe.steps is None else ""
+    warnings.warn(
+        f"step {step + 1} starts a second epoch over the {n_rows} training sequences{planned}: from here "
+        "on the run sees data again (give it more data, or set one_pass=true to read one pass)",
+        SecondEpochWarning,
+        stacklevel=3,
+    )
+
+
+class SecondEpochWarning(UserWarning):
+    """Training has started to repeat its data."""
+
+
+def run_info(accelerator) -> dict[str, Any]:
+    """What else decides a run's numbers: versions, device, threads and determinism settings."""
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(accelerator.device),
+        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
+        "processes": accelerator.num_processes,
+        "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "mixed_precision": accelerator.mixed_precision,
+    }
+
+
+def _record_run_info(out_dir: Path, accelerator, resume: bool) -> None:
+    """Append this invocation's :func:`run_info` to ``run_info.json`` (a list: one entry per start)."""
+    path = out_dir / "run_info.json"
+    runs = json.loads(path.read_text()) if resume and path.is_file() else []
+    atomic_write(path, json.dumps([*runs, run_info(accelerator)], indent=1))
 
 
 def evaluate_arithmetic(
@@ -560,21 +640,21 @@ def evaluate_arithmetic(
             f"{run_dir} is not a finished lime-model run (needs recipe.json and model.safetensors)"
         )
     recipe = load_recipe(json.loads((run_dir / "recipe.json").read_text()))
-    if recipe["task"] != "arithmetic":
-        raise ValueError(f"{run_dir} was trained on task {recipe['task']!r}, not arithmetic")
+    if recipe.task != "arithmetic":
+        raise ValueError(f"{run_dir} was trained on task {recipe.task!r}, not arithmetic")
     model = LimeForCausalLM.from_pretrained(run_dir).to(device)
     _, test = arithmetic_splits(recipe, with_train=False)
     acc = arithmetic.evaluate(
         model,
         load_tokenizer(str(run_dir)),
         test,
-        batch_size=recipe["arithmetic"]["eval_batch_size"],
+        batch_size=recipe.arithmetic.eval_batch_size,
         progress=progress,
     )
     report = {
         "accuracy": {str(n): a for n, a in acc.items()},
-        "n_test_per_operand": recipe["arithmetic"]["test_per_operand"],
-        "routing": recipe["routing"],
+        "n_test_per_tier": recipe.arithmetic.test_per_tier,
+        "routing": recipe.routing,
     }
     atomic_write(run_dir / "arithmetic_eval.json", json.dumps(report, indent=1))
     return acc

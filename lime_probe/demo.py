@@ -245,8 +245,8 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
         if not (run / "arithmetic_eval.json").is_file():
             resume = run.exists() and any(run.iterdir())
             sizes = {
-                "train_per_operand": settings.train_per_operand,
-                "test_per_operand": settings.test_per_operand,
+                "train_per_tier": settings.train_per_operand,
+                "test_per_tier": settings.test_per_operand,
             }
             overrides = {"arithmetic": {k: v for k, v in sizes.items() if v is not None}}
             if settings.steps is not None:
@@ -286,8 +286,8 @@ def run_demo(
         tok = cks[0].tokenizer
         recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
         test = prepare_data(recipe).test_samples
-        steps = recipe["steps"]
-        extract_kw = {"max_length": recipe["seq_len"], "batch_size": 32, "cache_dir": None}
+        steps = recipe.steps
+        extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
 
         _stage(3, n, "accuracy by operand count and training curves")
         analyses = [accuracy_analysis(cks), training_analysis(cks)]

@@ -52,41 +52,66 @@ def expected_next(line: str) -> str:
 def check_sample(s: A.Sample) -> None:
     assert s.prompt.endswith("=") and s.prompt.count("=") == 1
     expr = s.prompt[:-1]
-    assert len(re.findall(r"\d+", expr)) == s.n_operands
+    assert len(re.findall(r"\d+", expr)) == s.n_operators + 1
     tree = ast.parse(to_python(expr), mode="eval")
+    assert len(binops(tree)) == s.n_operators  # the tier, counted by Python's parser
     for node in binops(tree):  # every intermediate value of the original expression is a natural number
         v = fraction_value(node)
         assert v.denominator == 1 and v >= 0
     lines = [expr] + s.solution.split("\n=")
-    assert len(lines) == s.n_operands  # one reduction per line
+    assert len(lines) == s.n_operators + 1  # the expression, then one reduction per line
     for prev, nxt in zip(lines, lines[1:], strict=False):
         assert nxt == expected_next(prev), f"{prev!r} -> {nxt!r}"
         assert fraction_value(ast.parse(to_python(nxt), mode="eval").body) == fraction_value(tree.body)
     assert lines[-1] == str(s.answer) == str(fraction_value(tree.body).numerator)
 
 
+APPENDIX_B = "(7+5)÷(6+4×3-2×7)"  # the paper's Appendix B example: 7 numbers, 6 operators
+
+
 def test_issue_example_exact_format():
-    s = A.make_sample("(7+5)÷(6+4×3-2×7)")
-    assert s.n_operands == 7 and s.answer == 3
+    s = A.make_sample(APPENDIX_B)
+    assert s.n_operators == 6 and s.answer == 3
     assert s.text == "(7+5)÷(6+4×3-2×7)=12÷(6+4×3-2×7)\n=12÷(6+12-2×7)\n=12÷(18-2×7)\n=12÷(18-14)\n=12÷4\n=3"
     check_sample(s)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def to_tree(node: ast.AST):
+    """Python's parse as the generator's tree: an int leaf or (op, left, right)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "×", ast.Div: "÷"}[type(node.op)]
+    return (op, to_tree(node.left), to_tree(node.right))
+
+
+def test_appendix_b_example_is_a_possible_sample_of_the_6_operator_tier():
+    body = ast.parse(to_python(APPENDIX_B), mode="eval").body
+    tree = to_tree(body)
+    leaves = [n.value for n in ast.walk(body) if isinstance(n, ast.Constant)]
+    assert len(binops(body)) == 6 and len(leaves) == 7 and all(1 <= v <= 9 for v in leaves)
+    # the generator draws every tree of 7 leaves in 1..9 with any operators; it keeps this one
+    # (all intermediate values natural and <= max_value) and writes it back as the paper does
+    assert A._in_range(tree, max_value=1000)
+    assert A._render(tree) == APPENDIX_B
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
 def test_every_step_is_the_leftmost_legal_reduction(n):
     samples = A.generate(n, 150, seed=3)
     for s in samples:
         check_sample(s)
+    parsed = [len(binops(ast.parse(to_python(s.prompt[:-1]), mode="eval"))) for s in samples]
+    assert parsed == [n] * len(samples)  # the tier counts operators
     text = "".join(s.prompt for s in samples)
     assert all(
-        op in text for op in ("+-×÷()" if n > 2 else "+-×÷")
+        op in text for op in ("+-×÷()" if n > 1 else "+-×÷")
     )  # every operator (and parentheses) occurs
     assert len({s.prompt for s in samples}) == len(samples)
 
 
 def test_seeded_and_disjoint_splits():
     train, test = A.make_splits([4, 5, 6], 200, 50, seed=7)
-    assert [s.n_operands for s in test] == [4] * 50 + [5] * 50 + [6] * 50
+    assert [s.n_operators for s in test] == [4] * 50 + [5] * 50 + [6] * 50
     assert not {s.prompt for s in train} & {s.prompt for s in test}
     again, _ = A.make_splits([4, 5, 6], 200, 50, seed=7)
     assert [s.text for s in again] == [s.text for s in train]
@@ -95,10 +120,10 @@ def test_seeded_and_disjoint_splits():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="n_operands"):
-        A.generate(1, 5)
+    with pytest.raises(ValueError, match="n_operators"):
+        A.generate(0, 5)
     with pytest.raises(ValueError, match="distinct"):
-        A.generate(2, 5, max_operand=1)  # only 1+1, 1-1, 1×1, 1÷1 exist
+        A.generate(1, 5, max_operand=1)  # only 1+1, 1-1, 1×1, 1÷1 exist
 
 
 def test_char_tokenizer_roundtrip_through_autotokenizer(tmp_path):
@@ -151,7 +176,7 @@ def tiny_model(vocab: int, routing: str):
 def test_generation_matches_a_plain_greedy_loop_without_cache(routing):
     tok = char_tokenizer(A.CHARS)
     model = tiny_model(len(tok), routing)
-    prompts = [s.prompt for s in A.generate(4, 2, seed=1) + A.generate(6, 2, seed=1)]
+    prompts = [s.prompt for s in A.generate(3, 2, seed=1) + A.generate(5, 2, seed=1)]
     got = A.generate_solutions(model, tok, prompts, max_new_tokens=12, batch_size=3)
     for prompt, text in zip(prompts, got, strict=True):
         ids = [tok.bos_token_id] + tok.encode(prompt, add_special_tokens=False)
@@ -184,7 +209,7 @@ class Oracle(torch.nn.Module):
         return torch.tensor(rows)
 
 
-def test_evaluate_counts_correct_answers_per_operand_count():
+def test_evaluate_counts_correct_answers_per_operator_count():
     tok = char_tokenizer(A.CHARS)
     four, five = A.generate(4, 8, seed=2), A.generate(5, 5, seed=2)
     known = four[:2] + five[:5]  # 2/8 and 5/5 right

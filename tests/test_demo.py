@@ -94,7 +94,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     recipe = load_recipe(str(runs / "lime" / "recipe.json"))
     texts = [sample_text(s, tok) for s in prepare_data(recipe).test_samples[: QUICK.entropy_texts]]
     acts = extract(
-        lime, tok, texts, sites=["values"], max_length=recipe["seq_len"], batch_size=32, progress=False
+        lime, tok, texts, sites=["values"], max_length=recipe.seq_len, batch_size=32, progress=False
     )
     want = layer_entropies(
         {la: acts.sequences("values", la) for la in acts["values"]}, seed=0, progress=False

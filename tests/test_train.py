@@ -105,10 +105,10 @@ def test_metrics_are_the_true_loss_flops_and_schedule(tiny, tmp_path):
     tok = AutoTokenizer.from_pretrained(out)
     recipe = load_recipe("cpu-tiny", tiny)
     config = T.model_config(recipe, tok)
-    torch.manual_seed(recipe["seed"])
+    torch.manual_seed(recipe.seed)
     fresh = lime_model.LimeForCausalLM(config)  # the initial weights of the run
     all_rows = T.prepare_data(recipe, tok).input_ids.long()  # int32 memory-mapped rows
-    rows = all_rows[T.batch_indices(0, 4, len(all_rows), recipe["seed"])]
+    rows = all_rows[T.batch_indices(0, 4, len(all_rows), recipe.seed)]
     with torch.no_grad():
         expected = fresh(input_ids=rows, labels=rows).loss.item()  # transformers' own shifted cross-entropy
     assert ms[0]["loss"] == pytest.approx(expected, rel=1e-5)
@@ -122,15 +122,17 @@ def test_metrics_are_the_true_loss_flops_and_schedule(tiny, tmp_path):
 
 
 def test_lr_factor_closed_forms():
-    r = {"warmup_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "schedule": "cosine"}
+    r = load_recipe(
+        {"warmup_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "schedule": "cosine", "steps": 110, "data": "x"}
+    )
     assert T.lr_factor(0, r, 110) == pytest.approx(0.1)
     assert T.lr_factor(9, r, 110) == pytest.approx(1.0)
     assert T.lr_factor(10, r, 110) == pytest.approx(1.0)
     assert T.lr_factor(60, r, 110) == pytest.approx(0.1 + 0.9 * 0.5)
     assert T.lr_factor(110, r, 110) == pytest.approx(0.1)
-    r["schedule"] = "linear"
+    r = load_recipe(r, {"schedule": "linear"})
     assert T.lr_factor(35, r, 110) == pytest.approx(0.1 + 0.9 * 0.75)
-    r["schedule"] = "constant"
+    r = load_recipe(r, {"schedule": "constant"})
     assert T.lr_factor(100, r, 110) == 1.0
 
 
@@ -184,7 +186,7 @@ def test_final_dir_is_a_self_contained_hf_model(tiny, tmp_path):
     assert json.loads((out / "recipe.json").read_text())["routing"] == "none"
 
 
-def test_arithmetic_run_writes_accuracy_per_operand_count(tmp_path):
+def test_arithmetic_run_writes_accuracy_per_operator_count(tmp_path):
     out = T.train(
         "arithmetic",
         tmp_path / "arith",
@@ -192,25 +194,25 @@ def test_arithmetic_run_writes_accuracy_per_operand_count(tmp_path):
         steps=2,
         batch_size=8,
         micro_batch_size=8,
-        arithmetic={"operands": [2, 3], "train_per_operand": 40, "test_per_operand": 6},
+        arithmetic={"operators": [1, 2], "train_per_tier": 40, "test_per_tier": 6},
         seq_len=48,
     )
     report = json.loads((out / "arithmetic_eval.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    _, test = arithmetic.make_splits([2, 3], 40, 6, seed=42)
+    _, test = arithmetic.make_splits([1, 2], 40, 6, seed=42)
     expected = arithmetic.evaluate(model, tok, test)
     assert report["accuracy"] == {str(n): a for n, a in expected.items()}
-    assert set(report["accuracy"]) == {"2", "3"}
+    assert set(report["accuracy"]) == {"1", "2"}
 
 
 def test_arithmetic_tokens_metric_counts_no_padding(tmp_path):
     # 2 steps x 8 rows = exactly one epoch of the 16 training samples, so every sample is seen once
     out = T.train(
         "arithmetic", tmp_path / "arith", progress=False, steps=2, batch_size=8, micro_batch_size=8,
-        log_every=1, seq_len=40, arithmetic={"operands": [2], "train_per_operand": 16, "test_per_operand": 2},
+        log_every=1, seq_len=40, arithmetic={"operators": [1], "train_per_tier": 16, "test_per_tier": 2},
     )  # fmt: skip
-    train, _ = arithmetic.make_splits([2], 16, 2, seed=42)
+    train, _ = arithmetic.make_splits([1], 16, 2, seed=42)
     # one token per character (char tokenizer) plus bos and eos; the padding up to seq_len is not counted
     real = sum(1 + len(s.prompt) + len(s.solution) + 1 for s in train)
     ms = metrics(out)
@@ -231,14 +233,14 @@ def test_wikitext_training_lowers_the_loss(shared_data, tmp_path):
 @pytest.mark.parametrize("name", ["lime-1b-gqa", "lime-1b-mha", "lime-150m", "lime-deep-32", "lime-deep-128"])
 def test_shipped_model_recipes_have_their_sizes(name):
     recipe = load_recipe(name)
-    m = recipe["model"]
+    m = recipe.model
     d, inter, n_layers, heads, kv = (m[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                     "num_attention_heads", "num_key_value_heads"))  # fmt: skip
     hd = d // heads
     block = 2 * d * heads * hd + 2 * d * kv * hd + 3 * d * inter + 2 * d  # q,o + k,v + MLP + 2 norms
     routers = sum(kv * (i + 1) * kv for i in range(1, n_layers))  # "full": layer i mixes i+1 layers' heads
     expected = m["vocab_size"] * d + d + n_layers * block + routers  # tied embedding, final norm
-    config = lime_model.LimeConfig(routing=recipe["routing"], **m)
+    config = lime_model.LimeConfig(routing=recipe.routing, **m)
     with torch.device("meta"):
         n = sum(p.numel() for p in lime_model.LimeForCausalLM(config).parameters())
     assert n == expected
@@ -249,29 +251,29 @@ def test_shipped_model_recipes_have_their_sizes(name):
 def test_paper_recipes_follow_the_paper():
     gqa, mha = load_recipe("lime-1b-gqa"), load_recipe("lime-1b-mha")
     for r in (gqa, mha):  # Tables 3-4 and the official config
-        assert r["model"]["hidden_size"] == 2048 and r["model"]["intermediate_size"] == 8192
-        assert r["model"]["num_hidden_layers"] == 16 and r["model"]["num_attention_heads"] == 32
-        assert r["model"]["vocab_size"] == 50257 and r["model"]["tie_word_embeddings"]
-        assert (r["seq_len"], r["batch_size"], r["lr"], r["min_lr"]) == (2048, 1024, 1e-3, 1e-6)
-        assert r["lr"] * r["router_lr_mult"] == pytest.approx(1e-2)
-        assert (r["beta1"], r["beta2"], r["eps"], r["weight_decay"], r["grad_clip"]) == (
+        assert r.model["hidden_size"] == 2048 and r.model["intermediate_size"] == 8192
+        assert r.model["num_hidden_layers"] == 16 and r.model["num_attention_heads"] == 32
+        assert r.model["vocab_size"] == 50257 and r.model["tie_word_embeddings"]
+        assert (r.seq_len, r.batch_size, r.lr, r.min_lr) == (2048, 1024, 1e-3, 1e-6)
+        assert r.lr * r.router_lr_mult == pytest.approx(1e-2)
+        assert (r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip) == (
             0.9,
             0.95,
             1e-8,
             0.1,
             1.0,
         )
-    assert (gqa["model"]["num_key_value_heads"], mha["model"]["num_key_value_heads"]) == (8, 32)
+    assert (gqa.model["num_key_value_heads"], mha.model["num_key_value_heads"]) == (8, 32)
     for layers in (32, 64, 128):
-        m = load_recipe(f"lime-deep-{layers}")["model"]
+        m = load_recipe(f"lime-deep-{layers}").model
         assert (m["num_hidden_layers"], m["num_attention_heads"]) == (layers, 8)
     a = load_recipe("arithmetic")
     assert (
-        a["model"]["num_hidden_layers"],
-        a["model"]["num_attention_heads"],
-        a["model"]["hidden_size"],
+        a.model["num_hidden_layers"],
+        a.model["num_attention_heads"],
+        a.model["hidden_size"],
     ) == (4, 4, 32)
-    assert a["arithmetic"]["operands"] == [4, 5, 6] and a["arithmetic"]["train_per_operand"] == 50000
-    assert (a["epochs"], a["lr"], a["schedule"]) == (200, 1e-3, "linear")
+    assert a.arithmetic.operators == [4, 5, 6] and a.arithmetic.train_per_tier == 50000
+    assert (a.epochs, a.lr, a.schedule) == (200, 1e-3, "linear")
     with pytest.raises(ValueError, match="names no data"):
         load_recipe("cpu-tiny")

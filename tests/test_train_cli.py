@@ -145,7 +145,7 @@ def test_console_script_evaluates_what_training_wrote(tmp_path):
         pytest.skip(f"the lime-model console script is not installed beside {sys.executable}")
     out = tmp_path / "arith"
     argv = ["train", "--recipe", "arithmetic", "--out", str(out), "--steps", "1", "--no-progress",
-            "--set", 'arithmetic={"operands": [2], "train_per_operand": 16, "test_per_operand": 4}',
+            "--set", 'arithmetic={"operators": [1], "train_per_tier": 16, "test_per_tier": 4}',
             "--set", "batch_size=8", "--set", "micro_batch_size=8", "--set", "seq_len=24"]  # fmt: skip
     assert main(argv) == 0
     written = json.loads((out / "arithmetic_eval.json").read_text())["accuracy"]

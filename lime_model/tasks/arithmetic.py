@@ -16,7 +16,11 @@ which precedence and left-associativity allow to run now; a parenthesised group 
 to one number loses its parentheses. Every intermediate value is a non-negative integer no larger
 than ``max_value`` (division is exact), so every line is an ordinary expression of naturals.
 Expressions are random trees filtered by that rule (rejection sampling), so ``-`` and ``÷``,
-which fail it more often, are rarer than ``+`` and ``×`` (about 2:1 and 3.5:1 with 5 operands).
+which fail it more often, are rarer than ``+`` and ``×`` (about 2:1 and 3.5:1 with 4 operators).
+
+Difficulty tiers count *operators*, as Feng et al. (whose task the paper follows) do and as the
+paper's Appendix B example shows: ``(7+5)÷(6+4×3-2×7)`` has 7 numbers and 6 operators, a sample of
+tier 6. An expression of ``k`` operators has ``k + 1`` numbers.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ CHARS = "0123456789" + OPS + "()=\n"  # the character vocabulary of the task
 
 @dataclass(frozen=True)
 class Sample:
-    """One expression: ``prompt`` (ends with ``=``), ``solution`` (the steps), ``answer``."""
+    """One expression of ``n_operators`` operators: ``prompt`` (ends with ``=``), ``solution`` (the
+    steps), ``answer``."""
 
-    n_operands: int
+    n_operators: int
     prompt: str
     solution: str
     answer: int
@@ -93,14 +98,15 @@ def _render(tree) -> str:
     return left_s + op + right_s
 
 
-def _random_tree(rng: random.Random, n_operands: int, max_operand: int):
-    if n_operands == 1:
+def _random_tree(rng: random.Random, n_leaves: int, max_operand: int):
+    """A random tree of ``n_leaves`` numbers in 1..``max_operand`` (so ``n_leaves - 1`` operators)."""
+    if n_leaves == 1:
         return rng.randint(1, max_operand)
-    n_left = rng.randint(1, n_operands - 1)
+    n_left = rng.randint(1, n_leaves - 1)
     return (
         rng.choice(OPS),
         _random_tree(rng, n_left, max_operand),
-        _random_tree(rng, n_operands - n_left, max_operand),
+        _random_tree(rng, n_leaves - n_left, max_operand),
     )
 
 
@@ -167,9 +173,9 @@ def solution_steps(expression: str) -> list[str]:
 
 def make_sample(expression: str) -> Sample:
     """The sample (prompt, solution, answer) of one expression."""
-    n_operands = sum(isinstance(t, int) for t in tokenize_expression(expression))
+    n_operators = sum(t in PREC for t in tokenize_expression(expression))
     steps = solution_steps(expression)
-    return Sample(n_operands, expression + "=", "\n=".join(steps), int(steps[-1]))
+    return Sample(n_operators, expression + "=", "\n=".join(steps), int(steps[-1]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,21 +183,22 @@ def make_sample(expression: str) -> Sample:
 
 
 def generate(
-    n_operands: int,
+    n_operators: int,
     n_samples: int,
     seed: int = 0,
     max_operand: int = 9,
     max_value: int = 1000,
     exclude: set[str] | None = None,
 ) -> list[Sample]:
-    """``n_samples`` distinct random expressions with ``n_operands`` operands each.
+    """``n_samples`` distinct random expressions with ``n_operators`` operators (so one more number).
 
-    Operands are drawn from 1..``max_operand``; trees whose intermediate values are not naturals
+    Numbers are drawn from 1..``max_operand``; trees whose intermediate values are not naturals
     <= ``max_value`` are rejected. Expressions in ``exclude`` are skipped (to keep splits disjoint).
     """
-    if n_operands < 2:
-        raise ValueError(f"n_operands must be >= 2, got {n_operands}")
-    rng = random.Random(f"arithmetic-{seed}-{n_operands}")
+    if n_operators < 1:
+        raise ValueError(f"n_operators must be >= 1, got {n_operators}")
+    n_leaves = n_operators + 1
+    rng = random.Random(f"arithmetic-{seed}-{n_leaves}")  # keyed by the number count, as tiers once were
     seen = set(exclude or ())
     samples: list[Sample] = []
     tries = 0
@@ -199,10 +206,10 @@ def generate(
         tries += 1
         if tries > 200 * n_samples + 10_000:
             raise ValueError(
-                f"could only find {len(samples)} of {n_samples} distinct {n_operands}-operand expressions; "
+                f"could only find {len(samples)} of {n_samples} distinct {n_operators}-operator expressions; "
                 "raise max_operand or max_value"
             )
-        tree = _random_tree(rng, n_operands, max_operand)
+        tree = _random_tree(rng, n_leaves, max_operand)
         if not _in_range(tree, max_value):
             continue
         expression = _render(tree)
@@ -214,24 +221,25 @@ def generate(
 
 
 def make_splits(
-    operands: Sequence[int],
-    train_per_operand: int,
-    test_per_operand: int,
+    operators: Sequence[int],
+    train_per_tier: int,
+    test_per_tier: int,
     seed: int = 0,
     max_operand: int = 9,
     max_value: int = 1000,
 ) -> tuple[list[Sample], list[Sample]]:
-    """Disjoint (train, test) sets: the test expressions are drawn first and excluded from train."""
+    """Disjoint (train, test) sets, ``*_per_tier`` samples of each operator count in ``operators``;
+    the test expressions are drawn first and excluded from train."""
     train: list[Sample] = []
     test: list[Sample] = []
-    for n in operands:
+    for n in operators:
         test_n = generate(
-            n, test_per_operand, seed=seed + 1_000_003, max_operand=max_operand, max_value=max_value
+            n, test_per_tier, seed=seed + 1_000_003, max_operand=max_operand, max_value=max_value
         )
         test += test_n
         train += generate(
             n,
-            train_per_operand,
+            train_per_tier,
             seed=seed,
             max_operand=max_operand,
             max_value=max_value,
@@ -310,7 +318,7 @@ def evaluate(
     max_new_tokens: int | None = None,
     progress: bool = False,
 ) -> dict[int, float]:
-    """Accuracy of the final answer per operand count, by greedy open-ended generation.
+    """Accuracy of the final answer per operator count (tier), by greedy open-ended generation.
 
     ``max_new_tokens`` defaults to the longest reference solution plus 8 characters.
     """
@@ -324,6 +332,6 @@ def evaluate(
     correct: dict[int, int] = {}
     total: dict[int, int] = {}
     for s, text in zip(samples, texts, strict=True):
-        total[s.n_operands] = total.get(s.n_operands, 0) + 1
-        correct[s.n_operands] = correct.get(s.n_operands, 0) + (extract_answer(text) == s.answer)
+        total[s.n_operators] = total.get(s.n_operators, 0) + 1
+        correct[s.n_operators] = correct.get(s.n_operators, 0) + (extract_answer(text) == s.answer)
     return {n: correct[n] / total[n] for n in sorted(total)}
