@@ -121,9 +121,7 @@ class LimePreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, LimeRouter):
-            module.reset_parameters()  # identity on the own block, Kaiming-uniform elsewhere
-        elif getattr(module, "zero_init", False):
-            nn.init.zeros_(module.weight)  # e.g. the dynamic router's input projection
+            module.reset_parameters()  # each router class owns its init (identity on the own heads)
         else:
             super()._init_weights(module)
 
