@@ -36,9 +36,9 @@ def init_router_matrix(weight: torch.Tensor, num_sources: int, kv: int) -> None:
         own[torch.arange(kv), torch.arange(kv)] = 1.0
 
 
-def own_heads_only(kv: int, num_sources: int, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+def own_heads_only(kv: int, num_sources: int) -> torch.Tensor:
     """Coefficients ``[1, kv, S, kv, 1]`` that read each head of the own (last) source unchanged."""
-    c = torch.zeros(1, kv, num_sources, kv, 1, dtype=dtype, device=device)
+    c = torch.zeros(1, kv, num_sources, kv, 1)
     c[0, torch.arange(kv), -1, torch.arange(kv), 0] = 1.0
     return c
 
@@ -182,10 +182,13 @@ class DynamicRouter(LimeRouter):
         C[t, h, p, h'] = weight[h, p*kv + h'] + q_{t,h} . keys[p*kv + h']      (no normalisation)
 
     The weights are not normalised (no softmax): the initial router must read exactly the own heads,
-    as LLaMA does, which a softmax cannot represent, and the static router of the official code is
-    unnormalised too. Init: ``weight`` identity on the own heads and zero elsewhere, ``keys`` zero,
-    ``query`` uniform(+-sqrt(3 / hidden)), so the initial model equals LLaMA and ``keys`` receive
-    gradients from the first step (``query`` from the second).
+    as LLaMA does, which a softmax cannot represent, and the official static router (``lime.py``) is
+    unnormalised too. (The official repository's earlier dynamic router, commit 601cd30, mixed hidden
+    states with a softmax over source layers from a randomly initialised projection; the paper's
+    Appendix E form is what is implemented here.) Init: ``weight`` identity on the own heads and zero
+    elsewhere, ``keys`` zero, ``query`` uniform(+-sqrt(3 / hidden)), so the initial model equals LLaMA
+    and ``keys`` receive gradients from the first step (``query`` from the second). The query width
+    (``head_dim``) and the offset are our choices where the paper gives none.
     """
 
     input_dependent = True
