@@ -16,8 +16,9 @@ from .config import LimeConfig
 def flops_breakdown(config: LimeConfig, seq_len: int) -> dict[str, int]:
     """Forward cost of one sequence of ``seq_len`` tokens, by component (see module docstring).
 
-    Returns a dict with ``linear`` (projection and lm-head MACs), ``router`` (router MACs),
-    ``attention`` (SDPA as above) and ``elementwise`` (norms, RoPE, SiLU gate, residual adds).
+    Returns a dict with ``linear`` (projection and lm-head MACs), ``router`` (router MACs, as each
+    router class counts them: :meth:`lime_model.router.LimeRouter.flops`), ``attention`` (SDPA as
+    above) and ``elementwise`` (norms, RoPE, SiLU gate, residual adds, router element-wise ops).
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -33,25 +34,19 @@ def flops_breakdown(config: LimeConfig, seq_len: int) -> dict[str, int]:
     per_layer_linear = T * d * (2 * H * D + 2 * kv * D) + 3 * T * d * inter
     linear = L * per_layer_linear + T * d * config.vocab_size
 
-    router = 0
-    for i in range(L):
-        sources = spec.sources(i)
-        if not spec.enabled or len(sources) == 1:
-            continue  # own K/V only: a slice, no arithmetic
-        # every variant runs as [kv, S*kv] weights over the S*kv buffered heads, for keys and values
-        # (no-head-mix as a block-diagonal matrix, per-dim per feature, dynamic per position)
-        S = len(sources)
-        router += kv * (S * kv) * T * 2 * D
-        if spec.kind == "dynamic":
-            router += T * d * kv * S * kv  # the input projection
+    routing = {"router": 0, "elementwise": 0}  # each router class counts its own arithmetic
+    if spec.enabled:
+        for i in range(L):
+            for part, n in spec.router.flops(config, len(spec.sources(i)), T).items():
+                routing[part] += n
 
     attention = L * (4 * H * T * T * D + 3 * H * T * T)
 
     rmsnorm = T * d * (2 + 1 + 2) + 8 * T  # pow, mean, two muls; add eps and rsqrt per row
     rope = 2 * 15 * T * D + 6 * T * (H + kv) * D  # cos/sin tables; mul, mul, add, neg on q and k
     mlp_act = 2 * T * inter  # silu and the gate product
-    elementwise = L * (2 * rmsnorm + rope + mlp_act + 2 * T * d) + rmsnorm
-    return {"linear": linear, "router": router, "attention": attention, "elementwise": elementwise}
+    elementwise = L * (2 * rmsnorm + rope + mlp_act + 2 * T * d) + rmsnorm + routing["elementwise"]
+    return {"linear": linear, "router": routing["router"], "attention": attention, "elementwise": elementwise}
 
 
 def forward_flops(config: LimeConfig, seq_len: int) -> int:

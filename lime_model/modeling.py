@@ -123,16 +123,14 @@ class LimePreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         """LLaMA's init (normal(0, initializer_range) matrices and embeddings, unit norms), except:
 
-        * routers: identity on the own block, uniform elsewhere (:func:`~lime_model.router.init_router_matrix`);
+        * routers: each router class's own ``reset_parameters`` (identity on the own heads);
         * modules flagged ``torch_default_init`` (LIMe's k/v projections, every layer): PyTorch's default
           ``nn.Linear`` init, ``kaiming_uniform_(a=sqrt(5))`` = uniform(+-1/sqrt(fan_in)), as the official
           code's raw ``kv_proj_weight``, which HF's init never touches. ``routing="none"`` keeps HF's
           normal init there, as the official LLaMA baseline (a plain ``LlamaForCausalLM``) does.
         """
         if isinstance(module, LimeRouter):
-            module.reset_parameters()
-        elif getattr(module, "zero_init", False):
-            nn.init.zeros_(module.weight)  # e.g. the dynamic router's input projection
+            module.reset_parameters()  # each router class owns its init (identity on the own heads)
         elif getattr(module, "torch_default_init", False):
             module.reset_parameters()
         else:

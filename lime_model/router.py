@@ -2,19 +2,28 @@
 
 Every router reads ``(buffer, hidden_states, keys, values)`` and returns the routed
 ``(keys, values)``, each ``(B, kv, T, head_dim)``: exactly what the layer's heads attend to, so a
-forward hook (or nnsight) on ``self_attn.router`` reads the routed K/V. ``weight`` columns follow
-the buffer order: column ``p * kv + h'`` weights head ``h'`` of layer ``sources[p]``.
+forward hook (or nnsight) on ``self_attn.router`` reads the routed K/V.
+
+All routers describe their mixing in one shape, :meth:`LimeRouter.coefficients`:
+``C [n, kv, S, kv, F]``, where ``C[m, h, p, h', e]`` weights feature ``e`` of head ``h'`` of layer
+``sources[p]`` in routed head ``h`` at position ``m``. ``n`` is 1 (the same weights at every position)
+unless the router is ``input_dependent``, and ``F`` is 1 (one weight per head) except for ``per-dim``
+(``head_dim``). The forward pass, the FLOP count and the router analysis all read this one description;
+a new routing variant is a subclass here plus its row in :data:`lime_model.routing.ROUTINGS`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .config import LimeConfig
 from .kv_buffer import KVBuffer, routed_read
+
+if TYPE_CHECKING:
+    from .config import LimeConfig
 
 
 def init_router_matrix(weight: torch.Tensor, num_sources: int, kv: int) -> None:
@@ -27,13 +36,33 @@ def init_router_matrix(weight: torch.Tensor, num_sources: int, kv: int) -> None:
         own[torch.arange(kv), torch.arange(kv)] = 1.0
 
 
-class LimeRouter(nn.Module):
-    """Base router: a static ``weight [kv, S * kv]`` over ``sources`` (full, first-j, last-j, dilated-d).
+def own_heads_only(kv: int, num_sources: int) -> torch.Tensor:
+    """Coefficients ``[1, kv, S, kv, 1]`` that read each head of the own (last) source unchanged."""
+    c = torch.zeros(1, kv, num_sources, kv, 1)
+    c[0, torch.arange(kv), -1, torch.arange(kv), 0] = 1.0
+    return c
 
-    A layer whose only source is itself has no parameters and passes its own K/V through.
+
+def buffer_layout(coefficients: torch.Tensor, per_position: bool) -> tuple[torch.Tensor, str]:
+    """``C [n, kv, S, kv, F]`` as the weight and mode :func:`~lime_model.kv_buffer.routed_read` takes:
+    ``[n, kv, S*kv]`` "per-position", ``[kv, S*kv, F]`` "per-dim" (F > 1) or ``[kv, S*kv]`` "matrix"."""
+    n, kv, S, _, F = coefficients.shape
+    if per_position:
+        return coefficients.reshape(n, kv, S * kv), "per-position"
+    if F > 1:
+        return coefficients.reshape(kv, S * kv, F), "per-dim"
+    return coefficients.reshape(kv, S * kv), "matrix"
+
+
+class LimeRouter(nn.Module):
+    """Static router: ``weight [kv, S * kv]`` over ``sources`` (full, first-j, last-j, dilated-d).
+
+    Column ``p * kv + h'`` of ``weight`` weights head ``h'`` of layer ``sources[p]``. Initialised to
+    the identity on the own heads and uniform(+-sqrt(3 / (S * kv))) elsewhere (official code). A layer
+    whose only source is itself has no parameters and passes its own K/V through.
     """
 
-    mode = "matrix"
+    input_dependent = False  # True: coefficients differ per position and need the hidden states
 
     def __init__(self, config: LimeConfig, layer_idx: int) -> None:
         super().__init__()
@@ -41,12 +70,18 @@ class LimeRouter(nn.Module):
         self.sources: list[int] = config.routing_spec.sources(layer_idx)
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.weight = nn.Parameter(torch.empty(*self.weight_shape())) if self.learned else None
+        self.weight = None
+        if self.learned:
+            self.make_parameters(config)
         self.reset_parameters()
 
     @property
     def learned(self) -> bool:
         return len(self.sources) > 1
+
+    def make_parameters(self, config: LimeConfig) -> None:
+        """Create the learned parameters (only called when there is more than one source)."""
+        self.weight = nn.Parameter(torch.empty(*self.weight_shape()))
 
     def weight_shape(self) -> tuple[int, ...]:
         return (self.num_kv_heads, len(self.sources) * self.num_kv_heads)
@@ -55,39 +90,57 @@ class LimeRouter(nn.Module):
         if self.weight is not None:
             init_router_matrix(self.weight, len(self.sources), self.num_kv_heads)
 
-    def mixing_weight(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        """The weight in the layout :func:`routed_read` expects for ``self.mode``."""
-        return self.weight
+    def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        """Mixing coefficients ``C [n, kv, S, kv, F]`` (see the module docstring).
+
+        Args:
+            hidden_states: the layer's normalised attention input ``(..., hidden)``; read only by
+                ``input_dependent`` routers, whose ``n`` is the number of positions in it.
+        """
+        kv, S = self.num_kv_heads, len(self.sources)
+        if self.weight is None:
+            return own_heads_only(kv, S)
+        return self.weight.view(1, kv, S, kv, 1)
 
     def forward(
         self, buffer: KVBuffer, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """keys, values: raw ``(B, T, kv * head_dim)``; returns routed ``(B, kv, T, head_dim)`` each."""
-        weight = self.mixing_weight(hidden_states)
-        return routed_read(buffer, self.layer_idx, keys, values, weight, self.sources, self.mode)
+        weight, mode = None, "matrix"  # a single source: the own heads, no arithmetic
+        if len(self.sources) > 1:
+            weight, mode = buffer_layout(self.coefficients(hidden_states), self.input_dependent)
+        return routed_read(buffer, self.layer_idx, keys, values, weight, self.sources, mode)
+
+    @classmethod
+    def flops(cls, config: LimeConfig, num_sources: int, seq_len: int) -> dict[str, int]:
+        """Forward cost of one layer's routing over ``seq_len`` tokens, in the paper's convention
+        (see :mod:`lime_model.flops`): ``router`` multiply-accumulates, ``elementwise`` ops."""
+        if num_sources == 1:
+            return {}  # own K/V only: a slice
+        kv = config.num_key_value_heads
+        # keys and values each mix S * kv buffered heads into kv heads, per position and feature
+        return {"router": 2 * seq_len * kv * num_sources * kv * config.head_dim}
 
     def extra_repr(self) -> str:
-        return f"layer={self.layer_idx}, sources={self.sources}, mode={self.mode}"
+        return f"layer={self.layer_idx}, sources={self.sources}"
 
 
 class AverageRouter(LimeRouter):
     """Fixed uniform average over the sources, head h of each source feeding head h; nothing learned."""
 
-    def __init__(self, config: LimeConfig, layer_idx: int) -> None:
-        super().__init__(config, layer_idx)
-        eye = torch.eye(self.num_kv_heads) / len(self.sources)
-        self.register_buffer("average", eye.repeat(1, len(self.sources)), persistent=False)
-
     @property
     def learned(self) -> bool:
         return False
 
-    def mixing_weight(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.average.to(hidden_states.dtype) if len(self.sources) > 1 else None
+    def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        kv, S = self.num_kv_heads, len(self.sources)
+        like = {} if hidden_states is None else {"dtype": hidden_states.dtype, "device": hidden_states.device}
+        eye = torch.eye(kv, **like)
+        return (eye[:, None, :, None] / S).expand(kv, S, kv, 1).unsqueeze(0)
 
 
 class NoHeadMixRouter(LimeRouter):
-    """``weight [kv, S]``: head h mixes only head h of each source layer."""
+    """``weight [kv, S]``: head h mixes only head h of each source layer (own layer initialised to 1)."""
 
     def weight_shape(self) -> tuple[int, ...]:
         return (self.num_kv_heads, len(self.sources))
@@ -99,59 +152,84 @@ class NoHeadMixRouter(LimeRouter):
                 self.weight.uniform_(-bound, bound)
                 self.weight[:, -1] = 1.0
 
-    def mixing_weight(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         if self.weight is None:
-            return None
+            return super().coefficients(hidden_states)
         eye = torch.eye(self.num_kv_heads, dtype=self.weight.dtype, device=self.weight.device)
-        # [kv, S, 1] * [kv, 1, kv] -> block-diagonal [kv, S * kv]
-        return (self.weight[:, :, None] * eye[:, None, :]).flatten(1)
+        return (self.weight[:, :, None] * eye[:, None, :]).unsqueeze(0).unsqueeze(-1)  # [1, kv, S, kv, 1]
 
 
 class PerDimRouter(LimeRouter):
     """``weight [kv, S * kv, head_dim]``: each source head scaled feature-wise before summing."""
 
-    mode = "per-dim"
-
     def weight_shape(self) -> tuple[int, ...]:
         return (*super().weight_shape(), self.head_dim)
 
+    def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        if self.weight is None:
+            return super().coefficients(hidden_states)
+        return self.weight.view(1, self.num_kv_heads, len(self.sources), self.num_kv_heads, self.head_dim)
+
 
 class DynamicRouter(LimeRouter):
-    """Input-dependent weights ``weight + proj(x_t)`` per position (paper Appendix E).
+    """Per-token routing weights from queries on the hidden state against learnable keys (paper App. E).
 
-    ``x_t`` is the layer's normalised attention input; ``proj`` starts at zero, so at
-    initialisation the router equals the static ``full`` one.
+    For the layer's normalised attention input ``x_t`` and every routed (kv) head ``h``, a query
+    ``q_{t,h} = query[h] @ x_t`` (``head_dim`` wide) is dotted with a learnable key ``keys[p*kv + h']``
+    for every source layer ``sources[p]`` and head ``h'``; a learnable offset ``weight [kv, S * kv]``
+    is added::
+
+        C[t, h, p, h'] = weight[h, p*kv + h'] + q_{t,h} . keys[p*kv + h']      (no normalisation)
+
+    The weights are not normalised (no softmax): the initial router must read exactly the own heads,
+    as LLaMA does, which a softmax cannot represent, and the official static router (``lime.py``) is
+    unnormalised too. (The official repository's earlier dynamic router, commit 601cd30, mixed hidden
+    states with a softmax over source layers from a randomly initialised projection; the paper's
+    Appendix E form is what is implemented here.) Init: ``weight`` identity on the own heads and zero
+    elsewhere, ``keys`` zero, ``query`` uniform(+-sqrt(3 / hidden)), so the initial model equals LLaMA
+    and ``keys`` receive gradients from the first step (``query`` from the second). The query width
+    (``head_dim``) and the offset are our choices where the paper gives none.
     """
 
-    mode = "per-position"
+    input_dependent = True
 
-    def __init__(self, config: LimeConfig, layer_idx: int) -> None:
-        super().__init__(config, layer_idx)
-        if self.learned:
-            self.proj = nn.Linear(config.hidden_size, self.weight.numel(), bias=False)
-            self.proj.zero_init = True  # read by LimePreTrainedModel._init_weights
-            nn.init.zeros_(self.proj.weight)
+    def make_parameters(self, config: LimeConfig) -> None:
+        super().make_parameters(config)
+        S, kv = len(self.sources), self.num_kv_heads
+        self.query = nn.Parameter(torch.empty(kv * self.head_dim, config.hidden_size))
+        self.keys = nn.Parameter(torch.empty(S * kv, self.head_dim))
 
-    def mixing_weight(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    def reset_parameters(self) -> None:
         if self.weight is None:
-            return None
-        delta = self.proj(hidden_states.reshape(-1, hidden_states.shape[-1]))  # [B*T, kv*S*kv]
-        return self.weight + delta.view(-1, *self.weight.shape)
+            return
+        with torch.no_grad():
+            self.weight.copy_(own_heads_only(self.num_kv_heads, len(self.sources)).view_as(self.weight))
+            bound = math.sqrt(3.0 / self.query.shape[1])
+            self.query.uniform_(-bound, bound)
+            self.keys.zero_()
 
+    def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        if self.weight is None:
+            return super().coefficients(hidden_states)
+        if hidden_states is None:
+            raise ValueError("routing 'dynamic' depends on the token: pass hidden_states (..., hidden)")
+        kv, S = self.num_kv_heads, len(self.sources)
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        q = (x @ self.query.t()).view(-1, kv, self.head_dim)  # [n, kv, head_dim]
+        scores = q @ self.keys.t()  # [n, kv, S * kv]
+        return (self.weight + scores).view(-1, kv, S, kv, 1)
 
-ROUTERS: dict[str, type[LimeRouter]] = {
-    "full": LimeRouter,
-    "first": LimeRouter,
-    "last": LimeRouter,
-    "dilated": LimeRouter,
-    "average": AverageRouter,
-    "no-head-mix": NoHeadMixRouter,
-    "per-dim": PerDimRouter,
-    "dynamic": DynamicRouter,
-}
+    @classmethod
+    def flops(cls, config: LimeConfig, num_sources: int, seq_len: int) -> dict[str, int]:
+        cost = super().flops(config, num_sources, seq_len)
+        if num_sources > 1:
+            kv, D, S = config.num_key_value_heads, config.head_dim, num_sources
+            cost["router"] += seq_len * kv * D * (config.hidden_size + S * kv)  # queries, then scores
+            cost["elementwise"] = seq_len * kv * S * kv  # adding the offset
+        return cost
 
 
 def build_router(config: LimeConfig, layer_idx: int) -> LimeRouter | None:
     """The router of layer ``layer_idx``, or ``None`` for the LLaMA baseline (``routing="none"``)."""
-    spec = config.routing_spec
-    return ROUTERS[spec.kind](config, layer_idx) if spec.enabled else None
+    router = config.routing_spec.router
+    return None if router is None else router(config, layer_idx)

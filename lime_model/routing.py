@@ -1,39 +1,99 @@
-"""Routing specs: which buffered K/V layers each attention layer of LIMe mixes.
+"""The routing table: which buffered K/V layers each attention layer mixes, and with which router.
 
 Layer ``i`` (0-based) of an L-layer model can read the K/V of layers ``0..i`` (``i`` is its own).
-A spec string names the variant from the paper's ablations; :func:`parse_routing` validates it and
-:meth:`RoutingSpec.sources` gives the exact, ascending source set of each layer.
+A spec string names a variant: a kind from :data:`ROUTINGS`, with ``-<n>`` for the parametric ones.
+:func:`parse_routing` validates it, :meth:`RoutingSpec.sources` gives each layer's exact, ascending
+source set and :attr:`RoutingSpec.router` the router class (:mod:`lime_model.router`) that mixes it.
 
-=================  ============================================================  ==============
-spec               sources of layer i                                             learned weights
-=================  ============================================================  ==============
-``none``           none: plain LLaMA attention, no router module                  --
-``full``           ``0..i``                                                       ``[kv, |S|*kv]``
-``average``        ``0..i``, fixed weights ``1/(i+1)`` on the same head            none
-``first-<j>``      ``0..min(j,i)-1`` plus ``i``                                   ``[kv, |S|*kv]``
-``last-<j>``       ``max(0,i-j+1)..i`` (the j most recent, own included)          ``[kv, |S|*kv]``
-``dilated-<d>``    ``i, i-d, i-2d, ... >= 0`` (own plus every d-th earlier one)   ``[kv, |S|*kv]``
-``no-head-mix``    ``0..i``; head h reads only head h of each source              ``[kv, |S|]``
-``per-dim``        ``0..i``; each source head weighted by a ``head_dim`` vector    ``[kv, |S|*kv, head_dim]``
-``dynamic``        ``0..i``; weights = static ``full`` router + ``W x_t``          ``[kv, |S|*kv]`` + Linear
-=================  ============================================================  ==============
+==================  ============================================================  ===============
+spec                sources of layer i                                             origin
+==================  ============================================================  ===============
+``none``            none: plain LLaMA attention, no router module                  paper (LLaMA)
+``full``            ``0..i``                                                       paper
+``average``         ``0..i``, fixed weights ``1/(i+1)`` on the same head            paper
+``first-<j>``       ``0..min(j,i)-1`` plus ``i``                                   paper
+``last-<j>``        ``max(0,i-j+1)..i`` (the j most recent, own included)          paper
+``dilated-<d>``     ``0, d, 2d, ... < i`` plus ``i`` (multiples of d from layer 0)  paper (App. F/G)
+``dilated-back-<d>`` ``i, i-d, i-2d, ... >= 0`` (counted back from the own layer)   project variant
+``no-head-mix``     ``0..i``; head h reads only head h of each source              paper
+``per-dim``         ``0..i``; each source head weighted by a ``head_dim`` vector    paper
+``dynamic``         ``0..i``; per-token weights, query x learnable keys            paper (App. E)
+==================  ============================================================  ===============
 
-A layer whose only source is itself (always layer 0) has no learned router weights: it attends
-to its own K/V exactly as LLaMA does.
+``dilated-<d>`` keeps layer 0, which the paper's Fig. 5 shows is the most-read source; the project's
+earlier reading, counted back from the own layer, lives on as ``dilated-back-<d>``. Both readings give
+identical sets on layers that are multiples of d and sets of different sizes elsewhere, so a checkpoint
+of one cannot silently load as the other. The learned weights of each kind are described by its router
+class. A layer whose only source is itself (always layer 0) attends to its own K/V exactly as LLaMA does.
+
+Adding a variant: write its router class in :mod:`lime_model.router` and add one entry here.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
-SIMPLE_KINDS = ("none", "full", "average", "no-head-mix", "per-dim", "dynamic")
-_PARAMETRIC = re.compile(r"^(first|last|dilated)-(\d+)$")
+from .router import AverageRouter, DynamicRouter, LimeRouter, NoHeadMixRouter, PerDimRouter
+
+
+def _all(i: int, n: int | None) -> list[int]:
+    return list(range(i + 1))
+
+
+def _first(i: int, j: int) -> list[int]:
+    return list(range(min(j, i))) + [i]
+
+
+def _last(i: int, j: int) -> list[int]:
+    return list(range(max(0, i - j + 1), i + 1))
+
+
+def _dilated(i: int, d: int) -> list[int]:
+    return list(range(0, i, d)) + [i]
+
+
+def _dilated_back(i: int, d: int) -> list[int]:
+    return list(range(i, -1, -d))[::-1]
+
+
+@dataclass(frozen=True)
+class RoutingKind:
+    """One row of the routing table.
+
+    Attributes:
+        sources: ``(layer i, n) -> ascending source layers``, ``i`` last (``n`` is None unless parametric).
+        router: the router class, or None for the LLaMA baseline (no router module).
+        parametric: whether the spec reads ``<kind>-<n>`` with ``n >= 1``.
+    """
+
+    sources: Callable[[int, int | None], list[int]]
+    router: type[LimeRouter] | None
+    parametric: bool = False
+
+
+ROUTINGS: dict[str, RoutingKind] = {
+    "none": RoutingKind(lambda i, n: [i], None),
+    "full": RoutingKind(_all, LimeRouter),
+    "average": RoutingKind(_all, AverageRouter),
+    "first": RoutingKind(_first, LimeRouter, parametric=True),
+    "last": RoutingKind(_last, LimeRouter, parametric=True),
+    "dilated": RoutingKind(_dilated, LimeRouter, parametric=True),
+    "dilated-back": RoutingKind(_dilated_back, LimeRouter, parametric=True),
+    "no-head-mix": RoutingKind(_all, NoHeadMixRouter),
+    "per-dim": RoutingKind(_all, PerDimRouter),
+    "dynamic": RoutingKind(_all, DynamicRouter),
+}
+
+_PARAMETRIC = re.compile(
+    r"^(" + "|".join(re.escape(k) for k, v in ROUTINGS.items() if v.parametric) + r")-(\d+)$"
+)
 
 
 @dataclass(frozen=True)
 class RoutingSpec:
-    """A parsed routing spec: ``kind`` plus ``n`` (j or d) for the parametric kinds."""
+    """A parsed routing spec: ``kind`` (a key of :data:`ROUTINGS`) plus ``n`` for the parametric kinds."""
 
     kind: str
     n: int | None = None
@@ -43,22 +103,23 @@ class RoutingSpec:
 
     @property
     def enabled(self) -> bool:
-        return self.kind != "none"
+        return self.router is not None
+
+    @property
+    def router(self) -> type[LimeRouter] | None:
+        """The router class of this kind (None for ``none``, the LLaMA baseline)."""
+        return ROUTINGS[self.kind].router
+
+    @property
+    def input_dependent(self) -> bool:
+        """Whether the routing weights depend on the token (the router analysis then needs hidden states)."""
+        return self.enabled and self.router.input_dependent
 
     def sources(self, layer_idx: int) -> list[int]:
         """Ascending indices of the layers whose K/V layer ``layer_idx`` mixes (its own is last)."""
-        i = layer_idx
-        if i < 0:
-            raise ValueError(f"layer index must be >= 0, got {i}")
-        if self.kind == "none":
-            return [i]
-        if self.kind == "first":
-            return list(range(min(self.n, i))) + [i]
-        if self.kind == "last":
-            return list(range(max(0, i - self.n + 1), i + 1))
-        if self.kind == "dilated":
-            return list(range(i, -1, -self.n))[::-1]
-        return list(range(i + 1))
+        if layer_idx < 0:
+            raise ValueError(f"layer index must be >= 0, got {layer_idx}")
+        return ROUTINGS[self.kind].sources(layer_idx, self.n)
 
 
 def parse_routing(spec: str | RoutingSpec) -> RoutingSpec:
@@ -72,11 +133,11 @@ def parse_routing(spec: str | RoutingSpec) -> RoutingSpec:
     if not isinstance(spec, str):
         raise ValueError(f"routing spec must be a string, got {type(spec).__name__}")
     text = spec.strip().lower()
-    if text in SIMPLE_KINDS:
+    if text in ROUTINGS and not ROUTINGS[text].parametric:
         return RoutingSpec(text)
     match = _PARAMETRIC.match(text)
     if match is None:
-        kinds = ", ".join([*SIMPLE_KINDS, "first-<j>", "last-<j>", "dilated-<d>"])
+        kinds = ", ".join(f"{k}-<n>" if v.parametric else k for k, v in ROUTINGS.items())
         raise ValueError(f"unknown routing spec {spec!r}; expected one of: {kinds}")
     n = int(match.group(2))
     if n < 1:

@@ -2,21 +2,21 @@
 
 Layer i's router mixes the buffered K/V heads of its source layers S_i (`router.sources`, ascending,
 its own last). Its weights give, for every routed head h, a coefficient for head h' of source layer
-`sources[p]` (column p * kv + h' of `router.weight`). With A[h, p, h'] = |coefficient|:
+`sources[p]`. With A[h, p, h'] = |coefficient| (see below for per-token and per-feature coefficients):
 
 - per head (Figure 9): ``per_head[i, h, sources[p]] = sum_h' A[h, p, h'] / sum_{p, h'} A[h, p, h']``;
 - per layer (Figure 5): ``per_layer[i, sources[p]] = sum_{h, h'} A[h, p, h'] / sum_{h, p, h'} A[h, p, h']``,
   i.e. |R| averaged over heads per buffered layer, then normalised so each row sums to 1.
 
 Entries for layers that are not sources of layer i (above the diagonal, or skipped by first-j, last-j,
-dilated-d) are NaN. How each routing variant defines A:
+dilated-d) are NaN. A is read from the router itself, in the one shape every router exposes
+(`lime_model.router.LimeRouter.coefficients`, C [n, kv, |S|, kv, F]): A = |C| averaged over positions
+n and features F. So no variant is special-cased here:
 
-- full, first-j, last-j, dilated-d: ``|weight|`` reshaped [kv, |S|, kv];
-- no-head-mix: ``weight [kv, |S|]``, head h reads only head h (zeros elsewhere);
-- per-dim: ``weight [kv, |S| * kv, head_dim]``, the mean of |w| over the head_dim vector;
-- average: the fixed uniform 1 / |S| on the same head (no learned weights);
-- dynamic: the coefficients ``weight + proj(x_t)`` depend on the token's attention input x_t, so A is the
-  mean over the given tokens of |weight + proj(x_t)|; `hidden_states` must be given (else ValueError);
+- static routers (full, first-j, last-j, dilated-d, no-head-mix, average) have n = F = 1: A = |C|;
+- per-dim has F = head_dim: A is the mean of |w| over each head's feature vector;
+- input-dependent routers (dynamic) have one C per token of their attention input x_t, so A is the mean
+  over the given tokens of |C(x_t)|; `hidden_states` must be given (else ValueError);
 - a layer whose only source is itself (layer 0) reads its own heads unchanged: A = identity.
 """
 
@@ -28,8 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-STATIC_MATRIX_KINDS = ("full", "first", "last", "dilated")
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ def _layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     return layers
 
 
-def _routing_kind(model: torch.nn.Module) -> tuple[str, str]:
+def _routing_spec(model: torch.nn.Module):
     spec = getattr(model.config, "routing", None)
     if spec is None:
         raise ValueError(
@@ -71,58 +69,40 @@ def _routing_kind(model: torch.nn.Module) -> tuple[str, str]:
     parsed = parse_routing(spec)
     if not parsed.enabled:
         raise ValueError("this model has no routers (routing='none', the LLaMA baseline)")
-    return parsed.kind, str(parsed)
+    return parsed
 
 
-def _check(weight: torch.Tensor, shape: tuple[int, ...], layer: int, kind: str) -> torch.Tensor:
-    if tuple(weight.shape) != shape:
+def _abs_coefficients(router: torch.nn.Module, layer: int, x: torch.Tensor | None) -> torch.Tensor:
+    """A [kv, |S|, kv] for one layer's router: |coefficients| averaged over positions and features."""
+    with torch.inference_mode():
+        c = router.coefficients(x).detach().float()
+    kv, S = router.num_kv_heads, len(router.sources)
+    if c.ndim != 5 or tuple(c.shape[1:4]) != (kv, S, kv):
         raise ValueError(
-            f"layer {layer}: {kind} router weight has shape {tuple(weight.shape)}, expected {shape}"
+            f"layer {layer}: router coefficients have shape {tuple(c.shape)}, expected (n, {kv}, {S}, {kv}, F)"
         )
-    return weight.detach().float().abs()
-
-
-def _abs_coefficients(
-    router: torch.nn.Module, kind: str, kv: int, layer: int, x: torch.Tensor | None
-) -> torch.Tensor:
-    """A [kv, |S|, kv] for one layer's router (see the module docstring)."""
-    S = len(router.sources)
-    if S == 1:
-        return torch.eye(kv).unsqueeze(1)
-    if kind == "average":
-        return torch.eye(kv).unsqueeze(1).expand(kv, S, kv) / S
-    if kind in STATIC_MATRIX_KINDS:
-        return _check(router.weight, (kv, S * kv), layer, kind).view(kv, S, kv)
-    if kind == "no-head-mix":
-        w = _check(router.weight, (kv, S), layer, kind)
-        return w.unsqueeze(-1) * torch.eye(kv).unsqueeze(1)
-    if kind == "per-dim":
-        w = _check(router.weight, (kv, S * kv, router.weight.shape[-1]), layer, kind)
-        return w.mean(-1).view(kv, S, kv)
-    if kind == "dynamic":
-        weight = router.weight.detach().float()
-        _check(weight, (kv, S * kv), layer, kind)
-        with torch.inference_mode():
-            delta = router.proj(x.to(router.proj.weight.dtype)).float().view(-1, kv, S * kv)
-        return (weight + delta).abs().mean(0).view(kv, S, kv)
-    raise ValueError(f"layer {layer}: router analysis does not know routing kind {kind!r}")
+    return c.abs().mean(dim=(0, 4))
 
 
 def _router_inputs(
-    layer: torch.nn.Module, i: int, hidden_states: Mapping[int, torch.Tensor] | Sequence[torch.Tensor] | None
+    layer: torch.nn.Module,
+    i: int,
+    hidden_states: Mapping[int, torch.Tensor] | Sequence[torch.Tensor],
+    spec: str,
 ) -> torch.Tensor:
-    """The dynamic router's input for layer i: input_layernorm of the residual stream entering it, (n, hidden)."""
+    """An input-dependent router's input for layer i: input_layernorm of the residual stream entering it,
+    (n, hidden)."""
     try:
         h = hidden_states[i]
     except (KeyError, IndexError):
-        raise ValueError(f"routing 'dynamic': hidden_states has no entry for layer {i}") from None
+        raise ValueError(f"routing {spec!r}: hidden_states has no entry for layer {i}") from None
     h = torch.as_tensor(h)
     if h.ndim != 2 or h.shape[0] == 0:
         raise ValueError(
-            f"routing 'dynamic': hidden_states[{i}] must have shape (n_tokens, hidden), got {tuple(h.shape)}"
+            f"routing {spec!r}: hidden_states[{i}] must have shape (n_tokens, hidden), got {tuple(h.shape)}"
         )
     if not bool(torch.isfinite(h).all()):
-        raise ValueError(f"routing 'dynamic': hidden_states[{i}] contains NaN or Inf")
+        raise ValueError(f"routing {spec!r}: hidden_states[{i}] contains NaN or Inf")
     norm = layer.input_layernorm
     with torch.inference_mode():
         return norm(h.to(device=norm.weight.device, dtype=norm.weight.dtype))
@@ -133,16 +113,16 @@ def router_weights(
 ) -> RouterAnalysis:
     """Normalised |router weights| of a LIMe model (or its nnsight wrapper) -> `RouterAnalysis`.
 
-    hidden_states: only for routing "dynamic" (ignored otherwise): per layer i, the residual stream
+    hidden_states: only for input-dependent routing ("dynamic"; ignored otherwise): per layer i, the residual stream
     entering layer i for some tokens, (n_tokens, hidden_size); that is the extraction site "hidden" at
     index i (`acts["hidden"][i]`). The layer's input_layernorm is applied here to get the router's input.
     """
     module = unwrap_model(model)
-    kind, spec = _routing_kind(module)
+    spec = _routing_spec(module)
     layers = _layers(module)
-    if kind == "dynamic" and hidden_states is None:
+    if spec.input_dependent and hidden_states is None:
         raise ValueError(
-            "routing 'dynamic' is input-dependent: pass hidden_states (the residual stream entering each layer, "
+            f"routing {str(spec)!r} is input-dependent: pass hidden_states (the residual stream entering each layer, "
             "e.g. acts['hidden']) to average its router weights over those tokens"
         )
     L = len(layers)
@@ -153,14 +133,18 @@ def router_weights(
     for i, layer in enumerate(layers):
         router = getattr(layer.self_attn, "router", None)
         if router is None:
-            raise ValueError(f"layer {i} has no self_attn.router although routing is {spec!r}")
+            raise ValueError(f"layer {i} has no self_attn.router although routing is {str(spec)!r}")
         src = list(router.sources)
-        x = _router_inputs(layer, i, hidden_states) if kind == "dynamic" and len(src) > 1 else None
-        A = _abs_coefficients(router, kind, kv, i, x).double()  # [kv, |S|, kv]
+        x = (
+            _router_inputs(layer, i, hidden_states, str(spec))
+            if router.input_dependent and len(src) > 1
+            else None
+        )
+        A = _abs_coefficients(router, i, x).double()  # [kv, |S|, kv]
         head = A.sum(-1)  # [kv, |S|]
         if not bool((head.sum(-1) > 0).all()):
             raise ValueError(f"layer {i}: a head's router weights are all zero, so they cannot be normalised")
         per_head[i][:, src] = (head / head.sum(-1, keepdim=True)).numpy()
         per_layer[i, src] = (head.sum(0) / head.sum()).numpy()
         sources.append(src)
-    return RouterAnalysis(per_layer=per_layer, per_head=per_head, sources=sources, routing=spec)
+    return RouterAnalysis(per_layer=per_layer, per_head=per_head, sources=sources, routing=str(spec))

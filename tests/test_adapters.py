@@ -127,6 +127,10 @@ def test_bert_matches_hooks(tok):
 def test_lime_routed_sites_match_router_hooks(tok, routing):
     pytest.importorskip("lime_model")
     model = tiny_model("lime", tok, routing=routing, num_hidden_layers=3)
+    if routing == "dynamic":  # starts as LLaMA (zero keys): give it keys so that it mixes
+        with torch.no_grad():
+            for layer in model.model.layers[1:]:
+                layer.self_attn.router.keys.normal_()
     hooks = {"last_block": ("model.layers.2", out_of)}
     for i in range(3):
         hooks[f"keys{i}"] = (f"model.layers.{i}.self_attn.k_proj", out_of)

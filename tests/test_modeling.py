@@ -16,6 +16,7 @@ VARIANTS = [
     "first-2",
     "last-2",
     "dilated-2",
+    "dilated-back-2",
     "no-head-mix",
     "per-dim",
     "dynamic",
@@ -27,30 +28,32 @@ def make(routing: str, kv: int = 2, seed: int = 0, **kw) -> LimeForCausalLM:
     torch.manual_seed(seed)
     cfg = LimeConfig(routing=routing, num_key_value_heads=kv, **{**SIZES, **kw})
     model = LimeForCausalLM(cfg).eval()
-    with torch.no_grad():  # non-trivial norms and dynamic projections, so nothing hides behind init
+    with torch.no_grad():  # non-trivial norms and dynamic routers, so nothing hides behind init
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("proj.weight") and ".router." in name:
+            if "norm" in name or ".router." in name and routing == "dynamic":
                 p.add_(0.1 * torch.randn_like(p))
     return model
 
 
 # ---------------------------------------------------------------- reference: Eq. 4 as a loop
-def route_coef(router, layer_idx, h, p, h2, x, kv):
-    """Weight of head h2 of source p in routed head h, broadcastable to (B, T, head_dim)."""
-    spec = router.config_spec
-    S = len(router.sources)
-    if router.weight is None and spec.kind != "average":
-        return torch.tensor(float(h == h2))
-    if spec.kind == "average":
-        return torch.tensor((h == h2) / S)
-    if spec.kind == "no-head-mix":
-        return router.weight[h, p] * (h == h2)
-    if spec.kind == "per-dim":
-        return router.weight[h, p * kv + h2]  # (head_dim,)
-    if spec.kind == "dynamic":
-        delta = (x @ router.proj.weight.T).view(*x.shape[:2], kv, S * kv)
-        return (router.weight[h, p * kv + h2] + delta[:, :, h, p * kv + h2])[..., None]
-    return router.weight[h, p * kv + h2]
+def documented_coef(router, x, h, p, h2):
+    """Coefficient of head h2 of source p in routed head h from ``router.coefficients`` (any variant),
+    broadcastable to (B, T, head_dim)."""
+    c = router.coefficients(x)  # [n, kv, S, kv, F]
+    return c[0, h, p, h2] if c.shape[0] == 1 else c[:, h, p, h2].view(*x.shape[:2], -1)
+
+
+def appendix_e_coef(router, x, h, p, h2):
+    """Appendix E written out per position: offset + (query of head h from x_t) . (key of source p, head h2)."""
+    kv, D = router.num_kv_heads, router.head_dim
+    B, T, _ = x.shape
+    key = router.keys[p * kv + h2]
+    per_token = []
+    for b in range(B):
+        for t in range(T):
+            query = router.query[h * D : (h + 1) * D] @ x[b, t]
+            per_token.append(router.weight[h, p * kv + h2] + sum(query[r] * key[r] for r in range(D)))
+    return torch.stack(per_token).view(B, T, 1)
 
 
 def rope(x, cos, sin):  # x (B, T, n, D); cos/sin (1, T, D)
@@ -59,7 +62,7 @@ def rope(x, cos, sin):  # x (B, T, n, D); cos/sin (1, T, D)
     return x * cos[:, :, None] + rotated * sin[:, :, None]
 
 
-def reference_logits(model: LimeForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+def reference_logits(model: LimeForCausalLM, ids: torch.Tensor, coef=documented_coef) -> torch.Tensor:
     cfg = model.config
     H, kv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     B, T = ids.shape
@@ -76,13 +79,12 @@ def reference_logits(model: LimeForCausalLM, ids: torch.Tensor) -> torch.Tensor:
         if attn.router is None:
             k, v = raw_k[i], raw_v[i]
         else:
-            attn.router.config_spec = cfg.routing_spec
             ks, vs = [], []
             for head in range(kv):
                 kh = vh = 0
                 for p, j in enumerate(attn.router.sources):
                     for h2 in range(kv):
-                        c = route_coef(attn.router, i, head, p, h2, x, kv)
+                        c = coef(attn.router, x, head, p, h2) if len(attn.router.sources) > 1 else h2 == head
                         kh = kh + c * raw_k[j][:, :, h2]
                         vh = vh + c * raw_v[j][:, :, h2]
                 ks.append(kh)
@@ -98,13 +100,10 @@ def reference_logits(model: LimeForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     return model.lm_head(model.model.norm(h))
 
 
-@pytest.mark.parametrize("routing", ["none", *VARIANTS])
-@pytest.mark.parametrize("kv", [2, 4])
-def test_forward_and_gradients_match_eq4_loop(routing, kv):
-    model = make(routing, kv=kv)
+def assert_forward_and_gradients_match(model, ref_fn):
     ids = torch.randint(0, 50, (2, 7))
     logits = model(ids).logits
-    ref = reference_logits(model, ids)
+    ref = ref_fn(model, ids)
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
 
     target = torch.randn_like(logits)
@@ -114,6 +113,56 @@ def test_forward_and_gradients_match_eq4_loop(routing, kv):
         torch.testing.assert_close(
             g, r if r is not None else torch.zeros_like(g), atol=1e-5, rtol=1e-4, msg=name
         )
+
+
+@pytest.mark.parametrize("routing", ["none", *VARIANTS])
+@pytest.mark.parametrize("kv", [2, 4])
+def test_forward_and_gradients_match_eq4_loop(routing, kv):
+    """The buffered routed read computes exactly the mix that the router's coefficients describe."""
+    assert_forward_and_gradients_match(make(routing, kv=kv), reference_logits)
+
+
+@pytest.mark.parametrize("kv", [2, 4])
+def test_dynamic_routing_matches_appendix_e_loop(kv):
+    model = make("dynamic", kv=kv)
+    assert_forward_and_gradients_match(model, lambda m, ids: reference_logits(m, ids, appendix_e_coef))
+
+
+def definition(router, kind: str, x, h: int, p: int, h2: int) -> torch.Tensor:
+    """Each variant's coefficient written from its definition (routing.py's table), per (h, p, h2)."""
+    S, kv = len(router.sources), router.num_kv_heads
+    if kind == "average":
+        return torch.tensor([(h == h2) / S]).view(1, 1)
+    if kind == "no-head-mix":
+        return (router.weight[h, p] * (h == h2)).view(1, 1)
+    if kind == "per-dim":
+        return router.weight[h, p * kv + h2].view(1, -1)
+    if kind == "dynamic":
+        return appendix_e_coef(router, x, h, p, h2).view(-1, 1)
+    return router.weight[h, p * kv + h2].view(1, 1)
+
+
+@pytest.mark.parametrize("routing", VARIANTS)
+def test_coefficients_follow_each_variants_definition(routing):
+    model = make(routing, kv=2)
+    kind = parse_routing(routing).kind
+    x = torch.randn(2, 3, SIZES["hidden_size"])
+    for i, layer in enumerate(model.model.layers):
+        router = layer.self_attn.router
+        S = len(router.sources)
+        c = router.coefficients(x).detach()
+        n = 6 if router.input_dependent and S > 1 else 1
+        F = router.head_dim if kind == "per-dim" and S > 1 else 1
+        assert c.shape == (n, 2, S, 2, F), (i, c.shape)
+        for h in range(2):
+            for p in range(S):
+                for h2 in range(2):
+                    want = (
+                        definition(router, kind, x, h, p, h2).detach()
+                        if S > 1
+                        else torch.tensor([[float(h == h2)]])
+                    )
+                    torch.testing.assert_close(c[:, h, p, h2], want.expand(n, F), msg=f"{i} {h} {p} {h2}")
 
 
 @pytest.mark.parametrize("kv", [2, 4])
@@ -130,7 +179,7 @@ def test_routing_none_equals_transformers_llama(kv):
 
 
 @pytest.mark.parametrize(
-    "routing", ["full", "first-1", "last-2", "dilated-2", "per-dim", "no-head-mix", "dynamic"]
+    "routing", ["full", "first-1", "last-2", "dilated-2", "dilated-back-2", "per-dim", "no-head-mix"]
 )
 def test_identity_routers_equal_llama(routing):
     lime = make(routing)
@@ -146,10 +195,22 @@ def test_identity_routers_equal_llama(routing):
                 router.weight[:, -1] = 1.0
             else:
                 router.weight[:, -2:][torch.arange(2), torch.arange(2)] = 1.0
-            if routing == "dynamic":
-                router.proj.weight.zero_()
     ids = torch.randint(0, 50, (2, 8))
     torch.testing.assert_close(lime(ids).logits, llama(ids).logits)
+
+
+@pytest.mark.parametrize("kv", [1, 2])
+def test_initial_dynamic_model_equals_llama(kv):
+    """Freshly built (no edits), the dynamic router reads exactly the own heads: the model is LLaMA."""
+    torch.manual_seed(3)
+    lime = LimeForCausalLM(LimeConfig(routing="dynamic", num_key_value_heads=kv, **SIZES)).eval()
+    llama = LimeForCausalLM(LimeConfig(routing="none", num_key_value_heads=kv, **SIZES)).eval()
+    llama.load_state_dict({k: v for k, v in lime.state_dict().items() if ".router." not in k})
+    ids = torch.randint(0, 50, (2, 8))
+    assert torch.equal(lime(ids).logits, llama(ids).logits)
+    # and learning starts: the keys get a gradient at the first step
+    lime(ids).logits.square().mean().backward()
+    assert all(layer.self_attn.router.keys.grad.abs().sum() > 0 for layer in lime.model.layers[1:])
 
 
 def test_gradients_reach_routers_and_earlier_kv_projections():
@@ -168,7 +229,7 @@ def test_gradients_reach_routers_and_earlier_kv_projections():
         assert layer.self_attn.v_proj.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("routing", ["full", "last-2", "dilated-2", "per-dim"])
+@pytest.mark.parametrize("routing", ["full", "last-2", "dilated-2", "per-dim", "dynamic"])
 def test_second_backward_over_retained_graph_doubles_gradients(routing):
     model = make(routing)
     loss = model(torch.randint(0, 50, (2, 6))).logits.square().mean()
@@ -193,6 +254,25 @@ def test_router_layout_and_init():
     assert names == [f"model.layers.{i}.self_attn.router.weight" for i in range(1, 4)]
 
 
+def paper_dilated(d: int, i: int) -> list[int]:
+    """App. F/G: layer i reads the layers at multiples of d counted from layer 0 (below i), and itself."""
+    return sorted({j for j in range(i) if j % d == 0} | {i})
+
+
+def counted_back(d: int, i: int) -> list[int]:
+    """Project variant dilated-back-d: own layer and every d-th below it."""
+    return sorted(j for j in range(i + 1) if (i - j) % d == 0)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 8, 16])
+def test_dilated_is_the_papers_set(d):
+    for i in range(130):
+        assert parse_routing(f"dilated-{d}").sources(i) == paper_dilated(d, i)
+        assert parse_routing(f"dilated-back-{d}").sources(i) == counted_back(d, i)
+    # at 128 layers with d = 8 every layer reads layer 0, which counting back would miss for 7 in 8 layers
+    assert all(parse_routing("dilated-8").sources(i)[0] == 0 for i in range(128))
+
+
 @pytest.mark.parametrize(
     ("spec", "layer", "expected"),
     [
@@ -203,9 +283,13 @@ def test_router_layout_and_init():
         ("first-4", 0, [0]),
         ("last-3", 5, [3, 4, 5]),
         ("last-3", 1, [0, 1]),
-        ("dilated-2", 5, [1, 3, 5]),
-        ("dilated-3", 7, [1, 4, 7]),
-        ("dilated-8", 7, [7]),
+        ("dilated-2", 5, [0, 2, 4, 5]),
+        ("dilated-3", 7, [0, 3, 6, 7]),
+        ("dilated-8", 7, [0, 7]),
+        ("dilated-8", 16, [0, 8, 16]),
+        ("dilated-8", 0, [0]),
+        ("dilated-back-2", 5, [1, 3, 5]),
+        ("dilated-back-8", 7, [7]),
         ("no-head-mix", 2, [0, 1, 2]),
         ("per-dim", 1, [0, 1]),
         ("dynamic", 3, [0, 1, 2, 3]),
@@ -226,9 +310,14 @@ def test_router_shapes_follow_source_sets():
     assert make("no-head-mix").model.layers[3].self_attn.router.weight.shape == (2, 4)
     assert make("per-dim").model.layers[2].self_attn.router.weight.shape == (2, 6, 8)
     assert list(make("average").model.layers[3].self_attn.router.parameters()) == []
+    dynamic = make("dynamic").model.layers[2].self_attn.router  # S = 3 sources, kv = 2, head_dim = 8
+    shapes = {n: tuple(p.shape) for n, p in dynamic.named_parameters()}
+    assert shapes == {"weight": (2, 6), "query": (2 * 8, 32), "keys": (6, 8)}
 
 
-@pytest.mark.parametrize("bad", ["fulll", "first-0", "last-", "dilated-x", "first2", "", "per dim"])
+@pytest.mark.parametrize(
+    "bad", ["fulll", "first-0", "last-", "dilated-x", "first2", "", "per dim", "dilated-back", "full-2"]
+)
 def test_bad_routing_specs_are_rejected(bad):
     with pytest.raises(ValueError, match="routing spec"):
         LimeConfig(routing=bad)

@@ -1,4 +1,7 @@
-"""Router analysis against a plain loop over the documented column layout, on real tiny LIMe models."""
+"""Router analysis against a plain loop over the routers' documented coefficients, on real tiny LIMe models.
+
+Each variant's coefficients against its own definition are checked in test_modeling.py.
+"""
 
 import numpy as np
 import pytest
@@ -8,7 +11,17 @@ import lime_model
 from lime_probe.router import router_weights
 
 KV = 2
-VARIANTS = ["full", "first-1", "last-2", "dilated-2", "no-head-mix", "per-dim", "average", "dynamic"]
+VARIANTS = [
+    "full",
+    "first-1",
+    "last-2",
+    "dilated-2",
+    "dilated-back-2",
+    "no-head-mix",
+    "per-dim",
+    "average",
+    "dynamic",
+]
 
 
 def tiny_lime(routing: str, layers: int = 4, seed: int = 0) -> lime_model.LimeForCausalLM:
@@ -24,39 +37,24 @@ def tiny_lime(routing: str, layers: int = 4, seed: int = 0) -> lime_model.LimeFo
         max_position_embeddings=64,
     )
     model = lime_model.LimeForCausalLM(config).eval()
-    with torch.no_grad():  # trained-looking weights: no exact identity blocks, non-zero dynamic projection
-        for layer in model.model.layers:
-            router = layer.self_attn.router
-            if getattr(router, "weight", None) is not None:
-                router.weight.normal_()
-            if hasattr(router, "proj"):
-                router.proj.weight.normal_(std=0.3)
+    with torch.no_grad():  # trained-looking weights: no exact identity blocks, non-zero dynamic keys
+        for name, p in model.named_parameters():
+            if ".router." in name:
+                p.normal_(std=0.3 if name.endswith(("query", "keys")) else 1.0)
     return model
 
 
-def coefficient(model, kind: str, i: int, h: int, p: int, h2: int, token_x=None) -> float:
-    """|weight of head h2 of source p for routed head h| straight from the documented layout."""
+def coefficient(model, i: int, h: int, p: int, h2: int, token_x=None) -> float:
+    """Mean over positions and features of |coefficient of head h2 of source p in routed head h|, read
+    element by element from the router's documented [n, kv, S, kv, F] coefficients."""
     router = model.model.layers[i].self_attn.router
-    S = len(router.sources)
-    if S == 1:
-        return float(h == h2)
-    if kind == "average":
-        return (1.0 / S) * (h == h2)
-    if kind == "no-head-mix":
-        return abs(float(router.weight[h, p])) * (h == h2)
-    if kind == "per-dim":
-        vec = router.weight[h, p * KV + h2]
-        return float(sum(abs(float(v)) for v in vec) / len(vec))
-    if kind == "dynamic":  # mean over tokens of |W + proj(x_t)| at (h, p*kv+h2), written per token
-        col = p * KV + h2
-        flat = router.proj.weight.view(KV, S * KV, -1)[h, col]
-        vals = [abs(float(router.weight[h, col]) + float(flat @ x)) for x in token_x]
-        return sum(vals) / len(vals)
-    return abs(float(router.weight[h, p * KV + h2]))
+    c = router.coefficients(token_x)
+    vals = [abs(float(v)) for m in range(c.shape[0]) for v in c[m, h, p, h2]]
+    return sum(vals) / len(vals)
 
 
 @torch.no_grad()
-def reference(model, kind: str, router_inputs=None):
+def reference(model, router_inputs=None):
     L = model.config.num_hidden_layers
     per_layer = np.full((L, L), np.nan)
     per_head = np.full((L, KV, L), np.nan)
@@ -64,7 +62,7 @@ def reference(model, kind: str, router_inputs=None):
         src = model.model.layers[i].self_attn.router.sources
         x = None if router_inputs is None else router_inputs[i]
         c = [
-            [[coefficient(model, kind, i, h, p, h2, x) for h2 in range(KV)] for p in range(len(src))]
+            [[coefficient(model, i, h, p, h2, x) for h2 in range(KV)] for p in range(len(src))]
             for h in range(KV)
         ]
         total = sum(c[h][p][h2] for h in range(KV) for p in range(len(src)) for h2 in range(KV))
@@ -94,15 +92,14 @@ def capture_router_inputs(model, ids):
 @pytest.mark.parametrize("routing", VARIANTS)
 def test_matches_documented_layout(routing):
     model = tiny_lime(routing)
-    kind = lime_model.parse_routing(routing).kind
     hidden = None
     router_inputs = None
-    if kind == "dynamic":
+    if lime_model.parse_routing(routing).input_dependent:
         ids = torch.randint(0, 40, (2, 5))
         router_inputs, hs = capture_router_inputs(model, ids)
         hidden = {i: hs[i].reshape(-1, hs[i].shape[-1]) for i in range(model.config.num_hidden_layers)}
     res = router_weights(model, hidden_states=hidden)
-    want_layer, want_head = reference(model, kind, router_inputs)
+    want_layer, want_head = reference(model, router_inputs)
     np.testing.assert_allclose(res.per_layer, want_layer, rtol=1e-5, atol=1e-6, equal_nan=True)
     np.testing.assert_allclose(res.per_head, want_head, rtol=1e-5, atol=1e-6, equal_nan=True)
     L = model.config.num_hidden_layers
@@ -119,8 +116,11 @@ def test_known_answers():
     res = router_weights(tiny_lime("average", layers=3))
     np.testing.assert_allclose(res.per_layer[0], [1.0, np.nan, np.nan], equal_nan=True)
     np.testing.assert_allclose(res.per_layer[2], [1 / 3] * 3)
-    # dilated-2 at layer 3 reads layers 1 and 3 only.
+    # dilated-2 at layer 3 reads layers 0, 2 and 3 only (dilated-back-2: 1 and 3).
     res = router_weights(tiny_lime("dilated-2"))
+    assert res.sources[3] == [0, 2, 3]
+    assert np.isnan(res.per_layer[3, 1])
+    res = router_weights(tiny_lime("dilated-back-2"))
     assert res.sources[3] == [1, 3]
     assert np.isnan(res.per_layer[3, [0, 2]]).all()
     # A router that is the identity on its own heads puts all mass on its own layer.
@@ -130,6 +130,39 @@ def test_known_answers():
             torch.cat([torch.zeros(KV, KV), torch.eye(KV)], 1)
         )
     np.testing.assert_allclose(router_weights(model).per_layer[1], [0.0, 1.0])
+
+
+def test_a_new_variant_is_one_router_class_plus_one_table_row(monkeypatch):
+    """A toy variant (first and own layer, negated static weights) works end to end: model, FLOPs, analysis."""
+    from lime_model.flops import flops_breakdown
+    from lime_model.router import LimeRouter
+    from lime_model.routing import ROUTINGS, RoutingKind
+
+    class NegatedRouter(LimeRouter):
+        def coefficients(self, hidden_states=None):
+            return super().coefficients(hidden_states) * (-1 if self.weight is not None else 1)
+
+    monkeypatch.setitem(ROUTINGS, "toy", RoutingKind(lambda i, n: sorted({0, i}), NegatedRouter))
+    model = tiny_lime("toy")
+    assert [r.self_attn.router.sources for r in model.model.layers] == [[0], [0, 1], [0, 2], [0, 3]]
+    res = router_weights(model)
+    np.testing.assert_allclose(res.per_layer, reference(model)[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+    flops = flops_breakdown(model.config, 5)["router"]
+    assert flops == 3 * 2 * 5 * KV * 2 * KV * model.config.head_dim  # 3 routed layers, 2 sources each
+    # the forward pass mixes with the negated weights, written out per routed head
+    from lime_model.kv_buffer import KVBuffer
+
+    router, D = model.model.layers[1].self_attn.router, model.config.head_dim
+    k0, v0, k1, v1 = (torch.randn(1, 5, KV * D) for _ in range(4))
+    buffer = KVBuffer(4, KV, D)
+    buffer.write(0, k0, v0)
+    with torch.no_grad():
+        routed_k, _ = router(buffer, torch.zeros(1, 5, 32), k1, v1)
+    w = router.weight.detach().view(KV, 2, KV)
+    heads = [k0.view(1, 5, KV, D), k1.view(1, 5, KV, D)]
+    for h in range(KV):
+        want = -sum(w[h, p, g] * heads[p][0, :, g] for p in range(2) for g in range(KV))
+        torch.testing.assert_close(routed_k[0, h], want)
 
 
 def test_bad_input():
