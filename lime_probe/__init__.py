@@ -27,6 +27,7 @@ _EXPORTS = {
     "layer_entropy": "entropy",
     "layer_entropies": "entropy",
     "EntropyAccumulator": "entropy",
+    "stream_entropy": "entropy",
     "EntropyConfig": "entropy",
     "EntropyResult": "entropy",
     "FeatureMoments": "entropy",
