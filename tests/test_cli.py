@@ -13,9 +13,10 @@ import pytest
 from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
 from lime_probe import cli
-from lime_probe.pipelines import DEFAULT_WORDS
+from lime_probe.analyses import ANALYSES
+from lime_probe.sites import DEFAULT_WORDS
 
-COMMANDS = ["entropy", "separability", "tsne", "blimp", "cka", "router", "report", "demo"]
+COMMANDS = [*ANALYSES, "report", "demo"]
 TEXTS = CORPUS
 DOCS = TEXTS * 3  # every probed word occurs at least 5 times
 
