@@ -33,9 +33,28 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from lime_probe.analyses import ANALYSES, Checkpoint, Result, Spec, labels_for, load_checkpoints
-
 PROG = "lime-probe"
+
+
+def _exit_interrupted(signum, frame) -> None:
+    """Ctrl-C while the program's own modules are still importing: nothing to clean up yet."""
+    sys.stderr.write(f"{PROG}: interrupted\n")
+    os._exit(130)
+
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == PROG:  # run as the program, not imported
+    signal.signal(signal.SIGINT, _exit_interrupted)  # until main() takes over
+
+from lime_probe.analyses import (  # noqa: E402  (after the Ctrl-C handler above)
+    ANALYSES,
+    Checkpoint,
+    Result,
+    Spec,
+    labels_for,
+    load_checkpoints,
+    named_checkpoints,
+)
+
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
 # one: the library raises ValueError for a wrong name, so a KeyError is a bug.
 BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
@@ -176,10 +195,7 @@ def _meta(command: str, args, cks: Sequence[Checkpoint]) -> dict:
 def _checkpoints(spec: Spec, args) -> list[Checkpoint]:
     """The checkpoints of ``args``: loaded, or only named for analyses that read their run folders."""
     if spec.data_kind == "none":
-        return [
-            Checkpoint(lb, c, None, None)
-            for lb, c in zip(labels_for(args.ckpt, args.label), args.ckpt, strict=True)
-        ]
+        return named_checkpoints(args.ckpt, args.label)
     return load_checkpoints(args.ckpt, args.label, args.device)
 
 
@@ -472,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, run the command, map errors to exit codes (see module doc)."""
     try:
+        signal.signal(
+            signal.SIGINT, signal.default_int_handler
+        )  # Ctrl-C raises KeyboardInterrupt from here on
         return _main(argv)
     except KeyboardInterrupt:  # before the command started, or while reporting how it ended
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -16,7 +16,7 @@ plotting library.
 from __future__ import annotations
 
 from . import blimp, cka, entropy, router, separability, training, tsne
-from .base import Checkpoint, Result, Spec, labels_for, load_checkpoints
+from .base import Checkpoint, Result, Spec, labels_for, load_checkpoints, named_checkpoints
 
 ANALYSES: dict[str, Spec] = {
     s.name: s
@@ -32,4 +32,4 @@ ANALYSES: dict[str, Spec] = {
     )
 }
 
-__all__ = ["ANALYSES", "Checkpoint", "Result", "Spec", "labels_for", "load_checkpoints"]
+__all__ = ["ANALYSES", "Checkpoint", "Result", "Spec", "labels_for", "load_checkpoints", "named_checkpoints"]

@@ -60,6 +60,12 @@ def labels_for(ckpts: Sequence[str], labels: Sequence[str] | None) -> list[str]:
     return out
 
 
+def named_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None) -> list[Checkpoint]:
+    """The checkpoints named but not loaded (model and tokenizer None), for analyses that read only their
+    run folders (``data_kind="none"``)."""
+    return [Checkpoint(lb, c, None, None) for lb, c in zip(labels_for(ckpts, labels), ckpts, strict=True)]
+
+
 def load_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None, device: str) -> list[Checkpoint]:
     """Load every checkpoint with ``lime_probe.load`` (errors name the offending path)."""
     names = labels_for(ckpts, labels)

@@ -36,8 +36,9 @@ def _is_causal_lm(ck: Checkpoint) -> bool:
 
 
 def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | None) -> Result:
-    """Per model and paradigm (at most ``p.max_pairs`` pairs): probe accuracy per layer (rows), the best
-    layer and the minimal-pair accuracy (summary). ``data`` is a ``load_blimp`` dataset."""
+    """Per model and paradigm (``p.paradigms``, default all in ``data``; at most ``p.max_pairs`` pairs each):
+    probe accuracy per layer (rows), the best layer and the minimal-pair accuracy (summary). ``data`` is a
+    ``load_blimp`` dataset."""
     import numpy as np
 
     from lime_probe.blimp import blimp_probe, score_minimal_pairs
@@ -45,7 +46,10 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     from .base import extract_site
 
     uids = np.asarray(data["UID"], dtype=object)
-    paradigms = sorted(set(uids))
+    paradigms = sorted(set(uids) if p.paradigms is None else set(p.paradigms))
+    missing = sorted(set(paradigms) - set(uids))
+    if missing:
+        raise ValueError(f"paradigms {missing} are not in the BLiMP data")
     rows, summary, extra = [], [], {}
     for ck in cks:
         scores = None
