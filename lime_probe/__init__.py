@@ -14,7 +14,22 @@ analysis code records these for LIMe).
 Names are imported on first use, so ``import lime_probe`` (and ``lime-probe --help``) stays cheap.
 """
 
+import os
+import signal
+import sys
 from importlib import import_module
+
+
+def _exit_interrupted(signum, frame) -> None:
+    """Ctrl-C while the program is still importing, before ``cli.main`` takes over: nothing to clean up."""
+    sys.stderr.write("lime-probe: interrupted\n")
+    os._exit(130)
+
+
+# Run as the program (the console script or ``python -m lime_probe.cli``), not imported by a library user.
+_ARGV = sys.orig_argv
+if os.path.basename(sys.argv[0]) == "lime-probe" or ("-m", "lime_probe.cli") in zip(_ARGV, _ARGV[1:]):
+    signal.signal(signal.SIGINT, _exit_interrupted)
 
 _EXPORTS = {
     "load": "loading",

@@ -33,19 +33,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-PROG = "lime-probe"
-
-
-def _exit_interrupted(signum, frame) -> None:
-    """Ctrl-C while the program's own modules are still importing: nothing to clean up yet."""
-    sys.stderr.write(f"{PROG}: interrupted\n")
-    os._exit(130)
-
-
-if __name__ == "__main__" or os.path.basename(sys.argv[0]) == PROG:  # run as the program, not imported
-    signal.signal(signal.SIGINT, _exit_interrupted)  # until main() takes over
-
-from lime_probe.analyses import (  # noqa: E402  (after the Ctrl-C handler above)
+from lime_probe.analyses import (
     ANALYSES,
     Checkpoint,
     Result,
@@ -55,6 +43,7 @@ from lime_probe.analyses import (  # noqa: E402  (after the Ctrl-C handler above
     named_checkpoints,
 )
 
+PROG = "lime-probe"
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
 # one: the library raises ValueError for a wrong name, so a KeyError is a bug.
 BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
