@@ -231,6 +231,19 @@ def _as_sequences(seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> l
     return out
 
 
+def _groups(seqs: list[torch.Tensor]) -> Iterable[list[int]]:
+    """Consecutive runs of sequence indices holding at most `_CHUNK_NUMEL` numbers (or one sequence)."""
+    group, numel = [], 0
+    for i, z in enumerate(seqs):
+        if group and numel + z.numel() > _CHUNK_NUMEL:
+            yield group
+            group, numel = [], 0
+        group.append(i)
+        numel += z.numel()
+    if group:
+        yield group
+
+
 def _batches(seqs: list[torch.Tensor]) -> Iterable[tuple[list[int], torch.Tensor]]:
     """Groups of equal-length sequences of bounded size: (indices, Z (b, t, d) float64), NaN/Inf checked.
 
@@ -365,11 +378,14 @@ def stream_entropy(
     if config.normalize == "zscore":
         moments, seen = FeatureMoments(), 0
         for seqs in chunks():
-            for z in _as_sequences(seqs):
-                if not bool(torch.isfinite(z).all()):
-                    raise ValueError(f"sequence {seen}: contains NaN or Inf")
-                moments.update(z)
-                seen += 1
+            seqs = _as_sequences(seqs)
+            for group in _groups(seqs):  # one update per group: few small torch calls for short sequences
+                rows = torch.cat([seqs[i] for i in group])
+                if not bool(torch.isfinite(rows).all()):
+                    bad = next(i for i in group if not bool(torch.isfinite(seqs[i]).all()))
+                    raise ValueError(f"sequence {seen + bad}: contains NaN or Inf")
+                moments.update(rows)
+            seen += len(seqs)
     acc = EntropyAccumulator(config, feature_stats=moments, ci_level=ci_level, n_boot=n_boot, seed=seed)
     for seqs in chunks():
         acc.update(seqs)
