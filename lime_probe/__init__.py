@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from importlib import import_module
+from itertools import pairwise
 
 
 def _exit_interrupted(signum, frame) -> None:
@@ -27,8 +28,7 @@ def _exit_interrupted(signum, frame) -> None:
 
 
 # Run as the program (the console script or ``python -m lime_probe.cli``), not imported by a library user.
-_ARGV = sys.orig_argv
-if os.path.basename(sys.argv[0]) == "lime-probe" or ("-m", "lime_probe.cli") in zip(_ARGV, _ARGV[1:]):
+if os.path.basename(sys.argv[0]) == "lime-probe" or ("-m", "lime_probe.cli") in pairwise(sys.orig_argv):
     signal.signal(signal.SIGINT, _exit_interrupted)
 
 _EXPORTS = {
