@@ -27,7 +27,7 @@ def imported_after(code: str, watched: tuple[str, ...]) -> list[str]:
     """The modules of ``watched`` (or their submodules) that a fresh interpreter holds after ``code``."""
     probe = f"{code}\nimport sys\nprint(sorted({{m for m in sys.modules for w in {watched!r} if m == w or m.startswith(w + '.')}}))"
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600
     )
     assert out.returncode == 0, out.stderr
     return eval(out.stdout.strip().splitlines()[-1])
@@ -40,6 +40,20 @@ def test_extraction_and_probes_import_no_plotting_and_no_training():
 
 def test_the_registry_imports_nothing_heavy():
     assert imported_after("import lime_probe.analyses", HEAVY) == []
+
+
+def test_computing_an_analysis_draws_nothing(tmp_path):
+    """``compute`` returns numbers only: running analyses on a checkpoint never imports matplotlib."""
+    ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
+    code = (
+        "from lime_probe.analyses import ANALYSES, load_checkpoints\n"
+        f"cks = load_checkpoints([{str(ckpt)!r}], None, 'cpu')\n"
+        f"texts = {CORPUS * 3!r}\n"
+        "kw = {'max_length': 32, 'cache_dir': None}\n"
+        "for name in ('entropy', 'separability', 'cka', 'router'):\n"
+        "    assert ANALYSES[name].run(cks, texts, kw).rows"
+    )
+    assert imported_after(code, ("matplotlib", "seaborn")) == []
 
 
 @pytest.mark.parametrize("argv", [["--help"], *([c, "--help"] for c in [*ANALYSES, "report", "demo"])])
