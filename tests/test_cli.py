@@ -204,9 +204,8 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeyp
         for r in rows:
             seqs = acts.sequences("values", r["layer"])
             got = [r["entropy_mean"], r["entropy_std"], r["ci_low"], r["ci_high"]]
-            # the library on all sequences at once (its default one-pass z-score); equal up to float64
-            # round-off in the feature moments (merged per shard here), which p**0.5 of the smallest Gram
-            # eigenvalues magnifies to ~1e-9
+            # the library on all sequences at once, in memory; equal up to float64 round-off in the feature
+            # moments (merged per shard here), which p**0.5 of the smallest Gram eigenvalues magnifies to ~1e-9
             want = layer_entropy(seqs, "lime", seed=3)
             np.testing.assert_allclose(got, [want.mean, want.std, want.ci_low, want.ci_high], rtol=1e-7)
             assert r["n_sequences"] == len(DOCS)
