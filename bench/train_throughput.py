@@ -24,7 +24,7 @@ import torch
 
 from lime_model import LimeConfig, LimeForCausalLM, param_groups
 from lime_model.recipes import Recipe, load_recipe
-from lime_model.train import TrainingData, _accelerator, train_step
+from lime_model.train import TrainingData, accelerator_for, train_step
 
 
 def build(recipe: Recipe, routing: str, vocab: int, accelerator):
@@ -69,7 +69,7 @@ def main() -> None:
     recipe = load_recipe(recipe, {"batch_size": batch, "micro_batch_size": batch})  # one micro-batch per step
     vocab = recipe.model["vocab_size"] or args.vocab
     seq = recipe.seq_len
-    accelerator = _accelerator(recipe)  # the recipe's mixed precision (bf16 on capable GPUs), device
+    accelerator = accelerator_for(recipe)  # the recipe's mixed precision (bf16 on capable GPUs), device
     gen = torch.Generator().manual_seed(0)
     rows = torch.randint(0, vocab, (args.steps * batch, seq), generator=gen)
     data = TrainingData(None, rows, rows)

@@ -409,7 +409,8 @@ def _check_creatable(out_dir: Path) -> None:
 # the loop
 
 
-def _accelerator(recipe: Recipe):
+def accelerator_for(recipe: Recipe):
+    """The ``accelerate.Accelerator`` of a recipe: its mixed precision ("auto": bf16 where supported), FSDP, compile."""
     from accelerate import Accelerator, FullyShardedDataParallelPlugin
     from accelerate.utils import TorchDynamoPlugin
 
@@ -489,7 +490,7 @@ def train(
     """
     recipe = load_recipe(recipe, overrides)
     out_dir = Path(out_dir)
-    accelerator = _accelerator(recipe)
+    accelerator = accelerator_for(recipe)
     world, main = accelerator.num_processes, accelerator.is_main_process
     if recipe.batch_size % (world * recipe.micro_batch_size):
         raise ValueError(

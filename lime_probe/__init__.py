@@ -14,7 +14,22 @@ analysis code records these for LIMe).
 Names are imported on first use, so ``import lime_probe`` (and ``lime-probe --help``) stays cheap.
 """
 
+import os
+import signal
+import sys
 from importlib import import_module
+from itertools import pairwise
+
+
+def _exit_interrupted(signum, frame) -> None:
+    """Ctrl-C while the program is still importing, before ``cli.main`` takes over: nothing to clean up."""
+    sys.stderr.write("lime-probe: interrupted\n")
+    os._exit(130)
+
+
+# Run as the program (the console script or ``python -m lime_probe.cli``), not imported by a library user.
+if os.path.basename(sys.argv[0]) == "lime-probe" or ("-m", "lime_probe.cli") in pairwise(sys.orig_argv):
+    signal.signal(signal.SIGINT, _exit_interrupted)
 
 _EXPORTS = {
     "load": "loading",
@@ -27,6 +42,7 @@ _EXPORTS = {
     "layer_entropy": "entropy",
     "layer_entropies": "entropy",
     "EntropyAccumulator": "entropy",
+    "stream_entropy": "entropy",
     "EntropyConfig": "entropy",
     "EntropyResult": "entropy",
     "FeatureMoments": "entropy",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,55 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return {"parameters": digest.hexdigest()}
+
+
+def texts_digest(texts: Sequence[str]) -> str:
+    """SHA-256 (hex) of the texts, in order (the same digest as ``lime_model.data.texts_hash``)."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(hashlib.sha256(t.encode()).digest())
+    return h.hexdigest()
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """A digest that changes whenever the tokenizer would split text differently: the serialisation of a
+    fast tokenizer, else its class and vocabulary (the same digest as ``lime_model.tokenization.tokenizer_hash``)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = repr([type(tokenizer).__name__, sorted(tokenizer.get_vocab().items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def extraction_key(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    texts: Sequence[str],
+    *,
+    max_length: int,
+    max_tokens: int | None,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """The cache key of one extraction: everything that decides its result.
+
+    The checkpoint's identity (`checkpoint_identity`) and model type; the data (digests of the texts and
+    the tokenizer, the truncation limits); ``settings`` (sites and layers, pooling, batching, padding side,
+    selected token ids), completed here with the weights' dtype and device type; the library versions.
+    """
+    param = next(model.parameters())
+    return {
+        "checkpoint": checkpoint_identity(model),
+        "model_type": model.config.model_type,
+        "data": {
+            "texts": texts_digest(texts),
+            "tokenizer": tokenizer_digest(tokenizer),
+            "max_length": max_length,
+            "max_tokens": max_tokens,
+        },
+        "settings": {**settings, "dtype": str(param.dtype), "device": param.device.type},
+        "versions": results.versions(),
+    }
 
 
 def read_tensor(shard: Path, name: str) -> torch.Tensor:

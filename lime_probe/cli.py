@@ -10,41 +10,38 @@ Output is staged in a hidden temporary folder beside ``--out`` and moved in only
 command succeeds, so a failure or Ctrl-C never leaves half-written files there. Exit codes:
 0 done, 2 bad usage or input (one line on stderr), 1 an unexpected failure, 130 interrupted.
 
-The analyses themselves are in ``lime_probe.pipelines``; this module parses arguments, stages
-the output, prints tables and turns errors into exit codes. Each command imports the probes it
-uses when it runs, so a command loads only what it needs.
+The analyses are the registry ``lime_probe.analyses.ANALYSES``: one subcommand per analysis, its options
+generated from the analysis's parameter dataclass. This module parses arguments, stages the output, prints
+tables and turns errors into exit codes. It imports nothing heavy (torch, transformers, matplotlib) before
+the arguments are parsed, so ``--help`` and usage errors are instant; Ctrl-C at any point, imports
+included, prints one line and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
+import dataclasses
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import textwrap
+import typing
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
-from lime_model.files import umask
-from lime_probe.loading import one_line
-from lime_probe.pipelines import (
+from lime_probe.analyses import (
     ANALYSES,
-    Analysis,
     Checkpoint,
-    blimp_analysis,
+    Result,
+    Spec,
+    labels_for,
     load_checkpoints,
-    section_for,
-    write_analysis,
+    named_checkpoints,
 )
-from lime_probe.report import write_report
-from lime_probe.results import run_metadata
-from lime_probe.sites import DEFAULT_WORDS, SITES
 
 PROG = "lime-probe"
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
@@ -88,6 +85,8 @@ def staged_output(out: str | os.PathLike):
     mkdtemp's private 0o700. Raises ValueError if ``out`` is a file and PermissionError if it cannot be
     written.
     """
+    from lime_model.files import umask
+
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
@@ -129,6 +128,8 @@ def staged_output(out: str | os.PathLike):
 
 def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
     """A compact fixed-width text table of ``rows`` (floats to 4 significant digits)."""
+    import numpy as np
+
     if not rows:
         return "(no rows)"
     cols = list(columns) or list(dict.fromkeys(k for r in rows for k in r))
@@ -156,71 +157,79 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
 # --------------------------------------------------------------------------- commands
 
 
-def run_analysis(name: str, cks: Sequence[Checkpoint], texts: Sequence[str] | None, args) -> Analysis:
-    """Call analysis ``name`` with the options of ``args`` that its signature names."""
-    fn = ANALYSES[name]
-    names = [p for p in inspect.signature(fn).parameters if p not in ("cks", "texts", "extract_kw")]
-    kw = {p: getattr(args, p) for p in names if hasattr(args, p)}
-    return fn(cks, texts, extract_kw=extract_options(args) if texts is not None else None, **kw)
+def params_of(spec: Spec, args: argparse.Namespace):
+    """The parameter dataclass of ``spec`` filled from the options generated from its fields."""
+    return spec.params(
+        **{f.name: _field_value(getattr(args, f.name)) for f in dataclasses.fields(spec.params)}
+    )
+
+
+def _field_value(v):
+    return tuple(v) if isinstance(v, list) else v  # nargs="+" options hold lists, the dataclasses tuples
+
+
+def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
+    """``spec.compute`` with the parameters and extraction settings of ``args``."""
+    extract_kw = extract_options(args) if spec.data_kind != "none" else None
+    return spec.compute(cks, data, params_of(spec, args), extract_kw)
 
 
 def _meta(command: str, args, cks: Sequence[Checkpoint]) -> dict:
+    from lime_probe.results import run_metadata
+
     settings = {k: v for k, v in vars(args).items() if k not in ("handler", "debug")}
     return run_metadata(command, settings=settings, checkpoints={c.label: c.source for c in cks})
 
 
-def _analysis_command(name: str):
-    def handler(args, out: Path) -> None:
-        from lime_model.data import load_texts
+def _checkpoints(spec: Spec, args) -> list[Checkpoint]:
+    """The checkpoints of ``args``: loaded, or only named for analyses that read their run folders."""
+    if spec.data_kind == "none":
+        return named_checkpoints(args.ckpt, args.label)
+    return load_checkpoints(args.ckpt, args.label, args.device)
 
-        texts = load_texts(args.data, max_texts=args.max_sequences) if args.data is not None else None
-        cks = load_checkpoints(args.ckpt, args.label, args.device)
-        a = run_analysis(name, cks, texts, args)
-        write_analysis(a, out, _meta(name, args, cks))
-        print(format_table(a.table()))
+
+def _texts(args) -> list[str] | None:
+    from lime_model.data import load_texts
+
+    return load_texts(args.data, max_texts=args.max_sequences) if args.data is not None else None
+
+
+def _analysis_command(spec: Spec) -> Callable:
+    def handler(args, out: Path) -> None:
+        from lime_probe.report import write_analysis
+
+        if spec.data_kind == "blimp":
+            from lime_probe.blimp import load_blimp
+
+            data = load_blimp(args.data, _field_value(args.paradigms))
+        else:
+            data = _texts(args) if spec.data_kind != "none" else None
+        cks = _checkpoints(spec, args)
+        result = run_analysis(spec, cks, data, args)
+        write_analysis(result, out, _meta(spec.name, args, cks))
+        print(format_table(result.table()))
 
     return handler
 
 
 def cmd_report(args, out: Path) -> None:
-    """Run the chosen analyses on every checkpoint and write one self-contained HTML report."""
-    from lime_model.data import load_texts
+    """Run the chosen analyses on the checkpoints each applies to and write one self-contained HTML report."""
+    from lime_probe.report import write_analysis, write_report
 
-    texts = load_texts(args.data, max_texts=args.max_sequences)
+    texts = _texts(args)
     cks = load_checkpoints(args.ckpt, args.label, args.device)
     meta = _meta("report", args, cks)
     sections = []
     for name in args.analyses:
-        chosen = cks
-        if name == "router":  # only LIMe checkpoints have routers
-            chosen = [c for c in cks if getattr(c.config, "routing", "none") != "none"]
-            if not chosen:
-                continue
-        a = run_analysis(name, chosen, texts, args)
-        write_analysis(a, out, meta)
-        sections.append(section_for(a))
-        print(f"\n{a.title}\n{format_table(a.table())}")
+        spec = ANALYSES[name]
+        chosen = [c for c in cks if spec.applies(c)]
+        if not chosen:
+            continue
+        result = run_analysis(spec, chosen, texts if spec.data_kind != "none" else None, args)
+        sections.append(write_analysis(result, out, meta))
+        print(f"\n{result.title}\n{format_table(result.table())}")
     labels = " vs ".join(c.label for c in cks)
     write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
-
-
-def cmd_blimp(args, out: Path) -> None:
-    """BLiMP probes and minimal-pair scoring for every checkpoint."""
-    from lime_probe.blimp import load_blimp
-
-    data = load_blimp(args.data, args.paradigms)
-    cks = load_checkpoints(args.ckpt, args.label, args.device)
-    a = blimp_analysis(
-        cks,
-        data,
-        site=args.site,
-        max_pairs=args.max_pairs,
-        method=args.method,
-        seed=args.seed,
-        extract_kw=extract_options(args),
-    )
-    write_analysis(a, out, _meta("blimp", args, cks))
-    print(format_table(a.table()))
 
 
 def cmd_demo(args, out: Path) -> None:
@@ -232,46 +241,38 @@ def cmd_demo(args, out: Path) -> None:
 
 # --------------------------------------------------------------------------- parser
 
+# The analyses the report can run: those that read texts or the run folders (BLiMP reads its own data).
+REPORTABLE = [n for n, s in ANALYSES.items() if s.data_kind != "blimp"]
+REPORT_DEFAULT = [n for n, s in ANALYSES.items() if s.data_kind in ("texts", "optional-texts")]
 
-EXAMPLES = {
-    "entropy": "lime-probe entropy --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-    "    --data wikitext-2/valid.txt --site values --max-sequences 64 --out out/entropy",
-    "separability": "lime-probe separability --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt \\\n"
-    "    --words ' is' ' are' ' was' ' were' --site values --max-sequences 2000 --out out/sep",
-    "tsne": "lime-probe tsne --ckpt runs/lime --ckpt runs/llama --data wikitext-2/valid.txt --layers 0,4,8,12 \\\n"
-    "    --per-word 150 --out out/tsne",
-    "blimp": "lime-probe blimp --ckpt runs/lime --ckpt runs/llama --data shared/data/blimp \\\n"
-    "    --paradigms anaphor_gender_agreement adjunct_island --max-pairs 500 --out out/blimp",
-    "cka": "lime-probe cka --ckpt runs/lime --data wikitext-2/valid.txt --site hidden --max-tokens 2000 --out out/cka",
-    "router": "lime-probe router --ckpt runs/lime --label LIMe --out out/router",
-    "report": "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-    "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
-    "demo": "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
-    "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
-}
-
-HELP = {
-    "entropy": "matrix-based Renyi entropy per layer (paper Sec. 5.3, Figures 2a/4a/7a)",
-    "separability": "linear-probe separability of word occurrences per layer (paper Figures 2b/7b)",
-    "tsne": "t-SNE maps of word occurrences, models x layers (paper Figures 3/8)",
-    "blimp": "BLiMP good-vs-bad probes per layer and minimal-pair scoring (paper Table 2)",
-    "cka": "linear CKA between layers and effective rank per layer",
-    "router": "LIMe router weights, layer x buffered layer and per head (paper Figures 5/9)",
-    "report": "run several analyses and write one self-contained HTML report",
-    "demo": "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
+COMMANDS = {
+    "report": (
+        "run several analyses and write one self-contained HTML report",
+        "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
+        "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
+    ),
+    "demo": (
+        "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
+        "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
+        "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
+    ),
 }
 
 
-def _checkpoint_options(p: argparse.ArgumentParser, *, data: str, max_sequences: int = 64) -> None:
-    """--ckpt/--label and, unless ``data`` is "none", --data ("required", "optional" or "blimp") and the
-    size limits."""
+def _checkpoint_options(
+    p: argparse.ArgumentParser, *, data: str, max_sequences: int = 64, layers: bool = True
+) -> None:
+    """--ckpt/--label and, unless ``data`` is "none", --data (as the analysis's ``data_kind``), the size limits
+    and the cache."""
     g = p.add_argument_group("checkpoints and data")
     g.add_argument(
         "--ckpt",
         action="append",
         required=True,
         metavar="PATH|HUB_ID",
-        help="checkpoint directory or hub id; repeat to compare side by side",
+        help="checkpoint directory or hub id"
+        + (" (a lime-model train run folder)" if data == "none" else "")
+        + "; repeat to compare side by side",
     )
     g.add_argument(
         "--label",
@@ -292,18 +293,21 @@ def _checkpoint_options(p: argparse.ArgumentParser, *, data: str, max_sequences:
     else:
         g.add_argument(
             "--data",
-            required=data == "required",
+            required=data == "texts",
             metavar="SPEC",
             help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
-            + ("" if data == "required" else " (only for routing 'dynamic')"),
+            + ("" if data == "texts" else " (only for routing 'dynamic')"),
         )
-    if data != "blimp":  # BLiMP is limited per paradigm by --max-pairs
         g.add_argument(
             "--max-sequences",
             type=_positive,
             default=max_sequences,
             metavar="N",
             help="use at most N sequences (default: %(default)s)",
+        )
+    if layers:
+        g.add_argument(
+            "--layers", default="all", help="'all' or comma-separated layer indices (default: all)"
         )
     g.add_argument(
         "--max-length",
@@ -345,9 +349,6 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
     r.add_argument(
         "--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)"
     )
-    r.add_argument(
-        "--seed", type=int, default=0, help="seed for sampling, folds, t-SNE (default: %(default)s)"
-    )
     r.add_argument("--debug", action="store_true", help="show the full traceback on failure")
 
 
@@ -366,49 +367,52 @@ def _positive(s: str) -> int:
     return v
 
 
-def _site_options(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument(
-        "--site", default=default, choices=SITES, help="representation to probe (default: %(default)s)"
-    )
-    p.add_argument("--layers", default="all", help="'all' or comma-separated layer indices (default: all)")
-
-
-def _entropy_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--preset",
-        default="lime",
-        choices=("lime", "layer-by-layer"),
-        help="normalisation preset: the official code's or Skean et al.'s (default: %(default)s)",
-    )
-    p.add_argument("--alpha", type=float, default=None, help="Renyi order (default: the preset's)")
-
-
-def _word_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--words",
-        nargs="+",
-        default=list(DEFAULT_WORDS),
-        metavar="WORD",
-        help="single-token words to tell apart, leading spaces included (default: ' is' ' are' ' was' ' were')",
-    )
-    p.add_argument(
-        "--method",
-        default="logreg",
-        choices=("logreg", "adam-linear"),
-        help="probe: converged logistic regression (paper text) or the official one-epoch Adam "
-        "linear layer (default: %(default)s)",
-    )
+def add_param_options(group, params: type, skip: Sequence[str] = ()) -> list[str]:
+    """One option per field of the dataclass ``params`` (``per_word`` -> ``--per-word``), typed from its
+    annotation and documented from its ``option`` metadata; fields named in ``skip`` are left out. Returns
+    the names added."""
+    hints = typing.get_type_hints(params)
+    added = []
+    for f in dataclasses.fields(params):
+        if f.name in skip:
+            continue
+        meta = dict(f.metadata)
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        base = next(a for a in args if a is not type(None)) if optional else hint
+        kw: dict = {"default": list(f.default) if isinstance(f.default, tuple) else f.default}
+        help = meta.pop("help", "")
+        if "default" not in help and f.default is not None:
+            help += " (default: %(default)s)"
+        kw["help"] = help
+        positive = meta.pop("positive", False)
+        if base is bool:
+            kw["action"] = "store_true"
+        elif typing.get_origin(base) is tuple:
+            kw["nargs"] = "+"
+        else:
+            kw["type"] = _positive if positive else base
+        kw.update(meta)  # metavar, choices
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
+        added.append(f.name)
+    return added
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (the usage itself stays one ``--help`` away)."""
+    """argparse with one-line usage errors (the usage itself stays one ``--help`` away) and no abbreviated
+    options (``--ckp`` is an error, not ``--ckpt``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``lime-probe`` argument parser with one subcommand per analysis."""
+    """The ``lime-probe`` argument parser: one subcommand per analysis of the registry, plus report and demo."""
     parser = _Parser(
         prog=PROG,
         description="The LIMe paper's analyses of representation collapse.",
@@ -416,80 +420,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    def add(name: str, handler: Callable, data: str = "required") -> argparse.ArgumentParser:
+    def add(name: str, help: str, example: str, handler: Callable) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
-            help=HELP[name],
-            description=HELP[name],
-            epilog="example:\n" + textwrap.indent(EXAMPLES[name], "  "),
+            help=help,
+            description=help,
+            epilog="example:\n" + textwrap.indent(example, "  "),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        if name != "demo":
-            # word probes need many occurrences of each word: read more text by default
-            max_sequences = 1000 if name in ("separability", "tsne") else 64
-            _checkpoint_options(p, data=data, max_sequences=max_sequences)
-        _run_options(p, out="figures" if name == "demo" else "lime-probe-out")
         p.set_defaults(handler=handler)
         return p
 
-    p = add("entropy", _analysis_command("entropy"))
-    _site_options(p, "values")
-    _entropy_options(p)
+    for spec in ANALYSES.values():
+        p = add(spec.name, spec.help, spec.example, _analysis_command(spec))
+        _checkpoint_options(
+            p,
+            data=spec.data_kind,
+            max_sequences=spec.max_sequences,
+            layers=spec.data_kind in ("texts", "blimp"),
+        )
+        _run_options(p)
+        add_param_options(p.add_argument_group("analysis"), spec.params)
 
-    p = add("separability", _analysis_command("separability"))
-    _site_options(p, "hidden")
-    _word_options(p)
-
-    p = add("tsne", _analysis_command("tsne"))
-    _site_options(p, "hidden")
-    _word_options(p)
-    p.add_argument(
-        "--per-word",
-        type=_positive,
-        default=100,
-        metavar="N",
-        help="points per word in each map (default: %(default)s)",
-    )
-    p.add_argument("--perplexity", type=float, default=30.0, help="t-SNE perplexity (default: %(default)s)")
-
-    p = add("blimp", cmd_blimp, data="blimp")
-    _site_options(p, "hidden")
-    p.add_argument(
-        "--paradigms",
-        nargs="+",
-        default=None,
-        metavar="UID",
-        help="BLiMP paradigms to use (default: all in --data)",
-    )
-    p.add_argument(
-        "--max-pairs",
-        type=_positive,
-        default=200,
-        metavar="N",
-        help="minimal pairs per paradigm (default: %(default)s; BLiMP has 1,000)",
-    )
-    p.add_argument(
-        "--method", default="logreg", choices=("logreg", "adam-linear"), help="probe (default: %(default)s)"
-    )
-
-    p = add("cka", _analysis_command("cka"))
-    _site_options(p, "hidden")
-
-    add("router", _analysis_command("router"), data="optional")
-
-    p = add("report", cmd_report)
-    _site_options(p, "values")
-    _entropy_options(p)
-    _word_options(p)
-    p.add_argument(
+    p = add("report", *COMMANDS["report"], cmd_report)
+    _checkpoint_options(p, data="texts")
+    _run_options(p)
+    g, seen = p.add_argument_group("analyses"), []
+    for name in REPORTABLE:  # each option once, as the first analysis to declare it defines it
+        seen += add_param_options(g, ANALYSES[name].params, skip=seen)
+    g.add_argument(
         "--analyses",
         nargs="+",
-        default=list(ANALYSES),
-        choices=list(ANALYSES),
-        help="analyses to include; router only for LIMe checkpoints (default: all)",
+        default=REPORT_DEFAULT,
+        choices=REPORTABLE,
+        metavar="NAME",
+        help="analyses (from: %(choices)s) to include, each on the checkpoints it applies to (default: %(default)s)",
     )
 
-    p = add("demo", cmd_demo)
+    p = add("demo", *COMMANDS["demo"], cmd_demo)
+    _run_options(p, out="figures")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of training, sampling and probes (default: %(default)s)"
+    )
     p.add_argument(
         "--quick", action="store_true", help="a tiny smoke run (about a minute) instead of the real demo"
     )
@@ -504,6 +476,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, run the command, map errors to exit codes (see module doc)."""
+    try:
+        signal.signal(
+            signal.SIGINT, signal.default_int_handler
+        )  # Ctrl-C raises KeyboardInterrupt from here on
+        return _main(argv)
+    except KeyboardInterrupt:  # before the command started, or while reporting how it ended
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -511,19 +495,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     where = f"{PROG} {args.command}"
     try:
+        if getattr(args, "label", None):  # checked before any import or output
+            labels_for(args.ckpt, args.label)
+    except ValueError as e:
+        print(f"{where}: error: {e}", file=sys.stderr)
+        return 2
+    try:
         with staged_output(args.out) as tmp:
             args.handler(args, tmp)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
         print(f"{where}: interrupted; nothing was written to {args.out}", file=sys.stderr)
         return 130
     except BAD_INPUT as e:
         if args.debug:
             raise
+        from lime_probe.loading import one_line
+
         print(f"{where}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:
         if args.debug:
             raise
+        from lime_probe.loading import one_line
+
         print(
             f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
             file=sys.stderr,

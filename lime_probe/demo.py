@@ -19,7 +19,6 @@ numbers whole the same rule picks the number's own token.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import re
@@ -35,22 +34,13 @@ import torch
 from lime_model.recipes import load_recipe
 from lime_model.tasks.arithmetic import make_sample
 from lime_model.train import prepare_data, train
-from lime_probe import figures as F
+from lime_probe.analyses import ANALYSES, Checkpoint
+from lime_probe.analyses import separability as separability_spec
+from lime_probe.analyses import tsne as tsne_spec
+from lime_probe.analyses.base import check_class_counts, extract_site
 from lime_probe.loading import load
-from lime_probe.pipelines import (
-    Analysis,
-    Checkpoint,
-    check_class_counts,
-    entropy_analysis,
-    extract_site,
-    router_analysis,
-    section_for,
-    separability_from_features,
-    tsne_from_features,
-    write_analysis,
-)
-from lime_probe.report import write_report
-from lime_probe.results import read_metrics, run_metadata
+from lime_probe.report import write_analysis, write_report
+from lime_probe.results import run_metadata
 
 NUMBER_SETS = {"1-4": (1, 2, 3, 4), "100-103": (100, 101, 102, 103)}
 NUMBER_NOTE = (
@@ -154,54 +144,6 @@ def number_features(
     return {layer: acts[site][layer][rows] for layer in acts[site]}, labels
 
 
-def accuracy_analysis(cks: Sequence[Checkpoint]) -> Analysis:
-    """Arithmetic accuracy by operand count, as each run's trainer measured it (arithmetic_eval.json)."""
-    acc = {}
-    for c in cks:
-        measured = json.loads((Path(c.source) / "arithmetic_eval.json").read_text())["accuracy"]
-        acc[c.label] = {int(k): v for k, v in measured.items()}
-    rows = [{"model": m, "n_operands": k, "accuracy": v} for m, a in acc.items() for k, v in a.items()]
-    return Analysis(
-        "arithmetic_accuracy",
-        "Arithmetic accuracy by operand count",
-        rows,
-        text=(
-            "Exact final answer by greedy generation on the held-out expressions, per operand count "
-            "(paper Figure 4b)."
-        ),
-        figures={"arithmetic_accuracy": F.plot_accuracy_by_operands(acc)},
-    )
-
-
-def training_analysis(cks: Sequence[Checkpoint]) -> Analysis:
-    """Training loss against FLOPs and tokens from each run's metrics.jsonl (paper Figures 1, 10)."""
-    metrics = {c.label: read_metrics(c.source) for c in cks}
-    rows = [
-        {"model": m, **dict(zip(cols, record, strict=True))}
-        for m, cols in metrics.items()
-        for record in zip(*cols.values(), strict=True)
-    ]
-    summary = [
-        {
-            "model": m,
-            "steps": int(cols["step"][-1]),
-            "tokens": int(cols["tokens"][-1]),
-            "flops": float(cols["flops"][-1]),
-            "final_loss": float(cols["loss"][-1]),
-        }
-        for m, cols in metrics.items()
-    ]
-    return Analysis(
-        "training_curves",
-        "Training curves",
-        rows,
-        text="Training loss (nats per target token) logged by the trainer, against cumulative training "
-        "FLOPs (3 x forward) and tokens.",
-        figures={"training_curves": F.plot_training_curves(metrics)},
-        summary=summary,
-    )
-
-
 # --------------------------------------------------------------------------- the pipeline
 
 
@@ -290,16 +232,16 @@ def run_demo(
         extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
 
         _stage(3, n, "accuracy by operand count and training curves")
-        analyses = [accuracy_analysis(cks), training_analysis(cks)]
-        analyses[0].text = (
+        results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
+        results[0].text = (
             f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
-            "they differ only in routing (LIMe: full, LLaMA: none). " + analyses[0].text
+            "they differ only in routing (LIMe: full, LLaMA: none). " + results[0].text
         )
 
         _stage(4, n, "matrix entropy of values and hidden states")
         texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
         for site in ("values", "hidden"):
-            analyses.append(entropy_analysis(cks, texts, site=site, seed=seed, extract_kw=extract_kw))
+            results.append(ANALYSES["entropy"].run(cks, texts, extract_kw, site=site, seed=seed))
 
         _stage(5, n, "separability and t-SNE of close numbers")
         probe_texts = [
@@ -312,8 +254,8 @@ def run_demo(
                 c.label: number_features(acts[c.label], c.tokenizer, "hidden", numbers, c.label) for c in cks
             }
             slug = key.replace("-", "_")
-            for a in (
-                separability_from_features(
+            for r in (
+                separability_spec.from_features(
                     feats,
                     site="hidden",
                     classes=numbers,
@@ -321,7 +263,7 @@ def run_demo(
                     name=f"separability_numbers_{slug}",
                     what=f"numbers {key}",
                 ),
-                tsne_from_features(
+                tsne_spec.from_features(
                     feats,
                     site="hidden",
                     name=f"tsne_numbers_{slug}",
@@ -331,19 +273,18 @@ def run_demo(
                     seed=seed,
                 ),
             ):
-                a.text += " " + NUMBER_NOTE
-                analyses.append(a)
+                r.text += " " + NUMBER_NOTE
+                results.append(r)
 
         _stage(6, n, "router weights of LIMe")
-        analyses.append(router_analysis([c for c in cks if c.label == "LIMe"]))
+        results.append(ANALYSES["router"].run([c for c in cks if c.label == "LIMe"]))
 
         _stage(7, n, "writing results, figures and the report")
-        for a in analyses:
-            write_analysis(a, out, meta)
+        sections = [write_analysis(r, out, meta) for r in results]
         report = write_report(
             out / "report.html",
             "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
-            [section_for(a) for a in analyses],
+            sections,
             meta=meta,
         )
     return report

@@ -19,26 +19,18 @@ Presets (every knob can be overridden):
 - ``"layer-by-layer"``: Skean et al. 2025. Each sequence is centred (token mean removed), then every token
   row is L2-normalised; alpha = 1.
 
-Streaming: `EntropyAccumulator` takes batches of sequences with `update(seqs)` and returns the per-layer
-statistics with `result()`. Per-sequence normalisations ("none", "center-l2") are finished inside `update`.
-The global z-score of "lime" needs the dataset mean/std before any entropy, and two modes are offered:
-
-- one pass (default): `update` keeps, per sequence, Gram-side sufficient statistics from which the
-  z-scored Gram is rebuilt exactly once the global moments are known:
-  for t >= d the sequence mean m and the d x d scatter S = (Z - 1 m^T)^T (Z - 1 m^T), since
-  (Z - 1 mu^T)^T (Z - 1 mu^T) = S + t (m - mu)(m - mu)^T (a sum of PSD terms, so no cancellation even
-  when |mu| >> std), then scaled by 1 / (std + eps) on both sides; for t < d the sequence itself
-  (smaller than a d x d Gram). Memory is n_seq * min(t, d) * d float64 numbers: for the paper's
-  t = 2048, d = 512, 2 MiB per sequence, half the size of the float32 sequence itself.
-- two passes (memory independent of the data size): fill a `FeatureMoments` with every sequence first,
-  then pass it as ``feature_stats=`` to an accumulator and stream the data again; entropies are computed in
-  `update` and only one float per sequence is kept.
+Streaming: `stream_entropy(chunks, preset)` is the one implementation; `layer_entropy` (sequences in memory),
+the command line and the notebooks (sequences read from the activation cache, one shard at a time) all run it.
+`chunks()` returns a fresh iterable of batches of sequences. The per-sequence normalisations ("none",
+"center-l2") need one pass. The global z-score of "lime" needs the layer's mean/std before any entropy, so it
+takes two: the first fills a `FeatureMoments`, the second feeds an `EntropyAccumulator` (which computes each
+entropy in `update` and keeps one float per sequence), so memory holds one batch whatever the data size.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -239,10 +231,23 @@ def _as_sequences(seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> l
     return out
 
 
-def _batches(seqs: list[torch.Tensor]) -> Iterable[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """Groups of equal-length sequences of bounded size: (indices, Z (b, t, d) float64, Z.sum(1) (b, d)).
+def _groups(seqs: list[torch.Tensor]) -> Iterable[list[int]]:
+    """Consecutive runs of sequence indices holding at most `_CHUNK_NUMEL` numbers (or one sequence)."""
+    group, numel = [], 0
+    for i, z in enumerate(seqs):
+        if group and numel + z.numel() > _CHUNK_NUMEL:
+            yield group
+            group, numel = [], 0
+        group.append(i)
+        numel += z.numel()
+    if group:
+        yield group
 
-    Z is a fresh tensor (callers may normalise it in place); the column sums double as the NaN/Inf check.
+
+def _batches(seqs: list[torch.Tensor]) -> Iterable[tuple[list[int], torch.Tensor]]:
+    """Groups of equal-length sequences of bounded size: (indices, Z (b, t, d) float64), NaN/Inf checked.
+
+    Z is a fresh tensor (callers may normalise it in place).
     """
     groups: dict[int, list[int]] = {}
     for i, z in enumerate(seqs):
@@ -255,26 +260,23 @@ def _batches(seqs: list[torch.Tensor]) -> Iterable[tuple[list[int], torch.Tensor
             Z = torch.empty((len(chunk), t, d), dtype=torch.float64)
             for j, i in enumerate(chunk):
                 Z[j].copy_(seqs[i])  # converts to float64 without an extra temporary
-            colsum = Z.sum(1)
-            finite = torch.isfinite(colsum).all(1)  # NaN and Inf propagate into the sums
+            finite = torch.isfinite(Z.sum(1)).all(1)  # NaN and Inf propagate into the sums
             if not bool(finite.all()):
                 raise ValueError(f"sequence {chunk[int((~finite).nonzero()[0])]}: contains NaN or Inf")
-            yield chunk, Z, colsum
+            yield chunk, Z
 
 
 class EntropyAccumulator:
-    """Streams the matrix entropy of one layer over batches of sequences.
+    """The second pass of `stream_entropy`: the matrix entropy of each sequence of one layer, batch by batch.
 
-    >>> acc = EntropyAccumulator("lime")
+    >>> acc = EntropyAccumulator("layer-by-layer")
     >>> for seqs in batches:          # each a (n, t, d) tensor or a list of (t_i, d) tensors
     ...     acc.update(seqs)
     >>> res = acc.result()            # EntropyResult: values (n_seq,), mean, std, ci_low, ci_high
 
-    For the "zscore" normalisation without `feature_stats` this is the one-pass mode of the module
-    docstring (Gram-side statistics kept until `result()`); with `feature_stats` (a `FeatureMoments`
-    filled in a first pass over the same data) entropies are computed in `update` (two-pass mode).
-    Knobs (`alpha`, `normalize`, `eps`) override the preset. Equal-length sequences are processed
-    together in float64 chunks of at most 128 MiB.
+    The "zscore" normalisation needs `feature_stats`, a `FeatureMoments` of every sequence of the layer
+    (filled in a first pass; `stream_entropy` does both passes). Knobs (`alpha`, `normalize`, `eps`)
+    override the preset. Equal-length sequences are processed together in float64 chunks of at most 128 MiB.
     """
 
     def __init__(
@@ -290,19 +292,16 @@ class EntropyAccumulator:
         seed: int = 0,
     ) -> None:
         self.config = entropy_config(preset, alpha=alpha, normalize=normalize, eps=eps)
+        if self.config.normalize == "zscore" and feature_stats is None:
+            raise ValueError(
+                "the 'zscore' normalisation needs the layer's feature moments first: pass feature_stats= "
+                "(a FeatureMoments of all its sequences), or use stream_entropy / layer_entropy"
+            )
         self.feature_stats = feature_stats
         self.ci_level, self.n_boot, self.seed = ci_level, n_boot, seed
         self._count = 0  # sequences seen
         self._dim: int | None = None
         self._done: list[tuple[list[int], torch.Tensor]] = []  # (positions, entropies)
-        # One-pass z-score: moments of everything seen and, per chunk, (positions, Zc^T Zc, sequence means, t)
-        # for t >= d (Zc: each sequence minus its own mean) or (positions, Z, None, t) otherwise.
-        self._moments = FeatureMoments()
-        self._pending: list[tuple[list[int], torch.Tensor, torch.Tensor | None, int]] = []
-
-    @property
-    def _deferred(self) -> bool:
-        return self.config.normalize == "zscore" and self.feature_stats is None
 
     def update(self, seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> EntropyAccumulator:
         """Add sequences: a (n, t, d) tensor or an iterable of (t_i, d) tensors (lengths may differ)."""
@@ -316,71 +315,31 @@ class EntropyAccumulator:
                 f"EntropyAccumulator: got dim {seqs[0].shape[1]}, earlier sequences had {self._dim}"
             )
         # Collected first and committed at the end, so that a bad sequence leaves the accumulator unchanged.
-        done, pending, moments = [], [], FeatureMoments()
-        for chunk, Z, colsum in _batches(seqs):
-            pos = [self._count + i for i in chunk]
-            if not self._deferred:
-                done.append((pos, _entropy(self._normalize_(Z), self.config.alpha)))
-                continue
-            t = Z.shape[1]
-            if t > self._dim:  # at t == d the t x t path does the same eigenproblem with less work
-                seq_mean = colsum / t
-                Z.sub_(seq_mean.unsqueeze(1))  # in place: Z is this chunk's own copy
-                scatter = Z.mT @ Z
-                # The chunk's moments come free from the scatters: per-sequence squared deviations on
-                # their diagonals, merged with the spread of the sequence means.
-                mean = seq_mean.mean(0)
-                m2 = scatter.diagonal(dim1=-2, dim2=-1).sum(0) + t * (seq_mean - mean).square().sum(0)
-                moments.merge(FeatureMoments.of(len(chunk) * t, mean, m2))
-                pending.append((pos, scatter, seq_mean, t))
-            else:  # the sequences themselves are no larger than their d x d Grams
-                moments.update(Z.reshape(-1, self._dim))
-                pending.append((pos, Z, None, t))
+        done = []
+        for chunk, Z in _batches(seqs):
+            done.append(([self._count + i for i in chunk], _entropy(self._normalize_(Z), self.config.alpha)))
         self._done += done
-        self._pending += pending
-        self._moments.merge(moments)
         self._count += len(seqs)
         return self
-
-    def _scale(self) -> tuple[torch.Tensor, torch.Tensor]:
-        stats = self.feature_stats if self.feature_stats is not None else self._moments
-        denom = stats.std + self.config.eps
-        if not bool((denom > 0).all()):
-            raise ValueError("z-score: a feature has zero std and eps = 0; set eps > 0")
-        return stats.mean, 1.0 / denom
 
     def _normalize_(self, Z: torch.Tensor) -> torch.Tensor:
         """Normalise Z (b, t, d) float64 in place per the config (no full-size temporaries) and return it."""
         if self.config.normalize == "zscore":
-            mean, inv_std = self._scale()
-            return Z.sub_(mean).mul_(inv_std)
+            denom = self.feature_stats.std + self.config.eps
+            if not bool((denom > 0).all()):
+                raise ValueError("z-score: a feature has zero std and eps = 0; set eps > 0")
+            return Z.sub_(self.feature_stats.mean).div_(denom)
         if self.config.normalize == "center-l2":  # as F.normalize: rows of norm < 1e-12 stay ~0
             Z.sub_(Z.mean(-2, keepdim=True))
             return Z.div_(torch.linalg.vector_norm(Z, dim=-1, keepdim=True).clamp_min_(1e-12))
         return Z
-
-    def _resolve_pending(self) -> list[tuple[list[int], torch.Tensor]]:
-        """Entropies of the chunks kept by one-pass z-score mode, now that the moments are known."""
-        mean, inv_std = self._scale()
-        out = []
-        for pos, M, seq_mean, t in self._pending:
-            if seq_mean is None:  # M = Z (b, t, d)
-                # Out of place (one allocation) so that `result()` can be called again after more updates.
-                out.append((pos, _entropy((M - mean).mul_(inv_std), self.config.alpha)))
-                continue
-            # M = Zc^T Zc (b, d, d) of the per-sequence centred Z; adding the PSD rank-one term avoids
-            # the cancellation of the raw-moment form G - c mu^T - mu c^T + t mu mu^T.
-            delta = seq_mean - mean  # (b, d)
-            G = M + t * delta.unsqueeze(-1) * delta.unsqueeze(-2)
-            out.append((pos, gram_entropy(G * inv_std[:, None] * inv_std, self.config.alpha)))
-        return out
 
     def result(self) -> EntropyResult:
         """`EntropyResult` of everything passed to `update` so far."""
         if self._dim is None:
             raise ValueError("EntropyAccumulator: no sequences were given")
         values = np.empty(self._count)
-        for pos, ent in self._resolve_pending() if self._deferred else self._done:
+        for pos, ent in self._done:
             values[pos] = ent.numpy()
         s = summarize(values, level=self.ci_level, n_boot=self.n_boot, seed=self.seed)
         return EntropyResult(
@@ -388,16 +347,57 @@ class EntropyAccumulator:
         )
 
 
-def layer_entropy(
-    seqs: torch.Tensor | np.ndarray | Sequence[torch.Tensor],
-    preset: str | EntropyConfig = "lime",
-    **knobs,
-) -> EntropyResult:
-    """Entropy statistics of one layer's sequences ((n, t, d) or a list of (t_i, d)) held in memory.
+Sequences = torch.Tensor | np.ndarray | Iterable[torch.Tensor]
 
-    `knobs` are those of `EntropyAccumulator` (alpha, normalize, eps, ci_level, n_boot, seed).
+
+def stream_entropy(
+    chunks: Callable[[], Iterable[Sequences]],
+    preset: str | EntropyConfig = "lime",
+    *,
+    alpha: float | None = None,
+    normalize: Normalization | None = None,
+    eps: float | None = None,
+    ci_level: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> EntropyResult:
+    """Entropy statistics of one layer whose sequences arrive in batches (see the module docstring).
+
+    Args:
+        chunks: returns a fresh iterable of batches, each a (n, t, d) tensor or a list of (t_i, d) tensors,
+            e.g. ``lambda: acts.iter_sequences("values", 3)``; called twice for the "zscore" normalisation
+            (the feature moments, then the entropies), once otherwise. Memory holds one batch at a time.
+        preset, alpha, normalize, eps: as `entropy_config`.
+        ci_level, n_boot, seed: the bootstrap CI of the mean (`lime_probe.stats.summarize`).
+
+    Returns:
+        `EntropyResult`: per-sequence values (n_seq,) in input order, mean, std, CI.
     """
-    return EntropyAccumulator(preset, **knobs).update(seqs).result()
+    config = entropy_config(preset, alpha=alpha, normalize=normalize, eps=eps)
+    moments = None
+    if config.normalize == "zscore":
+        moments, seen = FeatureMoments(), 0
+        for seqs in chunks():
+            seqs = _as_sequences(seqs)
+            for group in _groups(seqs):  # one update per group: few small torch calls for short sequences
+                rows = torch.cat([seqs[i] for i in group])
+                if not bool(torch.isfinite(rows).all()):
+                    bad = next(i for i in group if not bool(torch.isfinite(seqs[i]).all()))
+                    raise ValueError(f"sequence {seen + bad}: contains NaN or Inf")
+                moments.update(rows)
+            seen += len(seqs)
+    acc = EntropyAccumulator(config, feature_stats=moments, ci_level=ci_level, n_boot=n_boot, seed=seed)
+    for seqs in chunks():
+        acc.update(seqs)
+    return acc.result()
+
+
+def layer_entropy(seqs: Sequences, preset: str | EntropyConfig = "lime", **knobs) -> EntropyResult:
+    """Entropy statistics of one layer's sequences ((n, t, d) or a list of (t_i, d)) held in memory:
+    `stream_entropy` of a single batch. `knobs` are those of `stream_entropy` (alpha, normalize, eps,
+    ci_level, n_boot, seed)."""
+    seqs = _as_sequences(seqs)
+    return stream_entropy(lambda: [seqs], preset, **knobs)
 
 
 def layer_entropies(

@@ -39,13 +39,9 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from lime_model.data import texts_hash
-from lime_model.tokenization import tokenizer_hash
-
 from .adapters import Adapter, Take, first, get_adapter, head_shape
-from .cache import ShardCache, checkpoint_identity, read_tensor
+from .cache import ShardCache, extraction_key, read_tensor
 from .loading import wrap
-from .results import versions
 from .sites import SITES
 
 POOLS = ("none", "mean")
@@ -310,16 +306,7 @@ def _as_nnsight(model: Any, tokenizer: Any) -> Any:
     raise TypeError(f"model must be a Hugging Face model or an nnsight model, not {type(model).__name__}")
 
 
-def _validate(
-    texts: Any,
-    sites: Any,
-    pool: str,
-    token_ids: Any,
-    batch_size: int,
-    max_length: int,
-    max_sequences: int | None,
-    max_tokens: int | None,
-) -> None:
+def _validate(texts: Any, sites: Any, pool: str, token_ids: Any, limits: dict[str, int | None]) -> None:
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise ValueError("texts must be a list of strings")
     if len(texts) == 0:
@@ -335,31 +322,49 @@ def _validate(
         raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
     if token_ids is not None and pool != "none":
         raise ValueError("token_ids selects token rows; it cannot be combined with pool='mean'")
-    for name, value in (
-        ("batch_size", batch_size),
-        ("max_length", max_length),
-        ("max_sequences", max_sequences),
-        ("max_tokens", max_tokens),
-    ):
+    for name, value in limits.items():
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one extraction reads from a model: the layers per site, the trace reads in execution order,
+    the per-head shapes of the keys/values sites."""
+
+    site_layers: dict[str, list[int]]
+    reads: list[Read]
+    heads: dict[str, tuple[int, int]]
+
+
+def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None) -> _Plan:
+    base = hf.base_model
+    prefix = "" if base is hf else f"{hf.base_model_prefix}."
+    adapter = get_adapter(hf.config)
+    n_layers = len(base.get_submodule(adapter.layers))
+    sizes = site_sizes(adapter, hf.config, n_layers)
+    site_layers = resolve_layers(list(dict.fromkeys(sites)), layers, sizes, hf.config.model_type)
+    return _Plan(
+        site_layers,
+        plan_reads(adapter, hf.config, prefix, n_layers, site_layers),
+        {s: head_shape(hf.config) for s in site_layers if s not in ("hidden", "final")},
+    )
 
 
 def extract(
     model: Any,
     tokenizer: Any,
     texts: Sequence[str],
+    *,
     sites: Sequence[str] | str = ("hidden",),
     layers: Iterable[int] | int | None = None,
     pool: str = "none",
     token_ids: Iterable[int] | None = None,
     batch_size: int = 8,
     max_length: int = 512,
-    max_sequences: int | None = None,
     max_tokens: int | None = None,
     cache_dir: str | Path | None = None,
     progress: bool = True,
-    *,
     remote: bool | str = False,
 ) -> Activations:
     """Run `texts` through `model` and collect the representations at `sites` (see the module doc).
@@ -376,7 +381,8 @@ def extract(
         pool: "none" (a row per token) or "mean" (a row per sequence, the mean over its tokens).
         token_ids: keep only the positions holding one of these token ids.
         batch_size: sequences per forward pass.
-        max_sequences / max_tokens: stop after this many sequences / tokens (None = no limit).
+        max_tokens: stop after this many tokens in all (None = no limit); the sequence that crosses the
+            budget is cut short.
         cache_dir: stream results to safetensors shards under this folder; a second call with the
             same checkpoint, data and settings reuses them, an interrupted one resumes.
         progress: show a progress bar over sequences.
@@ -391,77 +397,60 @@ def extract(
     """
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
-    _validate(texts, sites, pool, token_ids, batch_size, max_length, max_sequences, max_tokens)
+    _validate(
+        texts,
+        sites,
+        pool,
+        token_ids,
+        {"batch_size": batch_size, "max_length": max_length, "max_tokens": max_tokens},
+    )
     nn_model = _as_nnsight(model, tokenizer)
     hf = nn_model._module
-    base = hf.base_model
-    prefix = "" if base is hf else f"{hf.base_model_prefix}."
-    adapter = get_adapter(hf.config)
-    n_layers = len(base.get_submodule(adapter.layers))
-    model_type = hf.config.model_type
-    site_layers = resolve_layers(
-        list(dict.fromkeys(sites)), layers, site_sizes(adapter, hf.config, n_layers), model_type
-    )
-    reads = plan_reads(adapter, hf.config, prefix, n_layers, site_layers)
-    heads = {s: head_shape(hf.config) for s in site_layers if s != "hidden" and s != "final"}
+    plan = _plan(hf, sites, layers)
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
-
-    texts = list(texts[:max_sequences])
+    texts = list(texts)
     max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
-    side = tokenizer.padding_side
-    device = next(hf.parameters()).device
     # per-sequence positions make left padding exact; models without the argument count positions
     # themselves (exact with right padding)
     with_positions = "position_ids" in inspect.signature(hf.forward).parameters
 
     cache = None
     if cache_dir is not None:
-        data = {
-            "texts": texts_hash(texts),
-            "tokenizer": tokenizer_hash(tokenizer),
-            "max_length": max_length,
-            "max_tokens": max_tokens,
-        }
         settings = {
-            "sites": site_layers,
+            "sites": plan.site_layers,
             "pool": pool,
             "batch_size": batch_size,
-            "padding_side": side,
+            "padding_side": tokenizer.padding_side,
             "token_ids": None if select_ids is None else select_ids.tolist(),
-            "dtype": str(next(hf.parameters()).dtype),
-            "device": device.type,
         }
-        key = {
-            "checkpoint": checkpoint_identity(hf),
-            "model_type": model_type,
-            "data": data,
-            "settings": settings,
-            "versions": versions(),
-        }
-        cache = ShardCache(cache_dir, key, prefix=model_type)
+        key = extraction_key(
+            hf, tokenizer, texts, max_length=max_length, max_tokens=max_tokens, settings=settings
+        )
+        cache = ShardCache(cache_dir, key, prefix=hf.config.model_type)
         if cache.complete:
-            return Activations(cache.shards, site_layers, heads)
+            return Activations(cache.shards, plan.site_layers, plan.heads)
 
     start, used = (cache.done_sequences, cache.done_tokens) if cache else (0, 0)
     parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
     buffer: list[dict[str, torch.Tensor]] = []
     buffered_bytes = 0
+    device = next(hf.parameters()).device
     bar = tqdm(total=len(texts), initial=start, unit="seq", desc="extract", disable=not progress)
     for lo in range(start, len(texts), batch_size):
         budget = None if max_tokens is None else max_tokens - used
         batch_seqs = _tokenize(tokenizer, texts[lo : lo + batch_size], lo, max_length, budget)
         if not batch_seqs:
             break
-        batch = pad_batch(batch_seqs, pad_id, side)
+        batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side)
         if not with_positions:
             del batch["position_ids"]
         keep = batch["attention_mask"].bool()
         if select_ids is not None:
             keep &= torch.isin(batch["input_ids"], select_ids)
-        result = _forward(nn_model, batch, keep.to(device), reads, pool, remote, lo)
+        result = _forward(nn_model, batch, keep.to(device), plan.reads, pool, remote, lo)
         result["offsets"] = _offsets(keep, pool)
         result["token_ids"] = (
             batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
@@ -482,7 +471,7 @@ def extract(
         cache.finish()
     elif buffer:
         parts.append(_merge(buffer))
-    return Activations(parts, site_layers, heads)
+    return Activations(parts, plan.site_layers, plan.heads)
 
 
 def _forward(

@@ -13,9 +13,10 @@ import pytest
 from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
 from lime_probe import cli
-from lime_probe.pipelines import DEFAULT_WORDS
+from lime_probe.analyses import ANALYSES
+from lime_probe.sites import DEFAULT_WORDS
 
-COMMANDS = ["entropy", "separability", "tsne", "blimp", "cka", "router", "report", "demo"]
+COMMANDS = [*ANALYSES, "report", "demo"]
 TEXTS = CORPUS
 DOCS = TEXTS * 3  # every probed word occurs at least 5 times
 
@@ -203,9 +204,8 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeyp
         for r in rows:
             seqs = acts.sequences("values", r["layer"])
             got = [r["entropy_mean"], r["entropy_std"], r["ci_low"], r["ci_high"]]
-            # the library on all sequences at once (its default one-pass z-score); equal up to float64
-            # round-off in the feature moments (merged per shard here), which p**0.5 of the smallest Gram
-            # eigenvalues magnifies to ~1e-9
+            # the library on all sequences at once, in memory; equal up to float64 round-off in the feature
+            # moments (merged per shard here), which p**0.5 of the smallest Gram eigenvalues magnifies to ~1e-9
             want = layer_entropy(seqs, "lime", seed=3)
             np.testing.assert_allclose(got, [want.mean, want.std, want.ci_low, want.ci_high], rtol=1e-7)
             assert r["n_sequences"] == len(DOCS)
@@ -648,3 +648,34 @@ def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, tex
     assert run_cli(capsys, *argv[:-2], "--no-cache", "--out", tmp_path / "fresh")[0] == 0
     resumed = _read_json(tmp_path / "out" / "entropy_values.json")["rows"]
     assert resumed == _read_json(tmp_path / "fresh" / "entropy_values.json")["rows"]
+
+
+def test_run_folder_analyses_read_the_trainer_logs(capsys, tmp_path):
+    """training-curves and arithmetic-accuracy tabulate metrics.jsonl / arithmetic_eval.json as written."""
+    runs = {}
+    for label, offset in (("a", 0.0), ("b", 0.5)):
+        run = runs[label] = tmp_path / label
+        run.mkdir()
+        records = [
+            {"step": s, "tokens": 64 * s, "flops": 1e6 * s, "loss": 4.0 / s + offset} for s in (1, 2, 3)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")
+        (run / "arithmetic_eval.json").write_text(json.dumps({"accuracy": {"2": 0.9 - offset, "3": 0.4}}))
+    ckpts = [x for run in runs.values() for x in ("--ckpt", run)]
+    _ok(capsys, "training-curves", *ckpts, "--smooth", 2, "--out", tmp_path / "c")
+    rows = _read_json(tmp_path / "c" / "training_curves.json")["rows"]
+    assert [(r["model"], r["step"], r["loss"]) for r in rows] == [
+        (m, s, 4.0 / s + off) for m, off in (("a", 0.0), ("b", 0.5)) for s in (1, 2, 3)
+    ]
+    assert (tmp_path / "c" / "training_curves.png").is_file()
+    _ok(capsys, "arithmetic-accuracy", *ckpts, "--label", "A", "--label", "B", "--out", tmp_path / "acc")
+    rows = _read_json(tmp_path / "acc" / "arithmetic_accuracy.json")["rows"]
+    assert {(r["model"], r["n_operands"]): r["accuracy"] for r in rows} == {
+        ("A", 2): 0.9,
+        ("A", 3): 0.4,
+        ("B", 2): 0.4,
+        ("B", 3): 0.4,
+    }
+    (runs["b"] / "arithmetic_eval.json").unlink()
+    code, _, err = run_cli(capsys, "arithmetic-accuracy", *ckpts, "--out", tmp_path / "none")
+    assert code == 2 and "no arithmetic_eval.json" in err and not (tmp_path / "none").exists()

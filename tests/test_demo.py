@@ -100,7 +100,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         {la: acts.sequences("values", la) for la in acts["values"]}, seed=0, progress=False
     )
     got = [r for r in json.loads((out / "entropy_values.json").read_text())["rows"] if r["model"] == "LIMe"]
-    # the demo streams (two-pass z-score): equal to the one-pass library up to float64 round-off (~1e-9)
+    # the demo streams from its extraction in batches: equal to the in-memory library up to round-off (~1e-9)
     np.testing.assert_allclose(
         [r["entropy_mean"] for r in got], [want[la].mean for la in sorted(want)], rtol=1e-7
     )

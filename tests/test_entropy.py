@@ -13,6 +13,7 @@ from lime_probe.entropy import (
     layer_entropies,
     layer_entropy,
     matrix_entropy,
+    stream_entropy,
 )
 from lime_probe.stats import bootstrap_ci, summarize
 
@@ -101,33 +102,43 @@ def test_matrix_entropy_keeps_leading_dims_and_float32_input():
 
 
 @pytest.mark.parametrize("lengths,d", [([40, 40, 40, 40], 12), ([5, 7, 5, 6], 16), ([30, 4, 18, 12, 12], 10)])
-def test_lime_preset_one_pass_matches_loop(lengths, d):
+def test_lime_preset_matches_loop(lengths, d):
     seqs = random_seqs(lengths, d, offset=4.0)
     res = layer_entropy([torch.from_numpy(z) for z in seqs], "lime")
     np.testing.assert_allclose(res.values, reference_lime(seqs), atol=1e-8)
     assert res.config == EntropyConfig(alpha=0.5, normalize="zscore", eps=1e-5)
 
 
-def test_lime_preset_one_pass_with_mean_far_larger_than_std():
+def test_lime_preset_with_mean_far_larger_than_std():
     seqs = random_seqs([40] * 5, 12, seed=12, offset=1e4)  # like the massive activations of some LLM dims
     res = layer_entropy([torch.from_numpy(z) for z in seqs], "lime")
     np.testing.assert_allclose(res.values, reference_lime(seqs), atol=1e-9)
 
 
-def test_lime_preset_two_pass_and_streaming_agree_with_loop():
+def test_lime_preset_streamed_in_batches_agrees_with_loop():
     seqs = random_seqs([25, 25, 9, 25, 14, 25], 11, seed=4, offset=-2.0)
     tensors = [torch.from_numpy(z) for z in seqs]
+    batches = (tensors[:2], tensors[2:3], torch.stack(tensors[3:4]), tensors[4:])
+    passes = []
+
+    def chunks():
+        passes.append(1)
+        return iter(batches)
+
+    res = stream_entropy(chunks, "lime")
+    np.testing.assert_allclose(res.values, reference_lime(seqs), atol=1e-8)
+    assert len(passes) == 2  # the global moments first, then the entropies
+    stream_entropy(chunks, "layer-by-layer")
+    assert len(passes) == 3  # per-sequence normalisation: one pass
     moments = FeatureMoments()
-    for z in tensors:  # pass 1
+    for z in tensors:
         moments.update(z)
-    two_pass = EntropyAccumulator("lime", feature_stats=moments)
-    one_pass = EntropyAccumulator("lime")
-    for batch in (tensors[:2], tensors[2:3], tensors[3:]):  # pass 2 / the only pass
-        two_pass.update(batch)
-        one_pass.update(batch)
-    want = reference_lime(seqs)
-    np.testing.assert_allclose(two_pass.result().values, want, atol=1e-8)
-    np.testing.assert_allclose(one_pass.result().values, want, atol=1e-8)
+    by_hand = EntropyAccumulator("lime", feature_stats=moments)
+    for batch in batches:
+        by_hand.update(batch)
+    np.testing.assert_allclose(by_hand.result().values, res.values, atol=1e-12)
+    with pytest.raises(ValueError, match="feature moments"):
+        EntropyAccumulator("lime")
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.5, 2.0])
@@ -171,7 +182,10 @@ def test_layer_entropies_over_layers():
 
 def test_bad_update_leaves_accumulator_unchanged():
     seqs = random_seqs([6, 6, 9], 4, seed=13)
-    acc = EntropyAccumulator("lime").update(seqs[:2])
+    moments = FeatureMoments()
+    for z in seqs:
+        moments.update(torch.from_numpy(z))
+    acc = EntropyAccumulator("lime", feature_stats=moments).update(seqs[:2])
     with pytest.raises(ValueError, match="sequence 1: contains NaN"):
         acc.update([seqs[2], np.full((6, 4), np.nan, dtype=np.float32)])
     acc.update(seqs[2:])

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import nbformat
 import pytest
 from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
+from lime_probe.analyses import ANALYSES
+
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "analyses").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "analyses").glob("*.ipynb"))
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +57,27 @@ def env(tmp_path_factory) -> dict[str, str]:
     }
 
 
-def test_every_analysis_has_a_notebook():
-    assert sorted(p.stem for p in NOTEBOOKS) == [
-        "blimp",
-        "entropy",
-        "routers",
-        "separability",
-        "training_curves",
-        "tsne",
-    ]
+def test_every_notebook_belongs_to_an_analysis_of_the_registry():
+    assert sorted(p.stem for p in NOTEBOOKS) == sorted({s.notebook for s in ANALYSES.values() if s.notebook})
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_default_paths_resolve_from_the_root_and_from_analyses(path, monkeypatch):
+    """Jupyter runs a notebook in its own folder; the shipped defaults must name the same files from there
+    as from the repository root."""
+    for key in [k for k in os.environ if k.startswith("LIME_")]:
+        monkeypatch.delenv(key)
+    cell = nbformat.read(path, as_version=4).cells[1].source.replace("%matplotlib inline", "")
+    seen = []
+    for folder in (ROOT, ROOT / "analyses"):
+        monkeypatch.chdir(folder)
+        names: dict = {}
+        exec(cell, names)
+        seen.append({k: v for k, v in names.items() if k.isupper()})
+    assert seen[0] == seen[1]
+    paths = [v for k, v in seen[0].items() if k in ("CKPTS", "RUNS", "DATA", "BLIMP")]
+    for p in (x for v in paths for x in (v if isinstance(v, list) else [v])):
+        assert Path(p).is_absolute(), p  # so the kernel's working folder does not matter
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -95,15 +111,16 @@ def test_notebook_runs_and_shows_figures(path, env, monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_is_valid_and_uses_the_pipelines(path):
-    """The notebooks call the library's analyses rather than re-implementing their steps."""
+def test_notebook_is_valid_and_uses_the_registry(path):
+    """The notebooks run the registry's analyses rather than re-implementing their steps."""
     book = nbformat.read(path, as_version=4)
     nbformat.validate(book)
     code = "\n".join(c.source for c in book.cells if c.cell_type == "code")
     for step in ("word_rows(", "balance_classes(", "np.flatnonzero(", "acts.sequences(", "extract("):
-        assert step not in code, f"{path.name} re-implements {step!r}: call lime_probe.pipelines"
-    if path.stem != "training_curves":
-        assert f"{path.stem.rstrip('s')}_analysis(" in code
+        assert step not in code, f"{path.name} re-implements {step!r}: run lime_probe.analyses"
+    for spec in ANALYSES.values():
+        if spec.notebook == path.stem:
+            assert f'ANALYSES["{spec.name}"]' in code, f"{path.name} does not run the {spec.name} analysis"
     params = book.cells[1].source
     names = [line.split("=")[0].strip() for line in params.splitlines() if line[:1].isupper() and "=" in line]
     unused = [n for n in names if code.count(n) < 2]  # defined once, never read

@@ -1,0 +1,180 @@
+"""What every analysis is made of: checkpoints in, a `Result` of numbers out, figures drawn apart.
+
+An analysis is one `Spec`: its name (the command), a one-line help, a runnable example, a parameter
+dataclass (the command-line options are generated from its fields, see `option`), ``compute`` and
+``plot``. ``compute(checkpoints, data, params, extract_kw)`` returns a `Result` (tidy rows, structured
+extras, a summary text) and draws nothing; ``plot(result)`` returns ``{file stem: Figure}``.
+
+This module imports no probe, model or plotting library, so the registry (and ``lime-probe --help``)
+stays cheap; each analysis imports what it uses when it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+# What an analysis's --data holds: texts (required or optional), a BLiMP dataset, or nothing (the
+# analysis reads the checkpoints' own run folders).
+DataKind = Literal["texts", "optional-texts", "blimp", "none"]
+
+
+def option(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
+    """A parameter field with its command-line help; ``cli`` holds argparse extras (``metavar``,
+    ``choices``) and ``positive=True`` for integers that must be > 0."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
+def seed_option() -> Any:
+    """The ``seed`` field every seeded analysis shares (one ``--seed`` in ``report``)."""
+    return option(0, "seed for sampling, folds, t-SNE and the bootstrap CI")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: its label in tables and legends, its path or hub id, model and tokenizer."""
+
+    label: str
+    source: str
+    model: Any
+    tokenizer: Any
+
+    @property
+    def config(self) -> Any:
+        """The Hugging Face config (``model`` may be an nnsight wrapper)."""
+        return getattr(self.model, "_module", self.model).config
+
+
+def labels_for(ckpts: Sequence[str], labels: Sequence[str] | None) -> list[str]:
+    """One label per checkpoint: the given ones, or each path's last component; must be unique."""
+    if labels and len(labels) != len(ckpts):
+        raise ValueError(
+            f"got {len(labels)} --label for {len(ckpts)} --ckpt; give one label per checkpoint or none"
+        )
+    out = list(labels) if labels else [Path(c.rstrip("/")).name or c for c in ckpts]
+    dupes = sorted({x for x in out if out.count(x) > 1})
+    if dupes:
+        raise ValueError(f"checkpoint labels must be unique, {dupes} repeats; name them with --label")
+    return out
+
+
+def named_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None) -> list[Checkpoint]:
+    """The checkpoints named but not loaded (model and tokenizer None), for analyses that read only their
+    run folders (``data_kind="none"``)."""
+    return [Checkpoint(lb, c, None, None) for lb, c in zip(labels_for(ckpts, labels), ckpts, strict=True)]
+
+
+def load_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None, device: str) -> list[Checkpoint]:
+    """Load every checkpoint with ``lime_probe.load`` (errors name the offending path)."""
+    names = labels_for(ckpts, labels)
+    from lime_probe.loading import load
+
+    out = []
+    for label, ckpt in zip(names, ckpts, strict=True):
+        model, tok = load(ckpt, device=device)
+        out.append(Checkpoint(label, ckpt, model, tok))
+    return out
+
+
+@dataclass
+class Result:
+    """What one analysis computed: numbers only.
+
+    ``rows`` is the flat table (written as CSV and JSON), ``extra`` structured results that do not fit a
+    table (matrices, per-head maps; written to the JSON), ``context`` what the figures need besides
+    (class order, site; not written), ``columns`` the compact table's columns (default: all) or
+    ``summary`` the compact table itself where rows are too many to show.
+    """
+
+    analysis: str  # the registry name of the spec whose ``plot`` draws it
+    name: str  # file stem of its results, e.g. "entropy_values"
+    title: str
+    rows: list[dict]
+    text: str = ""
+    extra: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)
+    columns: tuple[str, ...] = ()
+    summary: list[dict] | None = None
+
+    def table(self) -> list[dict]:
+        """The rows shown on the terminal and in the report."""
+        if self.summary is not None:
+            return self.summary
+        return [{c: r.get(c) for c in self.columns} for r in self.rows] if self.columns else self.rows
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One analysis, declared once: the CLI, ``report``, the demo, the notebooks and the tests read it.
+
+    ``compute(checkpoints, data, params, extract_kw)``: ``data`` as ``data_kind`` says (texts, a BLiMP
+    dataset or None), ``params`` an instance of ``params``, ``extract_kw`` the size limits, layers and
+    cache as ``lime_probe.extract`` keywords (None when the analysis reads no data). ``applies(checkpoint)``
+    says whether ``report`` runs it on a checkpoint (the router analysis: LIMe checkpoints only).
+    ``notebook`` is the stem of its notebook in analyses/.
+    """
+
+    name: str
+    help: str
+    example: str
+    params: type
+    compute: Callable[..., Result]
+    plot: Callable[[Result], dict]
+    data_kind: DataKind = "texts"
+    notebook: str = ""
+    applies: Callable[[Checkpoint], bool] = lambda ck: True
+    max_sequences: int = 64  # default --max-sequences (word probes need more text)
+
+    def run(
+        self, cks: Sequence[Checkpoint], data: Any = None, extract_kw: dict | None = None, **params: Any
+    ) -> Result:
+        """``compute`` with ``params`` given as keywords (defaults for the rest)."""
+        return self.compute(cks, data, self.params(**params), extract_kw)
+
+
+def extract_site(ck: Checkpoint, texts: Sequence[str], site: str, extract_kw: dict | None = None, **kw):
+    """``lime_probe.extract`` of one site for one checkpoint; ``extract_kw`` holds the size limits,
+    cache and layers (``layers``, ``max_length``, ``max_tokens``, ``batch_size``, ``cache_dir``)."""
+    from lime_probe.extraction import extract
+    from lime_probe.sites import SITES
+
+    if site not in SITES:
+        raise ValueError(f"unknown site {site!r}; choose from {', '.join(SITES)}")
+    return extract(ck.model, ck.tokenizer, texts, sites=[site], **{**(extract_kw or {}), **kw})
+
+
+def check_class_counts(labels, classes: Sequence, minimum: int, what: str) -> None:
+    """ValueError naming every class of ``classes`` with fewer than ``minimum`` rows in ``labels`` (n,)."""
+    import numpy as np
+
+    found = dict(zip(*np.unique(labels, return_counts=True), strict=True)) if len(labels) else {}
+    short = {c: int(found.get(c, 0)) for c in classes if found.get(c, 0) < minimum}
+    if short:
+        counts = ", ".join(f"{c!r}: {n}" for c, n in short.items())
+        raise ValueError(
+            f"{what} too rare in the data (need at least {minimum} each): {counts}; "
+            "give more data (--data, --max-sequences) or other words"
+        )
+
+
+def slug(label: str) -> str:
+    """A file-name-safe form of a checkpoint label."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
+
+
+def group(rows: Sequence[dict], key: str) -> dict[Any, list[dict]]:
+    """Tidy rows grouped by the value of ``key``, groups and rows in first-seen order."""
+    out: dict[Any, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r[key], []).append(r)
+    return out
+
+
+def curve(rows: Sequence[dict], value: str, **band: str) -> dict[str, list]:
+    """A per-layer curve of ``figures.plot_layer_curves`` from one curve's rows: ``{"layers", "mean",
+    **band}``, e.g. ``band={"std": "accuracy_std"}`` or ``{"low": "ci_low", "high": "ci_high"}``."""
+    return {"layers": [r["layer"] for r in rows], "mean": [r[value] for r in rows]} | {
+        name: [r[col] for r in rows] for name, col in band.items()
+    }

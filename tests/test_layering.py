@@ -1,0 +1,129 @@
+"""The package's layers, checked in fresh interpreters through ``sys.modules``: extraction and the probes
+import no plotting and no training code; the command line imports nothing heavy before it has parsed its
+arguments; Ctrl-C at any moment is one line and exit 130."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import CORPUS, save_tiny_checkpoint
+
+from lime_probe import cli
+from lime_probe.analyses import ANALYSES
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+PROBES = ("extraction", "cache", "entropy", "separability", "blimp", "tsne", "router", "similarity", "stats")
+HEAVY = ("torch", "transformers", "matplotlib", "nnsight", "sklearn")
+
+
+def imported_after(code: str, watched: tuple[str, ...]) -> list[str]:
+    """The modules of ``watched`` (or their submodules) that a fresh interpreter holds after ``code``."""
+    probe = f"{code}\nimport sys\nprint(sorted({{m for m in sys.modules for w in {watched!r} if m == w or m.startswith(w + '.')}}))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    return eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_extraction_and_probes_import_no_plotting_and_no_training():
+    code = "\n".join(f"import lime_probe.{m}" for m in PROBES)
+    assert imported_after(code, ("matplotlib", "seaborn", "lime_model.train", "lime_model.data")) == []
+
+
+def test_the_registry_imports_nothing_heavy():
+    assert imported_after("import lime_probe.analyses", HEAVY) == []
+
+
+def test_computing_an_analysis_draws_nothing(tmp_path):
+    """``compute`` returns numbers only: running analyses on a checkpoint never imports matplotlib."""
+    ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
+    code = (
+        "from lime_probe.analyses import ANALYSES, load_checkpoints\n"
+        f"cks = load_checkpoints([{str(ckpt)!r}], None, 'cpu')\n"
+        f"texts = {CORPUS * 3!r}\n"
+        "kw = {'max_length': 32, 'cache_dir': None}\n"
+        "for name in ('entropy', 'separability', 'cka', 'router'):\n"
+        "    assert ANALYSES[name].run(cks, texts, kw).rows"
+    )
+    assert imported_after(code, ("matplotlib", "seaborn")) == []
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([c, "--help"] for c in [*ANALYSES, "report", "demo"])])
+def test_help_imports_nothing_heavy(argv):
+    code = f"from lime_probe import cli\ntry:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass"
+    assert imported_after(code, HEAVY) == []
+
+
+def test_a_usage_error_imports_nothing_heavy():
+    code = "from lime_probe import cli\nassert cli.main(['entropy', '--ckpt', 'x']) == 2  # no --data"
+    assert imported_after(code, HEAVY) == []
+
+
+def test_abbreviated_options_are_rejected(capsys, tmp_path):
+    code = cli.main(["entropy", "--ckp", "x", "--data", "t.txt", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--ckp" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["report", "--ckpt", "x", "--data", "t.txt", "--analys", "cka"]) == 2
+    assert "--analys" in capsys.readouterr().err
+
+
+def test_every_parameter_field_is_an_option():
+    """Options are generated from the parameter dataclasses, so a field and its option cannot drift."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    for name, spec in ANALYSES.items():
+        dests = {a.dest for a in sub[name]._actions}
+        fields = set(spec.params.__dataclass_fields__)
+        assert fields <= dests, name
+        args = sub[name].parse_args(
+            ["--ckpt", "x", "--data", "d"] if spec.data_kind == "texts" else ["--ckpt", "x"]
+        )
+        assert cli.params_of(spec, args) == spec.params()  # option defaults are the dataclass defaults
+
+
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory) -> list[str]:
+    """An entropy command on a tiny checkpoint and enough text to run for several seconds."""
+    root = tmp_path_factory.mktemp("sigint")
+    ckpt = save_tiny_checkpoint(root / "llama", "llama")
+    data = root / "texts.txt"
+    data.write_text("\n\n".join(CORPUS * 2000) + "\n")
+    args = ["entropy", "--ckpt", str(ckpt), "--data", str(data), "--max-sequences", "12000", "--no-cache"]
+    return [sys.executable, "-m", "lime_probe.cli", *args, "--batch-size", "4"]
+
+
+# Where to press Ctrl-C, found on stderr: -X importtime reports each module as it finishes importing.
+MOMENTS = {
+    "our imports": "lime_probe.analyses.base",  # the registry, before main() runs
+    "torch's import": "torch._utils",  # a heavy import inside the command
+    "extraction": "extract:",  # the progress bar of the forward passes
+}
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(slow_run, tmp_path, moment):
+    """SIGINT during our imports, a heavy import and the extraction: one line, exit 130, nothing written."""
+    out = tmp_path / "out"
+    cmd = [slow_run[0], "-X", "importtime", *slow_run[1:], "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    err = b""
+    while MOMENTS[moment].encode() not in err:
+        chunk = os.read(proc.stderr.fileno(), 1 << 16)
+        assert chunk, f"exited before {moment}: {err.decode()[-2000:]}"
+        err += chunk
+    proc.send_signal(signal.SIGINT)
+    err = (err + proc.communicate(timeout=120)[1]).decode()
+    own = [x for x in err.replace("\r", "\n").splitlines() if not x.startswith("import time:")]
+    said = [x for x in own if "interrupted" in x]
+    assert proc.returncode == 130, "\n".join(own[-30:])
+    assert "Traceback" not in "\n".join(own) and len(said) == 1, own  # one message (after a progress bar)
+    assert re.search(r"lime-probe( entropy)?: interrupted", said[0]), said
+    assert not out.exists()
