@@ -32,12 +32,11 @@ import torch
 from sklearn.model_selection import GroupKFold
 from tqdm.auto import tqdm
 
+from .protocol import PAPER_LAYER_FRACTION
 from .router import unwrap_model
 from .separability import LayerFeatures, Method, ProbeResult, probe_layers
 
 HUB_ID = "nyu-mll/blimp"
-# Table 2 probes blocks 10-16 of the paper's 16-block models: the top 7 of 16.
-PAPER_LAYER_FRACTION = 7 / 16
 REQUIRED_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID", "linguistics_term")
 
 

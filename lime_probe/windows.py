@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-# The official code measures packed rows of its training length (configs/config_base.yaml seq_length).
-OFFICIAL_WINDOW = 2048
+from .protocol import OFFICIAL_WINDOW
 
 
 def max_positions(model_or_config: Any) -> int | None:
