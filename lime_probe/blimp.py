@@ -2,8 +2,9 @@
 ungrammatical sentence differing minimally). Two uses, both per paradigm:
 
 - **Probe** (paper Table 2, Appendix D): mean-pooled per-layer representations of the good and bad
-  sentences, a logistic regression good vs bad with 5-fold cross-validation grouped by `pairID`
-  (the two sentences of a pair never straddle train and test), mean accuracy per layer.
+  sentences, a linear probe good vs bad (a standardised logistic regression: our choice, the paper names
+  no classifier) with 5-fold cross-validation grouped by `pairID` (the two sentences of a pair never
+  straddle train and test), mean accuracy per layer.
 - **Minimal-pair scoring**, the field's standard, as lm-evaluation-harness: each sentence is scored by
   the sum of its tokens' log-probabilities given a one-token prefix, the tokenizer's BOS token (its EOS
   token where it has no BOS, as the harness does), and a pair is correct when good > bad (strictly; an

@@ -112,9 +112,10 @@ def entropy_config(
         config = PRESETS[preset]
     else:
         raise ValueError(f"unknown entropy preset {preset!r}; choose one of {sorted(PRESETS)}")
-    knobs = {"alpha": alpha, "normalize": normalize, "eps": eps, "clamp_gram": clamp_gram}
-    knobs = {k: v for k, v in (knobs | {"max_normalize": max_normalize}).items() if v is not None}
-    return replace(config, **knobs)
+    knobs = dict(
+        alpha=alpha, normalize=normalize, eps=eps, clamp_gram=clamp_gram, max_normalize=max_normalize
+    )
+    return replace(config, **{k: v for k, v in knobs.items() if v is not None})
 
 
 def gram_entropy(K: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
