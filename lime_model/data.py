@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from .digests import texts_hash, tokenizer_hash
 from .files import atomic_write
-from .tokenization import tokenizer_hash
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -116,14 +116,6 @@ def load_texts(spec: str, split: str | None = None, max_texts: int | None = None
     if not texts:
         raise ValueError(f"no text in {spec}" + (f" (split {split!r})" if split else ""))
     return texts
-
-
-def texts_hash(texts: Sequence[str]) -> str:
-    """SHA-256 (hex) of the texts, in order; stable across processes and runs."""
-    h = hashlib.sha256()
-    for t in texts:
-        h.update(hashlib.sha256(t.encode()).digest())
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

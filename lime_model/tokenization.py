@@ -6,7 +6,6 @@ All are `PreTrainedTokenizerFast` with bos/eos/pad tokens, so `save_pretrained(D
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -73,15 +72,3 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
-    """A digest that changes whenever the tokenizer would split text differently: the full
-    serialisation of a fast tokenizer (vocabulary, merges, normaliser, special-token template),
-    else its class and vocabulary."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        text = backend.to_str()
-    else:
-        text = repr([type(tokenizer).__name__, sorted(tokenizer.get_vocab().items())])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

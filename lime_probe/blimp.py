@@ -2,12 +2,17 @@
 ungrammatical sentence differing minimally). Two uses, both per paradigm:
 
 - **Probe** (paper Table 2, Appendix D): mean-pooled per-layer representations of the good and bad
-  sentences, a logistic regression good vs bad with 5-fold cross-validation grouped by `pairID`
-  (the two sentences of a pair never straddle train and test), mean accuracy per layer.
+  sentences, a linear probe good vs bad (a standardised logistic regression: our choice, the paper names
+  no classifier) with 5-fold cross-validation grouped by `pairID` (the two sentences of a pair never
+  straddle train and test), mean accuracy per layer.
 - **Minimal-pair scoring**, the field's standard, as lm-evaluation-harness: each sentence is scored by
   the sum of its tokens' log-probabilities given a one-token prefix, the tokenizer's BOS token (its EOS
   token where it has no BOS, as the harness does), and a pair is correct when good > bad (strictly; an
   exact tie, practically only for identical token sequences, counts as wrong).
+
+The paper's Table 2 protocol (`paper_layers`, `fit_pairs`, `blimp_table`): probes on mean-pooled values and
+hidden states of the upper blocks (10-16 of 16; the same upper fraction, 7/16, for other depths), one
+accuracy per task (mean over those layers), reported as mean +- std over tasks per model and site.
 
 Phenomena are the `linguistics_term` field of the released data: 13 values, since it lists the two
 s-selection paradigms apart where the BLiMP paper's 12 phenomena fold them into argument structure.
@@ -16,6 +21,7 @@ s-selection paradigms apart where the BLiMP paper's 12 phenomena fold them into 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ import torch
 from sklearn.model_selection import GroupKFold
 from tqdm.auto import tqdm
 
+from .protocol import PAPER_LAYER_FRACTION
 from .router import unwrap_model
 from .separability import LayerFeatures, Method, ProbeResult, probe_layers
 
@@ -135,6 +142,86 @@ def load_blimp(
     if len(ds) == 0:
         raise ValueError(f"no BLiMP rows in {source}")
     return ds
+
+
+# ---------------------------------------------------------------------------------------------------
+# The paper's protocol (Table 2)
+
+
+def paper_layers(n_layers: int, site: str = "values") -> list[int]:
+    """Layer indices of `site` (as `lime_probe.extract` numbers them) for the paper's BLiMP layer range.
+
+    The top round(7/16 * n_layers) blocks (half rounds up; at least one): blocks 10-16 of 16, 1-indexed.
+    Block b's values/keys are index b-1 of their site; its output is ``hidden`` index b.
+    """
+    if not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}")
+    if site == "final":
+        raise ValueError("site 'final' has a single layer; the BLiMP layer range applies to per-block sites")
+    count = max(1, math.floor(PAPER_LAYER_FRACTION * n_layers + 0.5))
+    blocks = range(n_layers - count + 1, n_layers + 1)
+    return list(blocks) if site == "hidden" else [b - 1 for b in blocks]
+
+
+def fit_pairs(data: Any, tokenizer: Any, max_positions: int | None) -> tuple[np.ndarray, dict[str, int]]:
+    """Pairs whose two sentences fit the model: (indices of the kept rows, {paradigm: pairs skipped}).
+
+    A sentence fits when it has at most `max_positions` tokens both as extracted (with the tokenizer's
+    special tokens) and as scored (one prefix token + its tokens); None keeps everything. Every
+    paradigm is listed in the counts (0 when nothing was skipped).
+
+    Raises:
+        ValueError: naming the paradigm(s) all of whose pairs are too long.
+    """
+    uids = np.asarray(list(data["UID"]), dtype=object)
+    keep = np.ones(len(uids), dtype=bool)
+    if max_positions is not None:
+        for column in ("sentence_good", "sentence_bad"):
+            sentences = list(data[column])
+            with_special = tokenizer(sentences)["input_ids"]
+            plain = tokenizer(sentences, add_special_tokens=False)["input_ids"]
+            lengths = [max(len(a), len(b) + 1) for a, b in zip(with_special, plain, strict=True)]
+            keep &= np.array(lengths) <= max_positions
+    skipped = {p: int((~keep[uids == p]).sum()) for p in sorted(set(uids))}
+    empty = [p for p in skipped if not keep[uids == p].any()]
+    if empty:
+        raise ValueError(
+            f"BLiMP paradigm(s) {empty}: every pair has a sentence longer than the model's "
+            f"{max_positions} positions"
+        )
+    return np.flatnonzero(keep), skipped
+
+
+def blimp_table(results: Mapping[tuple[str, str], Mapping[str, ProbeResult]]) -> list[dict]:
+    """Table 2 rows from probe results {(model, site): {task: ProbeResult}}, one row per (model, site).
+
+    A task's accuracy is its mean CV accuracy over the probed layers (probe `paper_layers` only);
+    each row holds `accuracy_mean` and `accuracy_std` (ddof=0) over tasks, `n_tasks`, the probed
+    `layers`, and `tasks`: {task: accuracy}.
+    """
+    rows = []
+    for (model, site), per_task in results.items():
+        if not per_task:
+            raise ValueError(f"blimp_table: no tasks for model {model!r}, site {site!r}")
+        layers = {tuple(r.layers) for r in per_task.values()}
+        if len(layers) > 1:
+            raise ValueError(
+                f"blimp_table: tasks of model {model!r}, site {site!r} probe different layers {layers}"
+            )
+        accuracy = {task: float(np.mean(r.accuracy_mean)) for task, r in per_task.items()}
+        values = np.array(list(accuracy.values()))
+        rows.append(
+            {
+                "model": model,
+                "site": site,
+                "accuracy_mean": float(values.mean()),
+                "accuracy_std": float(values.std()),
+                "n_tasks": len(values),
+                "layers": list(layers.pop()),
+                "tasks": accuracy,
+            }
+        )
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------

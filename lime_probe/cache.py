@@ -27,6 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from lime_model.digests import texts_hash, tokenizer_hash
 from lime_model.files import atomic_path, atomic_write
 from lime_probe import results
 
@@ -59,25 +60,6 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     return {"parameters": digest.hexdigest()}
 
 
-def texts_digest(texts: Sequence[str]) -> str:
-    """SHA-256 (hex) of the texts, in order (the same digest as ``lime_model.data.texts_hash``)."""
-    h = hashlib.sha256()
-    for t in texts:
-        h.update(hashlib.sha256(t.encode()).digest())
-    return h.hexdigest()
-
-
-def tokenizer_digest(tokenizer: Any) -> str:
-    """A digest that changes whenever the tokenizer would split text differently: the serialisation of a
-    fast tokenizer, else its class and vocabulary (the same digest as ``lime_model.tokenization.tokenizer_hash``)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        text = backend.to_str()
-    else:
-        text = repr([type(tokenizer).__name__, sorted(tokenizer.get_vocab().items())])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def extraction_key(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -98,8 +80,8 @@ def extraction_key(
         "checkpoint": checkpoint_identity(model),
         "model_type": model.config.model_type,
         "data": {
-            "texts": texts_digest(texts),
-            "tokenizer": tokenizer_digest(tokenizer),
+            "texts": texts_hash(texts),
+            "tokenizer": tokenizer_hash(tokenizer),
             "max_length": max_length,
             "max_tokens": max_tokens,
         },

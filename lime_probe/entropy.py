@@ -16,8 +16,12 @@ Presets (every knob can be overridden):
 
 - ``"lime"``: the official code. Per-feature z-score with the mean and std (ddof=1, as `torch.std`) over all
   tokens of all sequences of that layer, eps = 1e-5 added to the std, alpha = 0.5.
-- ``"layer-by-layer"``: Skean et al. 2025. Each sequence is centred (token mean removed), then every token
-  row is L2-normalised; alpha = 1.
+- ``"layer-by-layer"``: Skean et al. 2025 as their code computes prompt entropy (OFSkean/information_flow,
+  experiments/utils/misc/metric_utils.py): each sequence is centred (token mean removed) and every token row
+  L2-normalised; the smaller Gram matrix (t x t, or d x d when t > d) has its negative *entries* set to 0
+  (elementwise, which changes the spectrum; `clamp_gram`), its positive eigenvalues divided by their sum
+  give p; alpha = 1, float64. Their optional normalisation by the maximum entropy log(min(t, d))
+  ("maxEntropy") is the `max_normalize` flag (off by default: entropies in nats, like "lime").
 
 Streaming: `stream_entropy(chunks, preset)` is the one implementation; `layer_entropy` (sequences in memory),
 the command line and the notebooks (sequences read from the activation cache, one shard at a time) all run it.
@@ -57,11 +61,15 @@ class EntropyConfig:
 
     normalize: "none" (as given), "zscore" (per feature, global mean/std over all tokens of the layer,
     eps added to the std) or "center-l2" (per-sequence centring then row L2-normalisation).
+    clamp_gram: set the Gram matrix's negative entries to 0 and take p from its positive eigenvalues
+    (Skean et al.'s code). max_normalize: divide each entropy by log(min(t, d)), its maximum.
     """
 
     alpha: float = 1.0
     normalize: Normalization = "none"
     eps: float = 1e-5
+    clamp_gram: bool = False
+    max_normalize: bool = False
 
     def __post_init__(self) -> None:
         _check_alpha(self.alpha)
@@ -69,11 +77,14 @@ class EntropyConfig:
             raise ValueError(f"normalize must be one of {_NORMALIZATIONS}, got {self.normalize!r}")
         if not (self.eps >= 0 and math.isfinite(self.eps)):
             raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
+        for flag in ("clamp_gram", "max_normalize"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
 
 
 PRESETS: dict[str, EntropyConfig] = {
     "lime": EntropyConfig(alpha=0.5, normalize="zscore", eps=1e-5),
-    "layer-by-layer": EntropyConfig(alpha=1.0, normalize="center-l2"),
+    "layer-by-layer": EntropyConfig(alpha=1.0, normalize="center-l2", clamp_gram=True),
 }
 
 
@@ -83,6 +94,8 @@ def entropy_config(
     alpha: float | None = None,
     normalize: Normalization | None = None,
     eps: float | None = None,
+    clamp_gram: bool | None = None,
+    max_normalize: bool | None = None,
 ) -> EntropyConfig:
     """The `EntropyConfig` of `preset` ("lime", "layer-by-layer" or a config) with the given knobs replaced."""
     if isinstance(preset, EntropyConfig):
@@ -91,8 +104,10 @@ def entropy_config(
         config = PRESETS[preset]
     else:
         raise ValueError(f"unknown entropy preset {preset!r}; choose one of {sorted(PRESETS)}")
-    knobs = {k: v for k, v in {"alpha": alpha, "normalize": normalize, "eps": eps}.items() if v is not None}
-    return replace(config, **knobs)
+    knobs = dict(
+        alpha=alpha, normalize=normalize, eps=eps, clamp_gram=clamp_gram, max_normalize=max_normalize
+    )
+    return replace(config, **{k: v for k, v in knobs.items() if v is not None})
 
 
 def gram_entropy(K: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -110,16 +125,45 @@ def gram_entropy(K: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         )
     if alpha == 2:
         return -torch.log(K.square().sum((-2, -1)) / trace.square())
-    p = torch.linalg.eigvalsh(K).clamp_(min=0) / trace.unsqueeze(-1)
+    return _renyi(torch.linalg.eigvalsh(K).clamp_(min=0) / trace.unsqueeze(-1), alpha)
+
+
+def _renyi(p: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Renyi entropy of distributions p (..., n) -> (...)."""
     if alpha == 1:
         return -torch.special.xlogy(p, p).sum(-1)
     return torch.log(p.pow(alpha).sum(-1)) / (1 - alpha)
 
 
-def _entropy(Z: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Entropy of validated float64 Z (..., t, d) through the smaller Gram matrix."""
-    K = Z @ Z.mT if Z.shape[-2] <= Z.shape[-1] else Z.mT @ Z
-    return gram_entropy(K, alpha)
+def clamped_gram_entropy(K: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """Skean et al.'s entropy of a Gram matrix K (..., n, n) -> (...): K's negative entries set to 0
+    (elementwise), p = its positive eigenvalues divided by their sum (the clamped K need not be PSD)."""
+    _check_alpha(alpha)
+    lam = torch.linalg.eigvalsh(K.clamp(min=0)).clamp_(min=0)
+    total = lam.sum(-1, keepdim=True)
+    if not bool((total > 0).all()):
+        raise ValueError(
+            "matrix entropy is undefined for an all-zero sequence (zero Gram trace), e.g. a one-token sequence "
+            "after per-sequence centring"
+        )
+    return _renyi(lam / total, alpha)
+
+
+def _gram_config_entropy(K: torch.Tensor, config: EntropyConfig, t: int, d: int) -> torch.Tensor:
+    """Entropy per `config` of the Gram matrices K (..., n, n) of (t, d) sequences."""
+    ent = (clamped_gram_entropy if config.clamp_gram else gram_entropy)(K, config.alpha)
+    if not config.max_normalize:
+        return ent
+    if min(t, d) < 2:
+        raise ValueError(f"max_normalize: log(min(t, d)) is 0 for a ({t}, {d}) sequence; needs t, d >= 2")
+    return ent / math.log(min(t, d))
+
+
+def _entropy(Z: torch.Tensor, config: EntropyConfig) -> torch.Tensor:
+    """Entropy of validated float64 Z (..., t, d) through the smaller Gram matrix (d x d only when t > d,
+    as Skean et al.'s code chooses, which matters for `clamp_gram`)."""
+    t, d = Z.shape[-2:]
+    return _gram_config_entropy(Z @ Z.mT if t <= d else Z.mT @ Z, config, t, d)
 
 
 def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Tensor:
@@ -136,8 +180,7 @@ def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Te
         raise ValueError(f"matrix_entropy: Z must be a floating-point tensor, got {Z.dtype}")
     if not bool(torch.isfinite(Z).all()):
         raise ValueError("matrix_entropy: Z contains NaN or Inf")
-    _check_alpha(alpha)
-    return _entropy(Z.to(torch.float64), alpha)
+    return _entropy(Z.to(torch.float64), EntropyConfig(alpha=alpha))
 
 
 class FeatureMoments:
@@ -317,7 +360,7 @@ class EntropyAccumulator:
         # Collected first and committed at the end, so that a bad sequence leaves the accumulator unchanged.
         done = []
         for chunk, Z in _batches(seqs):
-            done.append(([self._count + i for i in chunk], _entropy(self._normalize_(Z), self.config.alpha)))
+            done.append(([self._count + i for i in chunk], _entropy(self._normalize_(Z), self.config)))
         self._done += done
         self._count += len(seqs)
         return self

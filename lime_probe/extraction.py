@@ -277,12 +277,22 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
 
 
 def _tokenize(
-    tokenizer: Any, texts: Sequence[str], start: int, max_length: int, token_budget: int | None
+    tokenizer: Any,
+    texts: Sequence[str],
+    start: int,
+    max_length: int,
+    token_budget: int | None,
+    pretokenized: bool = False,
 ) -> list[list[int]]:
     """Token id lists of `texts` (the first at index `start` of the whole list), truncated to
-    `max_length`, within `token_budget` tokens (the sequence that crosses it is cut short)."""
+    `max_length`, within `token_budget` tokens (the sequence that crosses it is cut short).
+    With `pretokenized`, `texts` already are token id lists, used as they are."""
     out = []
-    for i, seq in enumerate(tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]):
+    if pretokenized:
+        encoded = [list(t) for t in texts]
+    else:
+        encoded = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+    for i, seq in enumerate(encoded):
         if not seq:
             raise ValueError(f"text {start + i} tokenizes to no tokens; drop empty texts before extracting")
         if token_budget is not None:
@@ -306,12 +316,16 @@ def _as_nnsight(model: Any, tokenizer: Any) -> Any:
     raise TypeError(f"model must be a Hugging Face model or an nnsight model, not {type(model).__name__}")
 
 
-def _validate(texts: Any, sites: Any, pool: str, token_ids: Any, limits: dict[str, int | None]) -> None:
+def _validate(
+    texts: Any, sites: Any, pool: str, token_ids: Any, limits: dict[str, int | None], pretokenized: bool
+) -> None:
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise ValueError("texts must be a list of strings")
     if len(texts) == 0:
         raise ValueError("texts is empty: nothing to extract")
-    if not all(isinstance(t, str) for t in texts):
+    if pretokenized and not all(_is_token_list(t) for t in texts):
+        raise ValueError("pretokenized=True: texts must be lists of integer token ids")
+    if not pretokenized and not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a list of strings")
     if not sites:
         raise ValueError(f"sites must be a non-empty list of site names from {SITES}")
@@ -351,6 +365,10 @@ def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None) -> _Plan:
     )
 
 
+def _is_token_list(t: Any) -> bool:
+    return isinstance(t, Sequence) and not isinstance(t, str) and all(isinstance(i, int) for i in t)
+
+
 def extract(
     model: Any,
     tokenizer: Any,
@@ -366,6 +384,7 @@ def extract(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     remote: bool | str = False,
+    pretokenized: bool = False,
 ) -> Activations:
     """Run `texts` through `model` and collect the representations at `sites` (see the module doc).
 
@@ -387,6 +406,9 @@ def extract(
             same checkpoint, data and settings reuses them, an interrupted one resumes.
         progress: show a progress bar over sequences.
         remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally).
+        pretokenized: `texts` are token id lists (e.g. `lime_probe.windows.token_windows`), used
+            exactly as given: no special tokens added, never truncated (longer than `max_length`
+            is an error).
 
     Returns:
         Activations with ``acts[site][layer]`` float32 CPU tensors (n_rows, dim).
@@ -403,6 +425,7 @@ def extract(
         pool,
         token_ids,
         {"batch_size": batch_size, "max_length": max_length, "max_tokens": max_tokens},
+        pretokenized,
     )
     nn_model = _as_nnsight(model, tokenizer)
     hf = nn_model._module
@@ -410,6 +433,12 @@ def extract(
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
     texts = list(texts)
     max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
+    too_long = [i for i, t in enumerate(texts) if pretokenized and len(t) > max_length]
+    if too_long:
+        raise ValueError(
+            f"token sequence {too_long[0]} has {len(texts[too_long[0]])} tokens, over max_length={max_length} "
+            "(capped at the model's positions); pre-tokenised input is never truncated"
+        )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
@@ -441,7 +470,7 @@ def extract(
     bar = tqdm(total=len(texts), initial=start, unit="seq", desc="extract", disable=not progress)
     for lo in range(start, len(texts), batch_size):
         budget = None if max_tokens is None else max_tokens - used
-        batch_seqs = _tokenize(tokenizer, texts[lo : lo + batch_size], lo, max_length, budget)
+        batch_seqs = _tokenize(tokenizer, texts[lo : lo + batch_size], lo, max_length, budget, pretokenized)
         if not batch_seqs:
             break
         batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side)

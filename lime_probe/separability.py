@@ -2,14 +2,20 @@
 
 The paper collects the representations of every occurrence of " is", " are", " was" and " were"
 (1,668 of each after balancing) and, per layer, reports the cross-validated accuracy of a linear
-classifier; collapsed layers mix the words up. Defaults here follow the paper's description:
+classifier; collapsed layers mix the words up. The paper does not say which linear classifier nor how
+it is trained; the defaults here are our choices:
 
 - classes balanced by subsampling each to the rarest class's count (seeded);
 - per layer, a standardised (z-scored on the training folds) multinomial logistic regression run to
   convergence (lbfgs; a ConvergenceWarning becomes a ValueError naming the layer and fold and asking
   for a larger `max_iter`: a settings problem, not a crash);
-- stratified 5-fold cross-validation (shuffled, seeded); mean and std (ddof=0) of the fold accuracies,
-  next to the majority-class baseline.
+- stratified 5-fold cross-validation (shuffled, seeded; the official code uses 5 plain shuffled folds);
+  mean and std (ddof=0) of the fold accuracies, next to the majority-class baseline.
+
+Words of several tokens (numbers such as " 100" ... " 103" under most tokenizers, paper Fig. 4a/8):
+`word_spans` finds their occurrences as token spans and `pool_spans` turns each span into one row,
+from its last sub-token (the default; the state that has read the whole word) or the mean over its
+sub-tokens. The choice is ours (the paper does not say); record it with the results.
 
 ``method="adam-linear"`` is the official code's probe (src/analysis/classification.py): a linear layer on
 the raw features trained for one epoch with Adam (lr 1e-2, batch 64, shuffled). Unlike the official code,
@@ -36,6 +42,7 @@ from tqdm.auto import tqdm
 from .sites import DEFAULT_WORDS
 
 Method = Literal["logreg", "adam-linear"]
+SubToken = Literal["last", "mean"]
 LayerFeatures = Mapping[Any, np.ndarray | torch.Tensor] | Sequence[np.ndarray | torch.Tensor]
 
 
@@ -97,6 +104,80 @@ def word_rows(
     rows = np.flatnonzero(np.isin(token_ids, list(by_id)))
     labels = np.array([by_id[int(t)] for t in token_ids[rows]], dtype=object)
     return rows, labels
+
+
+def word_pieces(tokenizer: Any, words: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Each word's token ids under `tokenizer` (encoded without special tokens; one or several).
+
+    Rejects words that encode to nothing or to the unknown token, and two words with the same ids.
+    """
+    if isinstance(words, str) or not words:
+        raise ValueError(f"words must be a non-empty list of strings, got {words!r}")
+    unk = getattr(tokenizer, "unk_token_id", None)
+    out: dict[str, tuple[int, ...]] = {}
+    for word in words:
+        ids = tuple(tokenizer.encode(word, add_special_tokens=False))
+        if not ids:
+            raise ValueError(f"word {word!r} encodes to no tokens")
+        if unk is not None and unk in ids:
+            raise ValueError(f"word {word!r} contains the unknown token for this tokenizer")
+        other = next((w for w, i in out.items() if i == ids), None)
+        if other is not None:
+            raise ValueError(f"words {other!r} and {word!r} encode to the same tokens {list(ids)}")
+        out[word] = ids
+    return out
+
+
+def word_spans(
+    token_ids: np.ndarray | torch.Tensor,
+    offsets: np.ndarray | torch.Tensor,
+    tokenizer: Any,
+    words: Sequence[str],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Occurrences of `words` (one or several tokens each) in extracted token rows.
+
+    token_ids (n_rows,) and offsets (n_seq+1,) as in `Activations` extracted with every token kept
+    (no `token_ids` filter). An occurrence is the word's exact token sequence inside one sequence that
+    is a whole word: the next token does not start with a letter or digit (so " 10" is not found in
+    " 10" + "3"), and, for a word without leading whitespace, the previous token does not end with one.
+    Returns (spans (m, 2) of row [start, end), word labels (m,)), in row order.
+    """
+    pieces = word_pieces(tokenizer, words)
+    token_ids = np.asarray(token_ids)
+    offsets = np.asarray(offsets)
+    text: dict[int, str] = {}
+
+    def decoded(i: int) -> str:
+        if i not in text:
+            text[i] = tokenizer.decode([i])
+        return text[i]
+
+    spans, labels = [], []
+    for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+        seq = token_ids[lo:hi].tolist()
+        for start in range(len(seq)):
+            for word, ids in pieces.items():
+                end = start + len(ids)
+                if tuple(seq[start:end]) != ids:
+                    continue
+                if end < len(seq) and decoded(seq[end])[:1].isalnum():
+                    continue
+                if start > 0 and not word[:1].isspace() and decoded(seq[start - 1])[-1:].isalnum():
+                    continue
+                spans.append((lo + start, lo + end))
+                labels.append(word)
+    return np.array(spans, dtype=np.int64).reshape(-1, 2), np.array(labels, dtype=object)
+
+
+def pool_spans(X: np.ndarray | torch.Tensor, spans: np.ndarray, subtoken: SubToken = "last") -> np.ndarray:
+    """One row per span of X (n_rows, d) -> (m, d): the span's last row or the mean of its rows."""
+    X = X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else np.asarray(X)
+    spans = np.asarray(spans)
+    if subtoken == "last":
+        return X[spans[:, 1] - 1]
+    if subtoken == "mean":
+        return np.stack([X[a:b].mean(0) for a, b in spans.tolist()]) if len(spans) else X[:0]
+    raise ValueError(f"subtoken must be 'last' or 'mean', got {subtoken!r}")
 
 
 def balance_classes(

@@ -2,6 +2,10 @@
 
 The figures embed the representations of chosen tokens (e.g. every occurrence of " is", " are",
 " was", " were") at one layer; a collapsed layer shows the words mixed together.
+
+Rows are L2-normalised before the embedding by default, as the official code does
+(src/analysis/representations.py, `sklearn.preprocessing.normalize` before `TSNE`): the map then shows
+directions, not norms. ``l2_normalize=False`` embeds the raw rows.
 """
 
 from __future__ import annotations
@@ -15,9 +19,16 @@ from tqdm.auto import tqdm
 
 
 def tsne_embed(
-    X: np.ndarray | torch.Tensor, perplexity: float = 30.0, seed: int = 0, n_jobs: int = 1, **tsne_kwargs: Any
+    X: np.ndarray | torch.Tensor,
+    perplexity: float = 30.0,
+    seed: int = 0,
+    n_jobs: int = 1,
+    l2_normalize: bool = True,
+    **tsne_kwargs: Any,
 ) -> np.ndarray:
     """openTSNE embedding of X (n, d) -> (n, 2) float64, deterministic for a given `seed`.
+
+    l2_normalize: divide each row by its L2 norm first (the official code; all-zero rows stay zero).
 
     openTSNE's defaults otherwise (PCA initialisation, exact neighbours below 1,000 points, 250
     early-exaggeration + 500 iterations); `tsne_kwargs` go to `openTSNE.TSNE`. Determinism holds for
@@ -39,8 +50,12 @@ def tsne_embed(
         )
     if not np.isfinite(X).all():
         raise ValueError("tsne_embed: X contains NaN or Inf")
+    X = X.astype(np.float64)
+    if l2_normalize:
+        norms = np.linalg.norm(X, axis=1, keepdims=True)
+        X = X / np.where(norms > 0, norms, 1.0)
     tsne = TSNE(n_components=2, perplexity=perplexity, random_state=seed, n_jobs=n_jobs, **tsne_kwargs)
-    return np.asarray(tsne.fit(X.astype(np.float64)), dtype=np.float64)
+    return np.asarray(tsne.fit(X), dtype=np.float64)
 
 
 def tsne_layers(
@@ -48,6 +63,7 @@ def tsne_layers(
     perplexity: float = 30.0,
     seed: int = 0,
     progress: bool = True,
+    l2_normalize: bool = True,
     **tsne_kwargs: Any,
 ) -> dict[Any, np.ndarray]:
     """`tsne_embed` of every layer: {layer: (n, d)} or [(n, d)] -> {layer: (n, 2)}, each with the same seed."""
@@ -57,7 +73,9 @@ def tsne_layers(
     out = {}
     for layer, X in tqdm(items, desc="t-SNE", unit="layer", disable=not progress):
         try:
-            out[layer] = tsne_embed(X, perplexity=perplexity, seed=seed, **tsne_kwargs)
+            out[layer] = tsne_embed(
+                X, perplexity=perplexity, seed=seed, l2_normalize=l2_normalize, **tsne_kwargs
+            )
         except ValueError as e:
             raise ValueError(f"layer {layer}: {e}") from None
     return out

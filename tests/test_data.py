@@ -10,7 +10,8 @@ import torch
 from transformers import AutoTokenizer
 
 from lime_model import data
-from lime_model.tokenization import char_tokenizer, load_tokenizer, tokenizer_hash, train_bpe
+from lime_model.digests import tokenizer_hash
+from lime_model.tokenization import char_tokenizer, load_tokenizer, train_bpe
 
 TXT = "first doc line 1\nfirst doc line 2\n\n  \nsecond doc\n \n\n\nthird doc\n"
 

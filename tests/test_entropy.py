@@ -18,6 +18,7 @@ from lime_probe.entropy import (
 from lime_probe.stats import bootstrap_ci, summarize
 
 ALPHAS = [0.5, 1.0, 2.0, 3.0]
+CENTER_L2 = EntropyConfig(alpha=1.0, normalize="center-l2")  # "layer-by-layer" without its Gram clamp
 
 
 def tol(alpha: float) -> float:
@@ -143,9 +144,9 @@ def test_lime_preset_streamed_in_batches_agrees_with_loop():
 
 @pytest.mark.parametrize("alpha", [1.0, 0.5, 2.0])
 @pytest.mark.parametrize("lengths,d", [([12, 12, 12], 5), ([4, 9, 6], 20)])
-def test_layer_by_layer_preset_matches_loop(alpha, lengths, d):
+def test_center_l2_matches_loop(alpha, lengths, d):
     seqs = random_seqs(lengths, d, seed=5, offset=1.0)
-    res = layer_entropy([torch.from_numpy(z) for z in seqs], "layer-by-layer", alpha=alpha)
+    res = layer_entropy([torch.from_numpy(z) for z in seqs], CENTER_L2, alpha=alpha)
     np.testing.assert_allclose(res.values, reference_layer_by_layer(seqs, alpha), atol=1e-9)
 
 
@@ -156,12 +157,12 @@ def test_knob_overrides_and_tensor_input():
     np.testing.assert_allclose(res.values, reference_lime(seqs, alpha=3.0, eps=0.1), atol=1e-9)
     raw = layer_entropy(arr, "lime", normalize="none", alpha=2.0)
     np.testing.assert_allclose(raw.values, [reference_entropy(z, 2.0) for z in seqs], atol=1e-9)
-    assert entropy_config("layer-by-layer", eps=0.5) == EntropyConfig(1.0, "center-l2", 0.5)
+    assert entropy_config("layer-by-layer", eps=0.5) == EntropyConfig(1.0, "center-l2", 0.5, clamp_gram=True)
 
 
 def test_summary_statistics_of_layer():
     seqs = random_seqs([8] * 30, 5, seed=7)
-    res = layer_entropy(seqs, "layer-by-layer", n_boot=2000)
+    res = layer_entropy(seqs, CENTER_L2, n_boot=2000)
     want = reference_layer_by_layer(seqs)
     assert res.mean == pytest.approx(want.mean(), abs=1e-9)
     assert res.std == pytest.approx(want.std(), abs=1e-9)

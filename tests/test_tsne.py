@@ -49,3 +49,19 @@ def test_tsne_layers_names_layers():
 def test_bad_input(X, perplexity, match):
     with pytest.raises(ValueError, match=match):
         tsne_embed(X, perplexity=perplexity)
+
+
+def test_rows_are_l2_normalised_first_by_default():
+    """The official code's sklearn `normalize` before t-SNE: the default equals embedding the normalised rows,
+    so per-row rescaling changes nothing; l2_normalize=False embeds the raw rows."""
+    from sklearn.preprocessing import normalize
+
+    X, _ = clusters(n_per=12)
+    E = tsne_embed(X, perplexity=5, seed=1, n_iter=100)
+    # atol: inputs equal up to an ulp, which the t-SNE iterations amplify to ~1e-8
+    raw = tsne_embed(normalize(X), perplexity=5, seed=1, n_iter=100, l2_normalize=False)
+    np.testing.assert_allclose(E, raw, atol=1e-5)
+    scale = np.random.default_rng(0).uniform(0.1, 10.0, size=(X.shape[0], 1))
+    np.testing.assert_allclose(E, tsne_embed(X * scale, perplexity=5, seed=1, n_iter=100), atol=1e-5)
+    assert not np.allclose(E, tsne_embed(X, perplexity=5, seed=1, n_iter=100, l2_normalize=False))
+    assert np.isfinite(tsne_embed(np.vstack([X, np.zeros((1, X.shape[1]))]), perplexity=5, n_iter=50)).all()
