@@ -248,6 +248,8 @@ EXAMPLES = {
     "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
     "demo": "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
     "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
+    "cache": "lime-probe cache                        # size per entry and the total\n"
+    "lime-probe cache --clear --older-than 30   # remove entries last written over 30 days ago",
 }
 
 HELP = {
@@ -259,6 +261,7 @@ HELP = {
     "router": "LIMe router weights, layer x buffered layer and per head (paper Figures 5/9)",
     "report": "run several analyses and write one self-contained HTML report",
     "demo": "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
+    "cache": "list the activation cache's entries and sizes, or clear them",
 }
 
 
@@ -349,6 +352,9 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
         "--seed", type=int, default=0, help="seed for sampling, folds, t-SNE (default: %(default)s)"
     )
     r.add_argument("--debug", action="store_true", help="show the full traceback on failure")
+    r.add_argument(
+        "--threads", type=_positive, default=None, metavar="N", help="torch CPU threads (default: torch's)"
+    )
 
 
 def _default_cache() -> str:
@@ -499,7 +505,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="keep the two training runs here and reuse finished ones (default: a temporary folder)",
     )
+    p = sub.add_parser(
+        "cache",
+        help=HELP["cache"],
+        description=HELP["cache"],
+        epilog="example:\n" + textwrap.indent(EXAMPLES["cache"], "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--cache-dir", default=_default_cache(), metavar="DIR", help="the cache (default: %(default)s)"
+    )
+    p.add_argument("--clear", action="store_true", help="remove the entries (all, or those --older-than)")
+    p.add_argument(
+        "--older-than", type=float, default=None, metavar="DAYS", help="only entries older than this"
+    )
+    p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
+    p.set_defaults(handler=cmd_cache, out=None)
     return parser
+
+
+def cmd_cache(args, out: None) -> None:
+    """List or clear the activation cache (``lime_probe.cachedir.cache_report``)."""
+    from lime_probe.cachedir import cache_report
+
+    print(cache_report(args.cache_dir, clear=args.clear, older_than_days=args.older_than))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -511,7 +540,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     where = f"{PROG} {args.command}"
     try:
-        with staged_output(args.out) as tmp:
+        if hasattr(args, "threads"):  # a torch command: set before any work, record the effective count
+            import torch
+
+            if args.threads is not None:
+                torch.set_num_threads(args.threads)
+            args.threads = torch.get_num_threads()
+        from lime_probe.cachedir import report_growth
+
+        with (
+            staged_output(args.out) if args.out else contextlib.nullcontext() as tmp,
+            report_growth(getattr(args, "cache", None)),
+        ):
             args.handler(args, tmp)
     except KeyboardInterrupt:
         print(f"{where}: interrupted; nothing was written to {args.out}", file=sys.stderr)
@@ -529,7 +569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"results in {args.out}", file=sys.stderr)
+    if args.out:
+        print(f"results in {args.out}", file=sys.stderr)
     return 0
 
 

@@ -118,7 +118,9 @@ def test_unreachable_hub_id_fails_at_once_naming_both_readings(tmp_path, monkeyp
         load("runs/nope")
     assert time.monotonic() - start < 10  # one request, no retries (this machine has no network)
     message = str(info.value)
-    assert message.startswith("checkpoint not found: runs/nope (no such local folder, and no hub model 'runs/nope' ")
+    assert message.startswith(
+        "checkpoint not found: runs/nope (no such local folder, and no hub model 'runs/nope' "
+    )
     assert "\n" not in message
     assert ("HF_HUB_OFFLINE is set" in message) == offline
 
@@ -136,7 +138,11 @@ def _save_bert_base(directory: Path) -> Path:
 
 def _chatter(caplog) -> list[str]:
     """Library log lines at WARNING or above (pytest routes the transformers logger here)."""
-    return [r.getMessage() for r in caplog.records if r.levelno >= 30 and r.name.startswith(("transformers", "huggingface"))]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= 30 and r.name.startswith(("transformers", "huggingface"))
+    ]
 
 
 def test_encoder_loads_as_its_base_model_and_quietly(tmp_path, capfd, caplog, recwarn):
@@ -171,7 +177,9 @@ def test_masked_lm_checkpoint_loads_as_encoder_and_verbose_shows_the_load_report
     assert any("LOAD REPORT" in line for line in _chatter(caplog))  # the unused cls.* head weights
     import transformers
 
-    assert transformers.logging.get_verbosity() == transformers.logging.WARNING  # restored after the quiet load
+    assert (
+        transformers.logging.get_verbosity() == transformers.logging.WARNING
+    )  # restored after the quiet load
     assert transformers.utils.logging.is_progress_bar_enabled()
 
 
