@@ -12,6 +12,7 @@ the order of the labels passed in.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -185,7 +186,7 @@ def plot_entropy(
     bottom, top = ax.get_ylim()
     if bottom > 0 and top - bottom < top / 2:
         with style():
-            fig.supxlabel(gap_note(series, bottom), fontsize=8, color="0.3")
+            fig.supxlabel(textwrap.fill(gap_note(series, bottom), 70), fontsize=8, color="0.3")
     return fig
 
 
@@ -410,20 +411,20 @@ def plot_tsne_grid(
                 ax.set_yticks([])
                 ax.grid(False)
                 if r == 0:
-                    ax.set_title(f"layer {layer}")
+                    ax.set_title(f"{layer_axis_label(site).split()[0]} {layer}")  # "layer 3" or "block 3"
                 if c == 0:
                     ax.set_ylabel(model)
         handles, names = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, names, loc="outside right center", markerscale=2.5, title="token")
         fig.suptitle(f"t-SNE of {site} representations, models × layers")
-        notes = [layer_axis_label(site).replace("block l", "layer l", 1)]
+        notes = [f"columns: {layer_axis_label(site)}"]
         fewest = min(len(per_model[m]) for m in models)
         if fewest < FEW_TSNE_POINTS:
             notes.append(
                 f"only {fewest} points in a map: the texts hold few occurrences of these tokens "
                 "(more text gives more); with so few points the layout is mostly chance"
             )
-        fig.supxlabel("\n".join(notes), fontsize=8, color="0.3")
+        fig.supxlabel("\n".join(textwrap.fill(n, 90) for n in notes), fontsize=8, color="0.3")
     return fig
 
 
