@@ -13,8 +13,8 @@ for the next), with ``lime-probe``/``lime-model`` called in-process and ``&&`` c
 
 - The literal ``../shared/data`` is replaced by ``$LIME_PROBE_DATA``; an example that uses it is
   skipped with a reason where that variable is unset.
-- Sizes are capped where the command takes the flag (``SIZE_CAPS``; word probes keep
-  ``WORD_SEQUENCES`` sequences); ``lime-model train`` gets ``--steps $LIME_PROBE_DOCS_STEPS``
+- Sizes are capped at ``SIZE_CAPS`` (and the cap added where the command takes the flag but the
+  example leaves it out, except ``--max-tokens``; word probes keep ``WORD_SEQUENCES`` sequences); ``lime-model train`` gets ``--steps $LIME_PROBE_DOCS_STEPS``
   (default 20), and ``lime-probe`` commands ``--threads 1``.
 - Examples that write a run (``lime-model train ... --out DIR``) run first, in document order, in a
   session fixture; the examples that read ``runs/...`` then find them.
