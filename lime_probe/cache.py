@@ -30,8 +30,7 @@ from safetensors.torch import save_file
 from lime_model.digests import texts_hash, tokenizer_hash
 from lime_model.files import atomic_path, atomic_write
 from lime_probe import results
-
-MANIFEST = "manifest.json"
+from lime_probe.cachedir import MANIFEST
 
 
 def fingerprint(obj: Any) -> str:

@@ -185,7 +185,7 @@ def _checkpoints(spec: Spec, args) -> list[Checkpoint]:
     """The checkpoints of ``args``: loaded, or only named for analyses that read their run folders."""
     if spec.data_kind == "none":
         return named_checkpoints(args.ckpt, args.label)
-    return load_checkpoints(args.ckpt, args.label, args.device)
+    return load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
 
 
 def _texts(args) -> list[str] | None:
@@ -217,7 +217,7 @@ def cmd_report(args, out: Path) -> None:
     from lime_probe.report import write_analysis, write_report
 
     texts = _texts(args)
-    cks = load_checkpoints(args.ckpt, args.label, args.device)
+    cks = load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
     meta = _meta("report", args, cks)
     sections = []
     for name in args.analyses:
@@ -255,6 +255,11 @@ COMMANDS = {
         "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
         "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
         "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
+    ),
+    "cache": (
+        "list the activation cache's entries and sizes, or clear them",
+        "lime-probe cache                        # size per entry and the total\n"
+        "lime-probe cache --clear --older-than 30   # remove entries last written over 30 days ago",
     ),
 }
 
@@ -350,6 +355,12 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
         "--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)"
     )
     r.add_argument("--debug", action="store_true", help="show the full traceback on failure")
+    r.add_argument(
+        "--threads", type=_positive, default=None, metavar="N", help="torch CPU threads (default: torch's)"
+    )
+    r.add_argument(
+        "--verbose", action="store_true", help="show the libraries' own loading messages and warnings"
+    )
 
 
 def _default_cache() -> str:
@@ -471,7 +482,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="keep the two training runs here and reuse finished ones (default: a temporary folder)",
     )
+
+    p = add("cache", *COMMANDS["cache"], cmd_cache)
+    p.add_argument(
+        "--cache-dir", default=_default_cache(), metavar="DIR", help="the cache (default: %(default)s)"
+    )
+    p.add_argument("--clear", action="store_true", help="remove the entries (all, or those --older-than)")
+    p.add_argument(
+        "--older-than", type=float, default=None, metavar="DAYS", help="only entries older than this"
+    )
+    p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
+    p.set_defaults(out=None)
     return parser
+
+
+def cmd_cache(args, out: None) -> None:
+    """List or clear the activation cache (``lime_probe.cachedir.cache_report``)."""
+    from lime_probe.cachedir import cache_report
+
+    print(cache_report(args.cache_dir, clear=args.clear, older_than_days=args.older_than))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -501,7 +530,18 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"{where}: error: {e}", file=sys.stderr)
         return 2
     try:
-        with staged_output(args.out) as tmp:
+        if hasattr(args, "threads"):  # a torch command: set before any work, record the effective count
+            import torch
+
+            if args.threads is not None:
+                torch.set_num_threads(args.threads)
+            args.threads = torch.get_num_threads()
+        from lime_probe.cachedir import report_growth
+
+        with (
+            staged_output(args.out) if args.out else contextlib.nullcontext() as tmp,
+            report_growth(getattr(args, "cache", None)),
+        ):
             args.handler(args, tmp)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
@@ -524,7 +564,8 @@ def _main(argv: Sequence[str] | None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"results in {args.out}", file=sys.stderr)
+    if args.out:
+        print(f"results in {args.out}", file=sys.stderr)
     return 0
 
 

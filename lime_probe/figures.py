@@ -12,6 +12,7 @@ the order of the labels passed in.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +97,19 @@ def _as_1d(name: str, values) -> np.ndarray:
     return arr
 
 
+def layer_axis_label(site: str) -> str:
+    """The layer axis of a per-layer figure of `site`, with its indexing convention.
+
+    ``hidden`` has L+1 layers, X_0 (the embeddings) to X_L (block L's output); the per-block sites
+    (``values``, ``keys``, routed ones) have L, numbered 0..L-1 by the block they come from.
+    """
+    if site == "hidden":
+        return "layer l (X_0 = embeddings, X_l = output of block l)"
+    if site == "final":
+        return "layer (output of the final norm)"
+    return f"block l (0 = first block; {site} of block l)"
+
+
 def plot_layer_curves(
     series: Mapping[str, Mapping[str, Sequence[float]]],
     *,
@@ -154,17 +168,64 @@ def plot_entropy(
     alpha: float | None = None,
     band: str = "95% CI",
 ) -> Figure:
-    """Matrix entropy per layer for several models (paper Figures 2a, 4a, 7a); see ``plot_layer_curves``."""
+    """Matrix entropy per layer for several models (paper Figures 2a, 4a, 7a); see ``plot_layer_curves``.
+
+    Entropies of different models often differ by a few percent of their size, so the automatic
+    y-axis starts far above zero and makes small gaps look large. When the axis shows less than
+    half of the range from zero, a note under the plot says where it starts and gives the largest
+    gap between the first two models with its 95 % CI (see `gap_note`).
+    """
     order = f" (α={alpha:g})" if alpha is not None else ""
-    return plot_layer_curves(
-        series, ylabel=f"matrix entropy{order} [nats]", title=f"Entropy of {site} per layer, band: {band}"
+    fig = plot_layer_curves(
+        series,
+        ylabel=f"matrix entropy{order} [nats]",
+        title=f"Entropy of {site} per layer, band: {band}",
+        xlabel=layer_axis_label(site),
     )
+    ax = fig.axes[0]
+    bottom, top = ax.get_ylim()
+    if bottom > 0 and top - bottom < top / 2:
+        with style():
+            fig.supxlabel(textwrap.fill(gap_note(series, bottom), 70), fontsize=8, color="0.3")
+    return fig
+
+
+def gap_note(series: Mapping[str, Mapping[str, Sequence[float]]], bottom: float) -> str:
+    """ "y-axis starts at `bottom`, not 0" and, for two or more series, the largest gap between the
+    first two at a shared layer: ``A − B = d nats (x % of B)``, with a 95 % CI when both give
+    ``low``/``high`` bands. The CI combines the two half-widths in quadrature, i.e. treats the two
+    means as independent (our choice; paired per-sequence differences would be tighter)."""
+    note = f"y-axis starts at {bottom:.3g}, not 0"
+    if len(series) < 2:
+        return note
+    (name_a, a), (name_b, b) = list(series.items())[:2]
+    mean_a, mean_b = _as_1d(f"{name_a} mean", a["mean"]), _as_1d(f"{name_b} mean", b["mean"])
+    layers_a = list(_as_1d(f"{name_a} layers", a.get("layers", np.arange(len(mean_a)))))
+    layers_b = list(_as_1d(f"{name_b} layers", b.get("layers", np.arange(len(mean_b)))))
+    shared = [la for la in layers_a if la in layers_b]
+    if not shared:
+        return note
+    ia, ib = zip(*[(layers_a.index(la), layers_b.index(la)) for la in shared], strict=True)
+    diff = mean_a[list(ia)] - mean_b[list(ib)]
+    k = int(np.argmax(np.abs(diff)))
+    i, j = ia[k], ib[k]
+    text = f"{note}; largest gap at layer {shared[k]:g}: {name_a} − {name_b} = {diff[k]:+.3g} nats"
+    text += f" ({diff[k] / mean_b[j]:+.1%} of {name_b})"
+    if all("low" in s and "high" in s for s in (a, b)):
+        half = np.hypot(
+            (float(a["high"][i]) - float(a["low"][i])) / 2, (float(b["high"][j]) - float(b["low"][j])) / 2
+        )
+        text += f", 95% CI [{diff[k] - half:+.3g}, {diff[k] + half:+.3g}]"
+    return text
 
 
 def plot_separability(
     series: Mapping[str, Mapping[str, Sequence[float]]], *, site: str, words: Sequence[str], chance: float
 ) -> Figure:
-    """Linear-probe accuracy per layer, mean +- std over folds (paper Figures 2b, 7b)."""
+    """Linear-probe accuracy per layer, mean +- std over folds (paper Figures 2b, 7b).
+
+    Curves often run along 1.0, so the legend sits below the plot, never over the lines.
+    """
     shown = ", ".join(repr(w) for w in words)
     fig = plot_layer_curves(
         series,
@@ -172,8 +233,14 @@ def plot_separability(
         baseline=chance,
         baseline_label="majority class",
         title=f"Separability of {shown}\n({site}, mean ± std over folds)",
+        xlabel=layer_axis_label(site),
     )
-    fig.axes[0].set_ylim(min(chance, *(np.min(s["mean"]) for s in series.values())) - 0.05, 1.02)
+    ax = fig.axes[0]
+    ax.set_ylim(min(chance, *(np.min(s["mean"]) for s in series.values())) - 0.05, 1.02)
+    handles, names = ax.get_legend_handles_labels()
+    ax.get_legend().remove()
+    with style():
+        fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 3))
     return fig
 
 
@@ -307,6 +374,7 @@ def plot_tsne_grid(
 
     ``embeddings[model][layer]`` is (n_points, 2); ``labels`` gives each point's word, either one
     sequence shared by all models or a mapping model -> sequence. Each word keeps one colour.
+    A map with fewer than ``FEW_TSNE_POINTS`` points gets a note saying so and why it says little.
     """
     if not embeddings:
         raise ValueError("plot_tsne_grid needs at least one model")
@@ -343,13 +411,25 @@ def plot_tsne_grid(
                 ax.set_yticks([])
                 ax.grid(False)
                 if r == 0:
-                    ax.set_title(f"layer {layer}")
+                    ax.set_title(f"{layer_axis_label(site).split()[0]} {layer}")  # "layer 3" or "block 3"
                 if c == 0:
                     ax.set_ylabel(model)
         handles, names = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, names, loc="outside right center", markerscale=2.5, title="token")
         fig.suptitle(f"t-SNE of {site} representations, models × layers")
+        notes = [f"columns: {layer_axis_label(site)}"]
+        fewest = min(len(per_model[m]) for m in models)
+        if fewest < FEW_TSNE_POINTS:
+            notes.append(
+                f"only {fewest} points in a map: the texts hold few occurrences of these tokens "
+                "(more text gives more); with so few points the layout is mostly chance"
+            )
+        fig.supxlabel("\n".join(textwrap.fill(n, 90) for n in notes), fontsize=8, color="0.3")
     return fig
+
+
+# Below this many points a t-SNE map is mostly chance (perplexity has to shrink to fit, clusters are noise).
+FEW_TSNE_POINTS = 40
 
 
 def _natural(word: str) -> tuple:
@@ -448,6 +528,7 @@ def plot_blimp_layers(
         ylabel="probe accuracy (good vs bad)",
         baseline=0.5,
         title=f"{model}: BLiMP probes per layer ({site}, mean-pooled)",
+        xlabel=layer_axis_label(site),
     )
     fig.axes[0].legend(fontsize=7, ncols=2 if len(curves) > 6 else 1)
     return fig

@@ -40,24 +40,43 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def _is_hub_id(ckpt: str) -> bool:
-    """Whether `ckpt` reads as a hub id ("name" or "owner/name") and is no existing local path."""
-    return bool(HUB_ID.match(ckpt)) and not Path(ckpt).expanduser().exists()
+    """Whether `ckpt` reads as a hub id ("name" or "owner/name") and is no existing local path.
+
+    "owner/name" whose "owner" is an existing local folder reads as a path (``runs/lime`` where
+    ``runs/`` exists): a hub owner never shadows a folder the user has.
+    """
+    if not HUB_ID.match(ckpt) or Path(ckpt).exists():
+        return False
+    return "/" not in ckpt or not Path(ckpt.split("/")[0]).is_dir()
 
 
 @contextmanager
-def _quiet_hub() -> Iterator[None]:
-    """huggingface_hub and transformers log errors only (no retry chatter) inside the block."""
+def quiet_library(verbose: bool = False) -> Iterator[None]:
+    """Keep transformers/huggingface_hub load chatter off the console inside the block.
+
+    Their loggers report errors only, their progress bars ("Loading weights") are off and Python
+    warnings are ignored; everything is restored afterwards. With `verbose` the block changes nothing.
+    """
+    if verbose:
+        yield
+        return
     import transformers
     from huggingface_hub.utils import logging as hub_logging
 
     before = hub_logging.get_verbosity(), transformers.logging.get_verbosity()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
     hub_logging.set_verbosity_error()
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         hub_logging.set_verbosity(before[0])
         transformers.logging.set_verbosity(before[1])
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def _hub_offline(repo_id: str) -> bool:
@@ -69,7 +88,7 @@ def _hub_offline(repo_id: str) -> bool:
     from huggingface_hub import constants, hf_hub_download, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    with _quiet_hub():
+    with quiet_library():
         problem = "HF_HUB_OFFLINE is set"
         if not constants.is_offline_mode():
             try:
@@ -88,7 +107,8 @@ def _hub_offline(repo_id: str) -> bool:
             return True
         except Exception:  # noqa: BLE001  not in the cache either
             raise FileNotFoundError(
-                f"no local folder {repo_id!r} and no hub model {repo_id!r} could be reached ({problem})"
+                f"checkpoint not found: {repo_id} (no such local folder, and no hub model {repo_id!r} "
+                f"is cached or could be reached: {problem})"
             ) from None
 
 
@@ -119,8 +139,23 @@ def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
     return wrapped
 
 
+def is_encoder(config: Any) -> bool:
+    """Whether `config` is a BERT-style encoder: a masked-LM architecture not configured as a decoder.
+
+    Its attention is bidirectional, so it has no next-token head to score text with; the probes read
+    only its representations, and `load` gives it as the bare base model.
+    """
+    import transformers as tf
+
+    return type(config) in tf.MODEL_FOR_MASKED_LM_MAPPING and not getattr(config, "is_decoder", False)
+
+
 def load(
-    ckpt: str | os.PathLike, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+    ckpt: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    *,
+    verbose: bool = False,
 ) -> tuple[Any, Any]:
     """Load a checkpoint for extraction: ``(nnsight model, tokenizer)``.
 
@@ -131,14 +166,19 @@ def load(
         device: where the model runs ("cpu", "cuda", "cuda:1", ...).
         dtype: weights dtype (torch.dtype or "float32"/"float16"/"bfloat16"); None keeps the
             checkpoint's default.
+        verbose: let transformers' load messages (load reports, warnings, progress bars) through;
+            by default they are kept off the console.
 
     Returns:
         The model wrapped as an nnsight ``TransformersModel`` (the Hugging Face model is its
         ``._module``), in eval mode on `device`, and its tokenizer (pad token defaulting to eos).
+        A causal LM comes with its LM head (BLiMP scoring needs it); an encoder (`is_encoder`:
+        BERT, RoBERTa, ...) as its base model (``BertModel``), since no probe uses a masked-LM head.
 
     Raises:
-        FileNotFoundError: `ckpt` is a path that does not exist, or reads as a hub id but is neither a
-            local folder nor a hub model that is cached or reachable (asked once, without retries).
+        FileNotFoundError: "checkpoint not found: PATH" when `ckpt` is a path that does not exist
+            (including "owner/name" whose "owner" is a local folder), or reads as a hub id but is
+            neither a local folder nor a hub model that is cached or reachable (asked once, no retries).
         ValueError: not a checkpoint, unreadable or corrupt weights, no tokenizer, or an
             architecture without an extraction adapter.
     """
@@ -155,24 +195,27 @@ def load(
         ckpt = str(Path(ckpt).expanduser())
         _check_local(Path(ckpt))
     where = f"hub checkpoint {ckpt!r}" if hub else f"checkpoint {ckpt}"
-    try:
-        config = tf.AutoConfig.from_pretrained(ckpt, **cached)
-    except (OSError, ValueError, KeyError) as error:
-        raise ValueError(f"cannot read the config of {where}: {_one(error)}") from None
-    get_adapter(config)  # fail early, naming the supported architectures
+    with quiet_library(verbose):
+        try:
+            config = tf.AutoConfig.from_pretrained(ckpt, **cached)
+        except (OSError, ValueError, KeyError) as error:
+            raise ValueError(f"cannot read the config of {where}: {_one(error)}") from None
+        get_adapter(config)  # fail early, naming the supported architectures
 
-    causal = type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING
-    auto = tf.AutoModelForCausalLM if causal else tf.AutoModelForMaskedLM
-    if not causal and type(config) not in tf.MODEL_FOR_MASKED_LM_MAPPING:
-        raise ValueError(f"{where} ({config.model_type}) is neither a causal nor a masked language model")
-    try:
-        model = auto.from_pretrained(ckpt, **cached, **({"dtype": dtype} if dtype is not None else {}))
-    except Exception as error:  # noqa: BLE001  corrupt/missing weights surface as many error types
-        raise ValueError(f"cannot load the weights of {where}: {_one(error)}") from None
-    try:
-        tokenizer = tf.AutoTokenizer.from_pretrained(ckpt, **cached)
-    except Exception as error:  # noqa: BLE001
-        raise ValueError(f"cannot load the tokenizer of {where}: {_one(error)}") from None
+        if is_encoder(config):
+            auto = tf.AutoModel
+        elif type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
+            auto = tf.AutoModelForCausalLM
+        else:
+            raise ValueError(f"{where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
+        try:
+            model = auto.from_pretrained(ckpt, **cached, **({"dtype": dtype} if dtype is not None else {}))
+        except Exception as error:  # noqa: BLE001  corrupt/missing weights surface as many error types
+            raise ValueError(f"cannot load the weights of {where}: {_one(error)}") from None
+        try:
+            tokenizer = tf.AutoTokenizer.from_pretrained(ckpt, **cached)
+        except Exception as error:  # noqa: BLE001
+            raise ValueError(f"cannot load the tokenizer of {where}: {_one(error)}") from None
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device).eval()

@@ -305,7 +305,7 @@ def test_a_missing_relative_path_fails_fast_naming_both_readings(capsys, tmp_pat
         err.strip()
         .splitlines()[-1]
         .startswith(
-            "lime-probe entropy: error: no local folder 'runs/nope' and no hub model 'runs/nope' could be reached ("
+            "lime-probe entropy: error: checkpoint not found: runs/nope (no such local folder, and no hub model "
         )
     )
     assert "Retry" not in err and "Traceback" not in err

@@ -162,3 +162,56 @@ def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
 def test_bad_inputs_raise_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_layer_axes_name_their_indexing_convention():
+    hidden = F.plot_separability(_series(5), site="hidden", words=[" is", " are"], chance=0.5)
+    assert "X_0 = embeddings" in hidden.axes[0].get_xlabel()
+    values = F.plot_entropy(_series(4), site="values")
+    assert values.axes[0].get_xlabel() == "block l (0 = first block; values of block l)"
+    blimp = F.plot_blimp_layers({"p": {"mean": [0.5, 0.6, 0.7]}}, model="m", site="hidden")
+    assert "X_0 = embeddings" in blimp.axes[0].get_xlabel()
+
+
+def test_entropy_far_above_zero_notes_where_the_axis_starts_and_the_gap_with_its_ci():
+    lime = np.array([5.00, 5.10, 5.20, 5.30])
+    llama = np.array([5.00, 5.05, 5.08, 5.11])
+    series = {
+        "LIMe": {"mean": lime, "low": lime - 0.02, "high": lime + 0.02},
+        "LLaMA": {"mean": llama, "low": llama - 0.03, "high": llama + 0.05},
+    }
+    fig = F.plot_entropy(series, site="values")
+    bottom = fig.axes[0].get_ylim()[0]
+    assert bottom > 4  # the automatic axis zooms in ...
+    note = " ".join(fig._supxlabel.get_text().split())  # ... so the figure says so (wrapped)
+    # the largest gap by hand: layer 3, 5.30 - 5.11 = 0.19; half-widths 0.02 and 0.04 in quadrature
+    half = (0.02**2 + 0.04**2) ** 0.5
+    assert note == (
+        f"y-axis starts at {bottom:.3g}, not 0; largest gap at layer 3: LIMe − LLaMA = +0.19 nats "
+        f"(+3.7% of LLaMA), 95% CI [{0.19 - half:+.3g}, {0.19 + half:+.3g}]"
+    )
+    near_zero = F.plot_entropy(
+        {"A": {"mean": [0.5, 2.0, 4.0]}, "B": {"mean": [0.4, 1.0, 3.0]}}, site="hidden"
+    )
+    assert near_zero._supxlabel is None  # an axis that starts near zero needs no note
+
+
+def test_separability_legend_sits_below_the_axes_not_over_the_lines():
+    series = {m: {"mean": np.ones(5), "std": np.zeros(5)} for m in ("LIMe", "LLaMA")}
+    fig = F.plot_separability(series, site="hidden", words=[" is", " are"], chance=0.5)
+    ax = fig.axes[0]
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    fig.canvas.draw()
+    legend_box = fig.legends[0].get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert legend_box.y1 <= axes_box.y0  # wholly under the plotting area, so no line at 1.0 is covered
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["LIMe", "LLaMA", "majority class"]
+
+
+def test_tsne_with_few_points_says_why():
+    words = [" 1", " 2", " 3", " 4"]
+    few = F.plot_tsne_grid({"m": {0: rng.random((4, 2))}}, words, site="hidden")
+    assert "only 4 points in a map" in " ".join(few._supxlabel.get_text().split())
+    many = F.plot_tsne_grid({"m": {0: rng.random((80, 2))}}, words * 20, site="values")
+    assert many._supxlabel.get_text() == "columns: block l (0 = first block; values of block l)"
+    assert many.axes[0].get_title() == "block 0"

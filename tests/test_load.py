@@ -1,5 +1,7 @@
 """`load`: local checkpoints of every supported architecture, and clear errors for bad ones."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers as tf
@@ -83,6 +85,22 @@ def test_hub_ids_versus_paths(tmp_path):
     assert _is_hub_id("EleutherAI/pythia-70m") and _is_hub_id("gpt2")
     assert not _is_hub_id("./runs/lime") and not _is_hub_id("/abs/path") and not _is_hub_id("a/b/c")
     assert not _is_hub_id(str(tmp_path))
+    assert not _is_hub_id("~/runs/lime") and not _is_hub_id(".hidden")
+
+
+@pytest.mark.parametrize("spec", ["./nope", "~/lime-probe-no-such-run", "runs/nope", "runs/deeper/nope"])
+def test_missing_local_path_says_not_found_without_asking_the_hub(tmp_path, monkeypatch, spec):
+    import lime_probe.loading as loading
+
+    def no_hub(repo_id):
+        raise AssertionError(f"asked the hub for {repo_id!r}")
+
+    monkeypatch.setattr(loading, "_hub_offline", no_hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # "runs/nope" next to an existing runs/ is a path, not owner/name
+    with pytest.raises(FileNotFoundError) as info:
+        load(spec)
+    assert str(info.value) == f"checkpoint not found: {Path(spec).expanduser()}"
 
 
 @pytest.mark.parametrize("offline", [False, True])
@@ -100,6 +118,72 @@ def test_unreachable_hub_id_fails_at_once_naming_both_readings(tmp_path, monkeyp
         load("runs/nope")
     assert time.monotonic() - start < 10  # one request, no retries (this machine has no network)
     message = str(info.value)
-    assert message.startswith("no local folder 'runs/nope' and no hub model 'runs/nope' could be reached (")
+    assert message.startswith(
+        "checkpoint not found: runs/nope (no such local folder, and no hub model 'runs/nope' "
+    )
     assert "\n" not in message
     assert ("HF_HUB_OFFLINE is set" in message) == offline
+
+
+def _save_bert_base(directory: Path) -> Path:
+    """A tiny bare ``BertModel`` checkpoint (as sentence-transformers ships MiniLM: no LM head)."""
+    from helpers import tiny_config, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    tf.BertModel(tiny_config("bert", len(tok))).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def _chatter(caplog) -> list[str]:
+    """Library log lines at WARNING or above (pytest routes the transformers logger here)."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= 30 and r.name.startswith(("transformers", "huggingface"))
+    ]
+
+
+def test_encoder_loads_as_its_base_model_and_quietly(tmp_path, capfd, caplog, recwarn):
+    ckpt = _save_bert_base(tmp_path / "minilm")
+    capfd.readouterr()
+    caplog.clear()
+    model, tok = load(ckpt)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")  # no progress bar
+    assert _chatter(caplog) == []  # no load report, no "add is_decoder=True"
+    assert not [w for w in recwarn if "transformers" in w.filename or "nnsight" in w.filename]
+    assert type(model._module) is tf.BertModel  # not BertLMHeadModel with a random head
+    plain = tf.BertModel.from_pretrained(ckpt).eval()  # an independent load: every weight from the file
+    for name, tensor in plain.state_dict().items():
+        torch.testing.assert_close(model._module.state_dict()[name], tensor, msg=name)
+    text = "The cat is on the mat."
+    with torch.no_grad():
+        hidden = plain(**tok(text, return_tensors="pt"), output_hidden_states=True).hidden_states
+    acts = extract(model, tok, [text], sites=["hidden"], layers=[2], progress=False)
+    torch.testing.assert_close(acts["hidden"][2], hidden[2][0])
+
+
+def test_masked_lm_checkpoint_loads_as_encoder_and_verbose_shows_the_load_report(tmp_path, capfd, caplog):
+    ckpt = save_tiny_checkpoint(tmp_path / "bert", "bert")  # a BertForMaskedLM: its head goes unused
+    capfd.readouterr()
+    caplog.clear()
+    model, _ = load(ckpt)
+    assert type(model._module) is tf.BertModel
+    assert capfd.readouterr().err == "" and _chatter(caplog) == []
+    load(ckpt, verbose=True)
+    assert "Loading weights" in capfd.readouterr().err
+    assert any("LOAD REPORT" in line for line in _chatter(caplog))  # the unused cls.* head weights
+    import transformers
+
+    assert (
+        transformers.logging.get_verbosity() == transformers.logging.WARNING
+    )  # restored after the quiet load
+    assert transformers.utils.logging.is_progress_bar_enabled()
+
+
+def test_decoder_configured_bert_is_a_causal_lm(tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "bert", "bert", is_decoder=True)
+    model, _ = load(ckpt)
+    assert type(model._module) is tf.BertLMHeadModel

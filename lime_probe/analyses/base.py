@@ -66,14 +66,17 @@ def named_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None) -> lis
     return [Checkpoint(lb, c, None, None) for lb, c in zip(labels_for(ckpts, labels), ckpts, strict=True)]
 
 
-def load_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None, device: str) -> list[Checkpoint]:
-    """Load every checkpoint with ``lime_probe.load`` (errors name the offending path)."""
+def load_checkpoints(
+    ckpts: Sequence[str], labels: Sequence[str] | None, device: str, *, verbose: bool = False
+) -> list[Checkpoint]:
+    """Load every checkpoint with ``lime_probe.load`` (errors name the offending path; library loading
+    chatter only with ``verbose``)."""
     names = labels_for(ckpts, labels)
     from lime_probe.loading import load
 
     out = []
     for label, ckpt in zip(names, ckpts, strict=True):
-        model, tok = load(ckpt, device=device)
+        model, tok = load(ckpt, device=device, verbose=verbose)
         out.append(Checkpoint(label, ckpt, model, tok))
     return out
 

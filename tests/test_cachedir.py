@@ -1,0 +1,147 @@
+"""The cache folder as a whole: `lime-probe cache` lists sizes, clears (all or older entries), and
+commands say how much they added. Sizes are checked against a plain walk of the files on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import CORPUS, save_tiny_checkpoint
+
+from lime_probe import cli
+from lime_probe.cachedir import (
+    cache_entries,
+    cache_report,
+    cache_size,
+    clear_cache,
+    format_size,
+    report_growth,
+)
+
+
+def du(folder: Path) -> int:
+    """Bytes of the regular files under `folder`, by os.walk (independent of cachedir's own walk)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "llama", "llama")
+
+
+@pytest.fixture
+def filled(tmp_path, ckpt) -> Path:
+    """A cache with two real extractions of `ckpt` (two sites) and two things that are not entries."""
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
+
+    cache = tmp_path / "cache"
+    model, tok = load(ckpt)
+    for site in ("hidden", "values"):
+        extract(model, tok, CORPUS[:3], sites=[site], cache_dir=cache, progress=False)
+    (cache / "notes.txt").write_text("mine, keep")
+    (cache / "photos").mkdir()
+    (cache / "photos" / "a.jpg").write_bytes(b"x" * 1000)
+    return cache
+
+
+def age(folder: Path, days: float) -> None:
+    """Make every file under `folder` (and the folder) look last written `days` ago."""
+    then = time.time() - days * 86400
+    for path in [*folder.rglob("*"), folder]:
+        os.utime(path, (then, then))
+
+
+def test_entries_and_sizes_match_the_files_on_disk(filled, ckpt):
+    entries = cache_entries(filled)
+    assert len(entries) == 2
+    entry_dirs = sorted(p for p in filled.iterdir() if (p / "manifest.json").is_file())
+    assert sorted(e.directory for e in entries) == entry_dirs
+    for e in entries:
+        assert e.size == du(e.directory) > 0
+        assert e.checkpoint == str(ckpt.resolve()) and e.complete and e.n_sequences == 3
+    assert sorted(e.sites for e in entries) == ["hidden", "values"]
+    assert cache_size(filled) == sum(du(d) for d in entry_dirs)  # notes.txt and photos/ are not counted
+    text = cache_report(filled)
+    assert f"{format_size(cache_size(filled))}  total in 2 entries under {filled}" in text
+    assert text.count(str(ckpt.resolve())) == 2
+
+
+def test_clear_older_than_and_all_leave_other_files_alone(filled):
+    old, new = cache_entries(filled)
+    age(old.directory, 40)
+    assert [e.directory for e in cache_entries(filled)][0] == old.directory  # oldest first
+    listed = cache_report(filled, older_than_days=30)
+    assert old.directory.name not in listed and "total in 1 entries" in listed
+    assert "values" in listed or "hidden" in listed
+    removed = clear_cache(filled, older_than_days=30)
+    assert [e.directory for e in removed] == [old.directory]
+    assert not old.directory.exists() and new.directory.exists()
+    text = cache_report(filled, clear=True)
+    assert text.startswith(f"removed 1 cache entry ({format_size(new.size)}) from {filled}; 0 B left")
+    assert not new.directory.exists()
+    assert (filled / "notes.txt").read_text() == "mine, keep" and (filled / "photos" / "a.jpg").is_file()
+    assert cache_report(filled) == f"no cache entries in {filled}"
+
+
+def test_bad_age_and_missing_folder(tmp_path):
+    with pytest.raises(ValueError, match="--older-than must be a number of days >= 0"):
+        clear_cache(tmp_path, older_than_days=-1)
+    assert cache_entries(tmp_path / "nowhere") == [] and cache_size(None) == 0
+
+
+def test_format_size():
+    assert [format_size(n) for n in (0, 999, 1000, 1_500, 601_234_567, 2.5e12)] == [
+        "0 B",
+        "999 B",
+        "1.0 kB",
+        "1.5 kB",
+        "601.2 MB",
+        "2500.0 GB",
+    ]
+
+
+def test_report_growth_prints_the_bytes_added(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    entry = cache / "llama-0123456789abcdef"
+    with report_growth(cache):
+        entry.mkdir(parents=True)
+        (entry / "manifest.json").write_text(json.dumps({"key": {}, "shards": []}))
+        (entry / "shard-00000.safetensors").write_bytes(b"\0" * 2_345)
+    added = du(entry)
+    assert capsys.readouterr().err.startswith(f"cache: +{format_size(added)} in {cache} ")
+    with report_growth(cache):  # nothing added: nothing said
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_cache_lists_and_clears(filled, capsys):
+    total = cache_size(filled)
+    assert cli.main(["cache", "--cache-dir", str(filled)]) == 0
+    assert f"{format_size(total)}  total in 2 entries" in capsys.readouterr().out
+    assert cli.main(["cache", "--cache-dir", str(filled), "--clear"]) == 0
+    assert capsys.readouterr().out.startswith(f"removed 2 cache entries ({format_size(total)})")
+    assert cache_entries(filled) == [] and (filled / "notes.txt").is_file()
+    assert cli.main(["cache", "--cache-dir", str(filled), "--older-than", "-2"]) == 2
+    assert "--older-than must be a number of days >= 0" in capsys.readouterr().err
+
+
+def test_commands_report_cache_growth_and_record_threads(tmp_path, ckpt, capsys):
+    data = tmp_path / "t.txt"
+    data.write_text("\n\n".join(CORPUS) + "\n")
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    before = torch.get_num_threads()
+    try:
+        argv = ["entropy", "--ckpt", ckpt, "--data", data, "--cache", cache, "--out", out, "--threads", "1"]
+        assert cli.main([str(a) for a in argv]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    err = capsys.readouterr().err
+    assert f"cache: +{format_size(du(cache))} in {cache} " in err
+    (doc,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert doc["meta"]["settings"]["threads"] == 1

@@ -1,0 +1,268 @@
+"""Every shell example in README.md and in the CLIs' ``--help`` texts runs as written.
+
+The examples are parsed, never listed here, so a new or changed example is tested as it stands:
+
+- README.md: every line of every fenced ```bash block (``\\`` continuations joined, ``#`` lines and
+  trailing comments dropped). A line carrying ``# not run in tests: REASON`` is skipped with that
+  reason (hub ids, 8 GPUs, the test suite itself); "# the suite (not run in tests: REASON)" works too.
+- ``--help``: every line after ``example:`` / ``examples:`` in the help of each subcommand of
+  ``lime-probe`` and ``lime-model``.
+
+How a command is run, in one shared scratch folder (so ``runs/lime`` made by one example is there
+for the next), with ``lime-probe``/``lime-model`` called in-process and ``&&`` chains in order:
+
+- The literal ``../shared/data`` is replaced by ``$LIME_PROBE_DATA``; an example that uses it is
+  skipped with a reason where that variable is unset.
+- Sizes are capped at ``SIZE_CAPS`` (and the cap added where the command takes the flag but the
+  example leaves it out, except ``--max-tokens``; word probes keep ``WORD_SEQUENCES`` sequences); ``lime-model train`` gets ``--steps $LIME_PROBE_DOCS_STEPS``
+  (default 20), and ``lime-probe`` commands ``--threads 1``.
+- Examples that write a run (``lime-model train ... --out DIR``) run first, in document order, in a
+  session fixture; the examples that read ``runs/...`` then find them.
+- The slow tier, ``SLOW`` (the demo trains two models) and word probes (commands taking ``--words``:
+  separability, tsne, report), runs only with ``LIME_PROBE_DOCS_SLOW=1`` (several minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = "../shared/data"
+NOT_RUN = re.compile(r"#.*\bnot run in tests:\s*(?P<reason>.+?)\)?$")
+# flag -> the largest value used in tests (the example's own value when smaller)
+SIZE_CAPS = {"--max-sequences": 200, "--max-pairs": 20, "--per-word": 20, "--max-tokens": 2000}
+# Word probes (--words) need ~1,000 WikiText-2 documents before ' were' occurs 5 times: they keep that
+# many and, with the demo, are the slow tier.
+WORD_SEQUENCES = 1000
+SLOW = {("lime-probe", "demo")}
+STEPS = int(os.environ.get("LIME_PROBE_DOCS_STEPS", "20"))
+
+
+@dataclass(frozen=True)
+class Example:
+    where: str  # "README.md:112" or "lime-probe entropy --help"
+    command: str  # as written, continuations joined
+    skip: str | None = None
+
+
+def _join_continuations(lines: list[str]) -> list[tuple[int, str]]:
+    """(index of first line, logical line) for `lines`, joining lines that end in a backslash."""
+    out, start, parts = [], None, []
+    for i, line in enumerate(lines):
+        if start is None:
+            start = i
+        if line.rstrip().endswith("\\"):
+            parts.append(line.rstrip()[:-1])
+            continue
+        parts.append(line)
+        out.append((start, " ".join(p.strip() for p in parts)))
+        start, parts = None, []
+    return out
+
+
+def readme_examples(path: Path = ROOT / "README.md") -> list[Example]:
+    lines = path.read_text().splitlines()
+    examples, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() == "```bash":
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+            for k, command in _join_continuations(lines[i + 1 : end]):
+                if command and not command.startswith("#"):
+                    match = NOT_RUN.search(command)
+                    examples.append(
+                        Example(f"README.md:{i + 2 + k}", command, match and match["reason"].strip())
+                    )
+            i = end
+        i += 1
+    return examples
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each CLI's top-level parser by program name."""
+    from lime_model import cli as model_cli
+    from lime_probe import cli as probe_cli
+
+    return {"lime-probe": probe_cli.build_parser(), "lime-model": model_cli._parser()}
+
+
+def help_examples() -> list[Example]:
+    examples = []
+    for prog, parser in _parsers().items():
+        for name, sub in _subcommands(parser).items():
+            text = sub.format_help()
+            match = re.search(r"^examples?:\n(?P<body>(?:[ \t]+.*\n?|\n)+)", text, re.M)
+            if not match:
+                continue
+            body = textwrap.dedent(match["body"]).strip().splitlines()
+            for _, command in _join_continuations(body):
+                if command.startswith(prog):
+                    examples.append(Example(f"{prog} {name} --help", command))
+    return examples
+
+
+EXAMPLES = readme_examples() + help_examples()
+
+
+def _writes_run(argv: list[str]) -> bool:
+    return argv[:2] == ["lime-model", "train"] and "--out" in argv
+
+
+def _steps(command: str) -> list[list[str]]:
+    """The argv of each command of an ``&&`` chain (comments dropped)."""
+    return [shlex.split(part, comments=True) for part in command.split("&&")]
+
+
+def _options(argv: list[str], parsers: dict[str, argparse.ArgumentParser]) -> dict:
+    """The option strings the subcommand of `argv` takes ({} if unknown)."""
+    sub = _subcommands(parsers[argv[0]]).get(argv[1] if len(argv) > 1 else "") if argv[0] in parsers else None
+    return sub._option_string_actions if sub else {}
+
+
+def _shrink(argv: list[str], parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """`argv` with SIZE_CAPS applied (added where the subcommand takes the flag), fewer training
+    steps and one thread (see the module docstring)."""
+    prog, takes = argv[0], _options(argv, parsers)
+    caps = SIZE_CAPS | ({"--max-sequences": WORD_SEQUENCES} if "--words" in takes else {})
+    argv = list(argv)
+    for flag, cap in caps.items():
+        if flag in argv:
+            i = argv.index(flag) + 1
+            argv[i] = str(min(int(argv[i]), cap))
+        elif flag in takes and flag != "--max-tokens":
+            argv += [flag, str(cap)]
+    if _writes_run(argv) and "--steps" not in argv:
+        argv += ["--steps", str(STEPS), "--no-progress"]
+    if prog == "lime-probe" and "--threads" in takes and "--threads" not in argv:
+        argv += ["--threads", "1"]
+    return argv
+
+
+def run(command: str, data: str | None) -> tuple[int, str]:
+    """Run `command` in the current folder; (exit code of the first failing step or 0, which step)."""
+    from lime_model import cli as model_cli
+    from lime_probe import cli as probe_cli
+
+    mains = {"lime-probe": probe_cli.main, "lime-model": model_cli.main}
+    parsers = _parsers()
+    for argv in _steps(command.replace(DATA, data or DATA)):
+        if argv[0] not in mains:
+            return 127, f"{argv[0]}: not a lime-probe/lime-model command (mark it '# not run in tests: ...')"
+        argv = _shrink(argv, parsers)
+        try:
+            code = mains[argv[0]](argv[1:])
+        except SystemExit as e:  # argparse usage errors
+            code = int(e.code or 0)
+        if code:
+            return code, shlex.join(argv)
+    return 0, ""
+
+
+def _producers() -> dict[str, Example]:
+    """--out folder -> the first example that trains a run into it."""
+    out = {}
+    for example in EXAMPLES:
+        for argv in _steps(example.command):
+            if _writes_run(argv):
+                out.setdefault(argv[argv.index("--out") + 1], example)
+    return out
+
+
+def _data() -> str | None:
+    root = os.environ.get("LIME_PROBE_DATA")
+    return root if root and Path(root).is_dir() else None
+
+
+def _skip_reason(example: Example) -> str | None:
+    if example.skip:
+        return f"README says not run in tests: {example.skip}"
+    if DATA in example.command and _data() is None:
+        return f"uses {DATA}: set LIME_PROBE_DATA to the shared data folder"
+    parsers = _parsers()
+    steps = _steps(example.command)
+    slow = any(tuple(argv[:2]) in SLOW or "--words" in _options(argv, parsers) for argv in steps)
+    if slow and not os.environ.get("LIME_PROBE_DOCS_SLOW"):
+        return "slow (trains models or needs 1,000 documents): set LIME_PROBE_DOCS_SLOW=1 to run it"
+    return None
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("docs")
+
+
+@pytest.fixture(scope="session")
+def runs(workdir) -> dict[str, tuple[int, str]]:
+    """Run, in document order, every example that writes a training run; where -> (code, step)."""
+    done = {}
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        for example in EXAMPLES:
+            if _skip_reason(example) is None and any(_writes_run(a) for a in _steps(example.command)):
+                done[example.where] = run(example.command, _data())
+    finally:
+        os.chdir(cwd)
+    return done
+
+
+def test_examples_were_found():
+    assert any(e.where.startswith("README.md") for e in EXAMPLES)
+    assert any(e.where.startswith("lime-probe") for e in EXAMPLES)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[f"{e.where}: {e.command[:60]}" for e in EXAMPLES])
+def test_example_runs(example, runs, workdir, monkeypatch, capsys):
+    reason = _skip_reason(example)
+    if reason:
+        pytest.skip(reason)
+    for out, producer in _producers().items():
+        if out in shlex.split(example.command, comments=True) and producer.where != example.where:
+            if producer.where not in runs:
+                pytest.skip(f"needs {out}, made by {producer.where}, which is skipped")
+            assert runs[producer.where][0] == 0, f"needs {out}, but {producer.where} failed"
+    if example.where in runs:
+        code, step = runs[example.where]
+    else:
+        monkeypatch.chdir(workdir)
+        code, step = run(example.command, _data())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 0, f"{example.where}: exit {code} from `{step}`: {err[-1] if err else ''}"
+
+
+def test_parsing_rules(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "text\n```bash\n# a comment\nlime-probe cache \\\n    --clear   # trailing\n"
+        "accelerate launch x   # not run in tests: needs 8 GPUs\n```\n```python\nlime-probe no\n```\n"
+    )
+    assert readme_examples(readme) == [
+        Example("README.md:4", "lime-probe cache --clear   # trailing"),
+        Example("README.md:6", "accelerate launch x   # not run in tests: needs 8 GPUs", "needs 8 GPUs"),
+    ]
+    assert _steps("lime-model a --out 'r x' && lime-model b  # c") == [
+        ["lime-model", "a", "--out", "r x"],
+        ["lime-model", "b"],
+    ]
+    parsers = _parsers()
+    shrunk = _shrink(["lime-probe", "separability", "--max-sequences", "2000"], parsers)
+    assert shrunk[2:4] == ["--max-sequences", str(WORD_SEQUENCES)] and shrunk[-2:] == ["--threads", "1"]
+    shrunk = _shrink(["lime-probe", "entropy"], parsers)
+    assert shrunk[2:] == ["--max-sequences", "200", "--threads", "1"]
+    assert _shrink(["lime-model", "train", "--out", "r"], parsers)[-3:] == [
+        "--steps",
+        str(STEPS),
+        "--no-progress",
+    ]
