@@ -318,7 +318,7 @@ def test_a_bug_raising_keyerror_is_exit_1_not_bad_input(capsys, tmp_path, monkey
         raise KeyError("internal")
 
     monkeypatch.setattr(cli, "run_analysis", buggy)
-    monkeypatch.setattr(cli, "load_checkpoints", lambda *a: [])
+    monkeypatch.setattr(cli, "load_checkpoints", lambda *a, **kw: [])
     (tmp_path / "t.txt").write_text("hello there\n")
     code, _, err = run_cli(
         capsys, "cka", "--ckpt", "x", "--data", tmp_path / "t.txt", "--out", tmp_path / "o"
