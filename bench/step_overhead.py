@@ -136,8 +136,12 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4096, help="see the module docstring")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (ratios: median over rounds)")
-    parser.add_argument("--memory-runs", type=int, default=3, help="fresh processes per model for peak memory")
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="interleaved rounds (ratios: median over rounds)"
+    )
+    parser.add_argument(
+        "--memory-runs", type=int, default=3, help="fresh processes per model for peak memory"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--compile", action="store_true")
