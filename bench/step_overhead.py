@@ -1,13 +1,24 @@
-"""Training-step overhead of LIMe routing variants against the LLaMA baseline (issue: lime_model).
+"""Training-step overhead of LIMe routing variants against the LLaMA baseline (issue 14).
 
-Both models are built in one process and timed interleaved (forward + backward, fp32 by default),
-so machine noise hits them alike; time ratios are medians over repeats. Peak memory is the rise of
-the process's peak RSS during one step, measured in a fresh subprocess per model (peak RSS cannot
-be reset inside one process reliably).
+Two scopes, both forward + backward, fp32 by default:
 
-    python bench/step_overhead.py                       # the issue's CPU setting
-    python bench/step_overhead.py --threads 1 --clock cpu   # steadier on a shared, loaded machine
-    python bench/step_overhead.py --device cuda --dtype bfloat16 --compile   # on a GPU
+- ``stack``: the decoder layers alone (``LimeModel`` from fixed random input embeddings to the
+  final norm, loss = a fixed random projection of the output), where every bit of routing cost lives;
+- ``model``: the whole training step (embedding, layers, tied LM head, cross-entropy).
+
+The default vocabulary is 4096: at hidden 256 the tied head then has as many weights as one layer
+(4096 x 256 ~ 256 x 256 x 4 + 3 x 256 x 1024), so the whole-model line is within ~10 % of the stack
+line instead of diluted by half (a 50257-token head at hidden 256 costs about as much as 16 layers).
+
+All models live in one process and run interleaved: each round times every variant once, and the
+reported ratio is the median over rounds of (variant time / LLaMA time in the same round), so a load
+spike that hits one round moves one sample, not the statistic; min-max over rounds is printed too.
+Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
+in fresh subprocesses (peak RSS cannot be reset reliably inside one process), median over runs.
+
+    python bench/step_overhead.py --threads 1 --clock cpu    # the README table (shared CPU)
+    python bench/step_overhead.py --rounds 3 --no-memory --variants full   # quick check
+    python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import torch
 from lime_model import LimeConfig, LimeForCausalLM
 
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
+SCOPES = ("stack", "model")
 
 
 def build(routing: str, args: argparse.Namespace) -> LimeForCausalLM:
@@ -39,15 +51,32 @@ def build(routing: str, args: argparse.Namespace) -> LimeForCausalLM:
         num_key_value_heads=args.kv_heads or args.heads,
         tie_word_embeddings=True,
     )
-    model = LimeForCausalLM(cfg).to(args.device).train()
-    return torch.compile(model) if args.compile else model
+    return LimeForCausalLM(cfg).to(args.device).train()
 
 
-def step(model: LimeForCausalLM, ids: torch.Tensor, dtype: torch.dtype) -> None:
-    with torch.autocast(ids.device.type, dtype=dtype, enabled=dtype != torch.float32):
-        loss = model(ids, labels=ids).loss
-    loss.backward()
-    model.zero_grad(set_to_none=True)
+class Steps:
+    """One model's two timed steps: ``stack`` (decoder layers only) and ``model`` (full step)."""
+
+    def __init__(self, routing: str, args: argparse.Namespace) -> None:
+        self.model = build(routing, args)
+        self.dtype = getattr(torch, args.dtype)
+        gen = torch.Generator().manual_seed(1)
+        shape = (args.batch, args.seq)
+        self.ids = torch.randint(0, args.vocab, shape, generator=gen).to(args.device)
+        self.embeds = torch.randn(*shape, args.hidden, generator=gen).to(args.device)
+        self.probe = torch.randn(*shape, args.hidden, generator=gen).to(args.device)
+        self.stack = torch.compile(self.model.model) if args.compile else self.model.model
+        self.full = torch.compile(self.model) if args.compile else self.model
+
+    def run(self, scope: str) -> None:
+        with torch.autocast(self.ids.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            if scope == "stack":
+                hidden = self.stack(inputs_embeds=self.embeds).last_hidden_state
+                loss = (hidden.float() * self.probe).mean()
+            else:
+                loss = self.full(self.ids, labels=self.ids).loss
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
 
 
 def sync(device: str) -> None:
@@ -55,8 +84,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def peak_memory_mb(routing: str, args: argparse.Namespace, runs: int = 3) -> float:
-    """Rise of peak memory over one step, median over fresh processes (CUDA: max allocated).
+def peak_memory_mb(routing: str, args: argparse.Namespace) -> dict[str, float]:
+    """Rise of peak memory over one step per scope, median over fresh processes.
 
     glibc serves tensors above the mmap threshold with their own mappings, returned to the system
     when freed, so with a fixed 1 MiB threshold the resident set follows live tensor memory rather
@@ -64,30 +93,30 @@ def peak_memory_mb(routing: str, args: argparse.Namespace, runs: int = 3) -> flo
     """
     cmd = [sys.executable, __file__, "--_memory-of", routing, *sys.argv[1:]]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
-    peaks = []
-    for _ in range(runs):
+    runs = []
+    for _ in range(args.memory_runs):
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-        peaks.append(json.loads(out.strip().splitlines()[-1])["peak_mb"])
-    return statistics.median(peaks)
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    return {scope: statistics.median(r[scope] for r in runs) for scope in SCOPES}
 
 
 def measure_memory(routing: str, args: argparse.Namespace) -> None:
-    model = build(routing, args)
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
-    dtype = getattr(torch, args.dtype)
-    step(model, ids, dtype)  # warm up: allocate gradients and caches once
-    if args.device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step(model, ids, dtype)
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
-            f.write("5")
-        base = _rss_kb("VmRSS")
-        step(model, ids, dtype)
-        peak = (_rss_kb("VmHWM") - base) * 1024
-    print(json.dumps({"peak_mb": peak / 2**20}))
+    steps = Steps(routing, args)
+    peaks = {}
+    for scope in SCOPES:
+        steps.run(scope)  # warm up: allocate gradients and caches once
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            steps.run(scope)
+            peaks[scope] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        else:
+            with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
+                f.write("5")
+            base = _rss_kb("VmRSS")
+            steps.run(scope)
+            peaks[scope] = (_rss_kb("VmHWM") - base) / 1024
+    print(json.dumps(peaks))
 
 
 def _rss_kb(field: str) -> int:
@@ -104,10 +133,15 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=None, help="default: heads (MHA)")
-    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--vocab", type=int, default=4096, help="see the module docstring")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="interleaved rounds (ratios: median over rounds)"
+    )
+    parser.add_argument(
+        "--memory-runs", type=int, default=3, help="fresh processes per model for peak memory"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--compile", action="store_true")
@@ -121,39 +155,49 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--_memory-of", dest="memory_of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rounds < 1 or args.memory_runs < 1:
+        parser.error("--rounds and --memory-runs must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_of:
         return measure_memory(args.memory_of, args)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
 
-    dtype = getattr(torch, args.dtype)
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
-    models = {"none": build("none", args)} | {v: build(v, args) for v in args.variants}
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for model in models.values():  # warm-up (and compilation)
-        step(model, ids, dtype)
-    for _ in range(args.repeats):
-        for name, model in models.items():
-            sync(args.device)
-            start = clock()
-            step(model, ids, dtype)
-            sync(args.device)
-            times[name].append(clock() - start)
+    names = ["none", *args.variants]
+    models = {name: Steps(name, args) for name in names}
+    times = {(name, scope): [] for name in names for scope in SCOPES}
+    for steps in models.values():  # warm-up (and compilation)
+        for scope in SCOPES:
+            steps.run(scope)
+    for _ in range(args.rounds):
+        for scope in SCOPES:
+            for name, steps in models.items():
+                sync(args.device)
+                start = clock()
+                steps.run(scope)
+                sync(args.device)
+                times[name, scope].append(clock() - start)
 
-    base_t = statistics.median(times["none"])
-    base_m = None if args.no_memory else peak_memory_mb("none", args)
+    memory = {} if args.no_memory else {name: peak_memory_mb(name, args) for name in names}
+    nan = float("nan")
     print(
         f"{args.layers} layers, hidden {args.hidden}, {args.heads} heads / {args.kv_heads or args.heads} kv, "
-        f"{args.batch}x{args.seq} tokens, {args.dtype} on {args.device}{' compiled' if args.compile else ''}, "
-        f"{torch.get_num_threads()} threads, {args.clock} clock, median of {args.repeats}"
+        f"vocab {args.vocab}, {args.batch}x{args.seq} tokens, {args.dtype} on {args.device}"
+        f"{' compiled' if args.compile else ''}, {torch.get_num_threads()} threads, {args.clock} clock, "
+        f"{args.rounds} rounds; time x = median over rounds of the per-round ratio to LLaMA"
     )
-    print(f"{'routing':<12} {'step s':>8} {'time x':>7} {'peak MB':>8} {'mem x':>6}")
-    print(f"{'none':<12} {base_t:8.3f} {1.0:7.3f} {base_m or float('nan'):8.1f} {1.0:6.3f}")
-    for name in args.variants:
-        t = statistics.median(times[name])
-        m = float("nan") if base_m is None else peak_memory_mb(name, args)
-        print(f"{name:<12} {t:8.3f} {t / base_t:7.3f} {m:8.1f} {m / (base_m or float('nan')):6.3f}")
+    for scope in SCOPES:
+        print(f"\n[{scope}] {'layer stack only' if scope == 'stack' else 'whole training step'}")
+        print(f"{'routing':<12} {'step s':>7} {'time x':>7} {'min-max':>13} {'peak MB':>8} {'mem x':>6}")
+        base_t = times["none", scope]
+        base_m = memory.get("none", {}).get(scope, nan)
+        for name in names:
+            ratios = [t / b for t, b in zip(times[name, scope], base_t, strict=True)]
+            m = memory.get(name, {}).get(scope, nan)
+            print(
+                f"{name:<12} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
+                f"{min(ratios):6.3f}-{max(ratios):.3f} {m:8.1f} {m / base_m:6.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,15 @@
 """The K/V buffer shared by the attention layers of one LIMe forward pass, and the routed read.
 
-Layout: keys and values each live in one contiguous tensor of shape ``[L * kv, B * T, head_dim]``;
-row block ``j`` holds layer j's raw heads. Mixing the buffered heads with a router matrix
-``R [kv, S * kv]`` is then one GEMM over a contiguous row range per tensor.
+Layout: keys and values each live in one contiguous tensor whose row block ``j`` (rows
+``j * kv .. (j + 1) * kv``) holds layer j's raw heads, so mixing them with a router matrix
+``R [kv, S * kv]`` is one GEMM over a contiguous row range per tensor, whatever the order within a
+row. Within a row the order depends on how the weights vary along the feature axis:
+
+- position-major ``[L * kv, B * T, head_dim]`` (default): routed heads come out in the layout
+  attention wants (``head_dim`` innermost), and per-position weights batch over positions;
+- feature-major ``[L * kv, head_dim, B * T]`` for per-dim weights (one mixing matrix per feature):
+  each feature's sources are then a strided matrix with unit-stride rows, so the mix is one batched
+  GEMM over features instead of a permuted copy of every source at every layer.
 
 Why a custom autograd function: building the sources with ``torch.cat`` at every layer copies the
 buffer L times and makes backward keep every copy (O(L^2) memory and traffic). Here each layer
@@ -28,6 +35,7 @@ class KVBuffer:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int) -> None:
         self.num_layers, self.kv, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.feature_major = False  # fixed by the first write
         self.data: list[torch.Tensor] = []  # [keys, values]
         self.grad: list[torch.Tensor] = []
         self.grad_ready = [False] * num_layers  # has a gradient block received its first contribution?
@@ -35,13 +43,22 @@ class KVBuffer:
     def rows(self, start_layer: int, stop_layer: int) -> slice:
         return slice(start_layer * self.kv, stop_layer * self.kv)
 
-    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``."""
+    def heads(self, rows: torch.Tensor, B: int, T: int) -> torch.Tensor:
+        """A ``(n, B, T, head_dim)`` view of ``n`` heads stored in either layout (``rows [n, ...]``)."""
+        if self.feature_major:
+            return rows.view(-1, self.head_dim, B, T).permute(0, 2, 3, 1)
+        return rows.view(-1, B, T, self.head_dim)
+
+    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, feature_major: bool) -> None:
+        """Store layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``;
+        the first write allocates the buffer in the layout ``feature_major`` names."""
         B, T, _ = keys.shape
         if not self.data:
-            self.data = [keys.new_empty(self.num_layers * self.kv, B * T, self.head_dim) for _ in range(2)]
+            self.feature_major = feature_major
+            row = (self.head_dim, B * T) if feature_major else (B * T, self.head_dim)
+            self.data = [keys.new_empty(self.num_layers * self.kv, *row) for _ in range(2)]
         for store, x in zip(self.data, (keys, values), strict=True):
-            block = store[self.rows(layer_idx, layer_idx + 1)].view(self.kv, B, T, self.head_dim)
+            block = self.heads(store[self.rows(layer_idx, layer_idx + 1)], B, T)
             block.copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
 
     def split_ready(self, start_layer: int, stop_layer: int) -> list[tuple[int, int]]:
@@ -59,13 +76,10 @@ class KVBuffer:
         block = grad[self.rows(start_layer, stop_layer)]
         block.add_(value) if self.grad_ready[start_layer] else block.copy_(value)
 
-    def addmm_to_grad(
-        self, grad: torch.Tensor, start_layer: int, stop_layer: int, a: torch.Tensor, b: torch.Tensor
-    ) -> None:
-        """``grad[blocks] += a @ b`` over layers of one ready state; fresh blocks are overwritten
-        (``beta=0`` ignores the uninitialised memory, NaN included)."""
-        block = grad[self.rows(start_layer, stop_layer)].flatten(1)
-        block.addmm_(a, b, beta=1.0 if self.grad_ready[start_layer] else 0.0)
+    def beta(self, start_layer: int) -> float:
+        """``beta`` for an in-place ``addmm_``/``baddbmm_`` into gradient blocks of one ready state:
+        0 overwrites fresh blocks (and ignores their uninitialised memory, NaN included)."""
+        return 1.0 if self.grad_ready[start_layer] else 0.0
 
     def mark_ready(self, layers: list[int]) -> None:
         for layer in layers:
@@ -76,7 +90,7 @@ class KVBuffer:
         B, T, _ = shape
         grads = []
         for grad in self.grad:
-            block = grad[self.rows(layer_idx, layer_idx + 1)].view(self.kv, B, T, self.head_dim)
+            block = self.heads(grad[self.rows(layer_idx, layer_idx + 1)], B, T)
             grads.append(block.permute(1, 2, 0, 3).reshape(shape))
         self.grad_ready[layer_idx] = False  # a second backward over a retained graph starts afresh
         return grads
@@ -94,7 +108,7 @@ def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _mix(weight: torch.Tensor | None, data: torch.Tensor, buffer: KVBuffer, own: int, runs, mode: str):
-    """Routed heads ``[kv, B*T, hd]`` from buffered ``data`` (see :class:`_RoutedRead` for modes)."""
+    """Routed heads ``[kv, *row]`` from buffered ``data [L*kv, *row]`` (modes: :class:`_RoutedRead`)."""
     kv = buffer.kv
     if weight is None:
         return data[buffer.rows(own, own + 1)].clone()
@@ -107,7 +121,9 @@ def _mix(weight: torch.Tensor | None, data: torch.Tensor, buffer: KVBuffer, own:
         return out.view(kv, *data.shape[1:])
     ((first, stop, _),) = runs  # per-dim and per-position read a contiguous range
     src = data[buffer.rows(first, stop)]
-    return torch.einsum("hse,sme->hme" if mode == "per-dim" else "mhs,sme->hme", weight, src)
+    if mode == "per-dim":  # feature-major: one [kv, S] @ [S, B*T] product per feature e
+        return torch.bmm(weight.permute(2, 0, 1), src.transpose(0, 1)).transpose(0, 1)
+    return torch.einsum("mhs,sme->hme", weight, src)
 
 
 def _mix_backward(
@@ -131,14 +147,20 @@ def _mix_backward(
                 grad_w[:, cols] = g @ data[buffer.rows(first, stop)].flatten(1).t()
             for a, b in buffer.split_ready(first, stop):
                 w = weight[:, (pos + a - first) * kv : (pos + b - first) * kv]
-                buffer.addmm_to_grad(grad_data, a, b, w.t(), g)
+                grad_data[buffer.rows(a, b)].flatten(1).addmm_(w.t(), g, beta=buffer.beta(a))
         return grad_w
     ((first, stop, _),) = runs
-    w_spec = "hse" if mode == "per-dim" else "mhs"
-    contribution = torch.einsum(f"{w_spec},hme->sme", weight, grad_out)
+    src = data[buffer.rows(first, stop)]
+    if mode == "per-dim":  # feature-major, batched over features e as in _mix
+        g = grad_out.transpose(0, 1)  # [hd, kv, B*T]
+        for a, b in buffer.split_ready(first, stop):
+            w = weight[:, (a - first) * kv : (b - first) * kv].permute(2, 1, 0)  # [hd, s, kv]
+            grad_data[buffer.rows(a, b)].transpose(0, 1).baddbmm_(w, g, beta=buffer.beta(a))
+        return torch.bmm(g, src.permute(1, 2, 0)).permute(1, 2, 0) if need_w else None
+    contribution = torch.einsum("mhs,hme->sme", weight, grad_out)
     for a, b in buffer.split_ready(first, stop):
         buffer.add_to_grad(grad_data, a, b, contribution[(a - first) * kv : (b - first) * kv])
-    return torch.einsum(f"hme,sme->{w_spec}", grad_out, data[buffer.rows(first, stop)]) if need_w else None
+    return torch.einsum("hme,sme->mhs", grad_out, src) if need_w else None
 
 
 class _RoutedRead(torch.autograd.Function):
@@ -152,12 +174,12 @@ class _RoutedRead(torch.autograd.Function):
     - ``"per-dim"``: ``weight [kv, S, hd]``, ``out[h, m, e] = sum_s weight[h, s, e] src[s, m, e]``.
     - ``"per-position"``: ``weight [B*T, kv, S]``, ``out[h, m, e] = sum_s weight[m, h, s] src[s, m, e]``.
 
-    Returns routed keys and values, each ``[kv, B*T, hd]``.
+    Returns routed keys and values, each ``[kv, *row]`` in the buffer's row layout.
     """
 
     @staticmethod
     def forward(ctx, weight, keys, values, buffer: KVBuffer, layer_idx: int, sources, mode: str):
-        buffer.write(layer_idx, keys, values)
+        buffer.write(layer_idx, keys, values, feature_major=mode == "per-dim")
         runs = contiguous_runs(sources)
         out = [_mix(weight, data, buffer, layer_idx, runs, mode) for data in buffer.data]
         ctx.buffer, ctx.layer_idx, ctx.sources, ctx.runs = buffer, layer_idx, sources, runs
@@ -211,4 +233,4 @@ def routed_read(
     """
     B, T, _ = keys.shape
     routed = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
-    return tuple(x.view(buffer.kv, B, T, buffer.head_dim).transpose(0, 1) for x in routed)
+    return tuple(buffer.heads(x, B, T).transpose(0, 1) for x in routed)
