@@ -256,6 +256,11 @@ COMMANDS = {
         "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
         "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
     ),
+    "reproduce": (
+        "train LIMe and LLaMA language models over seeds and measure the paper's findings (resumable)",
+        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu\n"
+        "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run",
+    ),
     "cache": (
         "list the activation cache's entries and sizes, or clear them",
         "lime-probe cache                        # size per entry and the total\n"
@@ -483,6 +488,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the two training runs here and reuse finished ones (default: a temporary folder)",
     )
 
+    p = add("reproduce", *COMMANDS["reproduce"], cmd_reproduce)
+    p.add_argument(
+        "--data", required=True, metavar="DIR", help="folder holding wikitext-2/{valid,test}.txt and blimp/"
+    )
+    p.add_argument(
+        "--out",
+        dest="run_dir",
+        default="runs/lm-cpu",
+        metavar="DIR",
+        help="training runs and measurements, reused on a rerun (default: %(default)s)",
+    )
+    p.add_argument("--results", default=None, metavar="DIR", help="tables and figures (default: OUT/results)")
+    p.add_argument(
+        "--size", default="cpu", choices=("cpu", "tiny"), help="cpu: the protocol's runs; tiny: a smoke run"
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
+    p.add_argument(
+        "--threads", type=_positive, default=None, metavar="N", help="torch CPU threads (default: torch's)"
+    )
+    p.set_defaults(out=None)
+
     p = add("cache", *COMMANDS["cache"], cmd_cache)
     p.add_argument(
         "--cache-dir", default=_default_cache(), metavar="DIR", help="the cache (default: %(default)s)"
@@ -494,6 +521,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
     p.set_defaults(out=None)
     return parser
+
+
+def cmd_reproduce(args, out: None) -> None:
+    """Train or reuse the runs, measure, compare (``lime_probe.reproduce``); writes in place, resumable."""
+    from lime_probe.reproduce import run_reproduction
+
+    results = run_reproduction(
+        args.run_dir, args.data, size=args.size, results=args.results, device=args.device
+    )
+    print(f"results in {results} (findings.md)", file=sys.stderr)
 
 
 def cmd_cache(args, out: None) -> None:

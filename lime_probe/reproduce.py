@@ -1,0 +1,656 @@
+"""``lime-probe reproduce``: the paper's language-model findings at CPU scale, LIMe vs LLaMA over seeds.
+
+Trains (or reuses) a LIMe (``routing="full"``) and a LLaMA (``"none"``) language model per seed on
+WikiText-2 ``valid.txt`` with one recipe, then measures every run on held-out text only (WikiText-2
+``test.txt`` and BLiMP) and compares the two architectures as paired differences over seeds:
+
+=====================  =====================================================================  ==========
+measurement            what                                                                   paper
+=====================  =====================================================================  ==========
+perplexity             exp(mean token NLL) over all non-overlapping windows of ``test.txt``     Table 1
+value entropy          per layer, ``values`` site, fixed-length windows (same for all models)   Fig. 2a
+separability           is/are/was/were per layer on ``values`` (every window of ``test.txt``)   Fig. 2b
+BLiMP (Table 2)        probe accuracy over the upper layers, mean-pooled values and hidden      Table 2
+t-SNE                  is/are/was/were values, the first seed's models                          Fig. 3
+router                 the LIMe routers, mean over seeds                                        Fig. 5
+loss vs FLOPs          training loss, mean over seeds                                           Fig. 1
+=====================  =====================================================================  ==========
+
+The protocol is fixed in ``figures/lm-cpu/PROTOCOL.md`` (written before any result was seen). Layout of
+``out``::
+
+    train/{lime,llama}-s{seed}/   lime-model runs: reused when finished, resumed when interrupted
+    measure/{kind}/{run}.json     one measurement of one run, reused: a rerun continues where it stopped
+    results/                      tables (CSV, JSON), figures (PNG, PDF) and findings.md
+
+Everything but the training runs is cheap to recompute; delete ``measure/`` to redo the measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MODELS = {"LIMe": "full", "LLaMA": "none"}  # label -> routing; the pair differs only in routing
+WORDS = (" is", " are", " was", " were")
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big a reproduction is: the recipe (plus overrides), the seeds and the measurement sizes."""
+
+    recipe: str = "wikitext-cpu"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    num_windows: int = 256  # entropy windows drawn from test.txt
+    blimp_pairs: int = 1000  # per BLiMP task (BLiMP has 1,000)
+    tsne_per_word: int = 150
+    probe_layers_every: int = 1  # separability/t-SNE on every k-th layer
+
+
+SIZES = {
+    "cpu": Size(),
+    # A smoke run for the tests: a 2-layer model, a few steps, small measurements.
+    "tiny": Size(
+        seeds=(0, 1),
+        overrides={
+            "steps": 4,
+            "warmup_steps": 1,
+            "max_texts": 2000,
+            "model.num_hidden_layers": 2,
+            "model.hidden_size": 32,
+            "model.intermediate_size": 64,
+            "model.vocab_size": 2048,
+            "seq_len": 64,
+            "batch_size": 4,
+            "micro_batch_size": 4,
+        },
+        num_windows=8,
+        blimp_pairs=20,
+        tsne_per_word=12,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Data:
+    """The shared data the reproduction reads: WikiText-2 (train on valid, measure on test) and BLiMP."""
+
+    train: Path
+    test: Path
+    blimp: Path
+
+    @classmethod
+    def under(cls, root: str | os.PathLike) -> Data:
+        root = Path(root)
+        data = cls(root / "wikitext-2" / "valid.txt", root / "wikitext-2" / "test.txt", root / "blimp")
+        for path in (data.train, data.test, data.blimp):
+            if not path.exists():
+                raise FileNotFoundError(
+                    f"data not found: {path} (--data names the folder holding wikitext-2/ and blimp/)"
+                )
+        return data
+
+
+def run_name(label: str, seed: int) -> str:
+    return f"{label.lower()}-s{seed}"
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """One line per step with the elapsed time and an estimate of what is left (from the mean step time)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.start = total, 0, time.monotonic()
+
+    def step(self, what: str) -> None:
+        elapsed = time.monotonic() - self.start
+        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        eta = "?" if self.done == 0 else f"{left / 60:.0f} min"
+        print(
+            f"[{self.done + 1}/{self.total}] {what} (elapsed {elapsed / 60:.0f} min, left ~{eta})",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.done += 1
+
+
+def cached(path: Path, compute: Callable[..., dict], *args: Any) -> dict:
+    """The JSON at ``path``; ``compute(*args)`` written there (atomically) first if it is not there."""
+    from lime_probe.results import atomic_write_text, to_jsonable
+
+    if path.is_file():
+        return json.loads(path.read_text())
+    value = compute(*args)
+    atomic_write_text(path, json.dumps(to_jsonable(value)))
+    return value
+
+
+# --------------------------------------------------------------------------- training
+
+
+def finished(run: Path) -> bool:
+    """Whether ``run`` is a complete lime-model run: its metrics reached the recipe's last step."""
+    from lime_model.recipes import load_recipe
+
+    metrics = run / "metrics.jsonl"
+    if not (run / "recipe.json").is_file() or not metrics.is_file() or not (run / "config.json").is_file():
+        return False
+    lines = metrics.read_text().strip().splitlines()
+    return bool(lines) and json.loads(lines[-1])["step"] == load_recipe(str(run / "recipe.json")).steps
+
+
+def train_runs(out: Path, data: Data, size: Size, progress: Progress) -> dict[tuple[str, int], Path]:
+    """Train every (model, seed) run that is not finished; returns their folders."""
+    from lime_model.train import train
+
+    runs = {}
+    for seed in size.seeds:
+        for label, routing in MODELS.items():
+            run = out / "train" / run_name(label, seed)
+            progress.step(f"training {label} seed {seed}")
+            if not finished(run):
+                resume = (run / "recipe.json").is_file()
+                train(
+                    size.recipe,
+                    run,
+                    resume=resume,
+                    routing=routing,
+                    seed=seed,
+                    data=str(data.train),
+                    **dict(size.overrides),
+                )
+            runs[label, seed] = run
+    return runs
+
+
+# --------------------------------------------------------------------------- measurements of one run
+
+
+def measure_perplexity(run: Path, data: Data) -> dict:
+    from lime_model.evaluate import perplexity
+
+    return perplexity(run, str(data.test))
+
+
+def _test_windows(
+    tokenizer, data: Data, window: int, num_windows: int | None, seed: int = 0
+) -> list[list[int]]:
+    from lime_model.data import load_texts
+    from lime_probe.windows import token_windows
+
+    return token_windows(load_texts(str(data.test)), tokenizer, window, num_windows, seed=seed)
+
+
+def measure_entropy(model, tokenizer, data: Data, window: int, num_windows: int) -> dict:
+    """Entropy of each window's values per layer: {"layers": [...], "values": (layers, windows)}."""
+    from lime_probe.entropy import layer_entropy
+    from lime_probe.extraction import extract
+
+    windows = _test_windows(tokenizer, data, window, num_windows)
+    acts = extract(
+        model, tokenizer, windows, sites=["values"], pretokenized=True, max_length=window, progress=False
+    )
+    layers = acts.layers("values")
+    values = [layer_entropy(acts.sequences("values", la), "lime").values.tolist() for la in layers]
+    return {"layers": layers, "values": values, "window": window, "num_windows": len(windows)}
+
+
+def word_features(model, tokenizer, data: Data, window: int) -> tuple[dict, np.ndarray]:
+    """The values of every is/are/was/were in ``test.txt`` (every window): ({layer: (n, d)}, words (n,))."""
+    from lime_probe.extraction import extract
+    from lime_probe.separability import word_rows, word_token_ids
+
+    ids = word_token_ids(tokenizer, WORDS)
+    windows = _test_windows(tokenizer, data, window, None)
+    acts = extract(
+        model,
+        tokenizer,
+        windows,
+        sites=["values"],
+        pretokenized=True,
+        max_length=window,
+        token_ids=list(ids.values()),
+        progress=False,
+    )
+    rows, words = word_rows(acts.token_ids, ids)
+    return {la: acts["values"][la][rows].numpy() for la in acts.layers("values")}, words
+
+
+def measure_separability(features: dict, words: np.ndarray, seed: int) -> dict:
+    from lime_probe.separability import token_separability
+
+    res = token_separability(features, words, seed=seed, progress=False)
+    return {
+        "layers": list(res.layers),
+        "accuracy": res.accuracy_mean.tolist(),
+        "fold_std": res.accuracy_std.tolist(),
+        "n_rows": res.n_rows,
+        "majority_baseline": res.majority_baseline,
+    }
+
+
+def measure_blimp(model, tokenizer, data: Data, pairs: int, seed: int) -> dict:
+    """Table-2 probes: per task and site, the probe accuracy per upper layer (mean-pooled representations)."""
+    from lime_probe.blimp import TABLE2_TASKS, blimp_probe, fit_pairs, load_blimp, paper_layers
+    from lime_probe.extraction import extract
+    from lime_probe.windows import max_positions
+
+    blimp = load_blimp(str(data.blimp), list(TABLE2_TASKS))
+    keep, skipped = fit_pairs(blimp, tokenizer, max_positions(model))
+    blimp = blimp.select(keep)
+    uids = np.asarray(blimp["UID"], dtype=object)
+    n_layers = model.config.num_hidden_layers
+    out: dict[str, Any] = {"skipped": skipped, "tasks": {}}
+    for task in TABLE2_TASKS:
+        part = blimp.select(np.flatnonzero(uids == task)[:pairs])
+        per_site = {}
+        for site in ("values", "hidden"):
+            layers = paper_layers(n_layers, site)
+            good, bad = (
+                extract(
+                    model,
+                    tokenizer,
+                    list(part[col]),
+                    sites=[site],
+                    layers=layers,
+                    pool="mean",
+                    progress=False,
+                )
+                for col in ("sentence_good", "sentence_bad")
+            )
+            res = blimp_probe(
+                {la: good[site][la] for la in layers},
+                {la: bad[site][la] for la in layers},
+                np.asarray(part["pairID"]),
+                seed=seed,
+                progress=False,
+            )
+            per_site[site] = {"layers": layers, "accuracy": res.accuracy_mean.tolist(), "n_pairs": len(part)}
+        out["tasks"][task] = per_site
+    return out
+
+
+# --------------------------------------------------------------------------- comparisons over seeds
+
+
+def differences(per_seed: Mapping[str, Sequence[float]], what: str, paper_sign: int, **row) -> dict:
+    """LIMe - LLaMA paired by seed (t-interval) and the verdict against the paper's sign (+1: LIMe higher)."""
+    from lime_probe.stats import paired_difference
+
+    d = paired_difference(per_seed["LIMe"], per_seed["LLaMA"])
+    if d.verdict == "not resolved":
+        verdict = "not resolved"
+    else:
+        verdict = "holds" if (d.mean > 0) == (paper_sign > 0) else "reversed"
+    return {
+        "measure": what,
+        **row,
+        "LIMe": float(np.mean(per_seed["LIMe"])),
+        "LLaMA": float(np.mean(per_seed["LLaMA"])),
+        "diff_mean": d.mean,
+        "diff_std": d.std,
+        "ci_low": d.ci_low,
+        "ci_high": d.ci_high,
+        "n_seeds": d.n,
+        "per_seed_diff": list(d.pairs),
+        "verdict": verdict,
+    }
+
+
+def _by_model(
+    measured: Mapping[tuple[str, int], Any], seeds: Sequence[int], get: Callable[[Any], float]
+) -> dict:
+    return {label: [get(measured[label, s]) for s in seeds] for label in MODELS}
+
+
+def compare(m: dict, seeds: Sequence[int]) -> list[dict]:
+    """Every LIMe-vs-LLaMA comparison of the protocol, one row each."""
+    from lime_probe.stats import paired_bootstrap_ci
+
+    rows = [differences(_by_model(m["perplexity"], seeds, lambda r: r["perplexity"]), "perplexity", -1)]
+    ent = m["entropy"]
+    layers = ent["LIMe", seeds[0]]["layers"]
+    for i, layer in enumerate(layers):
+        per = _by_model(ent, seeds, lambda r, i=i: float(np.mean(r["values"][i])))
+        row = differences(per, "value entropy", +1, layer=layer)
+        a = np.array([ent["LIMe", s]["values"][i] for s in seeds])
+        b = np.array([ent["LLaMA", s]["values"][i] for s in seeds])
+        row["ci_low_seeds_x_windows"], row["ci_high_seeds_x_windows"] = paired_bootstrap_ci(a, b)
+        rows.append(row)
+    rows.append(
+        differences(
+            _by_model(ent, seeds, lambda r: float(np.mean(r["values"]))), "value entropy", +1, layer="mean"
+        )
+    )
+    sep = m["separability"]
+    for i, layer in enumerate(sep["LIMe", seeds[0]]["layers"]):
+        rows.append(
+            differences(
+                _by_model(sep, seeds, lambda r, i=i: r["accuracy"][i]), "separability", +1, layer=layer
+            )
+        )
+    upper = len(sep["LIMe", seeds[0]]["layers"]) // 2
+    rows.append(
+        differences(
+            _by_model(sep, seeds, lambda r: float(np.mean(r["accuracy"][upper:]))),
+            "separability",
+            +1,
+            layer="upper half",
+        )
+    )
+    for site in ("values", "hidden"):
+        per = _by_model(
+            m["blimp"],
+            seeds,
+            lambda r, site=site: float(np.mean([np.mean(t[site]["accuracy"]) for t in r["tasks"].values()])),
+        )
+        rows.append(differences(per, "BLiMP probe (Table 2)", +1, site=site))
+    return rows
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def run_reproduction(
+    out: str | os.PathLike,
+    data_root: str | os.PathLike,
+    *,
+    size: str = "cpu",
+    results: str | os.PathLike | None = None,
+    device: str = "cpu",
+) -> Path:
+    """Train or reuse the runs, measure them, compare, and write ``results`` (default ``out/results``).
+
+    Returns the results folder. See the module docstring for what is measured and where it goes.
+    """
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    cfg = SIZES[size]
+    data = Data.under(data_root)
+    out = Path(out)
+    results = Path(results) if results is not None else out / "results"
+    seeds = cfg.seeds
+    n_runs = len(seeds) * len(MODELS)
+    progress = Progress(2 * n_runs + 1)
+    runs = train_runs(out, data, cfg, progress)
+
+    from lime_probe.analyses import Checkpoint
+    from lime_probe.loading import load
+
+    m: dict[str, dict] = {k: {} for k in ("perplexity", "entropy", "separability", "blimp")}
+    tsne_features = {}
+    for (label, seed), run in runs.items():
+        progress.step(f"measuring {label} seed {seed}: perplexity, entropy, separability, BLiMP")
+        name = run_name(label, seed)
+        model, tok = load(run, device=device)
+        hf = getattr(model, "_module", model)
+        window = hf.config.max_position_embeddings
+        where = out / "measure"
+        m["perplexity"][label, seed] = cached(
+            where / "perplexity" / f"{name}.json", measure_perplexity, run, data
+        )
+        m["entropy"][label, seed] = cached(
+            where / "entropy" / f"{name}.json", measure_entropy, model, tok, data, window, cfg.num_windows
+        )
+        features, words = word_features(model, tok, data, window)
+        if seed == seeds[0]:
+            tsne_features[label] = (features, words)
+        m["separability"][label, seed] = cached(
+            where / "separability" / f"{name}.json", measure_separability, features, words, seed
+        )
+        m["blimp"][label, seed] = cached(
+            where / "blimp" / f"{name}.json", measure_blimp, hf, tok, data, cfg.blimp_pairs, seed
+        )
+        del model
+    progress.step("comparing and writing the results")
+    lime_runs = [
+        Checkpoint(f"LIMe s{s}", str(runs["LIMe", s]), *load(runs["LIMe", s], device=device)) for s in seeds
+    ]
+    write_results_folder(results, m, seeds, cfg, runs, tsne_features, lime_runs, size)
+    return results
+
+
+def write_results_folder(
+    results: Path, m: dict, seeds, cfg: Size, runs, tsne_features, lime_runs, size: str
+) -> None:
+    """Tables, figures and findings.md from the measurements (see `compare`)."""
+    from lime_probe.analyses import ANALYSES
+    from lime_probe.results import atomic_write_text, read_metrics, rows_to_csv, run_metadata, write_results
+
+    meta = run_metadata(
+        "reproduce",
+        settings={"size": size, **asdict(cfg), "words": WORDS},
+        checkpoints={run_name(label, s): str(p) for (label, s), p in runs.items()},
+    )
+    meta["threads"] = _threads()
+    diff = compare(m, seeds)
+    write_results(results / "differences", diff, meta=meta)
+    per_run = per_run_rows(m)
+    for kind, rows in per_run.items():
+        write_results(results / kind, rows, meta=meta)
+    router = ANALYSES["router"].run(lime_runs)
+    write_results(results / "router", router.rows, meta=meta, extra=router.extra)
+    curves = {label: _mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in MODELS}
+    tsne = tsne_embeddings(tsne_features, cfg)
+    draw(results, m, seeds, curves, tsne, router)
+    atomic_write_text(results / "findings.md", findings(diff, seeds))
+    atomic_write_text(
+        results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)
+    )
+    print(
+        rows_to_csv(
+            [
+                {k: r[k] for k in ("measure", "LIMe", "LLaMA", "diff_mean", "ci_low", "ci_high", "verdict")}
+                | {"where": r.get("layer", r.get("site", ""))}
+                for r in diff
+            ]
+        ),
+        file=sys.stderr,
+    )
+
+
+def _threads() -> dict:
+    import torch
+
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def per_run_rows(m: dict) -> dict[str, list[dict]]:
+    """Per-run tables: perplexity, entropy per layer (mean over windows), separability per layer, BLiMP per task."""
+    out: dict[str, list[dict]] = {"perplexity": [], "entropy": [], "separability": [], "blimp": []}
+    for (label, seed), r in m["perplexity"].items():
+        out["perplexity"].append(
+            {
+                "model": label,
+                "seed": seed,
+                "perplexity": r["perplexity"],
+                "loss": r["loss"],
+                "tokens": r["tokens"],
+            }
+        )
+    for (label, seed), r in m["entropy"].items():
+        for layer, vals in zip(r["layers"], r["values"], strict=True):
+            out["entropy"].append(
+                {
+                    "model": label,
+                    "seed": seed,
+                    "layer": layer,
+                    "entropy_mean": float(np.mean(vals)),
+                    "entropy_std": float(np.std(vals)),
+                    "windows": len(vals),
+                    "window": r["window"],
+                }
+            )
+    for (label, seed), r in m["separability"].items():
+        for layer, acc in zip(r["layers"], r["accuracy"], strict=True):
+            out["separability"].append(
+                {"model": label, "seed": seed, "layer": layer, "accuracy": acc, "n_rows": r["n_rows"]}
+            )
+    for (label, seed), r in m["blimp"].items():
+        for task, sites in r["tasks"].items():
+            for site, s in sites.items():
+                out["blimp"].append(
+                    {
+                        "model": label,
+                        "seed": seed,
+                        "task": task,
+                        "site": site,
+                        "accuracy": float(np.mean(s["accuracy"])),
+                        "layers": s["layers"],
+                        "n_pairs": s["n_pairs"],
+                        "skipped_pairs": r["skipped"].get(task, 0),
+                    }
+                )
+    return out
+
+
+def _mean_curve(metrics: Sequence[dict]) -> dict:
+    """Loss vs FLOPs and tokens averaged over seeds (the seeds share one step grid)."""
+    n = min(len(x["loss"]) for x in metrics)
+    return {k: np.mean([x[k][:n] for x in metrics], axis=0) for k in ("flops", "tokens", "loss")}
+
+
+def tsne_embeddings(features: Mapping[str, tuple[dict, np.ndarray]], cfg: Size) -> dict:
+    """t-SNE of a balanced sample of is/are/was/were values at four layers, first seed's models."""
+    from lime_probe.separability import balance_classes
+    from lime_probe.tsne import tsne_layers
+
+    out = {}
+    for label, (feats, words) in features.items():
+        keep = balance_classes(
+            words, seed=0, n_per_class=min(cfg.tsne_per_word, min(np.unique(words, return_counts=True)[1]))
+        )
+        layers = sorted(feats)
+        picked = sorted({layers[0], layers[len(layers) // 3], layers[2 * len(layers) // 3], layers[-1]})
+        out[label] = (
+            tsne_layers(
+                {la: feats[la][keep] for la in picked}, perplexity=min(30.0, len(keep) / 4), progress=False
+            ),
+            words[keep],
+        )
+    return out
+
+
+def draw(results: Path, m: dict, seeds, curves: dict, tsne: dict, router) -> None:
+    """The figures: entropy and separability per layer (mean over seeds, min-max band), their differences
+    with 95 % CIs, loss vs FLOPs, t-SNE, router heatmaps, the Table-2 bars."""
+    from lime_probe import figures as F
+    from lime_probe.analyses import ANALYSES
+
+    def band(kind: str, get) -> dict:
+        out = {}
+        for label in MODELS:
+            per = np.array([get(m[kind][label, s]) for s in seeds])  # (seeds, layers)
+            out[label] = {
+                "layers": m[kind][label, seeds[0]]["layers"],
+                "mean": per.mean(0),
+                "low": per.min(0),
+                "high": per.max(0),
+            }
+        return out
+
+    ent = band("entropy", lambda r: np.mean(r["values"], axis=1))
+    F.save_figure(
+        F.plot_entropy(ent, site="values", alpha=1.0, band=f"min-max over {len(seeds)} seeds"),
+        results / "entropy_values",
+    )
+    sep = band("separability", lambda r: r["accuracy"])
+    F.save_figure(
+        F.plot_separability(sep, site="values", words=WORDS, chance=0.25), results / "separability_values"
+    )
+    diff = compare(m, seeds)
+    series = {}
+    for what, name in (("value entropy", "entropy"), ("separability", "separability")):
+        rs = [r for r in diff if r["measure"] == what and isinstance(r["layer"], int)]
+        series[name] = {
+            "LIMe - LLaMA": {
+                "layers": [r["layer"] for r in rs],
+                "mean": [r["diff_mean"] for r in rs],
+                "low": [r["ci_low"] for r in rs],
+                "high": [r["ci_high"] for r in rs],
+            }
+        }
+    F.save_figure(
+        F.plot_layer_curves(
+            series["entropy"],
+            ylabel="entropy difference (nats)",
+            baseline=0.0,
+            baseline_label="no difference",
+            title=f"Value entropy, LIMe - LLaMA (95% t-interval over {len(seeds)} seeds)",
+        ),
+        results / "entropy_difference",
+    )
+    F.save_figure(
+        F.plot_layer_curves(
+            series["separability"],
+            ylabel="accuracy difference",
+            baseline=0.0,
+            baseline_label="no difference",
+            title=f"is/are/was/were separability, LIMe - LLaMA (95% t-interval over {len(seeds)} seeds)",
+        ),
+        results / "separability_difference",
+    )
+    F.save_figure(F.plot_training_curves(curves), results / "loss_vs_flops")
+    if tsne:
+        F.save_figure(
+            F.plot_tsne_grid(
+                {k: v[0] for k, v in tsne.items()}, {k: list(v[1]) for k, v in tsne.items()}, site="values"
+            ),
+            results / "tsne_values",
+        )
+    for stem, fig in ANALYSES["router"].plot(router).items():
+        F.save_figure(fig, results / stem)
+
+
+CLAIMS = (
+    ("perplexity", None, "LIMe reaches lower held-out perplexity (Table 1: lower loss)"),
+    ("value entropy", "mean", "LIMe's values keep higher matrix entropy (Fig. 2a), mean over layers"),
+    (
+        "separability",
+        "upper half",
+        "LIMe's values keep is/are/was/were more separable in the upper layers (Fig. 2b)",
+    ),
+    ("BLiMP probe (Table 2)", "values", "LIMe's values probe BLiMP better (Table 2)"),
+    ("BLiMP probe (Table 2)", "hidden", "LIMe's hidden states probe BLiMP better (Table 2)"),
+)
+
+
+def findings(diff: Sequence[dict], seeds: Sequence[int]) -> str:
+    """findings.md: each of the paper's claims with the measured difference, its interval and verdict."""
+    lines = [
+        "# LIMe vs LLaMA at CPU scale: the paper's language-model findings",
+        "",
+        f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}); 95 % t-interval "
+        "over seeds. Verdict: 'holds' when the interval excludes 0 with the paper's sign, 'reversed' when it "
+        "excludes 0 with the other sign, else 'not resolved'. Protocol: figures/lm-cpu/PROTOCOL.md.",
+        "",
+        "| claim | LIMe | LLaMA | difference [95 % CI] | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for measure, where, claim in CLAIMS:
+        r = next(
+            r for r in diff if r["measure"] == measure and where in (None, r.get("layer"), r.get("site"))
+        )
+        lines.append(
+            f"| {claim} | {r['LIMe']:.4g} | {r['LLaMA']:.4g} | {r['diff_mean']:+.4g} "
+            f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}] | {r['verdict']} |"
+        )
+    lines += [
+        "",
+        "Per layer (value entropy and separability): see differences.csv and the *_difference figures.",
+    ]
+    return "\n".join(lines) + "\n"
