@@ -41,6 +41,7 @@ import numpy as np
 
 MODELS = {"LIMe": "full", "LLaMA": "none"}  # label -> routing; the pair differs only in routing
 WORDS = (" is", " are", " was", " were")
+ENTROPY_PRESET = "lime"  # the official code's: z-scored features, alpha 0.5
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def measure_entropy(model, tokenizer, data: Data, window: int, num_windows: int)
         model, tokenizer, windows, sites=["values"], pretokenized=True, max_length=window, progress=False
     )
     layers = acts.layers("values")
-    values = [layer_entropy(acts.sequences("values", la), "lime").values.tolist() for la in layers]
+    values = [layer_entropy(acts.sequences("values", la), ENTROPY_PRESET).values.tolist() for la in layers]
     return {"layers": layers, "values": values, "window": window, "num_windows": len(windows)}
 
 
@@ -551,6 +552,7 @@ def draw(results: Path, m: dict, seeds, curves: dict, tsne: dict, router) -> Non
     with 95 % CIs, loss vs FLOPs, t-SNE, router heatmaps, the Table-2 bars."""
     from lime_probe import figures as F
     from lime_probe.analyses import ANALYSES
+    from lime_probe.entropy import entropy_config
 
     def band(kind: str, get) -> dict:
         out = {}
@@ -566,7 +568,12 @@ def draw(results: Path, m: dict, seeds, curves: dict, tsne: dict, router) -> Non
 
     ent = band("entropy", lambda r: np.mean(r["values"], axis=1))
     F.save_figure(
-        F.plot_entropy(ent, site="values", alpha=1.0, band=f"min-max over {len(seeds)} seeds"),
+        F.plot_entropy(
+            ent,
+            site="values",
+            alpha=entropy_config(ENTROPY_PRESET).alpha,
+            band=f"min-max over {len(seeds)} seeds",
+        ),
         results / "entropy_values",
     )
     sep = band("separability", lambda r: r["accuracy"])
