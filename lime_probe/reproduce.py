@@ -256,29 +256,35 @@ def measure_blimp(model, tokenizer, data: Data, pairs: int, seed: int) -> dict:
     out: dict[str, Any] = {"skipped": skipped, "tasks": {}}
     for task in TABLE2_TASKS:
         part = blimp.select(np.flatnonzero(uids == task)[:pairs])
-        per_site = {}
-        for site in ("values", "hidden"):
-            layers = paper_layers(n_layers, site)
-            good, bad = (
-                extract(
-                    model,
-                    tokenizer,
-                    list(part[col]),
-                    sites=[site],
-                    layers=layers,
-                    pool="mean",
-                    progress=False,
-                )
-                for col in ("sentence_good", "sentence_bad")
+        layers = {site: paper_layers(n_layers, site) for site in ("values", "hidden")}
+        # Both sites in one pass: the top blocks are the same negative indices of either site.
+        top = list(range(-len(layers["values"]), 0))
+        good, bad = (
+            extract(
+                model,
+                tokenizer,
+                list(part[col]),
+                sites=list(layers),
+                layers=top,
+                pool="mean",
+                progress=False,
             )
+            for col in ("sentence_good", "sentence_bad")
+        )
+        per_site = {}
+        for site, site_layers in layers.items():
             res = blimp_probe(
-                {la: good[site][la] for la in layers},
-                {la: bad[site][la] for la in layers},
+                {la: good[site][la] for la in site_layers},
+                {la: bad[site][la] for la in site_layers},
                 np.asarray(part["pairID"]),
                 seed=seed,
                 progress=False,
             )
-            per_site[site] = {"layers": layers, "accuracy": res.accuracy_mean.tolist(), "n_pairs": len(part)}
+            per_site[site] = {
+                "layers": site_layers,
+                "accuracy": res.accuracy_mean.tolist(),
+                "n_pairs": len(part),
+            }
         out["tasks"][task] = per_site
     return out
 
