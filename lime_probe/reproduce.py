@@ -451,7 +451,7 @@ def write_results_folder(
     write_results(results / "router", router.rows, meta=meta, extra=router.extra)
     curves = {label: _mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in MODELS}
     tsne = tsne_embeddings(tsne_features, cfg)
-    draw(results, m, seeds, curves, tsne, router)
+    draw(results, m, diff, seeds, curves, tsne, router)
     atomic_write_text(results / "findings.md", findings(diff, seeds))
     atomic_write_text(
         results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)
@@ -553,7 +553,7 @@ def tsne_embeddings(features: Mapping[str, tuple[dict, np.ndarray]], cfg: Size) 
     return out
 
 
-def draw(results: Path, m: dict, seeds, curves: dict, tsne: dict, router) -> None:
+def draw(results: Path, m: dict, diff: list[dict], seeds, curves: dict, tsne: dict, router) -> None:
     """The figures: entropy and separability per layer (mean over seeds, min-max band), their differences
     with 95 % CIs, loss vs FLOPs, t-SNE, router heatmaps, the Table-2 bars."""
     from lime_probe import figures as F
@@ -586,11 +586,12 @@ def draw(results: Path, m: dict, seeds, curves: dict, tsne: dict, router) -> Non
     F.save_figure(
         F.plot_separability(sep, site="values", words=WORDS, chance=0.25), results / "separability_values"
     )
-    diff = compare(m, seeds)
-    series = {}
-    for what, name in (("value entropy", "entropy"), ("separability", "separability")):
+    for what, stem, ylabel, title in (
+        ("value entropy", "entropy_difference", "entropy difference (nats)", "Value entropy"),
+        ("separability", "separability_difference", "accuracy difference", "is/are/was/were separability"),
+    ):
         rs = [r for r in diff if r["measure"] == what and isinstance(r["layer"], int)]
-        series[name] = {
+        series = {
             "LIMe - LLaMA": {
                 "layers": [r["layer"] for r in rs],
                 "mean": [r["diff_mean"] for r in rs],
@@ -598,26 +599,14 @@ def draw(results: Path, m: dict, seeds, curves: dict, tsne: dict, router) -> Non
                 "high": [r["ci_high"] for r in rs],
             }
         }
-    F.save_figure(
-        F.plot_layer_curves(
-            series["entropy"],
-            ylabel="entropy difference (nats)",
+        fig = F.plot_layer_curves(
+            series,
+            ylabel=ylabel,
             baseline=0.0,
             baseline_label="no difference",
-            title=f"Value entropy, LIMe - LLaMA (95% t-interval over {len(seeds)} seeds)",
-        ),
-        results / "entropy_difference",
-    )
-    F.save_figure(
-        F.plot_layer_curves(
-            series["separability"],
-            ylabel="accuracy difference",
-            baseline=0.0,
-            baseline_label="no difference",
-            title=f"is/are/was/were separability, LIMe - LLaMA (95% t-interval over {len(seeds)} seeds)",
-        ),
-        results / "separability_difference",
-    )
+            title=f"{title}, LIMe - LLaMA (95% t-interval over {len(seeds)} seeds)",
+        )
+        F.save_figure(fig, results / stem)
     F.save_figure(F.plot_training_curves(curves), results / "loss_vs_flops")
     if tsne:
         F.save_figure(
