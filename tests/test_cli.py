@@ -187,6 +187,8 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeyp
         tmp_path / "cache",
         "--seed",
         3,
+        "--unit",
+        "documents",
     )
     assert code == 0, err
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) > 2  # several shards were streamed
@@ -285,6 +287,8 @@ def test_a_site_the_model_lacks_is_exit_2(capsys, ckpts, text_file, tmp_path):
         "--out",
         tmp_path / "o",
         "--no-cache",
+        "--num-windows",
+        2,
     )
     assert code == 2 and "routed_values" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
@@ -597,6 +601,8 @@ def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckp
         "--max-length",
         32,
         "--no-cache",
+        "--num-windows",
+        2,
     ]
     _ok(capsys, "report", *common, "--analyses", "entropy", "router", "--out", tmp_path / "r")
     _ok(capsys, "entropy", *common, "--out", tmp_path / "e")
@@ -634,6 +640,8 @@ def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, tex
         4,
         "--max-length",
         16,
+        "--unit",
+        "documents",  # 18 texts, several batches
         "--cache",
         tmp_path / "cache",
     ]
