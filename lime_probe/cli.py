@@ -380,8 +380,8 @@ def _positive(s: str) -> int:
 
 def add_param_options(group, params: type, skip: Sequence[str] = ()) -> list[str]:
     """One option per field of the dataclass ``params`` (``per_word`` -> ``--per-word``), typed from its
-    annotation and documented from its ``option`` metadata; fields named in ``skip`` are left out. Returns
-    the names added."""
+    annotation and documented from its ``option`` metadata; a boolean field that defaults to True becomes
+    ``--no-NAME``. Fields named in ``skip`` are left out. Returns the names added."""
     hints = typing.get_type_hints(params)
     added = []
     for f in dataclasses.fields(params):
@@ -398,14 +398,17 @@ def add_param_options(group, params: type, skip: Sequence[str] = ()) -> list[str
             help += " (default: %(default)s)"
         kw["help"] = help
         positive = meta.pop("positive", False)
-        if base is bool:
+        flag = "--" + f.name.replace("_", "-")
+        if base is bool and f.default is True:  # on by default: the option turns it off
+            flag, kw["action"] = "--no-" + flag[2:], "store_false"
+        elif base is bool:
             kw["action"] = "store_true"
         elif typing.get_origin(base) is tuple:
             kw["nargs"] = "+"
         else:
             kw["type"] = _positive if positive else base
         kw.update(meta)  # metavar, choices
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
+        group.add_argument(flag, dest=f.name, **kw)
         added.append(f.name)
     return added
 

@@ -136,3 +136,76 @@ def test_entropy_documents_mode_and_max_normalize(capsys, tmp_path, ckpts, text_
         np.testing.assert_allclose(r["entropy_mean"], np.mean(want), rtol=1e-6)
         assert r["unit"] == "documents" and r["window"] is None and r["max_normalize"] is True
         assert r["n_sequences"] == len(DOCS)
+
+
+MULTI = (" garden", " happy", " clean", " rivers")  # 4-6 tokens each under the tiny tokenizer, 8 times each
+
+
+def hand_pooled(model, tok, site: str, how: str) -> tuple[dict, np.ndarray]:
+    """Every occurrence of MULTI found by scanning the token ids, pooled by hand ({layer: (n, d)}, labels)."""
+    from lime_probe.extraction import extract
+
+    acts = extract(model, tok, DOCS, sites=[site], max_length=32, progress=False)
+    ids = acts.token_ids.tolist()
+    pieces = {w: tok.encode(w, add_special_tokens=False) for w in MULTI}
+    spans, labels = [], []
+    bounds = acts.offsets.tolist()
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        for i in range(lo, hi):
+            for w, p in pieces.items():
+                after = ids[i + len(p)] if i + len(p) < hi else None
+                if ids[i : i + len(p)] == p and (after is None or not tok.decode([after])[0].isalnum()):
+                    spans.append((i, i + len(p)))
+                    labels.append(w)
+    feats = {}
+    for layer in acts[site]:
+        X = acts[site][layer].numpy()
+        feats[layer] = np.stack([X[a:b].mean(0) if how == "mean" else X[b - 1] for a, b in spans])
+    return feats, np.array(labels, dtype=object)
+
+
+@pytest.mark.parametrize("how", ["mean", "last"])
+def test_separability_of_multi_token_words_against_sklearn(capsys, tmp_path, ckpts, text_file, how):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from lime_probe.loading import load
+
+    out = tmp_path / "o"
+    run_ok(
+        capsys, "separability", "--ckpt", ckpts["lime"], "--data", text_file, "--words", *MULTI,
+        "--subtoken", how, "--max-length", 32, "--no-cache", "--seed", 1, "--out", out,
+    )  # fmt: skip
+    rows = read_rows(out / "separability_values.json")  # values: the protocol's default site
+    feats, y = hand_pooled(*load(ckpts["lime"]), "values", how)
+    assert sorted(np.unique(y, return_counts=True)[1]) == [8, 8, 8, 8]  # balanced: no subsampling
+    for r in rows:
+        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=10_000))
+        cv = StratifiedKFold(5, shuffle=True, random_state=1)
+        want = cross_val_score(probe, feats[r["layer"]], y, cv=cv)
+        np.testing.assert_allclose([r["accuracy_mean"], r["accuracy_std"]], [want.mean(), want.std()])
+        assert r["subtoken"] == how and r["n_rows"] == 32
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_tsne_l2_normalize_option_against_opentsne(capsys, tmp_path, ckpts, text_file, raw):
+    from openTSNE import TSNE
+
+    from lime_probe.loading import load
+
+    out = tmp_path / "o"
+    run_ok(
+        capsys, "tsne", "--ckpt", ckpts["llama"], "--data", text_file, "--words", *MULTI, "--per-word", 8,
+        "--perplexity", 4, "--layers", 1, "--max-length", 32, "--no-cache", "--out", out,
+        *(["--no-l2-normalize"] if raw else []),
+    )  # fmt: skip
+    rows = read_rows(out / "tsne_values.json")
+    feats, y = hand_pooled(*load(ckpts["llama"]), "values", "last")
+    X = feats[1].astype(np.float64)
+    if not raw:
+        X = X / np.linalg.norm(X, axis=1, keepdims=True)
+    want = np.asarray(TSNE(n_components=2, perplexity=4, random_state=0, n_jobs=1).fit(X))
+    np.testing.assert_allclose([[r["x"], r["y"]] for r in rows], want, rtol=1e-6, atol=1e-8)
+    assert [r["token"] for r in rows] == list(y) and {r["l2_normalize"] for r in rows} == {not raw}
