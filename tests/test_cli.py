@@ -453,7 +453,8 @@ def test_missing_words_are_named(capsys, tmp_path, ckpts, text_file):
         tmp_path / "o",
         "--no-cache",
     )
-    assert code == 2 and "' garden' is 5 tokens" in err and not (tmp_path / "o").exists()
+    # ' garden' is 5 tokens: found as a whole word, it occurs 3 times
+    assert code == 2 and "' garden': 3" in err and not (tmp_path / "o").exists()
 
 
 def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
@@ -467,6 +468,8 @@ def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
         ckpts["llama"],
         "--data",
         text_file,
+        "--site",
+        "hidden",
         "--layers",
         "0,2",
         "--per-word",
