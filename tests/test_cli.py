@@ -563,8 +563,14 @@ def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
         "--out",
         tmp_path / "o",
         "--no-cache",
+        "--preset",
+        "all",
+        "--sites",
+        "hidden",
+        "--layers",
+        "all",
     )
-    doc = _read_json(tmp_path / "o" / "blimp_hidden.json")
+    doc = _read_json(tmp_path / "o" / "blimp.json")
     data = load_blimp(blimp_dir)
     model, tok = load(ckpts["llama"])
     part = data.select(range(10))  # the first paradigm's first 10 pairs
@@ -581,7 +587,8 @@ def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
     picked = data.select(list(range(10)) + list(range(12, 22)))
     scores = score_minimal_pairs(model, tok, picked, progress=False)
     assert doc["blimp"]["llama"]["minimal_pairs"]["per_paradigm"] == pytest.approx(scores.per_paradigm)
-    assert "bert" not in doc["blimp"]  # an encoder is probed but not scored as a causal LM
+    assert "minimal_pairs" not in doc["blimp"]["bert"]  # an encoder is probed but not scored as a causal LM
+    assert doc["blimp"]["bert"]["skipped_pairs"] == {"agreement_a": 0, "agreement_b": 0}
     assert {r["model"] for r in doc["rows"]} == {"llama", "bert"}
 
 
@@ -589,7 +596,9 @@ def test_blimp_with_wrong_fields_is_exit_2(capsys, tmp_path, ckpts):
     bad = tmp_path / "b"
     bad.mkdir()
     (bad / "x.jsonl").write_text(json.dumps({"good": "a", "bad": "b"}) + "\n")
-    code, _, err = run_cli(capsys, "blimp", "--ckpt", ckpts["llama"], "--data", bad, "--out", tmp_path / "o")
+    code, _, err = run_cli(
+        capsys, "blimp", "--ckpt", ckpts["llama"], "--data", bad, "--preset", "all", "--out", tmp_path / "o"
+    )
     assert code == 2 and "missing field" in err and not (tmp_path / "o").exists()
 
 
