@@ -61,10 +61,11 @@ def _layer_list(spec: str | None) -> list[int] | None:
         raise ValueError(f"--layers must be 'all' or comma-separated integers, got {spec!r}") from None
 
 
-def extract_options(args) -> dict:
-    """The extraction settings of a parsed command line, as ``extract`` keywords."""
+def extract_options(args, own_layers: bool = False) -> dict:
+    """The extraction settings of a parsed command line, as ``extract`` keywords; with ``own_layers``
+    (the analysis reads ``--layers`` itself) no layer selection."""
     return {
-        "layers": _layer_list(getattr(args, "layers", None)),
+        "layers": None if own_layers else _layer_list(getattr(args, "layers", None)),
         "max_length": args.max_length,
         "max_tokens": args.max_tokens,
         "batch_size": args.batch_size,
@@ -170,9 +171,8 @@ def _field_value(v):
 
 def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
     """``spec.compute`` with the parameters and extraction settings of ``args``."""
-    extract_kw = extract_options(args) if spec.data_kind != "none" else None
-    if extract_kw and "layers" in {f.name for f in dataclasses.fields(spec.params)}:
-        extract_kw["layers"] = None  # the analysis's own --layers chooses them
+    own_layers = "layers" in {f.name for f in dataclasses.fields(spec.params)}
+    extract_kw = extract_options(args, own_layers) if spec.data_kind != "none" else None
     return spec.compute(cks, data, params_of(spec, args), extract_kw)
 
 
@@ -265,7 +265,7 @@ def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args) -> Result:
     layers = "paper" if args.layers in (None, "all") else args.layers
     params = dataclasses.replace(params, layers=layers)
     data = load_blimp(args.blimp, chosen_paradigms(params))
-    return spec.compute(cks, data, params, {**extract_options(args), "layers": None})
+    return spec.compute(cks, data, params, extract_options(args, own_layers=True))
 
 
 def cmd_demo(args, out: Path) -> None:

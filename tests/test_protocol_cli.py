@@ -209,3 +209,91 @@ def test_tsne_l2_normalize_option_against_opentsne(capsys, tmp_path, ckpts, text
     want = np.asarray(TSNE(n_components=2, perplexity=4, random_state=0, n_jobs=1).fit(X))
     np.testing.assert_allclose([[r["x"], r["y"]] for r in rows], want, rtol=1e-6, atol=1e-8)
     assert [r["token"] for r in rows] == list(y) and {r["l2_normalize"] for r in rows} == {not raw}
+
+
+@pytest.fixture(scope="module")
+def deep_ckpt(tmp_path_factory) -> Path:
+    """16 blocks as the paper's Table 2 models, 12 positions: the two 13-token pairs of PAIRS do not fit."""
+    return save_tiny_checkpoint(
+        tmp_path_factory.mktemp("deep"), "llama", num_hidden_layers=16, max_position_embeddings=12
+    )
+
+
+def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
+    from helpers import write_blimp_dir
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GroupKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from lime_probe.blimp import load_blimp
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
+
+    data_dir = write_blimp_dir(tmp_path / "blimp")
+    out = tmp_path / "o"
+    run_ok(
+        capsys, "blimp", "--ckpt", deep_ckpt, "--data", data_dir, "--preset", "all", "--no-cache", "--seed", 1,
+        "--out", out,
+    )  # fmt: skip
+    doc = json.loads((out / "blimp.json").read_text())
+    rows = doc["rows"]
+    # the paper's range: blocks 10-16 of 16 (values of block b: index b-1; hidden: output of block b)
+    assert sorted({r["layer"] for r in rows if r["site"] == "values"}) == list(range(9, 16))
+    assert sorted({r["layer"] for r in rows if r["site"] == "hidden"}) == list(range(10, 17))
+    model, tok = load(deep_ckpt)
+    data = load_blimp(data_dir)
+    fits = [
+        all(max(len(tok(s)["input_ids"]), len(tok(s, add_special_tokens=False)["input_ids"]) + 1) <= 12 for s in pair)
+        for pair in zip(data["sentence_good"], data["sentence_bad"], strict=True)
+    ]
+    uids = np.array(data["UID"])
+    assert doc["blimp"][deep_ckpt.name]["skipped_pairs"] == {
+        q: int((~np.array(fits))[uids == q].sum()) for q in ("agreement_a", "agreement_b")
+    } == {"agreement_a": 4, "agreement_b": 4}
+    # one task, one layer: hand-extracted mean-pooled values, standardised logreg, 5 folds grouped by pair
+    part = data.select([i for i in range(len(data)) if fits[i] and uids[i] == "agreement_a"])
+    good = extract(model, tok, list(part["sentence_good"]), sites=["values"], pool="mean", progress=False)
+    bad = extract(model, tok, list(part["sentence_bad"]), sites=["values"], pool="mean", progress=False)
+    X = np.concatenate([good["values"][12].numpy(), bad["values"][12].numpy()])
+    y = np.repeat([1, 0], len(part))
+    groups = np.tile(np.array(part["pairID"]), 2)
+    acc = []
+    for train, test in GroupKFold(5, shuffle=True, random_state=1).split(X, y, groups):
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=10_000)).fit(X[train], y[train])
+        acc.append((clf.predict(X[test]) == y[test]).mean())
+    row = next(r for r in rows if (r["paradigm"], r["site"], r["layer"]) == ("agreement_a", "values", 12))
+    np.testing.assert_allclose(row["probe_accuracy_mean"], np.mean(acc))
+    assert row["n_pairs"] == 8 and row["n_skipped"] == 4
+    # Table 2: a task's accuracy is its mean over the probed layers; mean and std (ddof=0) over tasks
+    table = json.loads((out / "blimp_table2.json").read_text())["rows"]
+    assert (out / "blimp_table2.csv").exists() and (out / "blimp_table2.png").exists()
+    for t in table:
+        tasks = [
+            np.mean([r["probe_accuracy_mean"] for r in rows if (r["site"], r["paradigm"]) == (t["site"], q)])
+            for q in ("agreement_a", "agreement_b")
+        ]
+        np.testing.assert_allclose([t["accuracy_mean"], t["accuracy_std"]], [np.mean(tasks), np.std(tasks)])
+        assert t["n_tasks"] == 2
+    assert {t["site"] for t in table} == {"values", "hidden"}
+
+
+def test_blimp_all_pairs_too_long_names_the_paradigm(capsys, tmp_path):
+    from helpers import write_blimp_dir
+
+    ckpt = save_tiny_checkpoint(tmp_path / "short", "llama", max_position_embeddings=8)
+    code = cli.main(
+        [str(a) for a in ("blimp", "--ckpt", ckpt, "--data", write_blimp_dir(tmp_path / "b"), "--preset", "all",
+                          "--no-cache", "--out", tmp_path / "o")]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "agreement_a" in err and "8 positions" in err and not (tmp_path / "o").exists()
+
+
+def test_table2_preset_is_ten_paradigms_of_the_release(shared_data):
+    from lime_probe.protocol import TABLE2_TASKS, protocol_rows
+
+    assert len(set(TABLE2_TASKS)) == 10
+    assert all((shared_data / "blimp" / f"{t}.jsonl").exists() for t in TABLE2_TASKS)
+    row = next(r for r in protocol_rows() if (r["analysis"], r["setting"]) == ("blimp", "tasks"))
+    assert row["source"] == "ours"
