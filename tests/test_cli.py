@@ -563,7 +563,7 @@ def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
         "--out",
         tmp_path / "o",
         "--no-cache",
-        "--preset",
+        "--tasks",
         "all",
         "--sites",
         "hidden",
@@ -597,7 +597,7 @@ def test_blimp_with_wrong_fields_is_exit_2(capsys, tmp_path, ckpts):
     bad.mkdir()
     (bad / "x.jsonl").write_text(json.dumps({"good": "a", "bad": "b"}) + "\n")
     code, _, err = run_cli(
-        capsys, "blimp", "--ckpt", ckpts["llama"], "--data", bad, "--preset", "all", "--out", tmp_path / "o"
+        capsys, "blimp", "--ckpt", ckpts["llama"], "--data", bad, "--tasks", "all", "--out", tmp_path / "o"
     )
     assert code == 2 and "missing field" in err and not (tmp_path / "o").exists()
 

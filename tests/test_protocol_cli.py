@@ -233,7 +233,7 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
     data_dir = write_blimp_dir(tmp_path / "blimp")
     out = tmp_path / "o"
     run_ok(
-        capsys, "blimp", "--ckpt", deep_ckpt, "--data", data_dir, "--preset", "all", "--no-cache", "--seed", 1,
+        capsys, "blimp", "--ckpt", deep_ckpt, "--data", data_dir, "--tasks", "all", "--no-cache", "--seed", 1,
         "--out", out,
     )  # fmt: skip
     doc = json.loads((out / "blimp.json").read_text())
@@ -283,7 +283,7 @@ def test_blimp_all_pairs_too_long_names_the_paradigm(capsys, tmp_path):
 
     ckpt = save_tiny_checkpoint(tmp_path / "short", "llama", max_position_embeddings=8)
     code = cli.main(
-        [str(a) for a in ("blimp", "--ckpt", ckpt, "--data", write_blimp_dir(tmp_path / "b"), "--preset", "all",
+        [str(a) for a in ("blimp", "--ckpt", ckpt, "--data", write_blimp_dir(tmp_path / "b"), "--tasks", "all",
                           "--no-cache", "--out", tmp_path / "o")]
     )  # fmt: skip
     err = capsys.readouterr().err
@@ -297,3 +297,40 @@ def test_table2_preset_is_ten_paradigms_of_the_release(shared_data):
     assert all((shared_data / "blimp" / f"{t}.jsonl").exists() for t in TABLE2_TASKS)
     row = next(r for r in protocol_rows() if (r["analysis"], r["setting"]) == ("blimp", "tasks"))
     assert row["source"] == "ours"
+
+
+def test_report_keeps_working_sections_and_lists_the_skipped(capsys, tmp_path, ckpts, text_file):
+    from helpers import write_blimp_dir
+
+    out = tmp_path / "r"
+    code = cli.main(
+        [str(a) for a in (
+            "report", "--ckpt", ckpts["llama"], "--data", text_file, "--max-sequences", 2, "--no-cache",
+            "--analyses", "entropy", "separability", "--unit", "documents", "--words", " is", " the",
+            "--blimp", write_blimp_dir(tmp_path / "b"), "--tasks", "all", "--max-pairs", 6, "--out", out,
+            "--threads", 1,
+        )]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    # ' is' occurs once in the first two documents: separability is skipped, the rest is written
+    assert "skipped separability" in err and "too rare" in err
+    html = (out / "report.html").read_text()
+    assert "Skipped sections" in html and "too rare in the data" in html
+    assert "Matrix entropy of values" in html and "BLiMP probes and minimal pairs" in html
+    names = {p.name for p in out.iterdir()}
+    assert {"entropy_values.json", "blimp.json", "blimp_table2.csv"} <= names
+    assert not any(n.startswith("separability") for n in names)
+    table = json.loads((out / "blimp_table2.json").read_text())["rows"]
+    assert {t["layers"] for t in table} == {"1", "2"}  # the paper's range of 2 blocks: the top block
+
+
+def test_report_with_every_section_failing_is_exit_2(capsys, tmp_path, ckpts, text_file):
+    code = cli.main(
+        [str(a) for a in (
+            "report", "--ckpt", ckpts["llama"], "--data", text_file, "--max-sequences", 2, "--no-cache",
+            "--analyses", "separability", "--out", tmp_path / "r", "--threads", 1,
+        )]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "every section failed: separability" in err and not (tmp_path / "r").exists()

@@ -1,7 +1,7 @@
 """BLiMP per paradigm: good-vs-bad probes (paper Table 2, Appendix D) and, for causal LMs, minimal-pair
 scoring (lm-evaluation-harness's rule).
 
-The Table 2 protocol by default: the ``table2`` tasks (`protocol.TABLE2_TASKS`, our choice of 10
+The Table 2 protocol by default: ``tasks="table2"`` (`protocol.TABLE2_TASKS`, our choice of 10
 paradigms: the paper's Appendix D list could not be checked), mean-pooled values and hidden states, the
 paper's layer range (`blimp.paper_layers`), 5-fold CV grouped by pair; a task's accuracy is its mean over
 those layers, reported as mean +- std over tasks per model and site (`blimp.blimp_table`). Pairs with a
@@ -27,14 +27,14 @@ class BlimpParams:
     sites: tuple[str, ...] = option(
         PROTOCOL["sites"], "representations to probe, mean-pooled per sentence", choices=SITES, metavar="SITE"
     )
-    preset: str = option(
-        "table2",
+    tasks: str = option(
+        PROTOCOL["tasks"],
         "paradigms when --paradigms is not given: 'table2', our 10 agreement/morphology paradigms (the "
         "paper's Appendix D list could not be checked), or 'all' in --data",
         choices=("table2", "all"),
     )
     paradigms: tuple[str, ...] | None = option(
-        None, "BLiMP paradigms to use (default: the --preset's)", metavar="UID"
+        None, "BLiMP paradigms to use (default: those of --tasks)", metavar="UID"
     )
     layers: str = option(
         "paper",
@@ -73,10 +73,10 @@ def probed_layers(ck: Checkpoint, site: str, layers: str) -> list[int] | None:
 
 
 def chosen_paradigms(p: BlimpParams) -> list[str] | None:
-    """The paradigms ``p`` asks for: ``p.paradigms``, else the preset's (None: all in the data)."""
+    """The paradigms ``p`` asks for: ``p.paradigms``, else those of ``p.tasks`` (None: all in the data)."""
     if p.paradigms is not None:
         return list(p.paradigms)
-    return list(TABLE2_TASKS) if p.preset == "table2" else None
+    return list(TABLE2_TASKS) if p.tasks == "table2" else None
 
 
 def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | None) -> Result:
@@ -95,7 +95,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     paradigms = sorted(set(uids) if wanted is None else set(wanted))
     missing = sorted(set(paradigms) - set(uids))
     if missing:
-        raise ValueError(f"paradigms {missing} are not in the BLiMP data (give --paradigms or --preset all)")
+        raise ValueError(f"paradigms {missing} are not in the BLiMP data (give --paradigms or --tasks all)")
     data = data.select(np.flatnonzero(np.isin(uids, paradigms)))
     uids = np.asarray(data["UID"], dtype=object)
     rows, summary, extra, probes = [], [], {}, {}
@@ -161,14 +161,14 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
         {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
         for r in blimp_table(probes)
     ]
-    preset = "given paradigms" if p.paradigms is not None else f"preset {p.preset!r}"
+    chosen = "given paradigms" if p.paradigms is not None else f"tasks {p.tasks!r}"
     return Result(
         "blimp",
         "blimp",
         "BLiMP probes and minimal pairs",
         rows,
         text=(
-            f"Per paradigm ({len(paradigms)}, {preset}; at most {p.max_pairs} pairs each, pairs longer than the "
+            f"Per paradigm ({len(paradigms)}, {chosen}; at most {p.max_pairs} pairs each, pairs longer than the "
             f"model's positions skipped and counted): a {p.method} probe telling the mean-pooled representation "
             f"of the good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of "
             f"{', '.join(p.sites)}; a task's accuracy is its mean over those layers. Table 2: mean +- std over "
