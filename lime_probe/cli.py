@@ -248,7 +248,9 @@ def cmd_report(args, out: Path) -> None:
         sections.append(write_analysis(result, out, meta))
         print(f"\n{result.title}\n{format_table(result.table())}")
     if not sections:
-        raise ValueError("every section failed: " + "; ".join(f"{s['analysis']}: {s['reason']}" for s in skipped))
+        raise ValueError(
+            "every section failed: " + "; ".join(f"{s['analysis']}: {s['reason']}" for s in skipped)
+        )
     if skipped:
         text = "These analyses were skipped because their input did not allow them; the others are above."
         sections.append(Section("Skipped sections", text=text, tables=[Table("skipped", skipped)]))

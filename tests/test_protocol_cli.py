@@ -80,7 +80,9 @@ def test_entropy_windows_equal_hand_built_windows(capsys, tmp_path, ckpts, text_
     for label in ("llama", "lime"):
         model, tok = load(ckpts[label])
         windows = manual_windows(tok, DOCS, 16, 6, seed=2)
-        acts = extract(model, tok, windows, sites=["values"], max_length=16, pretokenized=True, progress=False)
+        acts = extract(
+            model, tok, windows, sites=["values"], max_length=16, pretokenized=True, progress=False
+        )
         mine = [r for r in rows if r["model"] == label]
         assert [r["layer"] for r in mine] == acts.layers("values")
         for r in mine:
@@ -89,7 +91,12 @@ def test_entropy_windows_equal_hand_built_windows(capsys, tmp_path, ckpts, text_
             want = numpy_lime_entropy(seqs)
             np.testing.assert_allclose(r["entropy_mean"], want.mean(), rtol=1e-6)
             np.testing.assert_allclose(r["entropy_std"], want.std(), rtol=1e-5)  # ddof=0, as lime_probe.stats
-            assert (r["unit"], r["window"], r["window_source"], r["num_windows"]) == ("windows", 16, "given", 6)
+            assert (r["unit"], r["window"], r["window_source"], r["num_windows"]) == (
+                "windows",
+                16,
+                "given",
+                6,
+            )
             assert r["n_sequences"] == 6
     # two checkpoints with one tokenizer saw the same windows
     assert len({r["windows_digest"] for r in rows}) == 1
@@ -244,13 +251,18 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
     model, tok = load(deep_ckpt)
     data = load_blimp(data_dir)
     fits = [
-        all(max(len(tok(s)["input_ids"]), len(tok(s, add_special_tokens=False)["input_ids"]) + 1) <= 12 for s in pair)
+        all(
+            max(len(tok(s)["input_ids"]), len(tok(s, add_special_tokens=False)["input_ids"]) + 1) <= 12
+            for s in pair
+        )
         for pair in zip(data["sentence_good"], data["sentence_bad"], strict=True)
     ]
     uids = np.array(data["UID"])
-    assert doc["blimp"][deep_ckpt.name]["skipped_pairs"] == {
-        q: int((~np.array(fits))[uids == q].sum()) for q in ("agreement_a", "agreement_b")
-    } == {"agreement_a": 4, "agreement_b": 4}
+    assert (
+        doc["blimp"][deep_ckpt.name]["skipped_pairs"]
+        == {q: int((~np.array(fits))[uids == q].sum()) for q in ("agreement_a", "agreement_b")}
+        == {"agreement_a": 4, "agreement_b": 4}
+    )
     # one task, one layer: hand-extracted mean-pooled values, standardised logreg, 5 folds grouped by pair
     part = data.select([i for i in range(len(data)) if fits[i] and uids[i] == "agreement_a"])
     good = extract(model, tok, list(part["sentence_good"]), sites=["values"], pool="mean", progress=False)

@@ -69,7 +69,9 @@ def probed_layers(ck: Checkpoint, site: str, layers: str) -> list[int] | None:
     try:
         return [int(x) for x in layers.split(",")]
     except ValueError:
-        raise ValueError(f"--layers must be 'paper', 'all' or comma-separated integers, got {layers!r}") from None
+        raise ValueError(
+            f"--layers must be 'paper', 'all' or comma-separated integers, got {layers!r}"
+        ) from None
 
 
 def chosen_paradigms(p: BlimpParams) -> list[str] | None:

@@ -76,9 +76,7 @@ def compute(
         if p.unit == "windows":
             window, source = window_for(ck, p)
             ids = token_windows(texts, ck.tokenizer, window, p.num_windows, seed=p.seed)
-            acts = extract_site(
-                ck, ids, p.site, extract_kw, max_length=window, pretokenized=True
-            )
+            acts = extract_site(ck, ids, p.site, extract_kw, max_length=window, pretokenized=True)
             unit |= {"window": window, "window_source": source, "num_windows": len(ids)}
             unit["windows_digest"] = texts_hash(ids)  # equal for checkpoints that saw the same windows
         else:

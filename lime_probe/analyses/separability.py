@@ -131,7 +131,11 @@ def from_features(
             f"Cross-validated accuracy (5 stratified folds, mean ± std) of a linear probe ({method}) telling apart "
             f"the {site} representations of {', '.join(repr(c) for c in shown)} at each layer, classes balanced. "
             "Chance is the majority-class rate; collapsed layers fall towards it."
-            + (f" Words of several tokens are represented by the {subtoken} of their sub-tokens." if subtoken else "")
+            + (
+                f" Words of several tokens are represented by the {subtoken} of their sub-tokens."
+                if subtoken
+                else ""
+            )
         ),
         context={"classes": shown},
         columns=("model", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"),
