@@ -287,7 +287,8 @@ COMMANDS = {
     "report": (
         "run several analyses and write one self-contained HTML report",
         "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-        "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
+        "    --data ../shared/data/wikitext-2/valid.txt --max-sequences 256 --blimp ../shared/data/blimp \\\n"
+        "    --out out/report   # then open out/report/report.html",
     ),
     "demo": (
         "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
