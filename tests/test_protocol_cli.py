@@ -346,3 +346,20 @@ def test_report_with_every_section_failing_is_exit_2(capsys, tmp_path, ckpts, te
     )  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "every section failed: separability" in err and not (tmp_path / "r").exists()
+
+
+def test_entropy_window_over_the_model_positions_is_exit_2(capsys, tmp_path, ckpts, text_file):
+    argv = [
+        "entropy",
+        "--ckpt",
+        ckpts["llama"],
+        "--data",
+        text_file,
+        "--window",
+        129,
+        "--out",
+        tmp_path / "o",
+    ]
+    code = cli.main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and "--window 129 is over llama's 128 positions" in err

@@ -53,9 +53,14 @@ class EntropyParams:
 def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
     """The window length of ``ck`` under ``p`` and where it comes from ("given", "official",
     "max_positions")."""
-    from lime_probe.windows import default_window
+    from lime_probe.windows import default_window, max_positions
 
-    return (p.window, "given") if p.window is not None else default_window(ck.model)
+    if p.window is None:
+        return default_window(ck.model)
+    limit = max_positions(ck.model)
+    if limit is not None and p.window > limit:
+        raise ValueError(f"--window {p.window} is over {ck.label}'s {limit} positions")
+    return p.window, "given"
 
 
 def compute(
