@@ -61,10 +61,11 @@ def _layer_list(spec: str | None) -> list[int] | None:
         raise ValueError(f"--layers must be 'all' or comma-separated integers, got {spec!r}") from None
 
 
-def extract_options(args) -> dict:
-    """The extraction settings of a parsed command line, as ``extract`` keywords."""
+def extract_options(args, own_layers: bool = False) -> dict:
+    """The extraction settings of a parsed command line, as ``extract`` keywords; with ``own_layers``
+    (the analysis reads ``--layers`` itself) no layer selection."""
     return {
-        "layers": _layer_list(getattr(args, "layers", None)),
+        "layers": None if own_layers else _layer_list(getattr(args, "layers", None)),
         "max_length": args.max_length,
         "max_tokens": args.max_tokens,
         "batch_size": args.batch_size,
@@ -170,7 +171,8 @@ def _field_value(v):
 
 def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
     """``spec.compute`` with the parameters and extraction settings of ``args``."""
-    extract_kw = extract_options(args) if spec.data_kind != "none" else None
+    own_layers = "layers" in {f.name for f in dataclasses.fields(spec.params)}
+    extract_kw = extract_options(args, own_layers) if spec.data_kind != "none" else None
     return spec.compute(cks, data, params_of(spec, args), extract_kw)
 
 
@@ -199,9 +201,10 @@ def _analysis_command(spec: Spec) -> Callable:
         from lime_probe.report import write_analysis
 
         if spec.data_kind == "blimp":
+            from lime_probe.analyses.blimp import chosen_paradigms
             from lime_probe.blimp import load_blimp
 
-            data = load_blimp(args.data, _field_value(args.paradigms))
+            data = load_blimp(args.data, chosen_paradigms(params_of(spec, args)))
         else:
             data = _texts(args) if spec.data_kind != "none" else None
         cks = _checkpoints(spec, args)
@@ -213,23 +216,58 @@ def _analysis_command(spec: Spec) -> Callable:
 
 
 def cmd_report(args, out: Path) -> None:
-    """Run the chosen analyses on the checkpoints each applies to and write one self-contained HTML report."""
-    from lime_probe.report import write_analysis, write_report
+    """Run the chosen analyses on the checkpoints each applies to and write one self-contained HTML report.
+
+    A section that fails on its input (e.g. a word too rare in the data) is skipped, not fatal: the
+    report keeps the sections that worked and lists the skipped ones with the reason (on stderr too).
+    With ``--blimp DIR`` the BLiMP analysis joins (its probe table; minimal-pair scores for causal LMs),
+    over the paper's layer range unless ``--layers`` is given."""
+    from lime_probe.report import Section, Table, write_analysis, write_report
 
     texts = _texts(args)
     cks = load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
     meta = _meta("report", args, cks)
-    sections = []
-    for name in args.analyses:
+    sections, skipped = [], []
+    names = list(args.analyses) + (["blimp"] if args.blimp else [])
+    for name in names:
         spec = ANALYSES[name]
         chosen = [c for c in cks if spec.applies(c)]
         if not chosen:
             continue
-        result = run_analysis(spec, chosen, texts if spec.data_kind != "none" else None, args)
+        try:
+            if spec.data_kind == "blimp":
+                result = _report_blimp(spec, chosen, args)
+            else:
+                result = run_analysis(spec, chosen, texts if spec.data_kind != "none" else None, args)
+        except BAD_INPUT as e:
+            from lime_probe.loading import one_line
+
+            skipped.append({"analysis": name, "reason": one_line(e)})
+            print(f"{PROG} report: skipped {name}: {one_line(e)}", file=sys.stderr)
+            continue
         sections.append(write_analysis(result, out, meta))
         print(f"\n{result.title}\n{format_table(result.table())}")
+    if not sections:
+        raise ValueError(
+            "every section failed: " + "; ".join(f"{s['analysis']}: {s['reason']}" for s in skipped)
+        )
+    if skipped:
+        text = "These analyses were skipped because their input did not allow them; the others are above."
+        sections.append(Section("Skipped sections", text=text, tables=[Table("skipped", skipped)]))
     labels = " vs ".join(c.label for c in cks)
     write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
+
+
+def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args) -> Result:
+    """The BLiMP section of the report: ``--blimp`` data, the paper's layer range unless ``--layers``."""
+    from lime_probe.analyses.blimp import chosen_paradigms
+    from lime_probe.blimp import load_blimp
+
+    params = params_of(spec, args)
+    layers = "paper" if args.layers in (None, "all") else args.layers
+    params = dataclasses.replace(params, layers=layers)
+    data = load_blimp(args.blimp, chosen_paradigms(params))
+    return spec.compute(cks, data, params, extract_options(args, own_layers=True))
 
 
 def cmd_demo(args, out: Path) -> None:
@@ -249,7 +287,8 @@ COMMANDS = {
     "report": (
         "run several analyses and write one self-contained HTML report",
         "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-        "    --data wikitext-2/valid.txt --max-sequences 256 --out out/report   # then open out/report/report.html",
+        "    --data ../shared/data/wikitext-2/valid.txt --max-sequences 256 --blimp ../shared/data/blimp \\\n"
+        "    --out out/report   # then open out/report/report.html",
     ),
     "demo": (
         "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
@@ -385,8 +424,8 @@ def _positive(s: str) -> int:
 
 def add_param_options(group, params: type, skip: Sequence[str] = ()) -> list[str]:
     """One option per field of the dataclass ``params`` (``per_word`` -> ``--per-word``), typed from its
-    annotation and documented from its ``option`` metadata; fields named in ``skip`` are left out. Returns
-    the names added."""
+    annotation and documented from its ``option`` metadata; a boolean field that defaults to True becomes
+    ``--no-NAME``. Fields named in ``skip`` are left out. Returns the names added."""
     hints = typing.get_type_hints(params)
     added = []
     for f in dataclasses.fields(params):
@@ -403,14 +442,17 @@ def add_param_options(group, params: type, skip: Sequence[str] = ()) -> list[str
             help += " (default: %(default)s)"
         kw["help"] = help
         positive = meta.pop("positive", False)
-        if base is bool:
+        flag = "--" + f.name.replace("_", "-")
+        if base is bool and f.default is True:  # on by default: the option turns it off
+            flag, kw["action"] = "--no-" + flag[2:], "store_false"
+        elif base is bool:
             kw["action"] = "store_true"
         elif typing.get_origin(base) is tuple:
             kw["nargs"] = "+"
         else:
             kw["type"] = _positive if positive else base
         kw.update(meta)  # metavar, choices
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
+        group.add_argument(flag, dest=f.name, **kw)
         added.append(f.name)
     return added
 
@@ -453,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
             p,
             data=spec.data_kind,
             max_sequences=spec.max_sequences,
-            layers=spec.data_kind in ("texts", "blimp"),
+            layers=spec.data_kind == "texts",
         )
         _run_options(p)
         add_param_options(p.add_argument_group("analysis"), spec.params)
@@ -464,6 +506,15 @@ def build_parser() -> argparse.ArgumentParser:
     g, seen = p.add_argument_group("analyses"), []
     for name in REPORTABLE:  # each option once, as the first analysis to declare it defines it
         seen += add_param_options(g, ANALYSES[name].params, skip=seen)
+    b = p.add_argument_group("BLiMP (with --blimp)")
+    b.add_argument(
+        "--blimp",
+        default=None,
+        metavar="SPEC",
+        help="add the BLiMP section: a folder of BLiMP <paradigm>.jsonl files (or nyu-mll/blimp); its layers "
+        "are the paper's range unless --layers is given (default: no BLiMP section)",
+    )
+    add_param_options(b, ANALYSES["blimp"].params, skip=[*seen, "layers"])
     g.add_argument(
         "--analyses",
         nargs="+",

@@ -240,8 +240,10 @@ def run_demo(
 
         _stage(4, n, "matrix entropy of values and hidden states")
         texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
-        for site in ("values", "hidden"):
-            results.append(ANALYSES["entropy"].run(cks, texts, extract_kw, site=site, seed=seed))
+        for site in ("values", "hidden"):  # one sequence per arithmetic sample (samples share a format)
+            results.append(
+                ANALYSES["entropy"].run(cks, texts, extract_kw, site=site, seed=seed, unit="documents")
+            )
 
         _stage(5, n, "separability and t-SNE of close numbers")
         probe_texts = [

@@ -532,3 +532,31 @@ def plot_blimp_layers(
     )
     fig.axes[0].legend(fontsize=7, ncols=2 if len(curves) > 6 else 1)
     return fig
+
+
+def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:
+    """Paper Table 2 as bars: BLiMP probe accuracy per model, one bar per site, error bars = std over tasks.
+
+    ``rows`` are ``blimp.blimp_table`` rows (``model``, ``site``, ``accuracy_mean``, ``accuracy_std``,
+    ``n_tasks``); chance (0.5) is drawn as a dashed line and each bar is labelled with its value.
+    """
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    sites = list(dict.fromkeys(r["site"] for r in rows))
+    by = {(r["model"], r["site"]): r for r in rows}
+    fig, axes = _new_figure(size=(max(4.0, 1.6 * len(models) * len(sites)), 3.6))
+    ax = axes[0, 0]
+    width = 0.8 / len(sites)
+    for j, site in enumerate(sites):
+        x = np.arange(len(models)) + (j - (len(sites) - 1) / 2) * width
+        mean = [by[m, site]["accuracy_mean"] if (m, site) in by else np.nan for m in models]
+        std = [by[m, site]["accuracy_std"] if (m, site) in by else np.nan for m in models]
+        bars = ax.bar(x, mean, width, yerr=std, capsize=3, color=color(j), label=site)
+        ax.bar_label(bars, labels=[f"{v:.3f}" for v in mean], fontsize=7, padding=2)
+    ax.axhline(0.5, color="0.4", linestyle="--", linewidth=1, label="chance")
+    ax.set_xticks(np.arange(len(models)), models)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("probe accuracy (mean ± std over tasks)")
+    n_tasks = sorted({r["n_tasks"] for r in rows})
+    ax.set_title(f"BLiMP probes, Table 2 layout ({'/'.join(map(str, n_tasks))} tasks)")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig

@@ -145,13 +145,16 @@ def write_analysis(result, out: Path, meta: Mapping) -> Section:
 
     figures = ANALYSES[result.analysis].plot(result)
     write_results(out / result.name, result.rows, meta=meta, extra=result.extra)
+    for stem, rows in result.tables.items():
+        write_results(out / stem, rows, meta=meta)
     for stem, fig in figures.items():
         save_figure(fig, out / stem)
     return Section(
         result.title,
         text=result.text,
         figures=list(figures.values()),
-        tables=[Table(result.title, result.table())],
+        tables=[Table(result.title, result.table())]
+        + [Table(stem, rows) for stem, rows in result.tables.items()],
     )
 
 

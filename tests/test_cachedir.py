@@ -137,6 +137,7 @@ def test_commands_report_cache_growth_and_record_threads(tmp_path, ckpt, capsys)
     before = torch.get_num_threads()
     try:
         argv = ["entropy", "--ckpt", ckpt, "--data", data, "--cache", cache, "--out", out, "--threads", "1"]
+        argv += ["--unit", "documents"]  # six short texts: fewer tokens than one default window
         assert cli.main([str(a) for a in argv]) == 0
         assert torch.get_num_threads() == 1
     finally:

@@ -187,6 +187,8 @@ def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeyp
         tmp_path / "cache",
         "--seed",
         3,
+        "--unit",
+        "documents",
     )
     assert code == 0, err
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) > 2  # several shards were streamed
@@ -285,6 +287,8 @@ def test_a_site_the_model_lacks_is_exit_2(capsys, ckpts, text_file, tmp_path):
         "--out",
         tmp_path / "o",
         "--no-cache",
+        "--num-windows",
+        2,
     )
     assert code == 2 and "routed_values" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
@@ -449,7 +453,8 @@ def test_missing_words_are_named(capsys, tmp_path, ckpts, text_file):
         tmp_path / "o",
         "--no-cache",
     )
-    assert code == 2 and "' garden' is 5 tokens" in err and not (tmp_path / "o").exists()
+    # ' garden' is 5 tokens: found as a whole word, it occurs 3 times
+    assert code == 2 and "' garden': 3" in err and not (tmp_path / "o").exists()
 
 
 def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
@@ -463,6 +468,8 @@ def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
         ckpts["llama"],
         "--data",
         text_file,
+        "--site",
+        "hidden",
         "--layers",
         "0,2",
         "--per-word",
@@ -556,8 +563,14 @@ def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
         "--out",
         tmp_path / "o",
         "--no-cache",
+        "--tasks",
+        "all",
+        "--sites",
+        "hidden",
+        "--layers",
+        "all",
     )
-    doc = _read_json(tmp_path / "o" / "blimp_hidden.json")
+    doc = _read_json(tmp_path / "o" / "blimp.json")
     data = load_blimp(blimp_dir)
     model, tok = load(ckpts["llama"])
     part = data.select(range(10))  # the first paradigm's first 10 pairs
@@ -574,7 +587,8 @@ def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
     picked = data.select(list(range(10)) + list(range(12, 22)))
     scores = score_minimal_pairs(model, tok, picked, progress=False)
     assert doc["blimp"]["llama"]["minimal_pairs"]["per_paradigm"] == pytest.approx(scores.per_paradigm)
-    assert "bert" not in doc["blimp"]  # an encoder is probed but not scored as a causal LM
+    assert "minimal_pairs" not in doc["blimp"]["bert"]  # an encoder is probed but not scored as a causal LM
+    assert doc["blimp"]["bert"]["skipped_pairs"] == {"agreement_a": 0, "agreement_b": 0}
     assert {r["model"] for r in doc["rows"]} == {"llama", "bert"}
 
 
@@ -582,7 +596,9 @@ def test_blimp_with_wrong_fields_is_exit_2(capsys, tmp_path, ckpts):
     bad = tmp_path / "b"
     bad.mkdir()
     (bad / "x.jsonl").write_text(json.dumps({"good": "a", "bad": "b"}) + "\n")
-    code, _, err = run_cli(capsys, "blimp", "--ckpt", ckpts["llama"], "--data", bad, "--out", tmp_path / "o")
+    code, _, err = run_cli(
+        capsys, "blimp", "--ckpt", ckpts["llama"], "--data", bad, "--tasks", "all", "--out", tmp_path / "o"
+    )
     assert code == 2 and "missing field" in err and not (tmp_path / "o").exists()
 
 
@@ -597,6 +613,8 @@ def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckp
         "--max-length",
         32,
         "--no-cache",
+        "--num-windows",
+        2,
     ]
     _ok(capsys, "report", *common, "--analyses", "entropy", "router", "--out", tmp_path / "r")
     _ok(capsys, "entropy", *common, "--out", tmp_path / "e")
@@ -634,6 +652,8 @@ def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, tex
         4,
         "--max-length",
         16,
+        "--unit",
+        "documents",  # 18 texts, several batches
         "--cache",
         tmp_path / "cache",
     ]

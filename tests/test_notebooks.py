@@ -47,6 +47,8 @@ def env(tmp_path_factory) -> dict[str, str]:
         "LIME_DATA": str(text),
         "LIME_MAX_SEQUENCES": "24",
         "LIME_MAX_LENGTH": "32",
+        "LIME_WINDOW": "16",
+        "LIME_NUM_WINDOWS": "4",
         "LIME_PER_WORD": "8",
         "LIME_PERPLEXITY": "3",
         "LIME_BLIMP": str(blimp),

@@ -88,7 +88,8 @@ class Result:
     ``rows`` is the flat table (written as CSV and JSON), ``extra`` structured results that do not fit a
     table (matrices, per-head maps; written to the JSON), ``context`` what the figures need besides
     (class order, site; not written), ``columns`` the compact table's columns (default: all) or
-    ``summary`` the compact table itself where rows are too many to show.
+    ``summary`` the compact table itself where rows are too many to show; ``tables`` further tables
+    written as their own JSON + CSV and shown in the report, ``{file stem: rows}``.
     """
 
     analysis: str  # the registry name of the spec whose ``plot`` draws it
@@ -100,6 +101,7 @@ class Result:
     context: dict = field(default_factory=dict)
     columns: tuple[str, ...] = ()
     summary: list[dict] | None = None
+    tables: dict[str, list[dict]] = field(default_factory=dict)
 
     def table(self) -> list[dict]:
         """The rows shown on the terminal and in the report."""

@@ -1,27 +1,50 @@
-"""BLiMP per paradigm: good-vs-bad probes per layer (paper Table 2, Appendix D) and, for causal LMs,
-minimal-pair scoring (lm-evaluation-harness's rule)."""
+"""BLiMP per paradigm: good-vs-bad probes (paper Table 2, Appendix D) and, for causal LMs, minimal-pair
+scoring (lm-evaluation-harness's rule).
+
+The Table 2 protocol by default: ``tasks="table2"`` (`protocol.TABLE2_TASKS`, our choice of 10
+paradigms: the paper's Appendix D list could not be checked), mean-pooled values and hidden states, the
+paper's layer range (`blimp.paper_layers`), 5-fold CV grouped by pair; a task's accuracy is its mean over
+those layers, reported as mean +- std over tasks per model and site (`blimp.blimp_table`). Pairs with a
+sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.protocol import TABLE2_TASKS, defaults
 from lime_probe.sites import SITES
 
 from .base import Checkpoint, Result, Spec, curve, group, option, seed_option, slug
 from .separability import METHODS
 
+PROTOCOL = defaults("blimp")
+
 
 @dataclass(frozen=True)
 class BlimpParams:
-    site: str = option("hidden", "representation to probe", choices=SITES)
+    sites: tuple[str, ...] = option(
+        PROTOCOL["sites"], "representations to probe, mean-pooled per sentence", choices=SITES, metavar="SITE"
+    )
+    tasks: str = option(
+        PROTOCOL["tasks"],
+        "paradigms when --paradigms is not given: 'table2', our 10 agreement/morphology paradigms (the "
+        "paper's Appendix D list could not be checked), or 'all' in --data",
+        choices=("table2", "all"),
+    )
     paradigms: tuple[str, ...] | None = option(
-        None, "BLiMP paradigms to use (default: all in --data)", metavar="UID"
+        None, "BLiMP paradigms to use (default: those of --tasks)", metavar="UID"
+    )
+    layers: str = option(
+        "paper",
+        "layers to probe: 'paper' (the upper 7/16 of blocks, blocks 10-16 of 16), 'all', or comma-separated "
+        "indices",
     )
     max_pairs: int = option(
         200, "minimal pairs per paradigm (default: %(default)s; BLiMP has 1,000)", metavar="N", positive=True
     )
-    method: str = option("logreg", "probe", choices=METHODS)
+    method: str = option("logreg", "probe (the paper names no classifier; logreg is ours)", choices=METHODS)
     seed: int = seed_option()
 
 
@@ -35,25 +58,53 @@ def _is_causal_lm(ck: Checkpoint) -> bool:
     )
 
 
+def probed_layers(ck: Checkpoint, site: str, layers: str) -> list[int] | None:
+    """The layer indices of ``site`` that ``layers`` ("paper", "all" or "0,3,5") names; None for all."""
+    from lime_probe.blimp import paper_layers
+
+    if layers == "all":
+        return None
+    if layers == "paper":
+        return paper_layers(int(ck.config.num_hidden_layers), site)
+    try:
+        return [int(x) for x in layers.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--layers must be 'paper', 'all' or comma-separated integers, got {layers!r}"
+        ) from None
+
+
+def chosen_paradigms(p: BlimpParams) -> list[str] | None:
+    """The paradigms ``p`` asks for: ``p.paradigms``, else those of ``p.tasks`` (None: all in the data)."""
+    if p.paradigms is not None:
+        return list(p.paradigms)
+    return list(TABLE2_TASKS) if p.tasks == "table2" else None
+
+
 def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | None) -> Result:
-    """Per model and paradigm (``p.paradigms``, default all in ``data``; at most ``p.max_pairs`` pairs each):
-    probe accuracy per layer (rows), the best layer and the minimal-pair accuracy (summary). ``data`` is a
+    """Per model, site and paradigm: probe accuracy per layer (rows), the Table 2 rows (``tables``), the
+    task accuracy, best layer, skipped pairs and minimal-pair accuracy (summary). ``data`` is a
     ``load_blimp`` dataset."""
     import numpy as np
 
-    from lime_probe.blimp import blimp_probe, score_minimal_pairs
+    from lime_probe.blimp import blimp_probe, blimp_table, fit_pairs, score_minimal_pairs
+    from lime_probe.windows import max_positions
 
     from .base import extract_site
 
     uids = np.asarray(data["UID"], dtype=object)
-    paradigms = sorted(set(uids) if p.paradigms is None else set(p.paradigms))
+    wanted = chosen_paradigms(p)
+    paradigms = sorted(set(uids) if wanted is None else set(wanted))
     missing = sorted(set(paradigms) - set(uids))
     if missing:
-        raise ValueError(f"paradigms {missing} are not in the BLiMP data")
-    rows, summary, extra = [], [], {}
+        raise ValueError(f"paradigms {missing} are not in the BLiMP data (give --paradigms or --tasks all)")
+    data = data.select(np.flatnonzero(np.isin(uids, paradigms)))
+    uids = np.asarray(data["UID"], dtype=object)
+    rows, summary, extra, probes = [], [], {}, {}
     for ck in cks:
+        kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model))
+        picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
         scores = None
-        picked = {q: np.flatnonzero(uids == q)[: p.max_pairs] for q in paradigms}
         if _is_causal_lm(ck):
             scores = score_minimal_pairs(
                 ck.model, ck.tokenizer, data.select(np.concatenate(list(picked.values()))), progress=False
@@ -66,53 +117,70 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
                     "mean_over_phenomena": scores.mean_over_phenomena,
                 }
             }
-        for q in paradigms:
-            part = data.select(picked[q])
-            good = extract_site(ck, list(part["sentence_good"]), p.site, extract_kw, pool="mean")
-            bad = extract_site(ck, list(part["sentence_bad"]), p.site, extract_kw, pool="mean")
-            res = blimp_probe(
-                {la: good[p.site][la] for la in good[p.site]},
-                {la: bad[p.site][la] for la in bad[p.site]},
-                np.asarray(part["pairID"]),
-                method=p.method,
-                seed=p.seed,
-                progress=False,
-            )
-            for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
-                rows.append(
+        extra.setdefault(ck.label, {})["skipped_pairs"] = skipped
+        for site in p.sites:
+            kw = {**(extract_kw or {}), "layers": probed_layers(ck, site, p.layers)}
+            for q in paradigms:
+                part = data.select(picked[q])
+                good = extract_site(ck, list(part["sentence_good"]), site, kw, pool="mean")
+                bad = extract_site(ck, list(part["sentence_bad"]), site, kw, pool="mean")
+                res = blimp_probe(
+                    {la: good[site][la] for la in good[site]},
+                    {la: bad[site][la] for la in bad[site]},
+                    np.asarray(part["pairID"]),
+                    method=p.method,
+                    seed=p.seed,
+                    progress=False,
+                )
+                probes.setdefault((ck.label, site), {})[q] = res
+                for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
+                    rows.append(
+                        {
+                            "model": ck.label,
+                            "paradigm": q,
+                            "site": site,
+                            "layer": layer,
+                            "probe_accuracy_mean": float(m),
+                            "probe_accuracy_std": float(s),
+                            "n_pairs": len(part),
+                            "n_skipped": skipped[q],
+                        }
+                    )
+                best = int(np.argmax(res.accuracy_mean))
+                summary.append(
                     {
                         "model": ck.label,
+                        "site": site,
                         "paradigm": q,
-                        "site": p.site,
-                        "layer": layer,
-                        "probe_accuracy_mean": float(m),
-                        "probe_accuracy_std": float(s),
+                        "task_accuracy": float(np.mean(res.accuracy_mean)),
+                        "best_layer": res.layers[best],
                         "n_pairs": len(part),
+                        "n_skipped": skipped[q],
+                        "minimal_pair_accuracy": scores.per_paradigm[q] if scores else None,
                     }
                 )
-            best = int(np.argmax(res.accuracy_mean))
-            summary.append(
-                {
-                    "model": ck.label,
-                    "paradigm": q,
-                    "best_layer": res.layers[best],
-                    "probe_accuracy": float(res.accuracy_mean[best]),
-                    "minimal_pair_accuracy": scores.per_paradigm[q] if scores else None,
-                }
-            )
+    table2 = [
+        {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
+        for r in blimp_table(probes)
+    ]
+    chosen = "given paradigms" if p.paradigms is not None else f"tasks {p.tasks!r}"
     return Result(
         "blimp",
-        f"blimp_{p.site}",
+        "blimp",
         "BLiMP probes and minimal pairs",
         rows,
         text=(
-            f"Per paradigm (at most {p.max_pairs} pairs each): a logistic-regression probe telling the mean-pooled "
-            f"{p.site} representation of the good sentence from the bad one, 5-fold CV grouped by pair, per layer; "
-            "and, for causal LMs, minimal-pair accuracy (summed log-probabilities after the BOS token, good > bad, "
-            "as lm-evaluation-harness). The mean over paradigms and over phenomena are both in the JSON."
+            f"Per paradigm ({len(paradigms)}, {chosen}; at most {p.max_pairs} pairs each, pairs longer than the "
+            f"model's positions skipped and counted): a {p.method} probe telling the mean-pooled representation "
+            f"of the good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of "
+            f"{', '.join(p.sites)}; a task's accuracy is its mean over those layers. Table 2: mean +- std over "
+            "tasks per model and site. For causal LMs also minimal-pair accuracy (summed log-probabilities "
+            "after the BOS token, good > bad, as lm-evaluation-harness; means over paradigms and phenomena in "
+            "the JSON)."
         ),
         extra={"blimp": extra},
         summary=summary,
+        tables={"blimp_table2": table2},
     )
 
 
@@ -121,36 +189,38 @@ def plot(result: Result) -> dict:
 
     from lime_probe import figures as F
 
-    site = result.rows[0]["site"]
-    labels = list(group(result.summary, "model"))
-    paradigms = list(group(result.summary, "paradigm"))
-    figures = {}
-    for m, mine in group(result.rows, "model").items():
-        curves = {
-            q: curve(rs, "probe_accuracy_mean", std="probe_accuracy_std")
-            for q, rs in group(mine, "paradigm").items()
-        }
-        figures[f"blimp_{site}_{slug(m)}"] = F.plot_blimp_layers(curves, model=m, site=site)
-    best = {(r["paradigm"], r["model"]): r["probe_accuracy"] for r in result.summary}
-    figures[f"blimp_{site}_best_layer"] = F.plot_heatmap(
-        np.array([[best[q, m] for m in labels] for q in paradigms]),
-        row_labels=paradigms,
-        col_labels=labels,
-        xlabel="model",
-        ylabel="paradigm",
-        vmin=0.5,
-        vmax=1.0,
-        title=f"BLiMP probe accuracy at the best layer ({site})",
-        cbar_label="probe accuracy",
-    )
+    figures = {"blimp_table2": F.plot_blimp_table2(result.tables["blimp_table2"])}
+    summary = result.summary or []
+    labels = list(group(summary, "model"))
+    paradigms = list(group(summary, "paradigm"))
+    for site, in_site in group(result.rows, "site").items():
+        for m, mine in group(in_site, "model").items():
+            curves = {
+                q: curve(rs, "probe_accuracy_mean", std="probe_accuracy_std")
+                for q, rs in group(mine, "paradigm").items()
+            }
+            figures[f"blimp_{site}_{slug(m)}"] = F.plot_blimp_layers(curves, model=m, site=site)
+        acc = {(r["paradigm"], r["model"]): r["task_accuracy"] for r in summary if r["site"] == site}
+        figures[f"blimp_{site}_tasks"] = F.plot_heatmap(
+            np.array([[acc[q, m] for m in labels] for q in paradigms]),
+            row_labels=paradigms,
+            col_labels=labels,
+            xlabel="model",
+            ylabel="paradigm",
+            vmin=0.5,
+            vmax=1.0,
+            title=f"BLiMP task accuracy, mean over the probed layers ({site})",
+            cbar_label="probe accuracy",
+        )
     return figures
 
 
 SPEC = Spec(
     name="blimp",
-    help="BLiMP good-vs-bad probes per layer and minimal-pair scoring (paper Table 2)",
-    example="lime-probe blimp --ckpt runs/lime --ckpt runs/llama --data shared/data/blimp \\\n"
-    "    --paradigms anaphor_gender_agreement adjunct_island --max-pairs 500 --out out/blimp",
+    help="BLiMP good-vs-bad probes (paper Table 2) and minimal-pair scoring",
+    example="lime-probe blimp --ckpt runs/lime --ckpt runs/llama --data ../shared/data/blimp --out out/blimp\n"
+    "lime-probe blimp --ckpt runs/lime --data ../shared/data/blimp --paradigms anaphor_gender_agreement "
+    "adjunct_island \\\n    --layers all --max-pairs 500 --out out/blimp-layers",
     params=BlimpParams,
     compute=compute,
     plot=plot,

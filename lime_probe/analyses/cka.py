@@ -81,7 +81,7 @@ def plot(result: Result) -> dict:
 SPEC = Spec(
     name="cka",
     help="linear CKA between layers and effective rank per layer",
-    example="lime-probe cka --ckpt runs/lime --data wikitext-2/valid.txt --site hidden --max-tokens 2000 "
+    example="lime-probe cka --ckpt runs/lime --data ../shared/data/wikitext-2/valid.txt --site hidden --max-tokens 2000 "
     "--out out/cka",
     params=CkaParams,
     compute=compute,

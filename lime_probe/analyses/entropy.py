@@ -1,4 +1,10 @@
-"""Matrix entropy per layer (paper Sec. 5.3, Figures 2a, 4a, 7a)."""
+"""Matrix entropy per layer (paper Sec. 5.3, Figures 2a, 4a, 7a).
+
+The unit of text is a fixed-length token window by default (``lime_probe.windows``): the texts are
+packed into non-overlapping windows of one length, ``num_windows`` of them drawn with the seed, so the
+per-sequence entropy does not mix lengths and two checkpoints with the same tokenizer see the same
+token ids. ``unit="documents"`` is the per-document mode (each text truncated to ``--max-length``).
+"""
 
 from __future__ import annotations
 
@@ -6,21 +12,55 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.protocol import defaults
 from lime_probe.sites import SITES
 
 from .base import Checkpoint, Result, Spec, curve, extract_site, group, option, seed_option
 
+PROTOCOL = defaults("entropy")
+
 
 @dataclass(frozen=True)
 class EntropyParams:
-    site: str = option("values", "representation to probe", choices=SITES)
+    site: str = option(PROTOCOL["site"], "representation to probe", choices=SITES)
     preset: str = option(
-        "lime",
+        PROTOCOL["preset"],
         "normalisation preset: the official code's or Skean et al.'s",
         choices=("lime", "layer-by-layer"),
     )
     alpha: float | None = option(None, "Renyi order (default: the preset's)")
+    unit: str = option(
+        PROTOCOL["unit"],
+        "unit of text: fixed-length token windows packed from the data, or one sequence per document "
+        "(truncated to --max-length)",
+        choices=("windows", "documents"),
+    )
+    window: int | None = option(
+        None,
+        "tokens per window (default: 2048, the official code's rows, capped at the model's max positions)",
+        metavar="T",
+        positive=True,
+    )
+    num_windows: int = option(
+        PROTOCOL["num_windows"], "windows drawn (seeded, without replacement)", metavar="N", positive=True
+    )
+    max_normalize: bool = option(
+        PROTOCOL["max_normalize"], "divide each entropy by log(min(tokens, dim)), as Skean et al.'s code"
+    )
     seed: int = seed_option()
+
+
+def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
+    """The window length of ``ck`` under ``p`` and where it comes from ("given", "official",
+    "max_positions")."""
+    from lime_probe.windows import default_window, max_positions
+
+    if p.window is None:
+        return default_window(ck.model)
+    limit = max_positions(ck.model)
+    if limit is not None and p.window > limit:
+        raise ValueError(f"--window {p.window} is over {ck.label}'s {limit} positions")
+    return p.window, "given"
 
 
 def compute(
@@ -30,14 +70,25 @@ def compute(
     (``stream_entropy``): one row per model and layer with the mean and its bootstrap CI."""
     from tqdm.auto import tqdm
 
-    from lime_probe.entropy import stream_entropy
+    from lime_model.digests import texts_hash
+    from lime_probe.entropy import entropy_config, stream_entropy
+    from lime_probe.windows import token_windows
 
+    config = entropy_config(p.preset, alpha=p.alpha, max_normalize=p.max_normalize)
     rows = []
     for ck in cks:
-        acts = extract_site(ck, texts, p.site, extract_kw)
+        unit = {"unit": p.unit, "window": None, "window_source": None, "num_windows": None}
+        if p.unit == "windows":
+            window, source = window_for(ck, p)
+            ids = token_windows(texts, ck.tokenizer, window, p.num_windows, seed=p.seed)
+            acts = extract_site(ck, ids, p.site, extract_kw, max_length=window, pretokenized=True)
+            unit |= {"window": window, "window_source": source, "num_windows": len(ids)}
+            unit["windows_digest"] = texts_hash(ids)  # equal for checkpoints that saw the same windows
+        else:
+            acts = extract_site(ck, texts, p.site, extract_kw)
         for layer in tqdm(acts.layers(p.site), desc=f"entropy {ck.label}", unit="layer"):
             chunks = functools.partial(acts.iter_sequences, p.site, layer)  # one cache shard at a time
-            r = stream_entropy(chunks, p.preset, alpha=p.alpha, seed=p.seed)
+            r = stream_entropy(chunks, config, seed=p.seed)
             rows.append(
                 {
                     "model": ck.label,
@@ -49,18 +100,30 @@ def compute(
                     "ci_high": r.ci_high,
                     "n_sequences": len(r.values),
                     "alpha": r.config.alpha,
+                    "max_normalize": r.config.max_normalize,
+                    **unit,
                 }
             )
-    used_alpha = rows[0]["alpha"]
+    first = rows[0]
+    if p.unit == "windows":
+        sizes = sorted({(r["model"], r["window"], r["window_source"]) for r in rows})
+        what = "; ".join(f"{m}: {w} tokens ({s})" for m, w, s in sizes)
+        unit_text = (
+            f"{first['num_windows']} non-overlapping token windows packed from the data (seed {p.seed}); "
+            f"window length per model: {what}"
+        )
+    else:
+        unit_text = f"{first['n_sequences']} documents, each truncated to its first tokens"
+    scale = ", divided by log(min(tokens, dim))" if first["max_normalize"] else ""
     return Result(
         "entropy",
         f"entropy_{p.site}",
         f"Matrix entropy of {p.site}",
         rows,
         text=(
-            f"Matrix-based Renyi entropy (alpha={used_alpha:g}, preset {p.preset!r}) of each sequence's {p.site} "
-            f"per layer; mean over {rows[0]['n_sequences']} sequences with a 95% bootstrap CI of the mean. Lower "
-            "entropy means the tokens crowd into fewer directions (representation collapse)."
+            f"Matrix-based Renyi entropy (alpha={first['alpha']:g}, preset {p.preset!r}{scale}) of each sequence's "
+            f"{p.site} per layer; mean over {unit_text}, with a 95% bootstrap CI of the mean. Lower entropy means "
+            "the tokens crowd into fewer directions (representation collapse)."
         ),
         columns=("model", "layer", "entropy_mean", "ci_low", "ci_high"),
     )
@@ -80,9 +143,10 @@ SPEC = Spec(
     name="entropy",
     help="matrix-based Renyi entropy per layer (paper Sec. 5.3, Figures 2a/4a/7a)",
     example="lime-probe entropy --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-    "    --data wikitext-2/valid.txt --site values --max-sequences 64 --out out/entropy",
+    "    --data ../shared/data/wikitext-2/valid.txt --site values --num-windows 32 --out out/entropy",
     params=EntropyParams,
     compute=compute,
     plot=plot,
     notebook="entropy",
+    max_sequences=4000,
 )

@@ -121,8 +121,8 @@ CURVES = Spec(
 ACCURACY = Spec(
     name="arithmetic-accuracy",
     help="arithmetic-task accuracy by operand count, as the trainer measured it (paper Figure 4b)",
-    example="lime-probe arithmetic-accuracy --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA "
-    "--out out/accuracy",
+    example="lime-probe arithmetic-accuracy --ckpt runs/aet --label LIMe --out out/accuracy"
+    "   # runs/aet: lime-model train --recipe arithmetic-cpu --out runs/aet",
     params=AccuracyParams,
     compute=compute_accuracy,
     plot=plot_accuracy,
