@@ -148,23 +148,6 @@ def load_blimp(
 # The paper's protocol (Table 2)
 
 
-# Table 2 reports 10 BLiMP tasks named in the paper's Appendix D. That list could not be read offline when
-# this preset was written, so these 10 are OUR choice (agreement and morphology, where a collapsed value
-# space should hurt most); replace them with Appendix D's names once checked against the paper.
-TABLE2_TASKS = (
-    "anaphor_number_agreement",
-    "determiner_noun_agreement_1",
-    "determiner_noun_agreement_2",
-    "determiner_noun_agreement_irregular_1",
-    "distractor_agreement_relational_noun",
-    "irregular_plural_subject_verb_agreement_1",
-    "regular_plural_subject_verb_agreement_1",
-    "irregular_past_participle_verbs",
-    "existential_there_quantifiers_1",
-    "principle_A_case_1",
-)
-
-
 def paper_layers(n_layers: int, site: str = "values") -> list[int]:
     """Layer indices of `site` (as `lime_probe.extract` numbers them) for the paper's BLiMP layer range.
 

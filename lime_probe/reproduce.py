@@ -52,7 +52,7 @@ class Size:
     seeds: tuple[int, ...] = (0, 1, 2)
     overrides: Mapping[str, Any] = field(default_factory=dict)
     num_windows: int = 256  # entropy windows drawn from test.txt
-    blimp_pairs: int = 1000  # per BLiMP task (BLiMP has 1,000)
+    blimp_pairs: int = 200  # per BLiMP task (BLiMP has 1,000; 200 keeps six models within a session)
     tsne_per_word: int = 150
     probe_layers_every: int = 1  # separability/t-SNE on every k-th layer
 
@@ -244,8 +244,9 @@ def measure_separability(features: dict, words: np.ndarray, seed: int) -> dict:
 
 def measure_blimp(model, tokenizer, data: Data, pairs: int, seed: int) -> dict:
     """Table-2 probes: per task and site, the probe accuracy per upper layer (mean-pooled representations)."""
-    from lime_probe.blimp import TABLE2_TASKS, blimp_probe, fit_pairs, load_blimp, paper_layers
+    from lime_probe.blimp import blimp_probe, fit_pairs, load_blimp, paper_layers
     from lime_probe.extraction import extract
+    from lime_probe.protocol import TABLE2_TASKS
     from lime_probe.windows import max_positions
 
     blimp = load_blimp(str(data.blimp), list(TABLE2_TASKS))
@@ -267,6 +268,7 @@ def measure_blimp(model, tokenizer, data: Data, pairs: int, seed: int) -> dict:
                 sites=list(layers),
                 layers=top,
                 pool="mean",
+                batch_size=64,
                 progress=False,
             )
             for col in ("sentence_good", "sentence_bad")

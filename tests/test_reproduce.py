@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from lime_probe import cli
-from lime_probe.blimp import TABLE2_TASKS
+from lime_probe.protocol import TABLE2_TASKS
 
 
 def read_csv(path):
