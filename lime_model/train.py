@@ -144,7 +144,7 @@ def prepare_data(recipe: Recipe, tokenizer=None, progress: bool = False) -> Trai
     arithmetic task holds out its test expressions. ``eval_max_rows`` keeps the first rows.
     """
     if recipe.task == "arithmetic":
-        train_s, test_s = arithmetic_splits(recipe)
+        train_s, test_s = arithmetic.recipe_splits(recipe)
         tokenizer = tokenizer or char_tokenizer(arithmetic.CHARS)
         input_ids, labels = arithmetic.encode(train_s, tokenizer, recipe.seq_len)
         lengths = (input_ids != tokenizer.pad_token_id).sum(1)
@@ -187,19 +187,6 @@ def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir) -> Any:
         with atomic_dir(folder) as tmp:
             train_bpe(source.load(), vocab_size).save_pretrained(tmp)
     return load_tokenizer(str(folder))
-
-
-def arithmetic_splits(recipe: Recipe, with_train: bool = True):
-    """The (train, test) arithmetic samples of ``recipe`` (train empty unless ``with_train``)."""
-    cfg = recipe.arithmetic
-    return arithmetic.make_splits(
-        cfg.operators,
-        cfg.train_per_tier if with_train else 0,
-        cfg.test_per_tier,
-        seed=recipe.seed,
-        max_operand=cfg.max_operand,
-        max_value=cfg.max_value,
-    )
 
 
 def check_vocab(tokenizer, recipe: Recipe) -> None:
@@ -644,7 +631,7 @@ def evaluate_arithmetic(
     if recipe.task != "arithmetic":
         raise ValueError(f"{run_dir} was trained on task {recipe.task!r}, not arithmetic")
     model = LimeForCausalLM.from_pretrained(run_dir).to(device)
-    _, test = arithmetic_splits(recipe, with_train=False)
+    _, test = arithmetic.recipe_splits(recipe, with_train=False)
     acc = arithmetic.evaluate(
         model,
         load_tokenizer(str(run_dir)),

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from lime_model.recipes import load_recipe
-from lime_model.tasks.arithmetic import make_sample
-from lime_model.train import prepare_data, train
+from lime_model.tasks.arithmetic import make_sample, recipe_splits
+from lime_model.train import train
 from lime_probe.analyses import ANALYSES, Checkpoint
 from lime_probe.analyses import separability as separability_spec
 from lime_probe.analyses import tsne as tsne_spec
@@ -227,7 +227,7 @@ def run_demo(
         )
         tok = cks[0].tokenizer
         recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
-        test = prepare_data(recipe).test_samples
+        _, test = recipe_splits(recipe, with_train=False)
         steps = recipe.steps
         extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
 

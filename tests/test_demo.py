@@ -55,7 +55,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     import numpy as np
 
     from lime_model.recipes import load_recipe
-    from lime_model.train import prepare_data
+    from lime_model.tasks.arithmetic import recipe_splits
     from lime_probe import cli
     from lime_probe.demo import NUMBER_SETS, QUICK, probe_samples, sample_text
     from lime_probe.entropy import layer_entropies
@@ -92,7 +92,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     # entropy of the values: the library on the same test samples
     lime, tok = load(runs / "lime")
     recipe = load_recipe(str(runs / "lime" / "recipe.json"))
-    texts = [sample_text(s, tok) for s in prepare_data(recipe).test_samples[: QUICK.entropy_texts]]
+    texts = [sample_text(s, tok) for s in recipe_splits(recipe, with_train=False)[1][: QUICK.entropy_texts]]
     acts = extract(
         lime, tok, texts, sites=["values"], max_length=recipe.seq_len, batch_size=32, progress=False
     )
@@ -112,7 +112,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     )
 
     # every probed number class is balanced to the rarest class's count, counted here by a plain scan
-    probe = prepare_data(recipe).test_samples + probe_samples(NUMBER_SETS["100-103"], QUICK.per_number, 0)
+    probe = recipe_splits(recipe, with_train=False)[1] + probe_samples(
+        NUMBER_SETS["100-103"], QUICK.per_number, 0
+    )
     for key, numbers in NUMBER_SETS.items():
         counts = {
             n: sum(1 for s in probe for _, m in _scan(s.prompt + s.solution, set(numbers)) if m == n)

@@ -248,6 +248,20 @@ def make_splits(
     return train, test
 
 
+def recipe_splits(recipe, with_train: bool = True) -> tuple[list[Sample], list[Sample]]:
+    """The (train, test) samples of a training recipe (`lime_model.recipes.Recipe`: its ``arithmetic``
+    settings and ``seed``); train is empty unless ``with_train``, so the test set costs no training set."""
+    cfg = recipe.arithmetic
+    return make_splits(
+        cfg.operators,
+        cfg.train_per_tier if with_train else 0,
+        cfg.test_per_tier,
+        seed=recipe.seed,
+        max_operand=cfg.max_operand,
+        max_value=cfg.max_value,
+    )
+
+
 def encode(samples: Sequence[Sample], tokenizer, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``(input_ids, labels)``, each (n_samples, seq_len) int64.
 
