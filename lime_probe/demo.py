@@ -4,7 +4,7 @@ Trains a tiny LIMe and its LLaMA twin (same recipe, ``routing="none"``) on the b
 arithmetic expression task, then runs every analysis that applies to them and writes the
 figures, the results and one HTML report:
 
-- accuracy by operand count (paper Figure 4b) and training loss vs FLOPs and tokens (Figures 1, 10);
+- accuracy by operator count (paper Figure 4b) and training loss vs FLOPs and tokens (Figures 1, 10);
 - matrix entropy of the values and of the hidden states per layer (Figures 4a, 7a);
 - separability and t-SNE of close numbers, 1-4 and 100-103 (Figure 8);
 - the LIMe router weights, layer x buffered layer and per head (Figures 5, 9).
@@ -24,6 +24,7 @@ import random
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ import torch
 
 from lime_model.recipes import load_recipe
 from lime_model.tasks.arithmetic import make_sample, recipe_splits
-from lime_model.train import train
+from lime_model.train import SecondEpochWarning, train
 from lime_probe.analyses import ANALYSES, Checkpoint
 from lime_probe.analyses import separability as separability_spec
 from lime_probe.analyses import tsne as tsne_spec
@@ -152,8 +153,8 @@ class DemoSettings:
     """Sizes of a demo run; the ``None`` fields keep the ``arithmetic-cpu`` recipe's values."""
 
     steps: int | None  # training steps per model
-    train_per_operand: int | None
-    test_per_operand: int | None
+    train_per_tier: int | None
+    test_per_tier: int | None
     entropy_texts: int  # test samples whose entropy is measured
     per_number: int  # occurrences of each probed number (separability, t-SNE)
     perplexity: float
@@ -162,14 +163,14 @@ class DemoSettings:
 # The recipe as it is (1,000 steps per model): the whole demo measured 1:43 wall, 172 s CPU, on 2 cores.
 FULL = DemoSettings(
     steps=None,
-    train_per_operand=None,
-    test_per_operand=None,
+    train_per_tier=None,
+    test_per_tier=None,
     entropy_texts=128,
     per_number=60,
     perplexity=20.0,
 )
 QUICK = DemoSettings(
-    steps=4, train_per_operand=100, test_per_operand=6, entropy_texts=12, per_number=8, perplexity=3.0
+    steps=4, train_per_tier=100, test_per_tier=6, entropy_texts=12, per_number=8, perplexity=3.0
 )
 RECIPE = "arithmetic-cpu"
 MODELS = {"LIMe": "full", "LLaMA": "none"}  # label -> routing; the twin differs only in routing
@@ -187,13 +188,15 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
         if not (run / "arithmetic_eval.json").is_file():
             resume = run.exists() and any(run.iterdir())
             sizes = {
-                "train_per_tier": settings.train_per_operand,
-                "test_per_tier": settings.test_per_operand,
+                "train_per_tier": settings.train_per_tier,
+                "test_per_tier": settings.test_per_tier,
             }
             overrides = {"arithmetic": {k: v for k, v in sizes.items() if v is not None}}
             if settings.steps is not None:
                 overrides["steps"] = settings.steps
-            train(RECIPE, run, resume=resume, routing=routing, seed=seed, **overrides)
+            with warnings.catch_warnings():  # the recipe repeats its 10,000 expressions by design
+                warnings.simplefilter("ignore", SecondEpochWarning)
+                train(RECIPE, run, resume=resume, routing=routing, seed=seed, **overrides)
         out[label] = run
     return out
 
@@ -231,7 +234,7 @@ def run_demo(
         steps = recipe.steps
         extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
 
-        _stage(3, n, "accuracy by operand count and training curves")
+        _stage(3, n, "accuracy by operator count and training curves")
         results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
         results[0].text = (
             f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "

@@ -472,15 +472,15 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Sequence[float]]], *, s
     return fig
 
 
-def plot_accuracy_by_operands(
+def plot_accuracy_by_operators(
     accuracy: Mapping[str, Mapping[int, float]], *, title: str | None = None
 ) -> Figure:
-    """Arithmetic-task accuracy per operand count, grouped bars per model (paper Figure 4b).
+    """Arithmetic-task accuracy per operator count, grouped bars per model (paper Figure 4b).
 
-    ``accuracy[label][n_operands]`` is a fraction in [0, 1].
+    ``accuracy[label][n_operators]`` is a fraction in [0, 1].
     """
     if not accuracy:
-        raise ValueError("plot_accuracy_by_operands needs at least one model")
+        raise ValueError("plot_accuracy_by_operators needs at least one model")
     counts = sorted({int(n) for acc in accuracy.values() for n in acc})
     width = 0.8 / len(accuracy)
     with style():
@@ -505,10 +505,10 @@ def plot_accuracy_by_operands(
             )
         ax.set_xticks(range(len(counts)), [str(n) for n in counts])
         ax.set(
-            xlabel="operands in expression",
+            xlabel="operators in expression (tier)",
             ylabel="exact-answer accuracy",
             ylim=(0, 1.08),
-            title=title or "Arithmetic expressions: accuracy by operand count",
+            title=title or "Arithmetic expressions: accuracy by operator count",
         )
         ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.grid(axis="x", visible=False)

@@ -690,7 +690,7 @@ def test_run_folder_analyses_read_the_trainer_logs(capsys, tmp_path):
     assert (tmp_path / "c" / "training_curves.png").is_file()
     _ok(capsys, "arithmetic-accuracy", *ckpts, "--label", "A", "--label", "B", "--out", tmp_path / "acc")
     rows = _read_json(tmp_path / "acc" / "arithmetic_accuracy.json")["rows"]
-    assert {(r["model"], r["n_operands"]): r["accuracy"] for r in rows} == {
+    assert {(r["model"], r["n_operators"]): r["accuracy"] for r in rows} == {
         ("A", 2): 0.9,
         ("A", 3): 0.4,
         ("B", 2): 0.4,

@@ -83,11 +83,11 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 10
 
-    # accuracy: what the trainer measured, per model and operand count
+    # accuracy: what the trainer measured, per model and operator count
     rows = json.loads((out / "arithmetic_accuracy.json").read_text())["rows"]
     for label in ("LIMe", "LLaMA"):
         trained = json.loads((runs / label.lower() / "arithmetic_eval.json").read_text())["accuracy"]
-        assert {str(r["n_operands"]): r["accuracy"] for r in rows if r["model"] == label} == trained
+        assert {str(r["n_operators"]): r["accuracy"] for r in rows if r["model"] == label} == trained
 
     # entropy of the values: the library on the same test samples
     lime, tok = load(runs / "lime")

@@ -116,7 +116,7 @@ def test_training_curves_smoothing_matches_pandas_rolling_mean():
 
 def test_accuracy_bars_have_the_given_heights():
     acc = {"LIMe": {4: 0.9, 5: 0.5, 6: 0.25}, "LLaMA": {4: 0.8, 6: 0.1}}
-    fig = F.plot_accuracy_by_operands(acc)
+    fig = F.plot_accuracy_by_operators(acc)
     ax = fig.axes[0]
     heights = [p.get_height() for p in ax.patches]
     np.testing.assert_allclose(heights, [0.9, 0.5, 0.25, 0.8, np.nan, 0.1])

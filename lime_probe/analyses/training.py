@@ -72,7 +72,7 @@ def has_metrics(ck: Checkpoint) -> bool:
 
 
 def compute_accuracy(cks: Sequence[Checkpoint], _data: None, p: AccuracyParams, _extract_kw: None) -> Result:
-    """Exact-answer accuracy by operand count, as each run's trainer measured it (arithmetic_eval.json)."""
+    """Exact-answer accuracy by operator count, as each run's trainer measured it (arithmetic_eval.json)."""
     rows = []
     for c in cks:
         path = Path(c.source) / EVAL_FILE
@@ -81,14 +81,14 @@ def compute_accuracy(cks: Sequence[Checkpoint], _data: None, p: AccuracyParams, 
                 f"{c.label}: no {EVAL_FILE} in {c.source} (written by arithmetic recipes only)"
             )
         measured = json.loads(path.read_text())["accuracy"]
-        rows += [{"model": c.label, "n_operands": int(k), "accuracy": v} for k, v in measured.items()]
+        rows += [{"model": c.label, "n_operators": int(k), "accuracy": v} for k, v in measured.items()]
     return Result(
         "arithmetic-accuracy",
         "arithmetic_accuracy",
-        "Arithmetic accuracy by operand count",
+        "Arithmetic accuracy by operator count",
         rows,
         text=(
-            "Exact final answer by greedy generation on the held-out expressions, per operand count "
+            "Exact final answer by greedy generation on the held-out expressions, per operator count "
             "(paper Figure 4b)."
         ),
     )
@@ -97,8 +97,8 @@ def compute_accuracy(cks: Sequence[Checkpoint], _data: None, p: AccuracyParams, 
 def plot_accuracy(result: Result) -> dict:
     from lime_probe import figures as F
 
-    acc = {m: {r["n_operands"]: r["accuracy"] for r in rs} for m, rs in group(result.rows, "model").items()}
-    return {result.name: F.plot_accuracy_by_operands(acc)}
+    acc = {m: {r["n_operators"]: r["accuracy"] for r in rs} for m, rs in group(result.rows, "model").items()}
+    return {result.name: F.plot_accuracy_by_operators(acc)}
 
 
 def has_accuracy(ck: Checkpoint) -> bool:
@@ -120,7 +120,7 @@ CURVES = Spec(
 
 ACCURACY = Spec(
     name="arithmetic-accuracy",
-    help="arithmetic-task accuracy by operand count, as the trainer measured it (paper Figure 4b)",
+    help="arithmetic-task accuracy by operator count, as the trainer measured it (paper Figure 4b)",
     example="lime-probe arithmetic-accuracy --ckpt runs/aet --label LIMe --out out/accuracy"
     "   # runs/aet: lime-model train --recipe arithmetic-cpu --out runs/aet",
     params=AccuracyParams,
