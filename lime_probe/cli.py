@@ -292,12 +292,13 @@ COMMANDS = {
     ),
     "demo": (
         "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
-        "lime-probe demo                 # about 2 minutes on 2 CPU cores, writes figures/\n"
+        "lime-probe demo                 # a few minutes on 2 CPU cores (README: measured time), writes figures/\n"
         "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
     ),
     "reproduce": (
         "train LIMe and LLaMA language models over seeds and measure the paper's findings (resumable)",
-        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu\n"
+        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu"
+        "   # not run in tests: about an hour\n"
         "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run",
     ),
     "cache": (

@@ -160,7 +160,7 @@ class DemoSettings:
     perplexity: float
 
 
-# The recipe as it is (1,000 steps per model): the whole demo measured 1:43 wall, 172 s CPU, on 2 cores.
+# The recipe as it is (1,000 steps per model); the README states the measured run time.
 FULL = DemoSettings(
     steps=None,
     train_per_tier=None,

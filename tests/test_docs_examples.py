@@ -42,7 +42,7 @@ SIZE_CAPS = {"--max-sequences": 200, "--max-pairs": 20, "--per-word": 20, "--max
 # Word probes (--words) need ~1,000 WikiText-2 documents before ' were' occurs 5 times: they keep that
 # many and, with the demo, are the slow tier.
 WORD_SEQUENCES = 1000
-SLOW = {("lime-probe", "demo")}
+SLOW = {("lime-probe", "demo"), ("lime-probe", "reproduce")}
 STEPS = int(os.environ.get("LIME_PROBE_DOCS_STEPS", "20"))
 
 
@@ -109,7 +109,10 @@ def help_examples() -> list[Example]:
             body = textwrap.dedent(match["body"]).strip().splitlines()
             for _, command in _join_continuations(body):
                 if command.startswith(prog):
-                    examples.append(Example(f"{prog} {name} --help", command))
+                    match = NOT_RUN.search(command)
+                    examples.append(
+                        Example(f"{prog} {name} --help", command, match and match["reason"].strip())
+                    )
     return examples
 
 
