@@ -63,6 +63,9 @@ class LimeRouter(nn.Module):
     """
 
     input_dependent = False  # True: coefficients differ per position and need the hidden states
+    # The K/V buffer layout is fixed by layer 0's write, so every layer of a variant, the single-source
+    # ones included, names the same read mode (per-dim routers store the buffer feature-major).
+    own_only_mode = "matrix"
 
     def __init__(self, config: LimeConfig, layer_idx: int) -> None:
         super().__init__()
@@ -106,7 +109,7 @@ class LimeRouter(nn.Module):
         self, buffer: KVBuffer, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """keys, values: raw ``(B, T, kv * head_dim)``; returns routed ``(B, kv, T, head_dim)`` each."""
-        weight, mode = None, "matrix"  # a single source: the own heads, no arithmetic
+        weight, mode = None, self.own_only_mode  # a single source: the own heads, no arithmetic
         if len(self.sources) > 1:
             weight, mode = buffer_layout(self.coefficients(hidden_states), self.input_dependent)
         return routed_read(buffer, self.layer_idx, keys, values, weight, self.sources, mode)
@@ -161,6 +164,8 @@ class NoHeadMixRouter(LimeRouter):
 
 class PerDimRouter(LimeRouter):
     """``weight [kv, S * kv, head_dim]``: each source head scaled feature-wise before summing."""
+
+    own_only_mode = "per-dim"
 
     def weight_shape(self) -> tuple[int, ...]:
         return (*super().weight_shape(), self.head_dim)
