@@ -85,12 +85,13 @@ def perplexity(
     ckpt = Path(ckpt)
     if not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
+    source = data_mod.TextSource(data, split)
+    source.key()  # a missing or unreadable data source fails here, before the model is loaded
     model = LimeForCausalLM.from_pretrained(ckpt).to(device)
     tokenizer = load_tokenizer(str(ckpt))
     window = window or model.config.max_position_embeddings
     if window < 2:
         raise ValueError(f"window must be >= 2 tokens, got {window}")
-    source = data_mod.TextSource(data, split)
     rows = torch.from_numpy(data_mod.packed_sequences(source, tokenizer, window, default_cache_dir()))
     total, count = token_nll(model, rows, rows, batch_size)
     result = {

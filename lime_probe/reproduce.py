@@ -109,21 +109,24 @@ def run_name(label: str, seed: int) -> str:
 
 
 class Progress:
-    """One line per step with the elapsed time and an estimate of what is left (from the mean step time)."""
+    """One line per step with the elapsed time and an estimate of what is left: the mean time of the
+    steps that did work (a finished run that is reused takes no time and would skew the mean)."""
 
     def __init__(self, total: int) -> None:
-        self.total, self.done, self.start = total, 0, time.monotonic()
+        self.total, self.done, self.reused, self.start = total, 0, 0, time.monotonic()
 
-    def step(self, what: str) -> None:
+    def step(self, what: str, reused: bool = False) -> None:
         elapsed = time.monotonic() - self.start
-        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-        eta = "?" if self.done == 0 else f"{left / 60:.0f} min"
+        worked = self.done - self.reused
+        eta = f"{elapsed / worked * (self.total - self.done) / 60:.0f} min" if worked else "?"
         print(
-            f"[{self.done + 1}/{self.total}] {what} (elapsed {elapsed / 60:.0f} min, left ~{eta})",
+            f"[{self.done + 1}/{self.total}] {what}{' (reused)' if reused else ''} "
+            f"(elapsed {elapsed / 60:.0f} min, left ~{eta})",
             file=sys.stderr,
             flush=True,
         )
         self.done += 1
+        self.reused += reused
 
 
 def cached(path: Path, compute: Callable[..., dict], *args: Any) -> dict:
@@ -160,8 +163,9 @@ def train_runs(out: Path, data: Data, size: Size, progress: Progress) -> dict[tu
     for seed in size.seeds:
         for label, routing in MODELS.items():
             run = out / "train" / run_name(label, seed)
-            progress.step(f"training {label} seed {seed}")
-            if not finished(run):
+            done = finished(run)
+            progress.step(f"training {label} seed {seed}", reused=done)
+            if not done:
                 resume = (run / "recipe.json").is_file()
                 train(
                     size.recipe,
