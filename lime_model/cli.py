@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--routing", help='routing spec, e.g. full, last-4, dilated-2; "none" is the LLaMA baseline'
     )
+    t.add_argument(
+        "--arch",
+        help="model architecture: lime (default; LLaMA with --routing none) or a cross-layer baseline "
+        "(denseformer, resformer, ...); shorthand for --set model.arch=NAME",
+    )
     t.add_argument("--steps", type=int, help="optimizer steps (overrides the recipe's steps/epochs)")
     t.add_argument("--seed", type=int)
     t.add_argument(
@@ -90,6 +95,8 @@ def _train(args: argparse.Namespace) -> None:
     for key in ("data", "eval_data", "routing", "steps", "seed"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
+    if args.arch is not None:
+        overrides["model.arch"] = args.arch
     out = train(
         args.recipe,
         args.out,

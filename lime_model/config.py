@@ -33,3 +33,16 @@ class LimeConfig(LlamaConfig):
     def routing_spec(self) -> RoutingSpec:
         """The parsed ``routing`` string (source sets per layer: :meth:`RoutingSpec.sources`)."""
         return parse_routing(self.routing)
+
+    def cross_layer_flops(self, seq_len: int) -> int:
+        """Forward FLOPs of a baseline's cross-layer mixing for one sequence (0 here: LIMe's routers
+        are counted by their own classes)."""
+        return 0
+
+
+def no_routing(arch: str, routing: str) -> str:
+    """``"none"``, the only routing a cross-layer baseline ``arch`` takes (ValueError for any other):
+    baselines carry earlier layers forward their own way, on plain LLaMA attention."""
+    if parse_routing(routing).enabled:
+        raise ValueError(f"arch {arch!r} takes no LIMe routing (routing must be 'none', got {routing!r})")
+    return "none"

@@ -80,14 +80,14 @@ def perplexity(
         ``{"checkpoint", "data", "window", "windows", "tokens", "loss", "perplexity"}`` with ``tokens``
         the number of predicted tokens and ``loss`` their mean NLL (nats).
     """
-    from .modeling import LimeForCausalLM
+    from transformers import AutoModelForCausalLM  # any of lime_model's registered archs
 
     ckpt = Path(ckpt)
     if not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
     source = data_mod.TextSource(data, split)
     source.key()  # a missing or unreadable data source fails here, before the model is loaded
-    model = LimeForCausalLM.from_pretrained(ckpt).to(device)
+    model = AutoModelForCausalLM.from_pretrained(ckpt).to(device)
     tokenizer = load_tokenizer(str(ckpt))
     window = window or model.config.max_position_embeddings
     if window < 2:

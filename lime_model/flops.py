@@ -18,7 +18,8 @@ def flops_breakdown(config: LimeConfig, seq_len: int) -> dict[str, int]:
 
     Returns a dict with ``linear`` (projection and lm-head MACs), ``router`` (router MACs, as each
     router class counts them: :meth:`lime_model.router.LimeRouter.flops`), ``attention`` (SDPA as
-    above) and ``elementwise`` (norms, RoPE, SiLU gate, residual adds, router element-wise ops).
+    above), ``elementwise`` (norms, RoPE, SiLU gate, residual adds, router element-wise ops) and
+    ``cross_layer`` (a baseline's own cross-layer mixing: :meth:`LimeConfig.cross_layer_flops`).
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -46,7 +47,13 @@ def flops_breakdown(config: LimeConfig, seq_len: int) -> dict[str, int]:
     rope = 2 * 15 * T * D + 6 * T * (H + kv) * D  # cos/sin tables; mul, mul, add, neg on q and k
     mlp_act = 2 * T * inter  # silu and the gate product
     elementwise = L * (2 * rmsnorm + rope + mlp_act + 2 * T * d) + rmsnorm + routing["elementwise"]
-    return {"linear": linear, "router": routing["router"], "attention": attention, "elementwise": elementwise}
+    return {
+        "linear": linear,
+        "router": routing["router"],
+        "attention": attention,
+        "elementwise": elementwise,
+        "cross_layer": config.cross_layer_flops(T),
+    }
 
 
 def forward_flops(config: LimeConfig, seq_len: int) -> int:

@@ -64,12 +64,7 @@ class LimeAttention(nn.Module):
         """hidden_states ``(B, T, hidden)`` -> ``(B, T, hidden)`` and the attention weights (eager only)."""
         B, T, _ = hidden_states.shape
         query = self.q_proj(hidden_states).view(B, T, -1, self.head_dim).transpose(1, 2)
-        keys, values = self.k_proj(hidden_states), self.v_proj(hidden_states)
-        if self.router is None:
-            keys = keys.view(B, T, -1, self.head_dim).transpose(1, 2)
-            values = values.view(B, T, -1, self.head_dim).transpose(1, 2)
-        else:
-            keys, values = self.router(kv_buffer, hidden_states, keys, values)
+        keys, values = self.mix_kv(hidden_states, self.k_proj(hidden_states), self.v_proj(hidden_states), kv_buffer)
 
         cos, sin = position_embeddings
         query, keys = apply_rotary_pos_emb(query, keys, cos, sin)
@@ -91,13 +86,30 @@ class LimeAttention(nn.Module):
         )
         return self.o_proj(output.reshape(B, T, -1)), weights
 
+    def mix_kv(
+        self, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_buffer
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw ``keys``/``values`` ``(B, T, kv * head_dim)`` -> the heads attention reads, each
+        ``(B, kv, T, head_dim)``: routed by ``self.router`` (LIMe), else unchanged (LLaMA). Subclasses
+        mixing K/V across layers override this; ``kv_buffer`` is the per-forward cross-layer store
+        their model's :meth:`LimeModel.run_layers` passes."""
+        if self.router is not None:
+            return self.router(kv_buffer, hidden_states, keys, values)
+        B, T, _ = keys.shape
+        return (
+            keys.view(B, T, -1, self.head_dim).transpose(1, 2),
+            values.view(B, T, -1, self.head_dim).transpose(1, 2),
+        )
+
 
 class LimeDecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))`` (as LLaMA)."""
 
+    attention_class: type[LimeAttention] = LimeAttention
+
     def __init__(self, config: LimeConfig, layer_idx: int) -> None:
         super().__init__()
-        self.self_attn = LimeAttention(config, layer_idx)
+        self.self_attn = self.attention_class(config, layer_idx)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -127,10 +139,11 @@ class LimePreTrainedModel(PreTrainedModel):
         * modules flagged ``torch_default_init`` (LIMe's k/v projections, every layer): PyTorch's default
           ``nn.Linear`` init, ``kaiming_uniform_(a=sqrt(5))`` = uniform(+-1/sqrt(fan_in)), as the official
           code's raw ``kv_proj_weight``, which HF's init never touches. ``routing="none"`` keeps HF's
-          normal init there, as the official LLaMA baseline (a plain ``LlamaForCausalLM``) does.
+          normal init there, as the official LLaMA baseline (a plain ``LlamaForCausalLM``) does;
+        * modules flagged ``own_init`` (the baselines' cross-layer mixing weights): their ``reset_parameters``.
         """
-        if isinstance(module, LimeRouter):
-            module.reset_parameters()  # each router class owns its init (identity on the own heads)
+        if isinstance(module, LimeRouter) or getattr(module, "own_init", False):
+            module.reset_parameters()  # each router/mixing class owns its init (identity-like)
         elif getattr(module, "torch_default_init", False):
             module.reset_parameters()
         else:
@@ -140,10 +153,14 @@ class LimePreTrainedModel(PreTrainedModel):
 class LimeModel(LimePreTrainedModel):
     """The decoder stack: embeddings, L blocks sharing one K/V buffer per forward, final RMSNorm."""
 
+    decoder_layer_class: type[LimeDecoderLayer] = LimeDecoderLayer
+
     def __init__(self, config: LimeConfig) -> None:
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList(LimeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.post_init()
@@ -182,34 +199,41 @@ class LimeModel(LimePreTrainedModel):
             cache=cache,
             position_ids=position_ids,
         )
-        hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        hidden_states = self.run_layers(
+            inputs_embeds,
+            attention_mask=causal_mask,
+            position_embeddings=self.rotary_emb(inputs_embeds, position_ids=position_ids),
+            position_ids=position_ids,
+            cache=cache,
+            **kwargs,
+        )
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+
+    def run_layers(self, hidden_states: torch.Tensor, **layer_kwargs) -> torch.Tensor:
+        """The blocks on the embeddings ``(B, T, hidden)`` -> the last block's output ``(B, T, hidden)``.
+
+        ``layer_kwargs`` (mask, RoPE, cache, ...) go to every block; the blocks of a LIMe model also share
+        one :class:`KVBuffer`. Baselines that carry earlier layers forward differently override this.
+        """
         kv_buffer = None
         if self.config.routing_spec.enabled:
             kv_buffer = KVBuffer(
                 self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim
             )
         for layer in self.layers:
-            hidden_states = layer(
-                hidden_states,
-                attention_mask=causal_mask,
-                position_embeddings=position_embeddings,
-                position_ids=position_ids,
-                cache=cache,
-                kv_buffer=kv_buffer,
-                **kwargs,
-            )
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+            hidden_states = layer(hidden_states, kv_buffer=kv_buffer, **layer_kwargs)
+        return hidden_states
 
 
 class LimeForCausalLM(LimePreTrainedModel, GenerationMixin):
     """LIMe (or, with ``routing="none"``, LLaMA) with a language-modelling head."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    base_model_class: type[LimeModel] = LimeModel
 
     def __init__(self, config: LimeConfig) -> None:
         super().__init__(config)
-        self.model = LimeModel(config)
+        self.model = self.base_model_class(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()

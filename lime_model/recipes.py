@@ -1,12 +1,16 @@
 """Training recipes: JSON files in ``lime_model/recipes/`` loaded into a typed, validated :class:`Recipe`.
 
-A recipe file is a flat JSON object plus two nested ones, ``model`` (any `LlamaConfig` field) and
+A recipe file is a flat JSON object plus two nested ones, ``model`` (any `LlamaConfig` field, plus
+``arch`` and that architecture's own fields: :mod:`lime_model.architectures`) and
 ``arithmetic`` (the task's generator: :class:`ArithmeticSettings`); it lists only what differs from
 the defaults (the field defaults of :class:`Recipe`). Overrides use dotted keys for nested fields
 (``model.hidden_size=64``).
 
 Key meanings (batch sizes count sequences):
 
+* ``model.arch``: ``"lime"`` (default; LLaMA is ``routing="none"``) or a cross-layer baseline
+  (``denseformer``, ``resformer``, ...), whose routing is ``"none"`` (the default for a baseline when the
+  recipe and overrides leave ``routing`` unset).
 * ``task``: ``"lm"`` (packed text from ``data``) or ``"arithmetic"`` (generated expressions).
 * ``data``, ``split``, ``max_texts``: the text spec of :func:`lime_model.data.load_texts`.
 * ``one_pass``: read (stream) exactly the ``steps x batch_size`` sequences the run consumes, so
@@ -169,8 +173,24 @@ class Recipe:
         if self.task == "lm" and self.data is None:
             raise ValueError("this recipe trains on text but names no data: pass --data FILE|FOLDER|hf:NAME")
 
+    @property
+    def arch(self) -> str:
+        """The model architecture, ``model.arch`` (default ``"lime"``)."""
+        return self.model.get("arch") or "lime"
+
     def _check_model(self) -> None:
-        bad = sorted(set(self.model) - _MODEL_KEYS)
+        from .architectures import ARCHITECTURES  # imports the models: only when a recipe is checked
+
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"recipe key 'model.arch' must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}")
+        if self.arch != "lime" and parse_routing(self.routing).enabled:
+            raise ValueError(
+                f"model.arch {self.arch!r} takes no LIMe routing: set routing to 'none' (got {self.routing!r})"
+            )
+        own = set(ARCHITECTURES[self.arch]().to_dict()) - _MODEL_KEYS - {"routing"}  # the arch's own fields
+        bad = sorted(set(self.model) - _MODEL_KEYS - own - {"arch"})
+        if not bad:  # the arch's own fields are checked by its config
+            ARCHITECTURES[self.arch](**{k: v for k, v in self.model.items() if k in own})
         if bad:
             raise ValueError(f"unknown recipe key(s): {', '.join(f'model.{b}' for b in bad)}")
         for sub, value in self.model.items():
@@ -326,7 +346,10 @@ def load_recipe(
     else:
         raw = _read(recipe) if isinstance(recipe, str) else dict(recipe)
     base = {"model": dict(MODEL_DEFAULTS), "arithmetic": dataclasses.asdict(ArithmeticSettings())}
-    return Recipe.from_dict(merge(merge(base, raw), overrides or {}))
+    merged = merge(merge(base, raw), overrides or {})
+    if merged["model"].get("arch", "lime") != "lime" and "routing" not in raw and "routing" not in (overrides or {}):
+        merged["routing"] = "none"  # a baseline has no LIMe routing; the default "full" is LIMe's
+    return Recipe.from_dict(merged)
 
 
 def identity(recipe: Mapping[str, Any]) -> dict:

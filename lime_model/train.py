@@ -50,14 +50,15 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
+from .architectures import config_for
 from .config import LimeConfig
 from .evaluate import default_cache_dir, token_loss_sum, token_nll
 from .files import atomic_dir, atomic_write
 from .flops import forward_flops
-from .modeling import LimeForCausalLM
 from .optim import param_groups
 from .recipes import Recipe, identity, load_recipe
 from .tasks import arithmetic
@@ -199,9 +200,10 @@ def check_vocab(tokenizer, recipe: Recipe) -> None:
 
 
 def model_config(recipe: Recipe, tokenizer) -> LimeConfig:
-    model = {k: v for k, v in recipe.model.items() if v is not None}
+    model = {k: v for k, v in recipe.model.items() if v is not None and k != "arch"}
     model.setdefault("vocab_size", len(tokenizer))
-    return LimeConfig(
+    return config_for(
+        recipe.arch,
         routing=recipe.routing,
         max_position_embeddings=recipe.seq_len,
         use_cache=True,
@@ -499,7 +501,7 @@ def train(
         data.tokenizer.save_pretrained(out_dir)  # resume reads the same tokenizer back
         _record_run_info(out_dir, accelerator, resume)
     torch.manual_seed(recipe.seed)
-    model = LimeForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)  # the arch's class (registered by lime_model)
     steps = total_steps(recipe, len(data.input_ids))
     optimizer = torch.optim.AdamW(
         param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr),
@@ -630,7 +632,7 @@ def evaluate_arithmetic(
     recipe = load_recipe(json.loads((run_dir / "recipe.json").read_text()))
     if recipe.task != "arithmetic":
         raise ValueError(f"{run_dir} was trained on task {recipe.task!r}, not arithmetic")
-    model = LimeForCausalLM.from_pretrained(run_dir).to(device)
+    model = AutoModelForCausalLM.from_pretrained(run_dir).to(device)
     _, test = arithmetic.recipe_splits(recipe, with_train=False)
     acc = arithmetic.evaluate(
         model,
