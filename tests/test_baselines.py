@@ -1,0 +1,297 @@
+"""DenseFormer and ResFormer against their papers' equations written as plain loops, LLaMA at init, HF round
+trips, FLOPs/parameter counts from hand formulas, and training through ``lime-model train --arch``."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import lime_model
+from lime_model import config_for, forward_flops
+from lime_model.cli import main
+from lime_model.denseformer import DenseFormerForCausalLM
+from lime_model.flops import flops_breakdown
+from lime_model.resformer import ResFormerForCausalLM
+
+SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
+PAPER_1B = dict(
+    vocab_size=50257,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    tie_word_embeddings=True,
+)
+BASELINES = ["denseformer", "resformer"]
+
+
+def make(arch: str, kv: int = 2, seed: int = 0, perturb: bool = True, **kw):
+    """A tiny model; ``perturb`` moves norms and mixing weights off their init so nothing hides behind it."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config_for(arch, num_key_value_heads=kv, **{**SIZES, **kw})).eval()
+    if perturb:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name or ".dwa." in name or "value_mix" in name:
+                    p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+# ------------------------------------------------------------------ the papers' equations as loops
+def rope(x, cos, sin):  # x (B, T, n, D); cos/sin (1, T, D)
+    half = x.shape[-1] // 2
+    return x * cos[:, :, None] + torch.cat([-x[..., half:], x[..., :half]], -1) * sin[:, :, None]
+
+
+def attention(layer, x, cos, sin, values=None):
+    """LLaMA attention of one block on its normalised input x (B, T, hidden), with ``values`` (B, T, kv*D)
+    in place of its own v_proj(x) when given."""
+    attn, cfg = layer.self_attn, layer.self_attn.config
+    H, kv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    B, T, _ = x.shape
+    q = rope(attn.q_proj(x).view(B, T, H, D), cos, sin)
+    k = rope(attn.k_proj(x).view(B, T, kv, D), cos, sin).repeat_interleave(H // kv, 2)
+    v = (attn.v_proj(x) if values is None else values).view(B, T, kv, D).repeat_interleave(H // kv, 2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return attn.o_proj(torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(B, T, H * D))
+
+
+def block(layer, h, cos, sin, values=None):
+    """B_i(h) = h' + mlp(norm(h')) with h' = h + attn(norm(h)): a LLaMA block, residuals included."""
+    h = h + attention(layer, layer.input_layernorm(h), cos, sin, values)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def denseformer_reference(model, ids):
+    """X_i = B_i(Y_{i-1}), Y_i = sum_{j in S_i} alpha_{i,j} X_j (S_i: j <= i with (i - j) % dilation == 0,
+    DWA after every period-th block, else Y_i = X_i), Y_0 = X_0 = embeddings; logits = head(norm(Y_L))."""
+    cfg, m = model.config, model.model
+    X = [m.embed_tokens(ids)]
+    cos, sin = m.rotary_emb(X[0], torch.arange(ids.shape[1])[None])
+    Y = X[0]
+    for i, layer in enumerate(m.layers, start=1):
+        X.append(block(layer, Y, cos, sin))
+        if i % cfg.dwa_period:
+            Y = X[i]
+            continue
+        S = [j for j in range(i + 1) if (i - j) % cfg.dwa_dilation == 0]
+        alpha = layer.dwa.weight  # one weight per j in S, ascending
+        Y = sum(alpha[n] * X[j] for n, j in enumerate(S))
+    return model.lm_head(m.norm(Y))
+
+
+def resformer_reference(model, ids):
+    """Layer 1 as LLaMA, V_1 = its values; layer n >= 2 attends over V'_n = lambda_{n,1} V_1 + lambda_{n,2} V_n."""
+    m = model.model
+    h = m.embed_tokens(ids)
+    cos, sin = m.rotary_emb(h, torch.arange(ids.shape[1])[None])
+    for n, layer in enumerate(m.layers):
+        v = layer.self_attn.v_proj(layer.input_layernorm(h))
+        if n == 0:
+            v1 = v
+        else:
+            lam = layer.self_attn.value_mix.weight
+            v = lam[0] * v1 + lam[1] * v
+        h = block(layer, h, cos, sin, values=v)
+    return model.lm_head(m.norm(h))
+
+
+def assert_forward_and_gradients_match(model, reference):
+    ids = torch.randint(0, 50, (2, 7))
+    logits, ref = model(ids).logits, reference(model, ids)
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+    target = torch.randn_like(logits)
+    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad], strict=True)
+    grads = torch.autograd.grad((logits * target).sum(), params)
+    ref_grads = torch.autograd.grad((ref * target).sum(), params)
+    for name, g, r in zip(names, grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4, msg=name)
+        if ".dwa." in name or "value_mix" in name:
+            assert g.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+@pytest.mark.parametrize(("dilation", "period"), [(1, 1), (2, 1), (1, 2), (3, 2)])
+@pytest.mark.parametrize("kv", [2, 4])
+def test_denseformer_matches_dwa_loop(kv, dilation, period):
+    model = make("denseformer", kv, dwa_dilation=dilation, dwa_period=period, num_hidden_layers=5)
+    assert_forward_and_gradients_match(model, denseformer_reference)
+
+
+@pytest.mark.parametrize("value_mix", ["learnable", "fixed"])
+@pytest.mark.parametrize("kv", [2, 4])
+def test_resformer_matches_value_residual_loop(kv, value_mix):
+    model = make("resformer", kv, value_mix=value_mix)
+    assert_forward_and_gradients_match(model, resformer_reference)
+    fixed = value_mix == "fixed"
+    lambdas = [p for n, p in model.named_parameters() if "value_mix" in n]
+    assert len(lambdas) == SIZES["num_hidden_layers"] - 1 and all(p.requires_grad != fixed for p in lambdas)
+
+
+# ------------------------------------------------------------------ init, LLaMA names, HF round trips
+def llama_twin(model) -> LlamaForCausalLM:
+    """transformers' own LLaMA holding the model's shared weights (every name must exist there)."""
+    cfg = model.config
+    llama = LlamaForCausalLM(
+        LlamaConfig(**{k: getattr(cfg, k) for k in (*SIZES, "num_key_value_heads", "tie_word_embeddings")})
+    )
+    shared = {k: v for k, v in model.state_dict().items() if ".dwa." not in k and "value_mix" not in k}
+    missing, unexpected = llama.load_state_dict(shared, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return llama.eval()
+
+
+@pytest.mark.parametrize("arch", BASELINES)
+def test_shared_parameters_keep_llamas_names(arch):
+    llama_twin(make(arch, perturb=False))
+
+
+def test_fresh_denseformer_is_exactly_llama():
+    """alpha_{i,i} = 1, the rest 0: the DWA passes the block output through (DenseFormer's init)."""
+    model = make("denseformer", perturb=False)
+    alpha = model.model.mixing_weights()["DWA weights"]
+    L = SIZES["num_hidden_layers"]
+    expected = torch.full((L, L + 1), float("nan"))
+    for i in range(L):
+        expected[i, : i + 2] = 0.0
+        expected[i, i + 1] = 1.0
+    torch.testing.assert_close(alpha, expected, equal_nan=True)
+    ids = torch.randint(0, 50, (2, 7))
+    torch.testing.assert_close(model(ids).logits, llama_twin(model)(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_fresh_resformer_mixes_half_and_half():
+    model = make("resformer", perturb=False)
+    lam = model.model.mixing_weights()["value residual lambdas"]
+    assert lam.shape == (SIZES["num_hidden_layers"], 2)
+    assert torch.isnan(lam[0]).all() and torch.equal(lam[1:], torch.full((SIZES["num_hidden_layers"] - 1, 2), 0.5))
+
+
+@pytest.mark.parametrize("arch", BASELINES)
+def test_save_load_round_trip_through_auto_classes(tmp_path, arch):
+    model = make(arch)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert AutoConfig.from_pretrained(tmp_path).model_type == arch
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    original = model.state_dict()
+    assert set(loaded.state_dict()) == set(original)
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+    ids = torch.randint(0, 50, (2, 6))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("arch", BASELINES)
+def test_greedy_generation_with_cache_equals_a_loop_without(arch):
+    model = make(arch)
+    prompt = torch.randint(3, 50, (2, 5))
+    with_cache = model.generate(
+        prompt, use_cache=True, max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None
+    )
+    seq = prompt
+    for _ in range(8):
+        seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(with_cache, seq)
+
+
+@pytest.mark.parametrize("arch", BASELINES)
+def test_baselines_take_no_routing(arch):
+    with pytest.raises(ValueError, match="takes no LIMe routing"):
+        config_for(arch, routing="full", **SIZES)
+    with pytest.raises(ValueError, match="unknown arch 'nope'; valid: lime, denseformer, resformer"):
+        config_for("nope")
+
+
+@pytest.mark.parametrize("arch", BASELINES)
+def test_mixing_weights_get_no_weight_decay(arch):
+    model = make(arch)
+    groups = {g["name"]: {id(p) for p in g["params"]} for g in lime_model.param_groups(model, 0.1, lr=1e-3)}
+    mixing = {id(p) for n, p in model.named_parameters() if (".dwa." in n or "value_mix" in n) and p.requires_grad}
+    assert mixing and mixing <= groups["no_decay"]
+
+
+# ------------------------------------------------------------------ FLOPs and parameter counts
+def n_params(cfg) -> int:
+    return sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+
+
+def test_counts_against_hand_formulas():
+    """The paper's Table 16 (1B configuration) is not readable offline, so the baselines' extra cost is
+    checked against hand formulas: DenseFormer (dilation 1, period 1) adds L(L+3)/2 weights and, per DWA over
+    k = i + 1 tensors of T x d, k multiplies and k - 1 adds; ResFormer adds 2 lambdas per layer after the first
+    and 2 multiplies + 1 add per value element (T x kv*D) there. Counts are built at a small width (the
+    parameter formulas do not depend on it); FLOPs at the 1B configuration with T = 2048."""
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=16, num_attention_heads=4)
+    L = 16
+    llama = n_params(config_for("lime", routing="none", **small))
+    assert n_params(config_for("denseformer", **small)) - llama == L * (L + 3) // 2 == 152
+    assert n_params(config_for("resformer", **small)) - llama == 2 * (L - 1)
+
+    T, d, kv, D = 2048, 2048, 8, 64
+    base = flops_breakdown(config_for("lime", routing="none", num_key_value_heads=kv, **PAPER_1B), T)
+    dense = flops_breakdown(config_for("denseformer", num_key_value_heads=kv, **PAPER_1B), T)
+    res = flops_breakdown(config_for("resformer", num_key_value_heads=kv, **PAPER_1B), T)
+    assert base["cross_layer"] == 0
+    assert dense["cross_layer"] == sum((2 * (i + 1) - 1) * T * d for i in range(1, L + 1))
+    assert res["cross_layer"] == 3 * T * kv * D * (L - 1)
+    for parts in (dense, res):  # everything else is LLaMA's
+        assert {k: v for k, v in parts.items() if k != "cross_layer"} == {
+            k: v for k, v in base.items() if k != "cross_layer"
+        }
+    llama_flops = forward_flops(config_for("lime", routing="none", num_key_value_heads=kv, **PAPER_1B), T)
+    dense_flops = forward_flops(config_for("denseformer", num_key_value_heads=kv, **PAPER_1B), T)
+    assert 0 < dense_flops / llama_flops - 1 < 0.001  # a DWA is element-wise: far below LIMe's +0.08 %
+
+
+# ------------------------------------------------------------------ lime-model train --arch
+TINY = [
+    "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64", "--set", "model.num_hidden_layers=2",
+    "--set", "model.vocab_size=300", "--set", "seq_len=32", "--set", "batch_size=4",
+    "--set", "micro_batch_size=4", "--set", "log_every=1", "--no-progress",
+]  # fmt: skip
+
+
+@pytest.fixture
+def text(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"document {i} says the cat sat on mat number {i % 13}" for i in range(80)))
+    return path
+
+
+def train_argv(out, data, *extra):
+    return ["train", "--recipe", "cpu-tiny", "--out", str(out), "--data", str(data), "--steps", "2", *TINY, *extra]
+
+
+@pytest.mark.parametrize("arch", BASELINES)
+def test_train_arch_through_the_cli(tmp_path, text, arch):
+    out = tmp_path / "run"
+    assert main(train_argv(out, text, "--arch", arch)) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == arch and config["routing"] == "none"
+    assert json.loads((out / "recipe.json").read_text())["model"]["arch"] == arch
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(model, {"denseformer": DenseFormerForCausalLM, "resformer": ResFormerForCausalLM}[arch])
+    (weights,) = model.model.mixing_weights().values()
+    assert weights.shape[0] == config["num_hidden_layers"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--arch", "nope"], "'model.arch' must be one of lime, denseformer, resformer, got 'nope'"),
+        (["--arch", "resformer", "--routing", "full"], "takes no LIMe routing"),
+        (["--arch", "denseformer", "--set", "model.value_mix=fixed"], "unknown recipe key(s): model.value_mix"),
+    ],
+)
+def test_bad_arch_is_one_line_error(tmp_path, text, capsys, extra, needle):
+    out = tmp_path / "run"
+    assert main(train_argv(out, text, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("lime-model: error: ") and needle in err, err
+    assert not out.exists()
