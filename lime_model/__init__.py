@@ -7,8 +7,10 @@ below registers theirs (``model_type`` "denseformer", "resformer"; :mod:`lime_mo
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from . import denseformer  # noqa: F401  (registers the baseline with the Auto classes)
-from . import resformer  # noqa: F401
+from . import (
+    denseformer,  # noqa: F401  (registers the baseline with the Auto classes)
+    resformer,  # noqa: F401
+)
 from .architectures import ARCHITECTURES, config_for
 from .config import LimeConfig
 from .flops import forward_flops

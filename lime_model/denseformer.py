@@ -27,8 +27,12 @@ class DenseFormerConfig(LimeConfig):
     model_type = "denseformer"
 
     def __init__(self, routing: str = "none", dwa_dilation: int = 1, dwa_period: int = 1, **kwargs) -> None:
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (dwa_dilation, dwa_period)):
-            raise ValueError(f"dwa_dilation and dwa_period must be integers >= 1, got {dwa_dilation!r}, {dwa_period!r}")
+        if not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (dwa_dilation, dwa_period)
+        ):
+            raise ValueError(
+                f"dwa_dilation and dwa_period must be integers >= 1, got {dwa_dilation!r}, {dwa_period!r}"
+            )
         self.dwa_dilation, self.dwa_period = dwa_dilation, dwa_period
         super().__init__(routing=no_routing(self.model_type, routing), **kwargs)
 
@@ -77,7 +81,9 @@ class DenseFormerDecoderLayer(LimeDecoderLayer):
         sources = config.dwa_sources(layer_idx + 1)
         self.dwa = DepthWeightedAverage(sources) if sources else None
 
-    def forward(self, hidden_states: torch.Tensor, block_outputs: list[torch.Tensor], **kwargs) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, block_outputs: list[torch.Tensor], **kwargs
+    ) -> torch.Tensor:
         """``(B, T, hidden) -> (B, T, hidden)``; appends X_i to ``block_outputs`` (X_0..X_{i-1} on entry)."""
         block_outputs.append(super().forward(hidden_states, **kwargs))
         return block_outputs[-1] if self.dwa is None else self.dwa(block_outputs)

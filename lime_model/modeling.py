@@ -64,7 +64,9 @@ class LimeAttention(nn.Module):
         """hidden_states ``(B, T, hidden)`` -> ``(B, T, hidden)`` and the attention weights (eager only)."""
         B, T, _ = hidden_states.shape
         query = self.q_proj(hidden_states).view(B, T, -1, self.head_dim).transpose(1, 2)
-        keys, values = self.mix_kv(hidden_states, self.k_proj(hidden_states), self.v_proj(hidden_states), kv_buffer)
+        keys, values = self.mix_kv(
+            hidden_states, self.k_proj(hidden_states), self.v_proj(hidden_states), kv_buffer
+        )
 
         cos, sin = position_embeddings
         query, keys = apply_rotary_pos_emb(query, keys, cos, sin)

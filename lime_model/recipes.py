@@ -182,7 +182,9 @@ class Recipe:
         from .architectures import ARCHITECTURES  # imports the models: only when a recipe is checked
 
         if self.arch not in ARCHITECTURES:
-            raise ValueError(f"recipe key 'model.arch' must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}")
+            raise ValueError(
+                f"recipe key 'model.arch' must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}"
+            )
         if self.arch != "lime" and parse_routing(self.routing).enabled:
             raise ValueError(
                 f"model.arch {self.arch!r} takes no LIMe routing: set routing to 'none' (got {self.routing!r})"
@@ -347,7 +349,9 @@ def load_recipe(
         raw = _read(recipe) if isinstance(recipe, str) else dict(recipe)
     base = {"model": dict(MODEL_DEFAULTS), "arithmetic": dataclasses.asdict(ArithmeticSettings())}
     merged = merge(merge(base, raw), overrides or {})
-    if merged["model"].get("arch", "lime") != "lime" and "routing" not in raw and "routing" not in (overrides or {}):
+    model = merged.get("model")
+    arch = model.get("arch") if isinstance(model, Mapping) else None
+    if arch not in (None, "lime") and "routing" not in raw and "routing" not in (overrides or {}):
         merged["routing"] = "none"  # a baseline has no LIMe routing; the default "full" is LIMe's
     return Recipe.from_dict(merged)
 

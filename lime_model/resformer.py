@@ -41,18 +41,28 @@ class ResFormerConfig(LimeConfig):
 
 
 class ValueMix(nn.Module):
-    """``lambda`` (2,) = (weight on V_1, weight on the layer's own values), both 0.5 at init."""
+    """The values a layer attends with: layer 1 keeps (and stores) its own, V_1; layer n >= 2 mixes them
+    with ``weight`` (2,) = (lambda on V_1, lambda on its own V_n), both 0.5 at init."""
 
     own_init = True
 
-    def __init__(self, learnable: bool) -> None:
+    def __init__(self, layer_idx: int, learnable: bool) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(2), requires_grad=learnable)
+        self.weight = nn.Parameter(torch.empty(2), requires_grad=learnable) if layer_idx > 0 else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.weight.fill_(0.5)
+        if self.weight is not None:
+            with torch.no_grad():
+                self.weight.fill_(0.5)
+
+    def forward(self, values: torch.Tensor, first_values: dict) -> torch.Tensor:
+        """``values`` V_n ``(B, T, kv * head_dim)`` -> V'_n, same shape; ``first_values`` holds this
+        forward's V_1 (written by layer 1)."""
+        if self.weight is None:
+            first_values["v1"] = values
+            return values
+        return self.weight[0] * first_values["v1"] + self.weight[1] * values
 
 
 class ResFormerAttention(LimeAttention):
@@ -60,19 +70,14 @@ class ResFormerAttention(LimeAttention):
 
     def __init__(self, config: ResFormerConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        self.value_mix = ValueMix(config.value_mix == "learnable") if layer_idx > 0 else None
+        self.value_mix = ValueMix(layer_idx, config.value_mix == "learnable")
 
     def mix_kv(
         self, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_buffer: dict
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw ``keys``/``values`` ``(B, T, kv * head_dim)`` -> heads ``(B, kv, T, head_dim)``; the first
-        layer stores its values in ``kv_buffer["first_values"]``, later layers mix them in."""
-        if self.value_mix is None:
-            kv_buffer["first_values"] = values
-        else:
-            first, own = self.value_mix.weight
-            values = first * kv_buffer["first_values"] + own * values
-        return super().mix_kv(hidden_states, keys, values, kv_buffer)
+        """Raw ``keys``/``values`` ``(B, T, kv * head_dim)`` -> heads ``(B, kv, T, head_dim)``, the values
+        mixed with V_1 (``kv_buffer``: this forward's first-layer values)."""
+        return super().mix_kv(hidden_states, keys, self.value_mix(values, kv_buffer), kv_buffer)
 
 
 class ResFormerDecoderLayer(LimeDecoderLayer):
@@ -98,7 +103,7 @@ class ResFormerModel(LimeModel):
         lambda on its own V_n); row 0 is NaN (the first layer provides V_1 and mixes nothing)."""
         lam = torch.full((self.config.num_hidden_layers, 2), float("nan"))
         for i, layer in enumerate(self.layers):
-            if layer.self_attn.value_mix is not None:
+            if layer.self_attn.value_mix.weight is not None:
                 lam[i] = layer.self_attn.value_mix.weight.detach().float().cpu()
         return {"value residual lambdas": lam}
 

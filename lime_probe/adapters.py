@@ -10,6 +10,9 @@ Sites (see `lime_probe.extract` for shapes and layer indexing):
 - ``routed_keys`` / ``routed_values`` (LIMe only): the output of ``self_attn.router``, i.e. the
   mixtures of earlier layers' keys/values that the heads really attend to. The official LIMe
   analysis code records these (not the raw W_V output) as "values" for LIMe models.
+- ``mixed_values`` (ResFormer only): the values its heads attend over (``self_attn.value_mix`` output).
+
+For DenseFormer the block outputs, hence ``hidden``, are the DWA outputs Y_l (the stream each block reads).
 
 Registering a new architecture is a few lines, e.g. for a LLaMA-like model::
 
@@ -183,5 +186,25 @@ register_adapter(
         layers="encoder.layer",
         final_norm=None,
         sites=proj_sites("attention.self.key", "attention.self.value"),
+    ),
+)
+
+# ---- cross-layer baselines (lime_model.denseformer, lime_model.resformer) ----
+# DenseFormer: a block's output is its DWA's Y_i, the stream the next block reads, so ``hidden`` is Y.
+register_adapter(
+    "denseformer",
+    Adapter(layers="layers", final_norm="norm", sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")),
+)
+# ResFormer: ``values`` are the layer's own W_V output V_n; ``mixed_values`` the V'_n its heads attend over
+# (lambda_1 V_1 + lambda_2 V_n; V_1 itself in the first layer).
+register_adapter(
+    "resformer",
+    Adapter(
+        layers="layers",
+        final_norm="norm",
+        sites={
+            **proj_sites("self_attn.k_proj", "self_attn.v_proj"),
+            "mixed_values": ("self_attn.value_mix", first),
+        },
     ),
 )

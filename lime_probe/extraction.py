@@ -17,6 +17,8 @@ Sites and their layer indices (L = number of blocks):
 - ``routed_keys`` / ``routed_values`` (LIMe only): L entries, the output of each layer's
   ``self_attn.router`` (what the heads attend to), dim = kv_heads * head_dim. The official LIMe
   analysis code records these as the "values" of a LIMe model; both are offered, pick deliberately.
+- ``mixed_values`` (ResFormer only): L entries, the values each layer attends over,
+  lambda_1 V_1 + lambda_2 V_n (layer 0: V_1 itself), dim = kv_heads * head_dim.
 
 Rows: every non-padding token (``pool="none"``), only tokens whose id is in ``token_ids``, or one
 mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: batched results equal

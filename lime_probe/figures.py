@@ -318,6 +318,26 @@ def plot_router(weights, *, label: str, sources_label: str = "buffered layer (me
     )
 
 
+def plot_mixing_weights(weights, *, label: str, title: str) -> Figure:
+    """One matrix of a cross-layer baseline's learned mixing weights (its model's ``mixing_weights()``).
+
+    ``weights`` (n_rows, n_cols): rows are destination layers (or streams), columns sources, as that
+    method's docstring states; raw values (they may be negative or exceed 1), NaN cells blank.
+    """
+    m = np.asarray(weights, dtype=float)
+    if m.ndim != 2:
+        raise ValueError(f"mixing weights must be 2-D (destination x source), got shape {m.shape}")
+    return plot_heatmap(
+        m,
+        row_labels=range(m.shape[0]),
+        col_labels=range(m.shape[1]),
+        xlabel="source",
+        ylabel="destination (layer)",
+        cbar_label="weight",
+        title=f"{label}: {title}",
+    )
+
+
 def plot_router_heads(per_head, *, label: str, layers: Sequence[int] | None = None) -> Figure:
     """Per-head router weights (paper Figure 9).
 

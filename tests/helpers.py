@@ -4,8 +4,8 @@
     model = tiny_model("llama", tok)            # random LlamaForCausalLM, 2 layers, hidden 32
     path = save_tiny_checkpoint(tmp_path, "gpt2")  # save_pretrained model + tokenizer, returns the dir
 
-Architectures: "llama" (with GQA: 4 heads, 2 kv heads), "lime" (needs `lime_model`), "gpt2",
-"gpt_neox", "bert". Every model is built from a config with a fixed seed, in eval mode, float32.
+Architectures: "llama" (with GQA: 4 heads, 2 kv heads), "lime" and the cross-layer baselines
+"denseformer", "resformer" (need `lime_model`), "gpt2", "gpt_neox", "bert". Every model is built from a config with a fixed seed, in eval mode, float32.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-ARCHS = ("llama", "lime", "gpt2", "gpt_neox", "bert")
+ARCHS = ("llama", "lime", "denseformer", "resformer", "gpt2", "gpt_neox", "bert")
+BASELINES = ("denseformer", "resformer")  # lime_model's cross-layer baselines (LLaMA sizes, routing "none")
 
 SPECIALS = {
     "pad_token": "<pad>",
@@ -71,7 +72,7 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
     import transformers as tf
 
     common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if arch in ("llama", "lime"):
+    if arch in ("llama", "lime", *BASELINES):
         kw = dict(
             hidden_size=32,
             intermediate_size=64,
@@ -85,6 +86,10 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
             import lime_model  # registers LimeConfig
 
             return lime_model.LimeConfig(**{"routing": "full", **kw, **overrides})
+        if arch in BASELINES:
+            import lime_model
+
+            return lime_model.config_for(arch, **kw, **overrides)
         return tf.LlamaConfig(**{**kw, **overrides})
     if arch == "gpt2":
         return tf.GPT2Config(

@@ -5,7 +5,9 @@ import json
 import math
 
 import pytest
+import safetensors.torch
 import torch
+from helpers import CORPUS, save_tiny_checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import lime_model
@@ -30,7 +32,9 @@ BASELINES = ["denseformer", "resformer"]
 def make(arch: str, kv: int = 2, seed: int = 0, perturb: bool = True, **kw):
     """A tiny model; ``perturb`` moves norms and mixing weights off their init so nothing hides behind it."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config_for(arch, num_key_value_heads=kv, **{**SIZES, **kw})).eval()
+    model = AutoModelForCausalLM.from_config(
+        config_for(arch, num_key_value_heads=kv, **{**SIZES, **kw})
+    ).eval()
     if perturb:
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -166,7 +170,9 @@ def test_fresh_resformer_mixes_half_and_half():
     model = make("resformer", perturb=False)
     lam = model.model.mixing_weights()["value residual lambdas"]
     assert lam.shape == (SIZES["num_hidden_layers"], 2)
-    assert torch.isnan(lam[0]).all() and torch.equal(lam[1:], torch.full((SIZES["num_hidden_layers"] - 1, 2), 0.5))
+    assert torch.isnan(lam[0]).all() and torch.equal(
+        lam[1:], torch.full((SIZES["num_hidden_layers"] - 1, 2), 0.5)
+    )
 
 
 @pytest.mark.parametrize("arch", BASELINES)
@@ -210,7 +216,9 @@ def test_baselines_take_no_routing(arch):
 def test_mixing_weights_get_no_weight_decay(arch):
     model = make(arch)
     groups = {g["name"]: {id(p) for p in g["params"]} for g in lime_model.param_groups(model, 0.1, lr=1e-3)}
-    mixing = {id(p) for n, p in model.named_parameters() if (".dwa." in n or "value_mix" in n) and p.requires_grad}
+    mixing = {
+        id(p) for n, p in model.named_parameters() if (".dwa." in n or "value_mix" in n) and p.requires_grad
+    }
     assert mixing and mixing <= groups["no_decay"]
 
 
@@ -225,7 +233,9 @@ def test_counts_against_hand_formulas():
     k = i + 1 tensors of T x d, k multiplies and k - 1 adds; ResFormer adds 2 lambdas per layer after the first
     and 2 multiplies + 1 add per value element (T x kv*D) there. Counts are built at a small width (the
     parameter formulas do not depend on it); FLOPs at the 1B configuration with T = 2048."""
-    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=16, num_attention_heads=4)
+    small = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=16, num_attention_heads=4
+    )
     L = 16
     llama = n_params(config_for("lime", routing="none", **small))
     assert n_params(config_for("denseformer", **small)) - llama == L * (L + 3) // 2 == 152
@@ -264,7 +274,19 @@ def text(tmp_path, monkeypatch):
 
 
 def train_argv(out, data, *extra):
-    return ["train", "--recipe", "cpu-tiny", "--out", str(out), "--data", str(data), "--steps", "2", *TINY, *extra]
+    return [
+        "train",
+        "--recipe",
+        "cpu-tiny",
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+        "--steps",
+        "2",
+        *TINY,
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("arch", BASELINES)
@@ -286,7 +308,10 @@ def test_train_arch_through_the_cli(tmp_path, text, arch):
     [
         (["--arch", "nope"], "'model.arch' must be one of lime, denseformer, resformer, got 'nope'"),
         (["--arch", "resformer", "--routing", "full"], "takes no LIMe routing"),
-        (["--arch", "denseformer", "--set", "model.value_mix=fixed"], "unknown recipe key(s): model.value_mix"),
+        (
+            ["--arch", "denseformer", "--set", "model.value_mix=fixed"],
+            "unknown recipe key(s): model.value_mix",
+        ),
     ],
 )
 def test_bad_arch_is_one_line_error(tmp_path, text, capsys, extra, needle):
@@ -295,3 +320,106 @@ def test_bad_arch_is_one_line_error(tmp_path, text, capsys, extra, needle):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("lime-model: error: ") and needle in err, err
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ probes: adapters, router heatmaps, CLI
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Tiny checkpoints of LLaMA, LIMe and each baseline, the baselines' mixing weights moved off init."""
+    root = tmp_path_factory.mktemp("ckpts")
+    out = {}
+    for arch in ("llama", "lime", *BASELINES):
+        path = save_tiny_checkpoint(root / arch, arch)
+        if arch in BASELINES:
+            model = AutoModelForCausalLM.from_pretrained(path)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if ".dwa." in name or "value_mix" in name:
+                        p.add_(0.3 * torch.randn_like(p))
+            model.save_pretrained(path)
+        out[arch] = path
+    return out
+
+
+def test_resformer_mixed_values_site(ckpts):
+    """``mixed_values`` = lambda_1 * values[0] + lambda_2 * values[n] (values[0] itself in layer 0)."""
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
+
+    model, tok = load(ckpts["resformer"])
+    acts = extract(model, tok, CORPUS[:3], sites=["values", "mixed_values"], progress=False)
+    torch.testing.assert_close(acts["mixed_values"][0], acts["values"][0])
+    weights = safetensors.torch.load_file(ckpts["resformer"] / "model.safetensors")
+    lam = weights["model.layers.1.self_attn.value_mix.weight"]
+    want = lam[0] * acts["values"][0] + lam[1] * acts["values"][1]
+    torch.testing.assert_close(acts["mixed_values"][1], want, atol=1e-5, rtol=1e-5)
+
+
+def run_probe(capsys, *argv):
+    from lime_probe import cli
+
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_router_draws_every_mixing_weight_next_to_lime(capsys, tmp_path, ckpts):
+    labels = ["LIMe", "LLaMA", "DenseFormer", "ResFormer"]
+    argv = [
+        a
+        for arch, lb in zip(("lime", "llama", *BASELINES), labels, strict=True)
+        for a in ("--ckpt", ckpts[arch], "--label", lb)
+    ]
+    stdout = run_probe(capsys, "router", *argv, "--out", tmp_path / "o")
+    assert (
+        all(w in stdout for w in ("LIMe", "DenseFormer", "ResFormer", "DWA weights"))
+        and "LLaMA" not in stdout
+    )
+    doc = json.loads((tmp_path / "o" / "router.json").read_text())
+    assert set(doc["routers"]) == {"LIMe"} and set(doc["mixing_weights"]) == {"DenseFormer", "ResFormer"}
+
+    dense = safetensors.torch.load_file(ckpts["denseformer"] / "model.safetensors")
+    alpha = doc["mixing_weights"]["DenseFormer"]["DWA weights"]  # [L, L+1], None (NaN) where unused
+    for i, row in enumerate(alpha):
+        w = dense[f"model.layers.{i}.dwa.weight"]
+        assert row[: i + 2] == pytest.approx(w.tolist()) and all(x is None for x in row[i + 2 :])
+    res = safetensors.torch.load_file(ckpts["resformer"] / "model.safetensors")
+    lam = doc["mixing_weights"]["ResFormer"]["value residual lambdas"]
+    assert lam[0] == [None, None] and lam[1] == pytest.approx(
+        res["model.layers.1.self_attn.value_mix.weight"].tolist()
+    )
+
+    figures = {f.stem for f in (tmp_path / "o").glob("*.png")}
+    assert {
+        "mixing_DenseFormer_DWA_weights",
+        "mixing_ResFormer_value_residual_lambdas",
+        "router_LIMe",
+    } <= figures
+    rows = json.loads((tmp_path / "o" / "router_mixing_weights.json").read_text())["rows"]
+    L = len(alpha)
+    assert len(rows) == L * (L + 3) // 2 + 2 * (L - 1)  # one row per learned weight, NaN cells left out
+
+
+@pytest.mark.parametrize(("command", "extra"), [("entropy", ["--unit", "documents"]), ("separability", [])])
+def test_probes_compare_lime_llama_and_baselines(capsys, tmp_path, ckpts, command, extra):
+    data = tmp_path / "t.txt"
+    data.write_text("\n\n".join(CORPUS * 3) + "\n")
+    argv = [a for arch in ("lime", "llama", *BASELINES) for a in ("--ckpt", ckpts[arch])]
+    run_probe(
+        capsys,
+        command,
+        *argv,
+        "--data",
+        data,
+        "--site",
+        "values",
+        "--max-length",
+        32,
+        "--out",
+        tmp_path / "o",
+        "--no-cache",
+        *extra,
+    )
+    doc = json.loads((tmp_path / "o" / f"{command}_values.json").read_text())
+    assert {r["model"] for r in doc["rows"]} == {"lime", "llama", *BASELINES}

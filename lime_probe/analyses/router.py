@@ -1,10 +1,14 @@
-"""LIMe router weights, layer x buffered layer and per head (paper Figures 5, 9).
+"""LIMe router weights, layer x buffered layer and per head (paper Figures 5, 9), and the learned mixing
+weights of the cross-layer baselines (DenseFormer's DWA weights, ResFormer's value lambdas, ...).
 
-The numbers are `lime_probe.router.router_weights`; this module only tabulates and draws them.
+LIMe's numbers are `lime_probe.router.router_weights`; a baseline's are its base model's
+``mixing_weights()`` (title -> 2-D tensor, destination x source), drawn one heatmap per entry. This module
+only tabulates and draws them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,27 +21,45 @@ class RouterParams:
 
 
 def has_routers(ck: Checkpoint) -> bool:
-    """Whether ``ck`` is a LIMe checkpoint with routers (the analysis applies to no other)."""
+    """Whether ``ck`` is a LIMe checkpoint with routers."""
     return getattr(ck.config, "routing", None) not in (None, "none")
+
+
+def mixing_weights(ck: Checkpoint) -> dict | None:
+    """A baseline's learned cross-layer weights, ``{title: (rows, cols) tensor}``, or None (no such method)."""
+    from lime_probe.router import unwrap_model
+
+    module = unwrap_model(ck.model)
+    method = getattr(getattr(module, "base_model", module), "mixing_weights", None)
+    return method() if callable(method) else None
+
+
+def has_weights(ck: Checkpoint) -> bool:
+    """Whether the analysis applies: LIMe routers or a baseline's mixing weights."""
+    return has_routers(ck) or mixing_weights(ck) is not None
 
 
 def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str] | None, p: RouterParams, extract_kw: dict | None
 ) -> Result:
-    """Normalised |router weight| of each layer over its sources (rows) and per head (extra).
+    """Normalised |router weight| of each LIMe layer over its sources (rows) and per head (extra); each
+    baseline's ``mixing_weights()`` as they are (extra ``mixing_weights``, table ``router_mixing_weights``).
 
-    ``texts`` are needed only for routing "dynamic", whose weights depend on the token.
+    ``texts`` are needed only for routing "dynamic", whose weights depend on the token. Checkpoints with
+    neither (LLaMA) are skipped with a note, unless no checkpoint has any (ValueError).
     """
     from lime_probe.router import router_weights
 
-    rows, extra = [], {}
+    rows, extra, mixing, skipped = [], {}, {}, []
     for ck in cks:
         routing = getattr(ck.config, "routing", None)
         if not has_routers(ck):
-            raise ValueError(
-                f"{ck.label} ({ck.source}) has no LIMe routers (routing {routing!r}); "
-                "the router analysis applies to LIMe checkpoints only"
-            )
+            weights = mixing_weights(ck)
+            if weights is None:
+                skipped.append(ck)
+            else:
+                mixing[ck.label] = {title: w.detach().float().cpu().numpy() for title, w in weights.items()}
+            continue
         hidden = None
         if routing == "dynamic":
             if not texts:
@@ -62,6 +84,23 @@ def compute(
             "per_head": res.per_head,
             "sources": res.sources,
         }
+    if len(skipped) == len(cks):
+        ck = skipped[0]
+        raise ValueError(
+            f"{ck.label} ({ck.source}) has no LIMe routers (routing {getattr(ck.config, 'routing', None)!r}) "
+            "and no cross-layer mixing weights; the router analysis applies to LIMe and the cross-layer baselines"
+        )
+    mixing_rows = [
+        {"model": label, "weights": title, "layer": i, "source": j, "weight": float(w[i, j])}
+        for label, matrices in mixing.items()
+        for title, w in matrices.items()
+        for i in range(w.shape[0])
+        for j in range(w.shape[1])
+        if math.isfinite(w[i, j])
+    ]
+    note = (
+        f" Without cross-layer weights (skipped): {', '.join(ck.label for ck in skipped)}." if skipped else ""
+    )
     return Result(
         "router",
         "router",
@@ -70,11 +109,24 @@ def compute(
         text=(
             "Normalised |router weight| of each layer over the buffered layers it reads (rows sum to 1), averaged "
             "over heads (first figure per model) and per KV head. Mass off the diagonal means the layer reads "
-            "keys/values of earlier layers."
+            "keys/values of earlier layers. Baselines: their learned mixing weights as they are (rows: "
+            "destination layer, columns: source; table router_mixing_weights)." + note
         ),
-        extra={"routers": extra},
+        extra={"routers": extra, "mixing_weights": mixing},
         columns=("model", "layer", "source_layer", "weight_share"),
+        tables={"router_mixing_weights": mixing_rows} if mixing_rows else {},
+        summary=_summary(rows, mixing_rows) if mixing_rows else None,
     )
+
+
+def _summary(router_rows: list[dict], mixing_rows: list[dict]) -> list[dict]:
+    """One compact table for LIMe's shares and the baselines' raw weights side by side."""
+    shares = [
+        {"model": r["model"], "weights": "router share", "layer": r["layer"], "source": r["source_layer"],
+         "value": r["weight_share"]}
+        for r in router_rows
+    ]  # fmt: skip
+    return shares + [{**r, "value": r.pop("weight")} for r in map(dict, mixing_rows)]
 
 
 def plot(result: Result) -> dict:
@@ -85,17 +137,22 @@ def plot(result: Result) -> dict:
         name = f"{label} ({r['routing']})"
         figures[f"router_{slug(label)}"] = F.plot_router(r["per_layer"], label=name)
         figures[f"router_heads_{slug(label)}"] = F.plot_router_heads(r["per_head"], label=name)
+    for label, matrices in result.extra.get("mixing_weights", {}).items():
+        for title, w in matrices.items():
+            figures[f"mixing_{slug(label)}_{slug(title)}"] = F.plot_mixing_weights(
+                w, label=label, title=title
+            )
     return figures
 
 
 SPEC = Spec(
     name="router",
-    help="LIMe router weights, layer x buffered layer and per head (paper Figures 5/9)",
+    help="LIMe router weights, layer x buffered layer and per head (paper Figures 5/9); baselines' mixing weights",
     example="lime-probe router --ckpt runs/lime --label LIMe --out out/router",
     params=RouterParams,
     compute=compute,
     plot=plot,
     data_kind="optional-texts",
     notebook="routers",
-    applies=has_routers,
+    applies=has_weights,
 )
