@@ -7,15 +7,13 @@ below registers theirs (``model_type`` "denseformer", "resformer"; :mod:`lime_mo
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from . import (
-    denseformer,  # noqa: F401  (registers the baseline with the Auto classes)
-    resformer,  # noqa: F401
-)
 from .architectures import ARCHITECTURES, config_for
 from .config import LimeConfig
+from .denseformer import DenseFormerConfig, DenseFormerForCausalLM, DenseFormerModel
 from .flops import forward_flops
 from .modeling import LimeForCausalLM, LimeModel, LimePreTrainedModel
 from .optim import param_groups
+from .resformer import ResFormerConfig, ResFormerForCausalLM, ResFormerModel
 from .routing import RoutingSpec, parse_routing
 
 AutoConfig.register("lime", LimeConfig, exist_ok=True)
@@ -24,10 +22,16 @@ AutoModelForCausalLM.register(LimeConfig, LimeForCausalLM, exist_ok=True)
 
 __all__ = [
     "ARCHITECTURES",
+    "DenseFormerConfig",
+    "DenseFormerForCausalLM",
+    "DenseFormerModel",
     "LimeConfig",
     "LimeForCausalLM",
     "LimeModel",
     "LimePreTrainedModel",
+    "ResFormerConfig",
+    "ResFormerForCausalLM",
+    "ResFormerModel",
     "RoutingSpec",
     "config_for",
     "forward_flops",
