@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import LimeConfig
 from .flops import forward_flops
+from .hyperconnections import HyperConnectionsConfig, HyperConnectionsForCausalLM, HyperConnectionsModel
 from .modeling import LimeForCausalLM, LimeModel, LimePreTrainedModel
 from .optim import param_groups
 from .routing import RoutingSpec, parse_routing
@@ -17,6 +18,9 @@ AutoModel.register(LimeConfig, LimeModel, exist_ok=True)
 AutoModelForCausalLM.register(LimeConfig, LimeForCausalLM, exist_ok=True)
 
 __all__ = [
+    "HyperConnectionsConfig",
+    "HyperConnectionsForCausalLM",
+    "HyperConnectionsModel",
     "LimeConfig",
     "LimeForCausalLM",
     "LimeModel",

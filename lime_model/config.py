@@ -33,3 +33,8 @@ class LimeConfig(LlamaConfig):
     def routing_spec(self) -> RoutingSpec:
         """The parsed ``routing`` string (source sets per layer: :meth:`RoutingSpec.sources`)."""
         return parse_routing(self.routing)
+
+    def cross_layer_flops(self, seq_len: int) -> int:
+        """Forward FLOPs of a baseline's cross-layer mixing for one sequence (0 here: LIMe's routers
+        are counted by their own classes)."""
+        return 0

@@ -46,7 +46,13 @@ def flops_breakdown(config: LimeConfig, seq_len: int) -> dict[str, int]:
     rope = 2 * 15 * T * D + 6 * T * (H + kv) * D  # cos/sin tables; mul, mul, add, neg on q and k
     mlp_act = 2 * T * inter  # silu and the gate product
     elementwise = L * (2 * rmsnorm + rope + mlp_act + 2 * T * d) + rmsnorm + routing["elementwise"]
-    return {"linear": linear, "router": routing["router"], "attention": attention, "elementwise": elementwise}
+    return {
+        "linear": linear,
+        "router": routing["router"],
+        "attention": attention,
+        "elementwise": elementwise,
+        "cross_layer": config.cross_layer_flops(T),
+    }
 
 
 def forward_flops(config: LimeConfig, seq_len: int) -> int:
