@@ -45,7 +45,9 @@ class HyperConnectionsConfig(LimeConfig):
 
     model_type = "hyperconnections"
 
-    def __init__(self, expansion_rate: int = 4, dynamic: bool = True, routing: str = "none", **kwargs) -> None:
+    def __init__(
+        self, expansion_rate: int = 4, dynamic: bool = True, routing: str = "none", **kwargs
+    ) -> None:
         if routing != "none":
             raise ValueError(f"HyperConnections has no LIMe routing; routing must be 'none', got {routing!r}")
         if int(expansion_rate) < 1:
@@ -118,7 +120,9 @@ class HyperConnection(nn.Module):
             self.dynamic_alpha_scale.fill_(0.01)
             self.dynamic_beta_scale.fill_(0.01)
 
-    def forward(self, streams: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, streams: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         """``streams (B, T, n, d)``; ``sublayer`` maps its input ``(B, T, d)`` to its output ``(B, T, d)``."""
         alpha, beta = self.static_alpha, self.static_beta
         if self.dynamic:
@@ -235,8 +239,12 @@ class HyperConnectionsModel(HyperConnectionsPreTrainedModel):
         alpha = torch.stack([hc.static_alpha.detach() for hc in hcs])  # (2L, n, n+1)
         return {
             "HC width A_m (sub-layer x source stream)": alpha[:, :, 0],
-            "HC width A_r^T (sub-layer, stream x source stream)": alpha[:, :, 1:].transpose(1, 2).flatten(0, 1),
-            "HC depth B (sub-layer x destination stream)": torch.stack([hc.static_beta.detach() for hc in hcs]),
+            "HC width A_r^T (sub-layer, stream x source stream)": alpha[:, :, 1:]
+            .transpose(1, 2)
+            .flatten(0, 1),
+            "HC depth B (sub-layer x destination stream)": torch.stack(
+                [hc.static_beta.detach() for hc in hcs]
+            ),
         }
 
 
