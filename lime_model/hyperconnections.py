@@ -48,7 +48,7 @@ class HyperConnectionsConfig(LimeConfig):
     def __init__(
         self, expansion_rate: int = 4, dynamic: bool = True, routing: str = "none", **kwargs
     ) -> None:
-        if routing != "none":
+        if str(routing) != "none":
             raise ValueError(f"HyperConnections has no LIMe routing; routing must be 'none', got {routing!r}")
         if int(expansion_rate) < 1:
             raise ValueError(f"expansion_rate must be >= 1, got {expansion_rate}")
@@ -231,9 +231,9 @@ class HyperConnectionsModel(HyperConnectionsPreTrainedModel):
     def mixing_weights(self) -> dict[str, torch.Tensor]:
         """Static parts of the connection matrices, rows = sub-layers in order (attn 0, mlp 0, attn 1, ...).
 
-        ``A_m``: ``(2L, n)``, cols = source stream of the sub-layer input; ``B``: ``(2L, n)``, cols =
-        destination stream of the sub-layer output; ``A_r``: ``(2L n, n)``, row ``2L-block k, stream j``
-        holds the weights of destination stream j over the source streams (cols), i.e. ``A_r^T``.
+        ``A_m (2L, n)``: cols = the source streams of each sub-layer's input. ``B (2L, n)``: cols = the
+        destination streams of each sub-layer's output. ``A_r^T (2L*n, n)``: row ``s*n + j`` = destination
+        stream j of sub-layer s, cols = source streams. The dynamic parts (per token) are not included.
         """
         hcs = [hc for layer in self.layers for hc in (layer.hc_attn, layer.hc_mlp)]
         alpha = torch.stack([hc.static_alpha.detach() for hc in hcs])  # (2L, n, n+1)
