@@ -1,4 +1,4 @@
-"""HyperConnections (Zhu et al., "Hyper-Connections", ICLR 2025): the paper's dynamic ``DHCx4`` baseline.
+"""HyperConnections (Zhu et al., "Hyper-Connections", ICLR 2025) as the LIMe paper's baseline: dynamic, n = 4.
 
 The residual stream becomes ``n = expansion_rate`` streams ``H (n, d)`` per token. Before each sub-layer
 (attention and MLP separately) a hyper-connection with matrices ``A_m (n, 1)``, ``A_r (n, n)``, ``B (1, n)``
@@ -9,14 +9,14 @@ computes::
 
 Dynamic variant: ``A = A_static + s_a * tanh(LN(H) W_a)``, ``B = B_static + s_b * tanh(LN(H) W_b)`` per
 token, ``LN`` a parameter-free LayerNorm of each stream, ``W_a (d, n+1)`` and ``W_b (d,)`` zero-initialised,
-``s_a = s_b = 0.01``. Static init: ``A_m = e_{i mod n}`` (block i), ``A_r = I``, ``B = 1``. The first block
+scales ``s_a = s_b = 0.01``. Static init: ``A_m = e_{i mod n}`` (block i), ``A_r = I``, ``B = 1``. The first block
 replicates the embeddings into n streams; the final norm reads their sum. So at init every stream holds the
 Pre-Norm residual stream and the model is a Pre-Norm transformer (the final RMSNorm sees n times that
 stream, which changes its output only through its eps).
 
 As the official LIMe code (``src/lm/hc.py``): both hyper-connections of block i start on stream ``i mod n``,
-and the sub-layer norms are parameter-free LayerNorms (not LLaMA's RMSNorm). Its parameter names
-(``layers.N.hc_attn.static_alpha`` ...) are used here, and every other parameter keeps LLaMA's name.
+and the sub-layer norms are parameter-free LayerNorms (not LLaMA's RMSNorm). The HC parameters keep its
+names and shapes (``layers.N.hc_attn.static_alpha`` ...); every other parameter keeps LLaMA's name.
 """
 
 from __future__ import annotations
