@@ -11,6 +11,7 @@ from .architectures import ARCHITECTURES, config_for
 from .config import LimeConfig
 from .denseformer import DenseFormerConfig, DenseFormerForCausalLM, DenseFormerModel
 from .flops import forward_flops
+from .hyperconnections import HyperConnectionsConfig, HyperConnectionsForCausalLM, HyperConnectionsModel
 from .modeling import LimeForCausalLM, LimeModel, LimePreTrainedModel
 from .optim import param_groups
 from .resformer import ResFormerConfig, ResFormerForCausalLM, ResFormerModel
@@ -25,6 +26,9 @@ __all__ = [
     "DenseFormerConfig",
     "DenseFormerForCausalLM",
     "DenseFormerModel",
+    "HyperConnectionsConfig",
+    "HyperConnectionsForCausalLM",
+    "HyperConnectionsModel",
     "LimeConfig",
     "LimeForCausalLM",
     "LimeModel",

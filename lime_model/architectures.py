@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from .config import LimeConfig
 from .denseformer import DenseFormerConfig
+from .hyperconnections import HyperConnectionsConfig
 from .resformer import ResFormerConfig
 
 ARCHITECTURES: dict[str, type[LimeConfig]] = {
     "lime": LimeConfig,
     "denseformer": DenseFormerConfig,
     "resformer": ResFormerConfig,
+    "hyperconnections": HyperConnectionsConfig,
 }
 
 

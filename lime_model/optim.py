@@ -16,10 +16,18 @@ def param_groups(
     (norms, biases, embeddings, so a tied ``lm_head`` too: 0, as the official code's
     ``configure_optimizers``) and ``router`` (every parameter under a router module: 0 decay, learning rate
     ``lr * router_lr_mult`` when ``lr`` is given, else an ``lr_mult`` key for the caller's scheduler).
-    Empty groups are dropped. Each group carries a ``name``.
+    A module may override the decay of its own parameters with a ``weight_decay_overrides`` dict
+    (parameter name -> decay or not), as the HyperConnections module does. Empty groups are dropped.
+    Each group carries a ``name``.
     """
     router_params = {id(p) for m in model.modules() if isinstance(m, LimeRouter) for p in m.parameters()}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    overrides = {
+        id(p): decay
+        for m in model.modules()
+        for name, decay in getattr(m, "weight_decay_overrides", {}).items()
+        if (p := getattr(m, name, None)) is not None
+    }
     groups: dict[str, list] = {"decay": [], "no_decay": [], "router": []}
     seen: set[int] = set()
     for name, p in model.named_parameters():
@@ -28,6 +36,8 @@ def param_groups(
         seen.add(id(p))
         if id(p) in router_params:
             groups["router"].append(p)
+        elif id(p) in overrides:
+            groups["decay" if overrides[id(p)] else "no_decay"].append(p)
         elif p.ndim < 2 or name.endswith(".bias") or "norm" in name or id(p) in embeddings:
             groups["no_decay"].append(p)
         else:

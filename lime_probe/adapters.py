@@ -208,3 +208,12 @@ register_adapter(
         },
     ),
 )
+
+# --- HyperConnections (lime_model.hyperconnections) -------------------------------------------------
+# Each block returns (sum of its n residual streams, streams): ``hidden`` X_l (l >= 1) is that sum, the
+# input of the final norm for l = L; X_0 is the embeddings before their replication into n streams (so
+# X_0 has 1/n of the scale of the streams' sum at init). Keys/values are the W_K/W_V projections.
+register_adapter(
+    "hyperconnections",
+    Adapter(layers="layers", final_norm="norm", sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")),
+)

@@ -5,7 +5,7 @@
     path = save_tiny_checkpoint(tmp_path, "gpt2")  # save_pretrained model + tokenizer, returns the dir
 
 Architectures: "llama" (with GQA: 4 heads, 2 kv heads), "lime" and the cross-layer baselines
-"denseformer", "resformer" (need `lime_model`), "gpt2", "gpt_neox", "bert". Every model is built from a config with a fixed seed, in eval mode, float32.
+"denseformer", "resformer", "hyperconnections" (need `lime_model`), "gpt2", "gpt_neox", "bert". Every model is built from a config with a fixed seed, in eval mode, float32.
 """
 
 from __future__ import annotations
@@ -17,8 +17,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-ARCHS = ("llama", "lime", "denseformer", "resformer", "gpt2", "gpt_neox", "bert")
-BASELINES = ("denseformer", "resformer")  # lime_model's cross-layer baselines (LLaMA sizes, routing "none")
+ARCHS = ("llama", "lime", "denseformer", "resformer", "hyperconnections", "gpt2", "gpt_neox", "bert")
+BASELINES = (
+    "denseformer",
+    "resformer",
+    "hyperconnections",
+)  # lime_model's cross-layer baselines (LLaMA sizes, routing "none")
 
 SPECIALS = {
     "pad_token": "<pad>",

@@ -15,6 +15,7 @@ from lime_model import config_for, forward_flops
 from lime_model.cli import main
 from lime_model.denseformer import DenseFormerForCausalLM
 from lime_model.flops import flops_breakdown
+from lime_model.hyperconnections import HyperConnectionsForCausalLM
 from lime_model.resformer import ResFormerForCausalLM
 
 SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
@@ -26,7 +27,7 @@ PAPER_1B = dict(
     num_attention_heads=32,
     tie_word_embeddings=True,
 )
-BASELINES = ["denseformer", "resformer"]
+BASELINES = ["denseformer", "resformer", "hyperconnections"]  # HC's own maths: test_hyperconnections.py
 
 
 def make(arch: str, kv: int = 2, seed: int = 0, perturb: bool = True, **kw):
@@ -38,7 +39,7 @@ def make(arch: str, kv: int = 2, seed: int = 0, perturb: bool = True, **kw):
     if perturb:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if "norm" in name or ".dwa." in name or "value_mix" in name:
+                if "norm" in name or ".dwa." in name or "value_mix" in name or ".hc_" in name:
                     p.add_(0.3 * torch.randn_like(p))
     return model
 
@@ -147,7 +148,7 @@ def llama_twin(model) -> LlamaForCausalLM:
     return llama.eval()
 
 
-@pytest.mark.parametrize("arch", BASELINES)
+@pytest.mark.parametrize("arch", ["denseformer", "resformer"])  # HC swaps the sub-layer norms (own test)
 def test_shared_parameters_keep_llamas_names(arch):
     llama_twin(make(arch, perturb=False))
 
@@ -208,11 +209,13 @@ def test_greedy_generation_with_cache_equals_a_loop_without(arch):
 def test_baselines_take_no_routing(arch):
     with pytest.raises(ValueError, match="takes no LIMe routing"):
         config_for(arch, routing="full", **SIZES)
-    with pytest.raises(ValueError, match="unknown arch 'nope'; valid: lime, denseformer, resformer"):
+    with pytest.raises(
+        ValueError, match="unknown arch 'nope'; valid: lime, denseformer, resformer, hyperconnections"
+    ):
         config_for("nope")
 
 
-@pytest.mark.parametrize("arch", BASELINES)
+@pytest.mark.parametrize("arch", ["denseformer", "resformer"])  # HC decays part of its weights (own test)
 def test_mixing_weights_get_no_weight_decay(arch):
     model = make(arch)
     groups = {g["name"]: {id(p) for p in g["params"]} for g in lime_model.param_groups(model, 0.1, lr=1e-3)}
@@ -298,15 +301,27 @@ def test_train_arch_through_the_cli(tmp_path, text, arch):
     assert json.loads((out / "recipe.json").read_text())["model"]["arch"] == arch
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert isinstance(model, {"denseformer": DenseFormerForCausalLM, "resformer": ResFormerForCausalLM}[arch])
-    (weights,) = model.model.mixing_weights().values()
-    assert weights.shape[0] == config["num_hidden_layers"]
+    assert isinstance(
+        model,
+        {
+            "denseformer": DenseFormerForCausalLM,
+            "resformer": ResFormerForCausalLM,
+            "hyperconnections": HyperConnectionsForCausalLM,
+        }[arch],
+    )
+    L = config["num_hidden_layers"]
+    rows_per_layer = 2 if arch == "hyperconnections" else 1  # HC: one row per sub-layer
+    weights = next(iter(model.model.mixing_weights().values()))
+    assert weights.shape[0] == rows_per_layer * L
 
 
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--arch", "nope"], "'model.arch' must be one of lime, denseformer, resformer, got 'nope'"),
+        (
+            ["--arch", "nope"],
+            "'model.arch' must be one of lime, denseformer, resformer, hyperconnections, got 'nope'",
+        ),
         (["--arch", "resformer", "--routing", "full"], "takes no LIMe routing"),
         (
             ["--arch", "denseformer", "--set", "model.value_mix=fixed"],
@@ -365,7 +380,7 @@ def run_probe(capsys, *argv):
 
 
 def test_router_draws_every_mixing_weight_next_to_lime(capsys, tmp_path, ckpts):
-    labels = ["LIMe", "LLaMA", "DenseFormer", "ResFormer"]
+    labels = ["LIMe", "LLaMA", "DenseFormer", "ResFormer", "HyperConnections"]
     argv = [
         a
         for arch, lb in zip(("lime", "llama", *BASELINES), labels, strict=True)
@@ -377,7 +392,11 @@ def test_router_draws_every_mixing_weight_next_to_lime(capsys, tmp_path, ckpts):
         and "LLaMA" not in stdout
     )
     doc = json.loads((tmp_path / "o" / "router.json").read_text())
-    assert set(doc["routers"]) == {"LIMe"} and set(doc["mixing_weights"]) == {"DenseFormer", "ResFormer"}
+    assert set(doc["routers"]) == {"LIMe"} and set(doc["mixing_weights"]) == {
+        "DenseFormer",
+        "ResFormer",
+        "HyperConnections",
+    }
 
     dense = safetensors.torch.load_file(ckpts["denseformer"] / "model.safetensors")
     alpha = doc["mixing_weights"]["DenseFormer"]["DWA weights"]  # [L, L+1], None (NaN) where unused
@@ -398,7 +417,16 @@ def test_router_draws_every_mixing_weight_next_to_lime(capsys, tmp_path, ckpts):
     } <= figures
     rows = json.loads((tmp_path / "o" / "router_mixing_weights.json").read_text())["rows"]
     L = len(alpha)
-    assert len(rows) == L * (L + 3) // 2 + 2 * (L - 1)  # one row per learned weight, NaN cells left out
+    per_model = {
+        m: sum(r["model"] == m for r in rows) for m in ("DenseFormer", "ResFormer", "HyperConnections")
+    }
+    n = 4  # HC expansion rate; A_m, A_r^T and B per sub-layer, 2 sub-layers per block
+    # one row per learned weight, NaN cells left out
+    assert per_model == {
+        "DenseFormer": L * (L + 3) // 2,
+        "ResFormer": 2 * (L - 1),
+        "HyperConnections": 2 * L * (n + n * n + n),
+    }
 
 
 @pytest.mark.parametrize(("command", "extra"), [("entropy", ["--unit", "documents"]), ("separability", [])])
