@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
         "plus our run info to CKPT/downstream/<tasks>[.Nshot][.limitN].json. Hub tasks download their "
         "data (network); local task YAMLs with local data files run offline through --include-path.",
         epilog="examples:\n"
-        "  lime-model eval-downstream --ckpt runs/lime --limit 100  # not run in tests: needs the hub's task data\n",
+        "  lime-model eval-downstream --ckpt runs/lime --limit 100  # not run in tests: needs the hub's task data\n"
+        "  lime-model eval-downstream --ckpt runs/lime --tasks agreement_demo\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d.add_argument("--ckpt", required=True, help="a run directory or one of its checkpoints/step-N")

@@ -39,35 +39,57 @@ def _lm_eval():
     return lm_eval
 
 
+# Our own local tasks (``agreement_demo``: runs offline), always indexed besides lm-eval's.
+TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
+
+
 @cache
-def _task_manager(include_path: str | None, include_defaults: bool):
-    """lm-eval's task index (indexing its ~15,000 built-in YAML files takes seconds: built once)."""
+def _task_manager(include_path: tuple[str, ...], include_defaults: bool):
+    """lm-eval's task index, built once per process (its ~15,000 built-in YAML files take seconds)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include_path, include_defaults=include_defaults)
+    return TaskManager(include_path=list(include_path), include_defaults=include_defaults)
 
 
 def resolve_tasks(tasks: list[str], include_path: str | os.PathLike | None = None):
     """The lm-eval ``TaskManager`` that knows every name in ``tasks``.
 
-    Tasks found in ``include_path`` alone are served without indexing lm-eval's built-in tasks (in
-    lm-eval, ``include_path`` takes precedence over the built-ins anyway). Raises ``ValueError``
-    naming the unknown tasks.
+    Searched: ``include_path``, our :data:`TASKS_DIR`, then lm-eval's built-in tasks, which are
+    indexed only when a name is not found in the first two (lm-eval, too, lets included folders
+    take precedence). Raises ``ValueError`` naming the unknown tasks.
     """
     _lm_eval()
+    folders = [str(TASKS_DIR)]
     if include_path is not None:
-        include_path = str(Path(include_path).resolve())
-        if not Path(include_path).is_dir():
+        include_path = Path(include_path).resolve()
+        if not include_path.is_dir():
             raise FileNotFoundError(f"--include-path {include_path} is not a folder")
-        local = _task_manager(include_path, False)
-        if all(t in local.all_tasks for t in tasks):
-            return local
-    manager = _task_manager(include_path, True)
+        folders.append(str(include_path))
+    local = _task_manager(tuple(folders), False)
+    if all(t in local.all_tasks for t in tasks):
+        return local
+    manager = _task_manager(tuple(folders), True)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         where = f" or in {include_path}" if include_path else " (local task YAMLs: --include-path DIR)"
         raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}: not among lm-eval's tasks{where}")
     return manager
+
+
+def build_tasks(tasks: list[str], manager) -> list:
+    """lm-eval's Task and Group objects for ``tasks``, their data loaded (downloaded for hub tasks).
+
+    Raises ``ValueError`` naming the first task whose data could not be loaded (offline, most often).
+    """
+    built = []
+    for name in tasks:
+        try:
+            loaded = manager.load([name])
+        except Exception as e:
+            raise ValueError(f"could not load the data of task {name} ({_first_line(e)}); {_OFFLINE_HINT}") from None
+        # a group is passed whole (lm-eval aggregates it); a tag stands for its tasks
+        built += [loaded["groups"][name]] if name in loaded["groups"] else list(loaded["tasks"].values())
+    return built
 
 
 def default_output(ckpt: str | os.PathLike, tasks: list[str], num_fewshot: int | None, limit: int | None) -> Path:
@@ -97,7 +119,8 @@ def evaluate_downstream(
     Args:
         ckpt: a model directory with its tokenizer (a run directory or one of its
             ``checkpoints/step-N``), of any architecture the Auto classes load.
-        tasks: lm-eval task, group or tag names; default the paper's Table 1 set.
+        tasks: lm-eval task, group or tag names (or ours in :data:`TASKS_DIR`); default the
+            paper's Table 1 set.
         num_fewshot: few-shot examples per prompt; default each task's own (0 for Table 1's).
         limit: score only the first ``limit`` documents of each task (for quick checks).
         batch_size: requests per forward pass.
@@ -131,11 +154,7 @@ def evaluate_downstream(
         raise PermissionError(13, "not a writable folder", str(parent))
 
     manager = resolve_tasks(tasks, include_path)
-    try:  # builds the tasks, which loads their data: fail here, before the model is loaded
-        manager.load(tasks)
-    except Exception as e:
-        raise ValueError(f"could not load the data of {', '.join(tasks)} ({_first_line(e)}); {_OFFLINE_HINT}") from None
-
+    built = build_tasks(tasks, manager)
     from lm_eval.models.huggingface import HFLM
 
     model = HFLM(pretrained=str(ckpt), backend="causal", device=device, batch_size=batch_size, dtype="auto")
@@ -144,7 +163,7 @@ def evaluate_downstream(
     )
     report = lm_eval.simple_evaluate(
         model=model,
-        tasks=tasks,
+        tasks=built,
         num_fewshot=num_fewshot,
         limit=limit,
         task_manager=manager,

@@ -108,6 +108,20 @@ def test_accuracy_matches_a_plain_loop(tmp_path, arch, labels, capsys):
     assert info["lm_eval_version"] == __import__("lm_eval").__version__
 
 
+def test_packaged_demo_task(tmp_path):
+    """``agreement_demo`` ships with the package and runs offline without --include-path."""
+    from lime_model.downstream import TASKS_DIR
+
+    ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
+    docs = [json.loads(line) for line in (TASKS_DIR / "agreement_demo" / "agreement_demo.jsonl").open()]
+    assert cli.main(["eval-downstream", "--ckpt", str(ckpt), "--tasks", "agreement_demo", "--threads", "1"]) == 0
+    report = json.loads((ckpt / "downstream" / "agreement_demo.json").read_text())
+    best, _ = by_hand(ckpt, docs)
+    acc = sum(b == d["label"] for b, d in zip(best, docs, strict=True)) / len(docs)
+    assert report["n-samples"]["agreement_demo"]["effective"] == len(docs) == 16
+    assert report["results"]["agreement_demo"]["acc,none"] == pytest.approx(acc)
+
+
 def test_output_and_fewshot(tmp_path):
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
     tasks = write_task(tmp_path / "tasks")
@@ -156,7 +170,7 @@ def test_hub_task_offline(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
     err = _error(["eval-downstream", "--ckpt", str(ckpt), "--tasks", "copa", "--limit", "2"], capsys)
-    assert "could not load the data of copa" in err and "--include-path" in err
+    assert "could not load the data of task copa" in err and "--include-path" in err
     assert not (ckpt / "downstream").exists()
 
 
