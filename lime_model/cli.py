@@ -84,10 +84,10 @@ def _parser() -> argparse.ArgumentParser:
         "eval-downstream",
         parents=[common],
         help="benchmarks (ARC, HellaSwag, ...) of a checkpoint through lm-evaluation-harness",
-        description="Runs lm-evaluation-harness (lm-eval, an optional dependency: pip install "
-        "'lime-probe[eval]') with its Hugging Face wrapper on a checkpoint and writes lm-eval's results "
-        "plus our run info to CKPT/downstream/<tasks>[.Nshot][.limitN].json. Hub tasks download their "
-        "data (network); local task YAMLs with local data files run offline through --include-path.",
+        description="Runs lm-evaluation-harness (lm-eval, optional: pip install 'lime-probe[eval]') with its\n"
+        "Hugging Face wrapper on a checkpoint; writes lm-eval's results plus our run info to\n"
+        "CKPT/downstream/<tasks>[.Nshot][.limitN].json. Hub tasks download their data (network); local\n"
+        "task YAMLs (--include-path) and our agreement_demo run offline.",
         epilog="examples:\n"
         "  lime-model eval-downstream --ckpt runs/lime --limit 100  # not run in tests: needs the hub's task data\n"
         "  lime-model eval-downstream --ckpt runs/lime --tasks agreement_demo\n",
@@ -99,12 +99,16 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(TABLE1_TASKS),
         help="comma-separated lm-eval task/group names (default: the paper's Table 1 set, %(default)s)",
     )
-    d.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own; 0 for Table 1's)")
+    d.add_argument(
+        "--num-fewshot", type=int, help="few-shot examples (default: each task's own; 0 for Table 1's)"
+    )
     d.add_argument("--limit", type=int, help="only the first N documents of each task (quick checks)")
     d.add_argument("--batch-size", type=int, default=8, help="requests per forward pass")
     d.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
     d.add_argument("--include-path", help="a folder of extra task YAMLs (local data: dataset_path: json)")
-    d.add_argument("--seed", type=int, help="lm-eval's random/numpy/torch/few-shot seeds (default: lm-eval's)")
+    d.add_argument(
+        "--seed", type=int, help="lm-eval's random/numpy/torch/few-shot seeds (default: lm-eval's)"
+    )
     d.add_argument("--output", help="the JSON file (default: CKPT/downstream/<tasks>[.Nshot][.limitN].json)")
 
     sub.add_parser("recipes", help="list the shipped recipes")

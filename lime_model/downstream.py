@@ -86,13 +86,17 @@ def build_tasks(tasks: list[str], manager) -> list:
         try:
             loaded = manager.load([name])
         except Exception as e:
-            raise ValueError(f"could not load the data of task {name} ({_first_line(e)}); {_OFFLINE_HINT}") from None
+            raise ValueError(
+                f"could not load the data of task {name} ({_first_line(e)}); {_OFFLINE_HINT}"
+            ) from None
         # a group is passed whole (lm-eval aggregates it); a tag stands for its tasks
         built += [loaded["groups"][name]] if name in loaded["groups"] else list(loaded["tasks"].values())
     return built
 
 
-def default_output(ckpt: str | os.PathLike, tasks: list[str], num_fewshot: int | None, limit: int | None) -> Path:
+def default_output(
+    ckpt: str | os.PathLike, tasks: list[str], num_fewshot: int | None, limit: int | None
+) -> Path:
     """``CKPT/downstream/<task+task...>[.Nshot][.limitN].json``: runs with other settings keep their files."""
     name = "+".join(tasks)
     if num_fewshot is not None:
@@ -158,9 +162,11 @@ def evaluate_downstream(
     from lm_eval.models.huggingface import HFLM
 
     model = HFLM(pretrained=str(ckpt), backend="causal", device=device, batch_size=batch_size, dtype="auto")
-    seeds = {} if seed is None else dict.fromkeys(
-        ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seed
-    )
+    seeds = {}
+    if seed is not None:
+        seeds = dict.fromkeys(
+            ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seed
+        )
     report = lm_eval.simple_evaluate(
         model=model,
         tasks=built,

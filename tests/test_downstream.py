@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import save_tiny_checkpoint
 
 from lime_model import cli
-
-from helpers import save_tiny_checkpoint
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'lime-probe[eval]')")
 
@@ -48,7 +47,9 @@ def write_task(folder: Path, docs: list[dict] = DOCS, name: str = "tiny_mc") -> 
         'doc_to_choice: "{{choices}}"\n'
         'doc_to_target: "{{label}}"\n'
         "metric_list:\n"
-        + "".join(f"  - {{metric: {m}, aggregation: mean, higher_is_better: true}}\n" for m in ("acc", "acc_norm"))
+        + "".join(
+            f"  - {{metric: {m}, aggregation: mean, higher_is_better: true}}\n" for m in ("acc", "acc_norm")
+        )
     )
     return folder
 
@@ -114,7 +115,8 @@ def test_packaged_demo_task(tmp_path):
 
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
     docs = [json.loads(line) for line in (TASKS_DIR / "agreement_demo" / "agreement_demo.jsonl").open()]
-    assert cli.main(["eval-downstream", "--ckpt", str(ckpt), "--tasks", "agreement_demo", "--threads", "1"]) == 0
+    argv = ["eval-downstream", "--ckpt", str(ckpt), "--tasks", "agreement_demo", "--threads", "1"]
+    assert cli.main(argv) == 0
     report = json.loads((ckpt / "downstream" / "agreement_demo.json").read_text())
     best, _ = by_hand(ckpt, docs)
     acc = sum(b == d["label"] for b, d in zip(best, docs, strict=True)) / len(docs)
@@ -130,7 +132,8 @@ def test_output_and_fewshot(tmp_path):
     assert cli.main([*argv, "--limit", "2", "--num-fewshot", "1", "--seed", "7", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["n-shot"]["tiny_mc"] == 1
-    assert report["run_info"]["seed"] == dict.fromkeys(("random_seed", "numpy_seed", "torch_seed", "fewshot_seed"), 7)
+    seeds = ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")
+    assert report["run_info"]["seed"] == dict.fromkeys(seeds, 7)
     assert not (ckpt / "downstream").exists()
 
 
@@ -144,10 +147,8 @@ def _error(argv: list[str], capsys) -> str:
 
 def test_missing_checkpoint(tmp_path, capsys):
     tasks = write_task(tmp_path / "tasks")
-    err = _error(
-        ["eval-downstream", "--ckpt", str(tmp_path / "nope"), "--tasks", "tiny_mc", "--include-path", str(tasks)],
-        capsys,
-    )
+    argv = ["eval-downstream", "--ckpt", str(tmp_path / "nope"), "--tasks", "tiny_mc"]
+    err = _error([*argv, "--include-path", str(tasks)], capsys)
     assert "nope is not a model directory" in err
 
 
