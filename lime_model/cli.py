@@ -1,4 +1,4 @@
-"""``lime-model``: train LIMe / LLaMA from a recipe, evaluate perplexity or arithmetic, list recipes.
+"""``lime-model``: train LIMe / LLaMA from a recipe; perplexity, arithmetic and benchmark evals; list recipes.
 
 Bad input (unknown recipe keys, bad routing, missing or empty data, a mismatched tokenizer, resuming
 a directory of another config, an unwritable or misplaced path) ends with one ``lime-model: error: ...``
