@@ -1,4 +1,4 @@
-"""``lime-model``: train LIMe / LLaMA from a recipe, evaluate perplexity or arithmetic, list recipes.
+"""``lime-model``: train LIMe / LLaMA from a recipe; perplexity, arithmetic and benchmark evals; list recipes.
 
 Bad input (unknown recipe keys, bad routing, missing or empty data, a mismatched tokenizer, resuming
 a directory of another config, an unwritable or misplaced path) ends with one ``lime-model: error: ...``
@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from .downstream import TABLE1_TASKS
 from .recipes import parse_set, recipe_names
 
 
@@ -84,6 +85,37 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--ckpt", required=True, help="a finished arithmetic run directory")
     e.add_argument("--no-progress", action="store_true")
 
+    d = sub.add_parser(
+        "eval-downstream",
+        parents=[common],
+        help="benchmarks (ARC, HellaSwag, ...) of a checkpoint through lm-evaluation-harness",
+        description="Runs lm-evaluation-harness (lm-eval, optional: pip install 'lime-probe[eval]') with its\n"
+        "Hugging Face wrapper on a checkpoint; writes lm-eval's results plus our run info to\n"
+        "CKPT/downstream/<tasks>[.Nshot][.limitN].json. Hub tasks download their data (network); local\n"
+        "task YAMLs (--include-path) and our agreement_demo run offline.",
+        epilog="examples:\n"
+        "  lime-model eval-downstream --ckpt runs/lime --limit 100  # not run in tests: needs the hub's task data\n"
+        "  lime-model eval-downstream --ckpt runs/lime --tasks agreement_demo\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d.add_argument("--ckpt", required=True, help="a run directory or one of its checkpoints/step-N")
+    d.add_argument(
+        "--tasks",
+        default=",".join(TABLE1_TASKS),
+        help="comma-separated lm-eval task/group names (default: the paper's Table 1 set, %(default)s)",
+    )
+    d.add_argument(
+        "--num-fewshot", type=int, help="few-shot examples (default: each task's own; 0 for Table 1's)"
+    )
+    d.add_argument("--limit", type=int, help="only the first N documents of each task (quick checks)")
+    d.add_argument("--batch-size", type=int, default=8, help="requests per forward pass")
+    d.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
+    d.add_argument("--include-path", help="a folder of extra task YAMLs (local data: dataset_path: json)")
+    d.add_argument(
+        "--seed", type=int, help="lm-eval's random/numpy/torch/few-shot seeds (default: lm-eval's)"
+    )
+    d.add_argument("--output", help="the JSON file (default: CKPT/downstream/<tasks>[.Nshot][.limitN].json)")
+
     sub.add_parser("recipes", help="list the shipped recipes")
     return parser
 
@@ -124,6 +156,27 @@ def _eval_arithmetic(args: argparse.Namespace) -> None:
     print(json.dumps({str(n): a for n, a in accuracy.items()}))
 
 
+def _eval_downstream(args: argparse.Namespace) -> None:
+    from .downstream import evaluate_downstream
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    report, path = evaluate_downstream(
+        args.ckpt,
+        tasks,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        device=args.device,
+        include_path=args.include_path,
+        seed=args.seed,
+        output=args.output,
+    )
+    from lm_eval.utils import make_table  # lm-eval is there: evaluate_downstream checked
+
+    print(make_table(report))
+    print(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -139,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             _eval(args)
         elif args.command == "eval-arithmetic":
             _eval_arithmetic(args)
+        elif args.command == "eval-downstream":
+            _eval_downstream(args)
         else:
             print("\n".join(recipe_names()))
     except (ValueError, OSError) as e:  # OSError: unwritable --out, a file where a folder should be, ...

@@ -1,0 +1,213 @@
+"""Downstream benchmarks of any checkpoint through lm-evaluation-harness (``lime-model eval-downstream``).
+
+The scoring is lm-eval's own: its Hugging Face wrapper (``HFLM``) loads the checkpoint through the
+Auto classes (importing this package registers ours first) and its tasks compute the metrics.
+This module only resolves task names, checks its inputs before the model is loaded, and writes
+lm-eval's results with our run information next to the run, all or nothing.
+
+lm-eval is an optional dependency: ``pip install 'lime-probe[eval]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from .files import atomic_write
+
+# The benchmarks of the official code's README table (the paper's Table 1 columns: ARC-E, ARC-C,
+# Winogrande, COPA, MultiRC, RTE, HellaSwag, PIQA), as lm-eval task names.
+TABLE1_TASKS = ("arc_easy", "arc_challenge", "winogrande", "copa", "multirc", "rte", "hellaswag", "piqa")
+
+_OFFLINE_HINT = (
+    "without network, lm-eval's hub tasks cannot download their data: "
+    "use --include-path DIR with local task YAMLs (dataset_path: json)"
+)
+
+
+def _lm_eval():
+    try:
+        import lm_eval
+    except ImportError as e:
+        raise ValueError(
+            f"lm-eval is not installed ({e}): pip install 'lime-probe[eval]' or 'lm-eval>=0.4,<0.5'"
+        ) from None
+    return lm_eval
+
+
+# Our own local tasks (``agreement_demo``: runs offline), always indexed besides lm-eval's.
+TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
+
+
+@cache
+def _task_manager(include_path: tuple[str, ...], include_defaults: bool):
+    """lm-eval's task index, built once per process (its ~15,000 built-in YAML files take seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_path), include_defaults=include_defaults)
+
+
+def resolve_tasks(tasks: list[str], include_path: str | os.PathLike | None = None):
+    """The lm-eval ``TaskManager`` that knows every name in ``tasks``.
+
+    Searched: ``include_path``, our :data:`TASKS_DIR`, then lm-eval's built-in tasks, which are
+    indexed only when a name is not found in the first two (lm-eval, too, lets included folders
+    take precedence). Raises ``ValueError`` naming the unknown tasks.
+    """
+    _lm_eval()
+    folders = [str(TASKS_DIR)]
+    if include_path is not None:
+        include_path = Path(include_path).resolve()
+        if not include_path.is_dir():
+            raise FileNotFoundError(f"--include-path {include_path} is not a folder")
+        folders.append(str(include_path))
+    local = _task_manager(tuple(folders), False)
+    if all(t in local.all_tasks for t in tasks):
+        return local
+    manager = _task_manager(tuple(folders), True)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        where = f" or in {include_path}" if include_path else " (local task YAMLs: --include-path DIR)"
+        raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}: not among lm-eval's tasks{where}")
+    return manager
+
+
+def build_tasks(tasks: list[str], manager) -> list:
+    """lm-eval's Task and Group objects for ``tasks``, their data loaded (downloaded for hub tasks).
+
+    Raises ``ValueError`` naming the first task whose data could not be loaded (offline, most often).
+    """
+    built = []
+    for name in tasks:
+        try:
+            loaded = manager.load([name])
+        except Exception as e:
+            raise ValueError(
+                f"could not load the data of task {name} ({_first_line(e)}); {_OFFLINE_HINT}"
+            ) from None
+        # a group is passed whole (lm-eval aggregates it); a tag stands for its tasks
+        built += [loaded["groups"][name]] if name in loaded["groups"] else list(loaded["tasks"].values())
+    return built
+
+
+def default_output(
+    ckpt: str | os.PathLike, tasks: list[str], num_fewshot: int | None, limit: int | None
+) -> Path:
+    """``CKPT/downstream/<task+task...>[.Nshot][.limitN].json``: runs with other settings keep their files."""
+    name = "+".join(tasks)
+    if num_fewshot is not None:
+        name += f".{num_fewshot}shot"
+    if limit is not None:
+        name += f".limit{limit}"
+    return Path(ckpt) / "downstream" / f"{name}.json"
+
+
+def evaluate_downstream(
+    ckpt: str | os.PathLike,
+    tasks: list[str] | tuple[str, ...] = TABLE1_TASKS,
+    *,
+    num_fewshot: int | None = None,
+    limit: int | None = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+    include_path: str | os.PathLike | None = None,
+    seed: int | None = None,
+    output: str | os.PathLike | None = None,
+) -> tuple[dict, Path]:
+    """Run lm-eval's ``tasks`` on the model in ``ckpt`` and write the results as JSON.
+
+    Args:
+        ckpt: a model directory with its tokenizer (a run directory or one of its
+            ``checkpoints/step-N``), of any architecture the Auto classes load.
+        tasks: lm-eval task, group or tag names (or ours in :data:`TASKS_DIR`); default the
+            paper's Table 1 set.
+        num_fewshot: few-shot examples per prompt; default each task's own (0 for Table 1's).
+        limit: score only the first ``limit`` documents of each task (for quick checks).
+        batch_size: requests per forward pass.
+        device: torch device of the model (``cpu``, ``cuda``, ``cuda:1``, ``mps``).
+        include_path: a folder of extra task YAMLs (local data: ``dataset_path: json``).
+        seed: lm-eval's Python, numpy, torch and few-shot sampling seeds; default lm-eval's (0/1234).
+        output: the JSON file; default :func:`default_output`.
+
+    Returns:
+        ``(report, path)``: ``report`` is lm-eval's results dict (``results``, ``versions``,
+        ``n-shot``, ``n-samples``, ``config``, ...) plus ``run_info``; ``path`` where it was written.
+    """
+    lm_eval = _lm_eval()
+    tasks = list(tasks)
+    ckpt = Path(ckpt)
+    if not tasks:
+        raise ValueError("no tasks given")
+    if not (ckpt / "config.json").is_file():
+        raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if num_fewshot is not None and num_fewshot < 0:
+        raise ValueError(f"--num-fewshot must be >= 0, got {num_fewshot}")
+    _check_device(device)
+    path = Path(output) if output is not None else default_output(ckpt, tasks, num_fewshot, limit)
+    # the folder that will receive the file must exist (or be creatable) before hours of evaluation
+    parent = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise PermissionError(13, "not a writable folder", str(parent))
+
+    manager = resolve_tasks(tasks, include_path)
+    built = build_tasks(tasks, manager)
+    from lm_eval.models.huggingface import HFLM
+
+    model = HFLM(pretrained=str(ckpt), backend="causal", device=device, batch_size=batch_size, dtype="auto")
+    seeds = {}
+    if seed is not None:
+        seeds = dict.fromkeys(
+            ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seed
+        )
+    report = lm_eval.simple_evaluate(
+        model=model,
+        tasks=built,
+        num_fewshot=num_fewshot,
+        limit=limit,
+        task_manager=manager,
+        log_samples=False,
+        **seeds,
+    )
+    config = report.get("config", {})
+    report["run_info"] = {
+        "checkpoint": str(ckpt),
+        "tasks": tasks,
+        "include_path": None if include_path is None else str(include_path),
+        "lm_eval_version": lm_eval.__version__,
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": device,
+        "batch_size": batch_size,
+        "num_fewshot": num_fewshot,
+        "limit": limit,
+        "seed": {k: config.get(k) for k in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")},
+    }
+    from lm_eval.utils import handle_non_serializable
+
+    text = json.dumps(report, indent=1, default=handle_non_serializable)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text)
+    return report, path
+
+
+def _check_device(device: str) -> None:
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r}: {_first_line(e)}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available")
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
