@@ -70,7 +70,9 @@ class KVBuffer:
         for dst, x in zip(self.pair(block), (keys, values), strict=True):
             dst.copy_(x.view(B * T, self.kv, self.head_dim).transpose(0, 1))
 
-    def store_grad_out(self, layer_idx: int, grad_keys: torch.Tensor, grad_values: torch.Tensor) -> torch.Tensor:
+    def store_grad_out(
+        self, layer_idx: int, grad_keys: torch.Tensor, grad_values: torch.Tensor
+    ) -> torch.Tensor:
         """Keep layer ``layer_idx``'s routed-K/V gradients (each ``[kv, B*T, hd]``); returns its block."""
         if self.grad_out is None:  # pages are touched block by block as layers store theirs
             self.grad_out = torch.empty_like(self.data)
@@ -152,10 +154,9 @@ def _mix(weight: torch.Tensor | None, data: torch.Tensor, buffer: KVBuffer, runs
         return out.view(-1, *data.shape[1:])
     ((first, stop, _),) = runs  # per-dim and per-position read a contiguous range
     src = data[buffer.rows(first, stop)].flatten(2).transpose(0, 1)  # [a, S*kv, 2*b]
-    if mode == "per-dim":  # feature-major: one [kv, S] @ [S, 2*B*T] product per feature e
-        out = torch.bmm(weight.permute(2, 0, 1), src)
-    else:  # per-position: one [kv, S] @ [S, 2*hd] product per position m
-        out = torch.bmm(weight, src)
+    # per-dim (feature-major): one [kv, S] @ [S, 2*B*T] product per feature; per-position: one
+    # [kv, S] @ [S, 2*hd] product per position
+    out = torch.bmm(weight.permute(2, 0, 1) if mode == "per-dim" else weight, src)
     return out.transpose(0, 1).unflatten(2, data.shape[2:])  # [a, kv, 2*b] -> [kv, a, 2, b]
 
 

@@ -92,14 +92,19 @@ def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer):
     # every layer runs forward; the loss reads only up to loss_layer
     got = chain(sources, modes, coefs, base_k, base_v, buffered=True)
     want = chain(sources, modes, coefs, base_k, base_v, buffered=False)
-    probes = [(torch.randn(B, KV, T, HD, dtype=torch.float64), torch.randn(B, KV, T, HD, dtype=torch.float64))]
-    probes = probes * L
+    probes = [
+        (torch.randn(B, KV, T, HD, dtype=torch.float64), torch.randn(B, KV, T, HD, dtype=torch.float64))
+    ]
+    probes = probes * (loss_layer + 1)
     for (gk, gv), (wk, wv) in zip(got, want, strict=True):
         torch.testing.assert_close(gk, wk)
         torch.testing.assert_close(gv, wv)
 
     def loss(outs):
-        return sum((k * pk).sum() + (v * pv).sum() for (k, v), (pk, pv) in zip(outs[: loss_layer + 1], probes))
+        return sum(
+            (k * pk).sum() + (v * pv).sum()
+            for (k, v), (pk, pv) in zip(outs[: loss_layer + 1], probes, strict=True)
+        )
 
     grads = torch.autograd.grad(loss(got), leaves, allow_unused=True)
     ref = torch.autograd.grad(loss(want), leaves, allow_unused=True)
@@ -110,7 +115,9 @@ def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer):
             torch.testing.assert_close(g, r, msg=f"leaf {i}")
 
 
-@pytest.mark.parametrize(("pattern", "kind"), [("dilated-back-2", "matrix"), ("last-2", "per-dim"), ("full", "per-position")])
+@pytest.mark.parametrize(
+    ("pattern", "kind"), [("dilated-back-2", "matrix"), ("last-2", "per-dim"), ("full", "per-position")]
+)
 def test_gradcheck(pattern, kind):
     """Finite differences in double precision through the custom backward."""
     torch.manual_seed(1)
@@ -121,7 +128,9 @@ def test_gradcheck(pattern, kind):
 
     def fn(*args):
         cs = [None, *args[: L - 1]]
-        outs = chain(sources, modes, cs, list(args[L - 1 : 2 * L - 1]), list(args[2 * L - 1 :]), buffered=True)
+        outs = chain(
+            sources, modes, cs, list(args[L - 1 : 2 * L - 1]), list(args[2 * L - 1 :]), buffered=True
+        )
         return torch.cat([torch.cat([k.flatten(), v.flatten()]) for k, v in outs])
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, fast_mode=True)
