@@ -17,12 +17,12 @@ def reference_mix(coef: torch.Tensor, raws: list[torch.Tensor]) -> torch.Tensor:
     return torch.einsum("btkpje,btpje->bkte", c, src)
 
 
-def chain(sources, modes, coefs, base_k, base_v, buffered: bool, loss_layer: int = L - 1):
+def chain(sources, modes, coefs, base_k, base_v, buffered: bool):
     """L layers; layer l's raw K/V = base + tanh(layer l-1's routed K/V), so that backward visits the
     layers in reverse as in the model. ``coefs[l]`` None = own heads only. Returns every routed K/V."""
     buffer = KVBuffer(L, KV, HD)
     outs, raw_k, raw_v = [], [], []
-    for layer in range(loss_layer + 1):
+    for layer in range(L):
         k, v = base_k[layer], base_v[layer]
         if outs:
             k = k + torch.tanh(outs[-1][0]).transpose(1, 2).reshape(B, T, KV * HD)
@@ -94,8 +94,8 @@ def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer):
     want = chain(sources, modes, coefs, base_k, base_v, buffered=False)
     probes = [
         (torch.randn(B, KV, T, HD, dtype=torch.float64), torch.randn(B, KV, T, HD, dtype=torch.float64))
+        for _ in range(loss_layer + 1)
     ]
-    probes = probes * (loss_layer + 1)
     for (gk, gv), (wk, wv) in zip(got, want, strict=True):
         torch.testing.assert_close(gk, wk)
         torch.testing.assert_close(gv, wv)
