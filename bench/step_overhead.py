@@ -19,6 +19,9 @@ in fresh subprocesses (peak RSS cannot be reset reliably inside one process), me
     python bench/step_overhead.py --threads 1 --clock cpu    # the README table (shared CPU)
     python bench/step_overhead.py --rounds 3 --no-memory --variants full   # quick check
     python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
+
+Rows are LIMe routing specs; another architecture joins as ``<arch>:<variant>`` once its builder is
+registered in :data:`ARCHS` (every row is compared with LLaMA, ``none``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -39,8 +43,8 @@ DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-hea
 SCOPES = ("stack", "model")
 
 
-def build(routing: str, args: argparse.Namespace) -> LimeForCausalLM:
-    torch.manual_seed(0)
+def lime(routing: str, args: argparse.Namespace) -> LimeForCausalLM:
+    """LIMe with ``routing`` (``"none"`` = LLaMA) at the benchmark's size."""
     cfg = LimeConfig(
         routing=routing,
         vocab_size=args.vocab,
@@ -51,7 +55,28 @@ def build(routing: str, args: argparse.Namespace) -> LimeForCausalLM:
         num_key_value_heads=args.kv_heads or args.heads,
         tie_word_embeddings=True,
     )
-    return LimeForCausalLM(cfg).to(args.device).train()
+    return LimeForCausalLM(cfg)
+
+
+# Architectures a row can name as ``<arch>:<variant>``; a bare name is a LIMe routing. A builder takes
+# (variant, args) and returns a causal LM whose ``.model(inputs_embeds=...)`` returns
+# ``last_hidden_state`` (the stack scope) and whose ``(ids, labels=ids)`` call returns ``.loss``.
+ARCHS: dict[str, Callable[[str, argparse.Namespace], torch.nn.Module]] = {"lime": lime}
+
+
+def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
+    """The model of one row: ``<arch>:<variant>`` from :data:`ARCHS`, or a LIMe routing spec."""
+    arch, sep, variant = name.partition(":")
+    if not sep:
+        arch, variant = "lime", name
+    if arch not in ARCHS:
+        raise SystemExit(f"unknown architecture {arch!r} in {name!r} (known: {', '.join(ARCHS)})")
+    torch.manual_seed(0)
+    try:
+        model = ARCHS[arch](variant, args)
+    except ValueError as err:  # a bad routing spec or size
+        raise SystemExit(f"{name}: {err}") from None
+    return model.to(args.device).train()
 
 
 class Steps:

@@ -1,0 +1,136 @@
+"""The buffered routed read (``lime_model.kv_buffer``) against the mixing formula written with
+``torch.stack`` and ``einsum``, values and gradients, for every read mode and source pattern."""
+
+import pytest
+import torch
+
+from lime_model.kv_buffer import KVBuffer, routed_read
+
+B, T, KV, HD, L = 2, 3, 2, 4, 4
+
+
+def reference_mix(coef: torch.Tensor, raws: list[torch.Tensor]) -> torch.Tensor:
+    """``out[b, h, t, e] = sum_{p, h'} C[m, h, p, h', e] raw_p[b, t, h', e]`` with ``m = b * T + t``;
+    ``coef [n, kv, S, kv, F]`` (n in {1, B*T}, F in {1, HD}), ``raws`` each ``(B, T, kv * HD)``."""
+    src = torch.stack([r.view(B, T, KV, HD) for r in raws], 2)  # (B, T, S, kv, HD)
+    c = coef.expand(B * T, -1, -1, -1, HD).reshape(B, T, KV, len(raws), KV, HD)
+    return torch.einsum("btkpje,btpje->bkte", c, src)
+
+
+def chain(sources, modes, coefs, base_k, base_v, buffered: bool):
+    """L layers; layer l's raw K/V = base + tanh(layer l-1's routed K/V), so that backward visits the
+    layers in reverse as in the model. ``coefs[l]`` None = own heads only. Returns every routed K/V."""
+    buffer = KVBuffer(L, KV, HD)
+    outs, raw_k, raw_v = [], [], []
+    for layer in range(L):
+        k, v = base_k[layer], base_v[layer]
+        if outs:
+            k = k + torch.tanh(outs[-1][0]).transpose(1, 2).reshape(B, T, KV * HD)
+            v = v + torch.tanh(outs[-1][1]).transpose(1, 2).reshape(B, T, KV * HD)
+        raw_k.append(k)
+        raw_v.append(v)
+        c = coefs[layer]
+        if buffered:
+            weight, mode = None, modes[layer]
+            if c is not None:
+                n, kv, S, _, F = c.shape
+                shape = {"matrix": (kv, S * kv), "per-dim": (kv, S * kv, F), "per-position": (n, kv, S * kv)}
+                weight = c.reshape(shape[mode])
+            outs.append(routed_read(buffer, layer, k, v, weight, sources[layer], mode))
+        else:
+            if c is None:
+                c = torch.eye(KV, dtype=k.dtype).view(1, KV, 1, KV, 1)
+            ks = [raw_k[j] for j in sources[layer]]
+            vs = [raw_v[j] for j in sources[layer]]
+            outs.append((reference_mix(c, ks), reference_mix(c, vs)))
+    return outs
+
+
+SOURCES = {
+    "full": [list(range(i + 1)) for i in range(L)],
+    "first-1": [[0]] + [[0, i] for i in range(1, L)],
+    "last-2": [list(range(max(0, i - 1), i + 1)) for i in range(L)],
+    "dilated-back-2": [list(range(i, -1, -2))[::-1] for i in range(L)],  # gaps among readers
+}
+
+
+def make_coefs(sources, kind: str, dtype=torch.float64):
+    coefs = [None]  # layer 0 reads only itself
+    for i in range(1, L):
+        S = len(sources[i])
+        n = B * T if kind == "per-position" else 1
+        F = HD if kind == "per-dim" else 1
+        coefs.append(torch.randn(n, KV, S, KV, F, dtype=dtype))
+    return coefs
+
+
+CASES = [
+    ("full", "matrix"),
+    ("first-1", "matrix"),
+    ("dilated-back-2", "matrix"),
+    ("full", "per-dim"),
+    ("last-2", "per-dim"),
+    ("full", "per-position"),  # layer 0 reads in matrix mode, as the dynamic router's does
+    ("last-2", "per-position"),
+]  # per-dim and per-position read contiguous source ranges (the only ones their routers use)
+
+
+def layer_modes(kind: str) -> list[str]:
+    return ["per-dim" if kind == "per-dim" else "matrix"] + [kind] * (L - 1)
+
+
+@pytest.mark.parametrize(("pattern", "kind"), CASES)
+@pytest.mark.parametrize("loss_layer", [L - 1, 1])
+def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer):
+    """loss_layer < L - 1: the later layers' backward never runs, yet they were registered as readers."""
+    torch.manual_seed(0)
+    sources, modes = SOURCES[pattern], layer_modes(kind)
+    coefs = [c if c is None else c.requires_grad_() for c in make_coefs(sources, kind)]
+    base_k = [torch.randn(B, T, KV * HD, dtype=torch.float64, requires_grad=True) for _ in range(L)]
+    base_v = [torch.randn(B, T, KV * HD, dtype=torch.float64, requires_grad=True) for _ in range(L)]
+    leaves = [c for c in coefs if c is not None] + base_k + base_v
+    # every layer runs forward; the loss reads only up to loss_layer
+    got = chain(sources, modes, coefs, base_k, base_v, buffered=True)
+    want = chain(sources, modes, coefs, base_k, base_v, buffered=False)
+    probes = [
+        (torch.randn(B, KV, T, HD, dtype=torch.float64), torch.randn(B, KV, T, HD, dtype=torch.float64))
+        for _ in range(loss_layer + 1)
+    ]
+    for (gk, gv), (wk, wv) in zip(got, want, strict=True):
+        torch.testing.assert_close(gk, wk)
+        torch.testing.assert_close(gv, wv)
+
+    def loss(outs):
+        return sum(
+            (k * pk).sum() + (v * pv).sum()
+            for (k, v), (pk, pv) in zip(outs[: loss_layer + 1], probes, strict=True)
+        )
+
+    grads = torch.autograd.grad(loss(got), leaves, allow_unused=True)
+    ref = torch.autograd.grad(loss(want), leaves, allow_unused=True)
+    for i, (g, r) in enumerate(zip(grads, ref, strict=True)):
+        if r is None:
+            assert g is None or not g.any(), i
+        else:
+            torch.testing.assert_close(g, r, msg=f"leaf {i}")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "kind"), [("dilated-back-2", "matrix"), ("last-2", "per-dim"), ("full", "per-position")]
+)
+def test_gradcheck(pattern, kind):
+    """Finite differences in double precision through the custom backward."""
+    torch.manual_seed(1)
+    sources, modes = SOURCES[pattern], layer_modes(kind)
+    coefs = make_coefs(sources, kind)
+    base = [torch.randn(B, T, KV * HD, dtype=torch.float64) for _ in range(2 * L)]
+    inputs = [c.requires_grad_() for c in coefs if c is not None] + [b.requires_grad_() for b in base]
+
+    def fn(*args):
+        cs = [None, *args[: L - 1]]
+        outs = chain(
+            sources, modes, cs, list(args[L - 1 : 2 * L - 1]), list(args[2 * L - 1 :]), buffered=True
+        )
+        return torch.cat([torch.cat([k.flatten(), v.flatten()]) for k, v in outs])
+
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, fast_mode=True)
