@@ -20,8 +20,8 @@ in fresh subprocesses (peak RSS cannot be reset reliably inside one process), me
     python bench/step_overhead.py --rounds 3 --no-memory --variants full   # quick check
     python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
 
-Rows are LIMe routing specs; another architecture joins as ``<arch>:<variant>`` once its builder is
-registered in :data:`ARCHS` (every row is compared with LLaMA, ``none``).
+Rows are LIMe routing specs or the names of the paper's cross-layer baselines (every row is compared
+with LLaMA, ``none``), e.g. ``--variants full denseformer resformer hyperconnections`` (issue 13).
 """
 
 from __future__ import annotations
@@ -33,50 +33,37 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import torch
+from transformers import AutoModelForCausalLM
 
-from lime_model import LimeConfig, LimeForCausalLM
+from lime_model import ARCHITECTURES, config_for
 
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
 SCOPES = ("stack", "model")
 
 
-def lime(routing: str, args: argparse.Namespace) -> LimeForCausalLM:
-    """LIMe with ``routing`` (``"none"`` = LLaMA) at the benchmark's size."""
-    cfg = LimeConfig(
-        routing=routing,
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,  # the paper's 1B ratio (2048 -> 8192)
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads or args.heads,
-        tie_word_embeddings=True,
-    )
-    return LimeForCausalLM(cfg)
-
-
-# Architectures a row can name as ``<arch>:<variant>``; a bare name is a LIMe routing. A builder takes
-# (variant, args) and returns a causal LM whose ``.model(inputs_embeds=...)`` returns
-# ``last_hidden_state`` (the stack scope) and whose ``(ids, labels=ids)`` call returns ``.loss``.
-ARCHS: dict[str, Callable[[str, argparse.Namespace], torch.nn.Module]] = {"lime": lime}
-
-
 def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
-    """The model of one row: ``<arch>:<variant>`` from :data:`ARCHS`, or a LIMe routing spec."""
-    arch, sep, variant = name.partition(":")
-    if not sep:
-        arch, variant = "lime", name
-    if arch not in ARCHS:
-        raise SystemExit(f"unknown architecture {arch!r} in {name!r} (known: {', '.join(ARCHS)})")
+    """The model of one row at the benchmark's size: a cross-layer baseline named by its arch
+    (``denseformer``, ``resformer``, ``hyperconnections``: :data:`lime_model.ARCHITECTURES`), or LIMe
+    with routing ``name`` (``"none"`` = LLaMA)."""
+    arch, routing = (name, "none") if name in ARCHITECTURES and name != "lime" else ("lime", name)
     torch.manual_seed(0)
     try:
-        model = ARCHS[arch](variant, args)
+        cfg = config_for(
+            arch,
+            routing=routing,
+            vocab_size=args.vocab,
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,  # the paper's 1B ratio (2048 -> 8192)
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.kv_heads or args.heads,
+            tie_word_embeddings=True,
+        )
     except ValueError as err:  # a bad routing spec or size
         raise SystemExit(f"{name}: {err}") from None
-    return model.to(args.device).train()
+    return AutoModelForCausalLM.from_config(cfg).to(args.device).train()
 
 
 class Steps:
@@ -213,14 +200,14 @@ def main() -> None:
     )
     for scope in SCOPES:
         print(f"\n[{scope}] {'layer stack only' if scope == 'stack' else 'whole training step'}")
-        print(f"{'routing':<12} {'step s':>7} {'time x':>7} {'min-max':>13} {'peak MB':>8} {'mem x':>6}")
+        print(f"{'row':<16} {'step s':>7} {'time x':>7} {'min-max':>13} {'peak MB':>8} {'mem x':>6}")
         base_t = times["none", scope]
         base_m = memory.get("none", {}).get(scope, nan)
         for name in names:
             ratios = [t / b for t, b in zip(times[name, scope], base_t, strict=True)]
             m = memory.get(name, {}).get(scope, nan)
             print(
-                f"{name:<12} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
+                f"{name:<16} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
                 f"{min(ratios):6.3f}-{max(ratios):.3f} {m:8.1f} {m / base_m:6.3f}"
             )
 
