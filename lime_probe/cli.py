@@ -301,7 +301,7 @@ COMMANDS = {
         "   # not run in tests: about an hour\n"
         "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run\n"
         "lime-probe reproduce --study arithmetic --out runs/arithmetic-seeds --results figures/arithmetic-seeds"
-        "   # not run in tests: about 20 minutes",
+        "   # not run in tests: about 30 min at one thread",
     ),
     "cache": (
         "list the activation cache's entries and sizes, or clear them",
