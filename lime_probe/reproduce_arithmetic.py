@@ -171,10 +171,10 @@ def per_run_rows(m: dict) -> dict[str, list[dict]]:
     return out
 
 
-def findings(diff: Sequence[dict], seeds: Sequence[int], recipe: str) -> str:
+def findings(diff: Sequence[dict], seeds: Sequence[int], recipe: str, size: str) -> str:
     """findings.md: the accuracy per tier and the mean value entropy, with intervals and per-seed values."""
     lines = [
-        f"# LIMe vs LLaMA on the Arithmetic Expression Task ({recipe}), over seeds",
+        f"# LIMe vs LLaMA on the Arithmetic Expression Task ({recipe}, size {size}), over seeds",
         "",
         f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}); 95 % "
         "t-interval over seeds. Verdict: 'holds' when the interval excludes 0 with the paper's sign (LIMe "
@@ -192,7 +192,7 @@ def findings(diff: Sequence[dict], seeds: Sequence[int], recipe: str) -> str:
             continue
         per_seed = ", ".join(f"{scale * d:{fmt}}" for d in r["per_seed_diff"])
         lines.append(
-            f"| {what} | {scale * r['LIMe']:.4g} | {scale * r['LLaMA']:.4g} | {scale * r['diff_mean']:{fmt}} "
+            f"| {what} | {scale * r['LIMe']:{fmt[1:]}} | {scale * r['LLaMA']:{fmt[1:]}} | {scale * r['diff_mean']:{fmt}} "
             f"[{scale * r['ci_low']:{fmt}}, {scale * r['ci_high']:{fmt}}] | {per_seed} | {r['verdict']} |"
         )
     lines += ["", "Value entropy per layer: differences.csv and entropy_difference.png."]
@@ -215,7 +215,7 @@ def draw(results: Path, m: dict, diff: list[dict], seeds: Sequence[int], curves:
     title = f"mean over {len(seeds)} seeds"
     F.save_figure(F.plot_accuracy_by_operators(acc, title=title), results / "accuracy")
     for what, key, stem, xlabel, ylabel in (
-        ("accuracy", "operators", "accuracy_difference", "operators", "accuracy difference"),
+        ("accuracy", "operators", "accuracy_difference", "operators", "accuracy difference (fraction)"),
         ("value entropy", "layer", "entropy_difference", "layer", "entropy difference (nats)"),
     ):
         rs = [r for r in diff if r["measure"] == what and isinstance(r[key], int)]
@@ -321,7 +321,7 @@ def write_results_folder(results: Path, m: dict, seeds, cfg: ArithmeticSize, run
         write_results(results / kind, rows, meta=meta)
     curves = {label: _mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in MODELS}
     draw(results, m, diff, seeds, curves)
-    atomic_write_text(results / "findings.md", findings(diff, seeds, cfg.recipe))
+    atomic_write_text(results / "findings.md", findings(diff, seeds, cfg.recipe, size))
     atomic_write_text(
         results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)
     )
