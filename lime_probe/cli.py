@@ -299,7 +299,9 @@ COMMANDS = {
         "train LIMe and LLaMA language models over seeds and measure the paper's findings (resumable)",
         "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu"
         "   # not run in tests: about an hour\n"
-        "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run",
+        "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run\n"
+        "lime-probe reproduce --study arithmetic --out runs/arithmetic-seeds --results figures/arithmetic-seeds"
+        "   # not run in tests: about 30 min at one thread",
     ),
     "cache": (
         "list the activation cache's entries and sizes, or clear them",
@@ -411,6 +413,13 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
 def _default_cache() -> str:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(root, "lime-probe")
+
+
+def _seed_list(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
 
 
 def _positive(s: str) -> int:
@@ -542,14 +551,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("reproduce", *COMMANDS["reproduce"], cmd_reproduce)
     p.add_argument(
-        "--data", required=True, metavar="DIR", help="folder holding wikitext-2/{valid,test}.txt and blimp/"
+        "--study",
+        default="lm",
+        choices=("lm", "arithmetic"),
+        help="lm: the language-model findings (WikiText-2, BLiMP); arithmetic: accuracy per operator count "
+        "and value entropy on the built-in arithmetic task (default: %(default)s)",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        metavar="DIR",
+        help="folder holding wikitext-2/{valid,test}.txt and blimp/ (needed by --study lm)",
     )
     p.add_argument(
         "--out",
         dest="run_dir",
-        default="runs/lm-cpu",
+        default=None,
         metavar="DIR",
-        help="training runs and measurements, reused on a rerun (default: %(default)s)",
+        help="training runs and measurements, reused on a rerun (default: runs/lm-cpu, runs/arithmetic-seeds)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=_seed_list,
+        default=None,
+        metavar="S,S,...",
+        help="training seeds of --study arithmetic, at least two (default: the size's, 0-4 for cpu)",
     )
     p.add_argument("--results", default=None, metavar="DIR", help="tables and figures (default: OUT/results)")
     p.add_argument(
@@ -576,12 +602,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_reproduce(args, out: None) -> None:
-    """Train or reuse the runs, measure, compare (``lime_probe.reproduce``); writes in place, resumable."""
-    from lime_probe.reproduce import run_reproduction
+    """Train or reuse the runs, measure, compare (``lime_probe.reproduce``, ``lime_probe.reproduce_arithmetic``);
+    writes in place, resumable."""
+    if args.study == "arithmetic":
+        from lime_probe.reproduce_arithmetic import run_arithmetic_study
 
-    results = run_reproduction(
-        args.run_dir, args.data, size=args.size, results=args.results, device=args.device
-    )
+        if args.data is not None:
+            raise ValueError("--study arithmetic generates its data; leave out --data")
+        results = run_arithmetic_study(
+            args.run_dir or "runs/arithmetic-seeds",
+            size=args.size,
+            seeds=args.seeds,
+            results=args.results,
+            device=args.device,
+        )
+    else:
+        from lime_probe.reproduce import run_reproduction
+
+        if args.data is None:
+            raise ValueError("--study lm needs --data (the folder holding wikitext-2/ and blimp/)")
+        if args.seeds is not None:
+            raise ValueError("--seeds applies to --study arithmetic; the lm study's seeds are its protocol's")
+        results = run_reproduction(
+            args.run_dir or "runs/lm-cpu", args.data, size=args.size, results=args.results, device=args.device
+        )
     print(f"results in {results} (findings.md)", file=sys.stderr)
 
 

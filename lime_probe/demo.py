@@ -9,6 +9,9 @@ figures, the results and one HTML report:
 - separability and t-SNE of close numbers, 1-4 and 100-103 (Figure 8);
 - the LIMe router weights, layer x buffered layer and per head (Figures 5, 9).
 
+One seed: the LIMe-vs-LLaMA gap it shows is an illustration. ``lime-probe reproduce --study
+arithmetic`` (:mod:`lime_probe.reproduce_arithmetic`) measures it over seeds with intervals.
+
 The probed representation of a number. The task's tokenizer has one token per character, so
 "103" is three tokens. A causal model has read the whole number only at its last digit, so a
 number's representation is the one at the position of its last digit, and only whole numbers
@@ -238,7 +241,10 @@ def run_demo(
         results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
         results[0].text = (
             f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
-            "they differ only in routing (LIMe: full, LLaMA: none). " + results[0].text
+            "they differ only in routing (LIMe: full, LLaMA: none). " + results[0].text + " One seed only: "
+            "the gap moves by several points with the seed and across machines, so it illustrates the task "
+            "rather than measures the difference; `lime-probe reproduce --study arithmetic` measures it over "
+            "five seeds with 95 % intervals (README, figures/arithmetic-seeds/)."
         )
 
         _stage(4, n, "matrix entropy of values and hidden states")

@@ -155,27 +155,29 @@ def finished(run: Path) -> bool:
     return bool(lines) and json.loads(lines[-1])["step"] == steps
 
 
-def train_runs(out: Path, data: Data, size: Size, progress: Progress) -> dict[tuple[str, int], Path]:
-    """Train every (model, seed) run that is not finished; returns their folders."""
+def train_runs(
+    out: Path,
+    recipe: str,
+    seeds: Sequence[int],
+    overrides: Mapping[str, Any],
+    progress: Progress,
+    data: str | None = None,
+) -> dict[tuple[str, int], Path]:
+    """Train every (model, seed) run of ``recipe`` that is not finished; returns their folders.
+
+    ``data`` is the training text (None: the recipe's own, e.g. the built-in arithmetic task)."""
     from lime_model.train import train
 
     runs = {}
-    for seed in size.seeds:
+    for seed in seeds:
         for label, routing in MODELS.items():
             run = out / "train" / run_name(label, seed)
             done = finished(run)
             progress.step(f"training {label} seed {seed}", reused=done)
             if not done:
                 resume = (run / "recipe.json").is_file()
-                train(
-                    size.recipe,
-                    run,
-                    resume=resume,
-                    routing=routing,
-                    seed=seed,
-                    data=str(data.train),
-                    **dict(size.overrides),
-                )
+                extra = {"data": data} if data is not None else {}
+                train(recipe, run, resume=resume, routing=routing, seed=seed, **extra, **dict(overrides))
             runs[label, seed] = run
     return runs
 
@@ -397,7 +399,7 @@ def run_reproduction(
     seeds = cfg.seeds
     n_runs = len(seeds) * len(MODELS)
     progress = Progress(2 * n_runs + 1)
-    runs = train_runs(out, data, cfg, progress)
+    runs = train_runs(out, cfg.recipe, seeds, cfg.overrides, progress, data=str(data.train))
 
     from lime_probe.analyses import Checkpoint
     from lime_probe.loading import load

@@ -1,0 +1,135 @@
+"""`lime-probe reproduce --study arithmetic --size tiny` end to end: the paired differences recomputed
+independently from the per-run outputs, the accuracies against the trainer's own evaluation, resumption
+and bad input. No shared data needed: the task is built in."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from lime_probe import cli
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    argv = ["reproduce", "--study", "arithmetic", "--size", "tiny", "--out", str(out), "--threads", "1"]
+    assert cli.main(argv) == 0
+    return out
+
+
+def hand_t_interval(d):
+    d = np.asarray(d, dtype=float)
+    half = sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return d.mean() - half, d.mean() + half
+
+
+def test_writes_tables_figures_and_findings(study):
+    res = study / "results"
+    for stem in ("differences", "accuracy", "entropy"):
+        assert (res / f"{stem}.csv").is_file() and (res / f"{stem}.json").is_file()
+    for fig in ("accuracy", "accuracy_difference", "entropy_values", "entropy_difference", "loss_vs_flops"):
+        assert (res / f"{fig}.png").stat().st_size > 1000
+    text = (res / "findings.md").read_text()
+    assert "accuracy, 1 operators" in text and "accuracy, 2 operators" in text and "value entropy" in text
+    meta = json.loads((res / "differences.json").read_text())["meta"]
+    assert meta["settings"]["seeds"] == [0, 1, 2] and meta["threads"]["torch_threads"] >= 1
+
+
+def test_accuracy_is_the_trainers_own_evaluation(study):
+    # The trainer evaluates each finished run (arithmetic_eval.json) through lime_model's own path.
+    for r in read_csv(study / "results" / "accuracy.csv"):
+        run = study / "train" / f"{r['model'].lower()}-s{r['seed']}"
+        trainer = json.loads((run / "arithmetic_eval.json").read_text())["accuracy"]
+        assert float(r["accuracy"]) == trainer[r["operators"]]
+        assert int(r["n"]) == 30
+
+
+def test_accuracy_differences_match_ttest_rel_on_the_per_run_files(study):
+    acc = {}
+    for path in (study / "measure" / "accuracy").glob("*.json"):
+        model, seed = path.stem.split("-s")
+        for tier, a in json.loads(path.read_text())["accuracy"].items():
+            acc[model, int(seed), int(tier)] = a
+    seeds = sorted({s for _, s, _ in acc})
+    assert seeds == [0, 1, 2]
+    rows = [r for r in read_csv(study / "results" / "differences.csv") if r["measure"] == "accuracy"]
+    assert sorted(int(r["operators"]) for r in rows) == [1, 2]
+    for row in rows:
+        tier = int(row["operators"])
+        a = np.array([acc["lime", s, tier] for s in seeds])
+        b = np.array([acc["llama", s, tier] for s in seeds])
+        ci = sps.ttest_rel(a, b).confidence_interval(0.95)
+        assert float(row["diff_mean"]) == pytest.approx((a - b).mean(), abs=1e-12)
+        got = (float(row["ci_low"]), float(row["ci_high"]))
+        assert got == pytest.approx((ci.low, ci.high), nan_ok=True)
+        assert got == pytest.approx(hand_t_interval(a - b), nan_ok=True)
+        assert json.loads(row["per_seed_diff"]) == pytest.approx(list(a - b))
+
+
+def test_entropy_differences_match_a_hand_t_interval(study):
+    ent = {}
+    for path in (study / "measure" / "entropy").glob("*.json"):
+        model, seed = path.stem.split("-s")
+        r = json.loads(path.read_text())
+        assert np.array(r["values"]).shape == (2, 16)  # (layers, test expressions)
+        ent[model, int(seed)] = np.array(r["values"])
+    seeds = [0, 1, 2]
+    rows = {
+        r["layer"]: r
+        for r in read_csv(study / "results" / "differences.csv")
+        if r["measure"] == "value entropy"
+    }
+    for layer, get in (
+        ("0", lambda v: v[0].mean()),
+        ("1", lambda v: v[1].mean()),
+        ("mean", lambda v: v.mean()),
+    ):
+        d = [get(ent["lime", s]) - get(ent["llama", s]) for s in seeds]
+        assert float(rows[layer]["diff_mean"]) == pytest.approx(np.mean(d))
+        assert (float(rows[layer]["ci_low"]), float(rows[layer]["ci_high"])) == pytest.approx(
+            hand_t_interval(d)
+        )
+
+
+def test_a_rerun_recomputes_only_the_missing_measurement_bit_identically(study):
+    measure = study / "measure"
+    before = {p: p.stat().st_mtime_ns for p in measure.rglob("*.json")}
+    weights = {p: p.stat().st_mtime_ns for p in (study / "train").rglob("model.safetensors")}
+    missing = measure / "accuracy" / "llama-s1.json"
+    kept = missing.read_bytes()
+    missing.unlink()
+    argv = ["reproduce", "--study", "arithmetic", "--size", "tiny", "--out", str(study), "--threads", "1"]
+    assert cli.main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in (study / "train").rglob("model.safetensors")} == weights
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items() if p != missing)
+    assert missing.read_bytes() == kept  # recomputed from the same weights: the same bytes
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--study", "arithmetic", "--seeds", "3"], "seeds must be at least two distinct integers"),
+        (["--study", "arithmetic", "--seeds", "1,1"], "seeds must be at least two distinct integers"),
+        (["--study", "arithmetic", "--data", "x"], "--study arithmetic generates its data"),
+        (["--study", "lm"], "--study lm needs --data"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, extra, message):
+    out = tmp_path / "o"
+    code = cli.main(["reproduce", "--size", "tiny", "--out", str(out), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_seeds_that_are_not_integers_are_a_usage_error(tmp_path, capsys):
+    code = cli.main(["reproduce", "--study", "arithmetic", "--seeds", "0,x", "--out", str(tmp_path / "o")])
+    assert code == 2 and "expected comma-separated integers" in capsys.readouterr().err
