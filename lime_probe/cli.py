@@ -296,10 +296,13 @@ COMMANDS = {
         "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
     ),
     "reproduce": (
-        "train LIMe and LLaMA language models over seeds and measure the paper's findings (resumable)",
+        "train LIMe and LLaMA (optionally the cross-layer baselines) over seeds and measure the paper's "
+        "findings (resumable)",
         "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu"
         "   # not run in tests: about an hour\n"
         "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run\n"
+        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --baselines denseformer,resformer"
+        "   # plus cross-layer baselines vs LLaMA\n"
         "lime-probe reproduce --study arithmetic --out runs/arithmetic-seeds --results figures/arithmetic-seeds"
         "   # not run in tests: about 30 min at one thread",
     ),
