@@ -296,10 +296,13 @@ COMMANDS = {
         "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
     ),
     "reproduce": (
-        "train LIMe and LLaMA language models over seeds and measure the paper's findings (resumable)",
+        "train LIMe and LLaMA (optionally the cross-layer baselines) over seeds and measure the paper's "
+        "findings (resumable)",
         "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu"
         "   # not run in tests: about an hour\n"
         "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run\n"
+        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --baselines denseformer,resformer"
+        "   # plus cross-layer baselines vs LLaMA\n"
         "lime-probe reproduce --study arithmetic --out runs/arithmetic-seeds --results figures/arithmetic-seeds"
         "   # not run in tests: about 30 min at one thread",
     ),
@@ -577,6 +580,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S,S,...",
         help="training seeds of --study arithmetic, at least two (default: the size's, 0-4 for cpu)",
     )
+    p.add_argument(
+        "--baselines",
+        type=lambda s: [b.strip() for b in s.split(",") if b.strip()],
+        default=[],
+        metavar="NAME,...",
+        help="--study lm: also train the paper's cross-layer baselines (denseformer, resformer, "
+        "hyperconnections) and compare each with LLaMA as extra rows (default: none)",
+    )
     p.add_argument("--results", default=None, metavar="DIR", help="tables and figures (default: OUT/results)")
     p.add_argument(
         "--size", default="cpu", choices=("cpu", "tiny"), help="cpu: the protocol's runs; tiny: a smoke run"
@@ -609,6 +620,8 @@ def cmd_reproduce(args, out: None) -> None:
 
         if args.data is not None:
             raise ValueError("--study arithmetic generates its data; leave out --data")
+        if args.baselines:
+            raise ValueError("--baselines applies to --study lm")
         results = run_arithmetic_study(
             args.run_dir or "runs/arithmetic-seeds",
             size=args.size,
@@ -624,7 +637,12 @@ def cmd_reproduce(args, out: None) -> None:
         if args.seeds is not None:
             raise ValueError("--seeds applies to --study arithmetic; the lm study's seeds are its protocol's")
         results = run_reproduction(
-            args.run_dir or "runs/lm-cpu", args.data, size=args.size, results=args.results, device=args.device
+            args.run_dir or "runs/lm-cpu",
+            args.data,
+            size=args.size,
+            results=args.results,
+            device=args.device,
+            baselines=args.baselines,
         )
     print(f"results in {results} (findings.md)", file=sys.stderr)
 

@@ -4,6 +4,7 @@ independently from the per-run tables, resumption, and the Table-2 task list."""
 import csv
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -95,4 +96,75 @@ def test_bad_data_folder_is_one_line_exit_2(tmp_path, capsys):
     code = cli.main(["reproduce", "--data", str(tmp_path), "--size", "tiny", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and "data not found" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def with_baseline(repro, shared_data, tmp_path_factory):
+    """The tiny study plus DenseFormer: a copy of ``repro``'s runs and measurements, so only the
+    baseline's runs are trained and measured."""
+    out = tmp_path_factory.mktemp("repro-baseline")
+    for part in ("train", "measure"):
+        shutil.copytree(repro / part, out / part)
+    argv = ["reproduce", "--data", str(shared_data), "--size", "tiny", "--out", str(out)]
+    assert cli.main([*argv, "--threads", "1", "--baselines", "denseformer"]) == 0
+    return out
+
+
+def test_baseline_rows_are_the_paired_difference_vs_llama_from_the_per_run_files(with_baseline):
+    rows = read_csv(with_baseline / "results" / "differences.csv")
+    mine = [r for r in rows if r["DenseFormer"]]
+    measure = with_baseline / "measure"
+
+    def per_seed(kind, label, get):
+        return np.array(
+            [get(json.loads((measure / kind / f"{label}-s{s}.json").read_text())) for s in (0, 1)]
+        )
+
+    def check(measure_name, where, kind, get):
+        a, b = per_seed(kind, "denseformer", get), per_seed(kind, "llama", get)
+        row = next(r for r in mine if r["measure"] == measure_name and where in (r["layer"], r["site"]))
+        assert float(row["DenseFormer"]) == pytest.approx(a.mean())
+        assert float(row["LLaMA"]) == pytest.approx(b.mean())
+        assert float(row["diff_mean"]) == pytest.approx((a - b).mean())
+        if np.ptp(a - b) > 0:  # a constant difference has a zero-width interval scipy reports as nan
+            ci = sps.ttest_rel(a, b).confidence_interval(0.95)
+            assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx((ci.low, ci.high))
+        assert row["verdict"] in ("not resolved", "higher", "lower")
+
+    check("perplexity", "", "perplexity", lambda r: r["perplexity"])
+    check("value entropy", "1", "entropy", lambda r: np.mean(r["values"][1]))
+    check("value entropy", "mean", "entropy", lambda r: np.mean(r["values"]))
+    check("separability", "upper half", "separability", lambda r: np.mean(r["accuracy"][1:]))
+    check(
+        "BLiMP probe (Table 2)",
+        "values",
+        "blimp",
+        lambda r: np.mean([np.mean(t["values"]["accuracy"]) for t in r["tasks"].values()]),
+    )
+    assert len(mine) == len([r for r in rows if r["LIMe"]])  # the same measures as LIMe's
+    assert (with_baseline / "train" / "denseformer-s1" / "model.safetensors").is_file()
+    assert json.loads((with_baseline / "train" / "denseformer-s0" / "config.json").read_text())[
+        "model_type"
+    ] == ("denseformer")
+    assert "DenseFormer" in (with_baseline / "results" / "findings.md").read_text()
+
+
+def test_lime_and_llama_rows_do_not_change_with_baselines(repro, with_baseline):
+    lime = [r for r in read_csv(with_baseline / "results" / "differences.csv") if r["LIMe"]]
+    alone = read_csv(repro / "results" / "differences.csv")
+    keys = list(alone[0])
+    assert [{k: r[k] for k in keys} for r in lime] == alone
+    per_run = read_csv(with_baseline / "results" / "perplexity.csv")
+    assert [r for r in per_run if r["model"] != "DenseFormer"] == read_csv(
+        repro / "results" / "perplexity.csv"
+    )
+
+
+def test_unknown_baseline_is_one_line_exit_2(shared_data, tmp_path, capsys):
+    argv = ["reproduce", "--data", str(shared_data), "--size", "tiny", "--out", str(tmp_path / "o")]
+    code = cli.main([*argv, "--baselines", "denseformer,mamba"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown baseline 'mamba'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
