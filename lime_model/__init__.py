@@ -1,11 +1,9 @@
 """LIMe (Layer-Integrated Memory) as a Hugging Face causal LM; ``routing="none"`` is the LLaMA baseline.
 
-``import lime_model`` registers :class:`LimeConfig` (``model_type="lime"``) with the Auto classes, so
-``AutoModelForCausalLM.from_pretrained(DIR)`` loads LIMe checkpoints; importing the baseline modules
-below registers theirs (``model_type`` "denseformer", "resformer"; :mod:`lime_model.architectures`).
+``import lime_model`` registers every model type with the Auto classes (``modeling.register_auto``), so
+``AutoModelForCausalLM.from_pretrained(DIR)`` loads LIMe checkpoints (``model_type="lime"``) and the
+baselines' ("denseformer", "resformer", "hyperconnections"; :mod:`lime_model.architectures`).
 """
-
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .architectures import ARCHITECTURES, config_for
 from .config import LimeConfig
@@ -16,10 +14,6 @@ from .modeling import LimeForCausalLM, LimeModel, LimePreTrainedModel
 from .optim import param_groups
 from .resformer import ResFormerConfig, ResFormerForCausalLM, ResFormerModel
 from .routing import RoutingSpec, parse_routing
-
-AutoConfig.register("lime", LimeConfig, exist_ok=True)
-AutoModel.register(LimeConfig, LimeModel, exist_ok=True)
-AutoModelForCausalLM.register(LimeConfig, LimeForCausalLM, exist_ok=True)
 
 __all__ = [
     "ARCHITECTURES",

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import LimeConfig, no_routing
-from .modeling import LimeDecoderLayer, LimeForCausalLM, LimeModel
+from .modeling import LimeDecoderLayer, LimeForCausalLM, LimeModel, register_auto
 
 
 class DenseFormerConfig(LimeConfig):
@@ -122,6 +121,4 @@ class DenseFormerForCausalLM(LimeForCausalLM):
     _no_split_modules = ["DenseFormerDecoderLayer"]
 
 
-AutoConfig.register(DenseFormerConfig.model_type, DenseFormerConfig, exist_ok=True)
-AutoModel.register(DenseFormerConfig, DenseFormerModel, exist_ok=True)
-AutoModelForCausalLM.register(DenseFormerConfig, DenseFormerForCausalLM, exist_ok=True)
+register_auto(DenseFormerForCausalLM)

@@ -25,10 +25,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import LimeConfig, no_routing
-from .modeling import LimeDecoderLayer, LimeForCausalLM, LimeModel
+from .modeling import LimeDecoderLayer, LimeForCausalLM, LimeModel, register_auto
 
 
 class HyperConnectionsConfig(LimeConfig):
@@ -194,6 +193,4 @@ class HyperConnectionsForCausalLM(LimeForCausalLM):
     _no_split_modules = ["HyperConnectionsDecoderLayer"]
 
 
-AutoConfig.register("hyperconnections", HyperConnectionsConfig, exist_ok=True)
-AutoModel.register(HyperConnectionsConfig, HyperConnectionsModel, exist_ok=True)
-AutoModelForCausalLM.register(HyperConnectionsConfig, HyperConnectionsForCausalLM, exist_ok=True)
+register_auto(HyperConnectionsForCausalLM)

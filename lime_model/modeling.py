@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
@@ -282,3 +283,15 @@ class LimeForCausalLM(LimePreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+
+def register_auto(causal_lm: type[LimeForCausalLM]) -> None:
+    """Register ``causal_lm``, its base model and config with the Auto classes, so
+    ``AutoModelForCausalLM.from_pretrained(DIR)`` loads checkpoints of its ``model_type``."""
+    config = causal_lm.config_class
+    AutoConfig.register(config.model_type, config, exist_ok=True)
+    AutoModel.register(config, causal_lm.base_model_class, exist_ok=True)
+    AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
+
+
+register_auto(LimeForCausalLM)

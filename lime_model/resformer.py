@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import LimeConfig, no_routing
-from .modeling import LimeAttention, LimeDecoderLayer, LimeForCausalLM, LimeModel
+from .modeling import LimeAttention, LimeDecoderLayer, LimeForCausalLM, LimeModel, register_auto
 
 VALUE_MIX = ("learnable", "fixed")
 
@@ -116,6 +115,4 @@ class ResFormerForCausalLM(LimeForCausalLM):
     _no_split_modules = ["ResFormerDecoderLayer"]
 
 
-AutoConfig.register(ResFormerConfig.model_type, ResFormerConfig, exist_ok=True)
-AutoModel.register(ResFormerConfig, ResFormerModel, exist_ok=True)
-AutoModelForCausalLM.register(ResFormerConfig, ResFormerForCausalLM, exist_ok=True)
+register_auto(ResFormerForCausalLM)

@@ -538,6 +538,24 @@ def _threads() -> dict:
     }
 
 
+def entropy_rows(entropy: Mapping[tuple[str, int], dict], unit: str) -> list[dict]:
+    """Per-run, per-layer value entropy: mean and std over the measured ``unit``s (windows, texts), plus
+    the window length where the measurement records one."""
+    rows = []
+    for (label, seed), r in entropy.items():
+        for layer, vals in zip(r["layers"], r["values"], strict=True):
+            row = {
+                "model": label,
+                "seed": seed,
+                "layer": layer,
+                "entropy_mean": float(np.mean(vals)),
+                "entropy_std": float(np.std(vals)),
+                unit: len(vals),
+            }
+            rows.append(row | ({"window": r["window"]} if "window" in r else {}))
+    return rows
+
+
 def per_run_rows(m: dict) -> dict[str, list[dict]]:
     """Per-run tables: perplexity, entropy per layer (mean over windows), separability per layer, BLiMP per task."""
     out: dict[str, list[dict]] = {"perplexity": [], "entropy": [], "separability": [], "blimp": []}
@@ -551,19 +569,7 @@ def per_run_rows(m: dict) -> dict[str, list[dict]]:
                 "tokens": r["tokens"],
             }
         )
-    for (label, seed), r in m["entropy"].items():
-        for layer, vals in zip(r["layers"], r["values"], strict=True):
-            out["entropy"].append(
-                {
-                    "model": label,
-                    "seed": seed,
-                    "layer": layer,
-                    "entropy_mean": float(np.mean(vals)),
-                    "entropy_std": float(np.std(vals)),
-                    "windows": len(vals),
-                    "window": r["window"],
-                }
-            )
+    out["entropy"] = entropy_rows(m["entropy"], unit="windows")
     for (label, seed), r in m["separability"].items():
         for layer, acc in zip(r["layers"], r["accuracy"], strict=True):
             out["separability"].append(

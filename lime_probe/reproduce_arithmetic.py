@@ -40,6 +40,7 @@ from lime_probe.reproduce import (
     _threads,
     cached,
     differences,
+    entropy_rows,
     run_name,
     train_runs,
 )
@@ -156,18 +157,7 @@ def per_run_rows(m: dict) -> dict[str, list[dict]]:
                     "n": r["n_test_per_tier"],
                 }
             )
-    for (label, seed), r in m["entropy"].items():
-        for layer, vals in zip(r["layers"], r["values"], strict=True):
-            out["entropy"].append(
-                {
-                    "model": label,
-                    "seed": seed,
-                    "layer": layer,
-                    "entropy_mean": float(np.mean(vals)),
-                    "entropy_std": float(np.std(vals)),
-                    "texts": len(vals),
-                }
-            )
+    out["entropy"] = entropy_rows(m["entropy"], unit="texts")
     return out
 
 
