@@ -411,6 +411,38 @@ def compare(m: dict, seeds: Sequence[int], labels: Sequence[str] = ("LIMe",)) ->
 # --------------------------------------------------------------------------- the command
 
 
+def measure_run(
+    run: Path, seed: int, data: Data, cfg: Size, where: Path, device: str = "cpu", first_seed: bool = False
+) -> tuple[dict[str, dict], tuple[dict, np.ndarray] | None]:
+    """Perplexity, entropy, separability and BLiMP of one finished run (trained with ``seed``), each
+    cached as ``where/{kind}/{run name}.json``: a rerun, or a second process measuring other runs,
+    reuses them.
+
+    ``first_seed``: also return the is/are/was/were features (they feed the t-SNE); otherwise None."""
+    from lime_probe.loading import load
+
+    name = run.name
+    model, tok = load(run, device=device)
+    hf = getattr(model, "_module", model)
+    window = hf.config.max_position_embeddings
+    measured = {
+        "perplexity": cached(where / "perplexity" / f"{name}.json", measure_perplexity, run, data),
+        "entropy": cached(
+            where / "entropy" / f"{name}.json", measure_entropy, model, tok, data, window, cfg.num_windows
+        ),
+    }
+    sep_path, features = where / "separability" / f"{name}.json", None
+    if first_seed or not sep_path.is_file():
+        features = word_features(model, tok, data, window)
+        measured["separability"] = cached(sep_path, measure_separability, *features, seed)
+    else:
+        measured["separability"] = cached(sep_path, measure_separability)
+    measured["blimp"] = cached(
+        where / "blimp" / f"{name}.json", measure_blimp, hf, tok, data, cfg.blimp_pairs, seed
+    )
+    return measured, features if first_seed else None
+
+
 def run_reproduction(
     out: str | os.PathLike,
     data_root: str | os.PathLike,
@@ -447,29 +479,13 @@ def run_reproduction(
     tsne_features = {}
     for (label, seed), run in runs.items():
         progress.step(f"measuring {label} seed {seed}: perplexity, entropy, separability, BLiMP")
-        name = run_name(label, seed)
-        model, tok = load(run, device=device)
-        hf = getattr(model, "_module", model)
-        window = hf.config.max_position_embeddings
-        where = out / "measure"
-        m["perplexity"][label, seed] = cached(
-            where / "perplexity" / f"{name}.json", measure_perplexity, run, data
+        measured, features = measure_run(
+            run, seed, data, cfg, out / "measure", device, first_seed=seed == seeds[0]
         )
-        m["entropy"][label, seed] = cached(
-            where / "entropy" / f"{name}.json", measure_entropy, model, tok, data, window, cfg.num_windows
-        )
-        sep_path = where / "separability" / f"{name}.json"
-        if seed == seeds[0] or not sep_path.is_file():  # the first seed's features also feed the t-SNE
-            features, words = word_features(model, tok, data, window)
-            if seed == seeds[0] and label in MODELS:  # Fig. 3 maps LIMe and LLaMA
-                tsne_features[label] = (features, words)
-            m["separability"][label, seed] = cached(sep_path, measure_separability, features, words, seed)
-        else:
-            m["separability"][label, seed] = cached(sep_path, measure_separability)
-        m["blimp"][label, seed] = cached(
-            where / "blimp" / f"{name}.json", measure_blimp, hf, tok, data, cfg.blimp_pairs, seed
-        )
-        del model
+        for kind, value in measured.items():
+            m[kind][label, seed] = value
+        if features is not None and label in MODELS:  # Fig. 3 maps LIMe and LLaMA
+            tsne_features[label] = features
     progress.step("comparing and writing the results")
     lime_runs = [
         Checkpoint(f"LIMe s{s}", str(runs["LIMe", s]), *load(runs["LIMe", s], device=device)) for s in seeds
