@@ -22,3 +22,12 @@ def shared_data() -> Path:
             "shared data not available: set LIME_PROBE_DATA to the folder holding blimp/ and wikitext-2/"
         )
     return Path(root)
+
+
+@pytest.fixture
+def text(tmp_path, monkeypatch) -> Path:
+    """A small training text (80 short documents); lime-model's cache goes under ``tmp_path``."""
+    monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "t.txt"
+    path.write_text("\n\n".join(f"document {i} says the cat sat on mat number {i % 13}" for i in range(80)))
+    return path

@@ -24,6 +24,41 @@ BASELINES = (
     "hyperconnections",
 )  # lime_model's cross-layer baselines (LLaMA sizes, routing "none")
 
+# The paper's 1B configuration (Table 16's rows use it with 8 or 32 K/V heads).
+PAPER_1B = dict(
+    vocab_size=50257,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    tie_word_embeddings=True,
+)
+
+# `lime-model train` flags for a 2-layer model that trains in well under a second.
+TINY_TRAIN = [
+    "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64", "--set", "model.num_hidden_layers=2",
+    "--set", "model.vocab_size=300", "--set", "seq_len=32", "--set", "batch_size=4",
+    "--set", "micro_batch_size=4", "--set", "log_every=1", "--no-progress",
+]  # fmt: skip
+
+
+def train_args(out, data, *extra) -> list[str]:
+    """``lime-model train`` argv: two steps of the tiny model on ``data``, writing ``out``."""
+    return [
+        "train",
+        "--recipe",
+        "cpu-tiny",
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+        "--steps",
+        "2",
+        *TINY_TRAIN,
+        *extra,
+    ]
+
+
 SPECIALS = {
     "pad_token": "<pad>",
     "bos_token": "<s>",

@@ -7,7 +7,7 @@ import math
 import pytest
 import safetensors.torch
 import torch
-from helpers import CORPUS, save_tiny_checkpoint
+from helpers import CORPUS, PAPER_1B, save_tiny_checkpoint, train_args
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import lime_model
@@ -19,14 +19,6 @@ from lime_model.hyperconnections import HyperConnectionsForCausalLM
 from lime_model.resformer import ResFormerForCausalLM
 
 SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
-PAPER_1B = dict(
-    vocab_size=50257,
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    tie_word_embeddings=True,
-)
 BASELINES = ["denseformer", "resformer", "hyperconnections"]  # HC's own maths: test_hyperconnections.py
 
 
@@ -261,41 +253,12 @@ def test_counts_against_hand_formulas():
 
 
 # ------------------------------------------------------------------ lime-model train --arch
-TINY = [
-    "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64", "--set", "model.num_hidden_layers=2",
-    "--set", "model.vocab_size=300", "--set", "seq_len=32", "--set", "batch_size=4",
-    "--set", "micro_batch_size=4", "--set", "log_every=1", "--no-progress",
-]  # fmt: skip
-
-
-@pytest.fixture
-def text(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "t.txt"
-    path.write_text("\n\n".join(f"document {i} says the cat sat on mat number {i % 13}" for i in range(80)))
-    return path
-
-
-def train_argv(out, data, *extra):
-    return [
-        "train",
-        "--recipe",
-        "cpu-tiny",
-        "--out",
-        str(out),
-        "--data",
-        str(data),
-        "--steps",
-        "2",
-        *TINY,
-        *extra,
-    ]
 
 
 @pytest.mark.parametrize("arch", BASELINES)
 def test_train_arch_through_the_cli(tmp_path, text, arch):
     out = tmp_path / "run"
-    assert main(train_argv(out, text, "--arch", arch)) == 0
+    assert main(train_args(out, text, "--arch", arch)) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == arch and config["routing"] == "none"
     assert json.loads((out / "recipe.json").read_text())["model"]["arch"] == arch
@@ -331,7 +294,7 @@ def test_train_arch_through_the_cli(tmp_path, text, arch):
 )
 def test_bad_arch_is_one_line_error(tmp_path, text, capsys, extra, needle):
     out = tmp_path / "run"
-    assert main(train_argv(out, text, *extra)) == 2
+    assert main(train_args(out, text, *extra)) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("lime-model: error: ") and needle in err, err
     assert not out.exists()

@@ -2,19 +2,11 @@
 
 import pytest
 import torch
+from helpers import PAPER_1B
 from torch.utils.flop_counter import FlopCounterMode
 
 from lime_model import LimeConfig, LimeForCausalLM, forward_flops
 from lime_model.flops import flops_breakdown
-
-PAPER_1B = dict(
-    vocab_size=50257,
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    tie_word_embeddings=True,
-)
 
 
 @pytest.mark.parametrize(("kv", "overhead_percent"), [(8, 0.08), (32, 1.22)])

@@ -7,40 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import train_args
 
 from lime_model.cli import main
 from lime_model.tasks.arithmetic import CHARS
 from lime_model.tokenization import char_tokenizer
-
-TINY = [
-    "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64", "--set", "model.num_hidden_layers=2",
-    "--set", "model.vocab_size=300", "--set", "seq_len=32", "--set", "batch_size=4",
-    "--set", "micro_batch_size=4", "--set", "log_every=1", "--no-progress",
-]  # fmt: skip
-
-
-@pytest.fixture
-def text(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "t.txt"
-    path.write_text("\n\n".join(f"document {i} says the cat sat on mat number {i % 13}" for i in range(80)))
-    return path
-
-
-def train_args(out, data, *extra):
-    return [
-        "train",
-        "--recipe",
-        "cpu-tiny",
-        "--out",
-        str(out),
-        "--data",
-        str(data),
-        "--steps",
-        "2",
-        *TINY,
-        *extra,
-    ]
 
 
 def test_train_and_resume_through_the_cli(tmp_path, text, capsys):
