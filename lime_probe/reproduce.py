@@ -511,7 +511,7 @@ def write_results_folder(
 
     meta = run_metadata(
         "reproduce",
-        settings={"size": size, **asdict(cfg), "words": WORDS},
+        settings={"size": size, **asdict(cfg), "words": WORDS, "models": list(labels)},
         checkpoints={run_name(label, s): str(p) for (label, s), p in runs.items()},
     )
     meta["threads"] = _threads()

@@ -148,6 +148,8 @@ def test_baseline_rows_are_the_paired_difference_vs_llama_from_the_per_run_files
         "model_type"
     ] == ("denseformer")
     assert "DenseFormer" in (with_baseline / "results" / "findings.md").read_text()
+    settings = json.loads((with_baseline / "results" / "summary.json").read_text())["meta"]["settings"]
+    assert settings["models"] == ["LIMe", "LLaMA", "DenseFormer"]
 
 
 def test_lime_and_llama_rows_do_not_change_with_baselines(repro, with_baseline):
