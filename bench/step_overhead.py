@@ -19,6 +19,11 @@ in fresh subprocesses (peak RSS cannot be reset reliably inside one process), me
     python bench/step_overhead.py --threads 1 --clock cpu    # the README table (shared CPU)
     python bench/step_overhead.py --rounds 3 --no-memory --variants full   # quick check
     python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
+    python bench/step_overhead.py --threads 1 --profile --variants full first-4  # where the extra time goes
+
+``--profile`` replaces the timing with ``torch.profiler``: self CPU time per operator over the layer
+stack's forward + backward, each row against LLaMA, largest differences first (the profiler's own
+overhead inflates small operators, so read it as a breakdown, not as the ratio).
 
 Rows are LIMe routing specs or the names of the paper's cross-layer baselines (every row is compared
 with LLaMA, ``none``), e.g. ``--variants full denseformer resformer hyperconnections`` (issue 13).
@@ -89,6 +94,28 @@ class Steps:
                 loss = self.full(self.ids, labels=self.ids).loss
         loss.backward()
         self.model.zero_grad(set_to_none=True)
+
+
+def profile_rows(models: dict[str, Steps], args: argparse.Namespace, top: int = 12) -> None:
+    """Print, per row, the operators whose self CPU time per stack step differs most from LLaMA's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per_op = {}
+    for name, steps in models.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(args.rounds):
+                steps.run("stack")
+        per_op[name] = {e.key: e.self_cpu_time_total / 1e3 / args.rounds for e in prof.key_averages()}
+    base = per_op.pop("none")
+    print(
+        f"[stack] self CPU ms per step by operator, {args.rounds} profiled steps; LLaMA total {sum(base.values()):.1f} ms"
+    )
+    for name, ops in per_op.items():
+        diff = {op: ops.get(op, 0.0) - base.get(op, 0.0) for op in ops.keys() | base.keys()}
+        print(f"\n{name}: total {sum(ops.values()):.1f} ms ({sum(diff.values()):+.1f} ms vs LLaMA)")
+        print(f"{'operator':<56} {'LLaMA':>8} {name[:8]:>8} {'diff':>8}")
+        for op in sorted(diff, key=lambda o: -abs(diff[o]))[:top]:
+            print(f"{op[:56]:<56} {base.get(op, 0.0):8.1f} {ops.get(op, 0.0):8.1f} {diff[op]:+8.1f}")
 
 
 def sync(device: str) -> None:
@@ -165,6 +192,7 @@ def main() -> None:
         help="cpu = this process's CPU time: less sensitive to other load (use with --threads 1)",
     )
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="per-operator breakdown instead of timing")
     parser.add_argument("--_memory-of", dest="memory_of", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 1 or args.memory_runs < 1:
@@ -181,6 +209,8 @@ def main() -> None:
     for steps in models.values():  # warm-up (and compilation)
         for scope in SCOPES:
             steps.run(scope)
+    if args.profile:
+        return profile_rows(models, args)
     for _ in range(args.rounds):
         for scope in SCOPES:
             for name, steps in models.items():
