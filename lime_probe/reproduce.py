@@ -526,7 +526,8 @@ def write_results_folder(
     curves = {label: _mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in labels}
     tsne = tsne_embeddings(tsne_features, cfg)
     draw(results, m, diff, seeds, curves, tsne, router, labels)
-    atomic_write_text(results / "findings.md", findings(diff, seeds, compared))
+    protocol = "PROTOCOL.md in this folder" if (results / "PROTOCOL.md").is_file() else None
+    atomic_write_text(results / "findings.md", findings(diff, seeds, compared, protocol))
     atomic_write_text(
         results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)
     )
@@ -725,9 +726,15 @@ CLAIMS = (
 )
 
 
-def findings(diff: Sequence[dict], seeds: Sequence[int], compared: Sequence[str] = ("LIMe",)) -> str:
+def findings(
+    diff: Sequence[dict],
+    seeds: Sequence[int],
+    compared: Sequence[str] = ("LIMe",),
+    protocol: str | None = None,
+) -> str:
     """findings.md: each of the paper's claims with the measured difference, its interval and verdict;
-    then, for the baselines among ``compared``, the same measures as baseline minus LLaMA."""
+    then, for the baselines among ``compared``, the same measures as baseline minus LLaMA. ``protocol``
+    names where the study's protocol is written (default: the repository's cpu-size study's)."""
 
     def row(label: str, measure: str, where: str | None) -> dict:
         return next(
@@ -741,7 +748,7 @@ def findings(diff: Sequence[dict], seeds: Sequence[int], compared: Sequence[str]
         "",
         f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}); 95 % t-interval "
         "over seeds. Verdict: 'holds' when the interval excludes 0 with the paper's sign, 'reversed' when it "
-        "excludes 0 with the other sign, else 'not resolved'. Protocol: figures/lm-cpu/PROTOCOL.md.",
+        f"excludes 0 with the other sign, else 'not resolved'. Protocol: {protocol or 'figures/lm-cpu/PROTOCOL.md'}.",
         "",
         "| claim | LIMe | LLaMA | difference [95 % CI] | verdict |",
         "|---|---|---|---|---|",
