@@ -18,7 +18,8 @@ router                 the LIMe routers, mean over seeds                        
 loss vs FLOPs          training loss, mean over seeds                                           Fig. 1
 =====================  =====================================================================  ==========
 
-The protocol is fixed in ``figures/lm-cpu/PROTOCOL.md`` (written before any result was seen). Layout of
+The protocols are fixed in ``figures/lm-cpu/PROTOCOL.md`` and, for the baselines,
+``figures/lm-cpu-baselines/PROTOCOL.md`` (each written before any result was seen). Layout of
 ``out``::
 
     train/{lime,llama,...}-s{seed}/  lime-model runs: reused when finished, resumed when interrupted
