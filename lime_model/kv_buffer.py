@@ -1,15 +1,19 @@
 """The K/V buffer shared by the attention layers of one LIMe forward pass, and the routed read.
 
-Layout: keys and values each live in one contiguous tensor whose row block ``j`` (rows
-``j * kv .. (j + 1) * kv``) holds layer j's raw heads, so mixing them with a router matrix
-``R [kv, S * kv]`` is one GEMM over a contiguous row range per tensor, whatever the order within a
-row. Within a row the order depends on how the weights vary along the feature axis:
+Layout: keys and values each live in one contiguous tensor in which layer j's raw heads form the
+head block ``j * kv .. (j + 1) * kv`` of a head axis, so a layer's sources are one strided range of
+that axis, read without copying. Where the head axis sits depends on how the weights vary, so that
+each read mode is one (batched) GEMM on views:
 
-- position-major ``[L * kv, B * T, head_dim]`` (default): routed heads come out in the layout
-  attention wants (``head_dim`` innermost), and per-position weights batch over positions;
-- feature-major ``[L * kv, head_dim, B * T]`` for per-dim weights (one mixing matrix per feature):
-  each feature's sources are then a strided matrix with unit-stride rows, so the mix is one batched
-  GEMM over features instead of a permuted copy of every source at every layer.
+- position-major ``[L * kv, B * T, head_dim]`` (static matrices, mode "matrix"): mixing with
+  ``R [kv, S * kv]`` is one GEMM over a contiguous row range, and routed heads come out with
+  ``head_dim`` innermost, as attention wants them;
+- feature-major ``[L * kv, head_dim, B * T]`` (per-dim weights, one mixing matrix per feature): each
+  feature's sources are a strided matrix with unit-stride rows, so the mix is one GEMM batched over
+  features instead of a permuted copy of every source at every layer;
+- position-outer ``[B * T, L * kv, head_dim]`` (per-position weights, the dynamic router): each
+  position's sources are a ``[S * kv, head_dim]`` matrix with unit-stride rows, so the mix is one GEMM
+  batched over positions, and the routed heads come out ``(B, T, kv, head_dim)`` as ``k_proj`` writes them.
 
 Why a custom autograd function: building the sources with ``torch.cat`` at every layer copies the
 buffer L times and makes backward keep every copy (O(L^2) memory and traffic). Here each layer
@@ -23,9 +27,11 @@ from __future__ import annotations
 
 import torch
 
+LAYOUTS = {"matrix": "position-major", "per-dim": "feature-major", "per-position": "position-outer"}
+
 
 class KVBuffer:
-    """Per-forward storage of every layer's raw K/V heads (see module docstring for the layout).
+    """Per-forward storage of every layer's raw K/V heads (see module docstring for the layouts).
 
     Args:
         num_layers: number of attention layers L.
@@ -35,30 +41,39 @@ class KVBuffer:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int) -> None:
         self.num_layers, self.kv, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.feature_major = False  # fixed by the first write
+        self.layout = "position-major"  # fixed by the first write
         self.data: list[torch.Tensor] = []  # [keys, values]
         self.grad: list[torch.Tensor] = []
         self.grad_ready = [False] * num_layers  # has a gradient block received its first contribution?
 
-    def rows(self, start_layer: int, stop_layer: int) -> slice:
-        return slice(start_layer * self.kv, stop_layer * self.kv)
+    def block(self, data: torch.Tensor, start_layer: int, stop_layer: int) -> torch.Tensor:
+        """The heads of layers ``start_layer .. stop_layer - 1`` in ``data`` (a buffer or its gradient)
+        as a view ``[n, *row]`` with the head axis first, whatever the layout."""
+        heads = slice(start_layer * self.kv, stop_layer * self.kv)
+        if self.layout == "position-outer":
+            return data[:, heads].transpose(0, 1)
+        return data[heads]
 
     def heads(self, rows: torch.Tensor, B: int, T: int) -> torch.Tensor:
-        """A ``(n, B, T, head_dim)`` view of ``n`` heads stored in either layout (``rows [n, ...]``)."""
-        if self.feature_major:
+        """A ``(n, B, T, head_dim)`` view of ``n`` heads ``rows [n, *row]`` (as :meth:`block` gives)."""
+        if self.layout == "feature-major":
             return rows.view(-1, self.head_dim, B, T).permute(0, 2, 3, 1)
         return rows.view(-1, B, T, self.head_dim)
 
-    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, feature_major: bool) -> None:
+    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, mode: str) -> None:
         """Store layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``;
-        the first write allocates the buffer in the layout ``feature_major`` names."""
+        the first write allocates the buffer in the layout of read ``mode`` (:data:`LAYOUTS`)."""
         B, T, _ = keys.shape
         if not self.data:
-            self.feature_major = feature_major
-            row = (self.head_dim, B * T) if feature_major else (B * T, self.head_dim)
-            self.data = [keys.new_empty(self.num_layers * self.kv, *row) for _ in range(2)]
+            self.layout = LAYOUTS[mode]
+            shape = {
+                "position-major": (self.num_layers * self.kv, B * T, self.head_dim),
+                "feature-major": (self.num_layers * self.kv, self.head_dim, B * T),
+                "position-outer": (B * T, self.num_layers * self.kv, self.head_dim),
+            }[self.layout]
+            self.data = [keys.new_empty(shape) for _ in range(2)]
         for store, x in zip(self.data, (keys, values), strict=True):
-            block = self.heads(store[self.rows(layer_idx, layer_idx + 1)], B, T)
+            block = self.heads(self.block(store, layer_idx, layer_idx + 1), B, T)
             block.copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
 
     def split_ready(self, start_layer: int, stop_layer: int) -> list[tuple[int, int]]:
@@ -73,7 +88,7 @@ class KVBuffer:
 
     def add_to_grad(self, grad: torch.Tensor, start_layer: int, stop_layer: int, value: torch.Tensor) -> None:
         """``grad[blocks] += value`` over layers of one ready state (assigns into fresh blocks)."""
-        block = grad[self.rows(start_layer, stop_layer)]
+        block = self.block(grad, start_layer, stop_layer)
         block.add_(value) if self.grad_ready[start_layer] else block.copy_(value)
 
     def beta(self, start_layer: int) -> float:
@@ -90,7 +105,7 @@ class KVBuffer:
         B, T, _ = shape
         grads = []
         for grad in self.grad:
-            block = self.heads(grad[self.rows(layer_idx, layer_idx + 1)], B, T)
+            block = self.heads(self.block(grad, layer_idx, layer_idx + 1), B, T)
             grads.append(block.permute(1, 2, 0, 3).reshape(shape))
         self.grad_ready[layer_idx] = False  # a second backward over a retained graph starts afresh
         return grads
@@ -111,19 +126,20 @@ def _mix(weight: torch.Tensor | None, data: torch.Tensor, buffer: KVBuffer, own:
     """Routed heads ``[kv, *row]`` from buffered ``data [L*kv, *row]`` (modes: :class:`_RoutedRead`)."""
     kv = buffer.kv
     if weight is None:
-        return data[buffer.rows(own, own + 1)].clone()
+        return buffer.block(data, own, own + 1).clone()
     if mode == "matrix":
         out = None
         for first, stop, pos in runs:
-            src = data[buffer.rows(first, stop)].flatten(1)
+            src = buffer.block(data, first, stop).flatten(1)
             w = weight[:, pos * kv : (pos + stop - first) * kv]
             out = w @ src if out is None else torch.addmm(out, w, src)
         return out.view(kv, *data.shape[1:])
     ((first, stop, _),) = runs  # per-dim and per-position read a contiguous range
-    src = data[buffer.rows(first, stop)]
+    src = buffer.block(data, first, stop)
     if mode == "per-dim":  # feature-major: one [kv, S] @ [S, B*T] product per feature e
         return torch.bmm(weight.permute(2, 0, 1), src.transpose(0, 1)).transpose(0, 1)
-    return torch.einsum("mhs,sme->hme", weight, src)
+    # position-outer: one [kv, S] @ [S, hd] product per position m
+    return torch.bmm(weight, src.transpose(0, 1)).transpose(0, 1)
 
 
 def _mix_backward(
@@ -144,23 +160,26 @@ def _mix_backward(
         for first, stop, pos in runs:
             if need_w:
                 cols = slice(pos * kv, (pos + stop - first) * kv)
-                grad_w[:, cols] = g @ data[buffer.rows(first, stop)].flatten(1).t()
+                grad_w[:, cols] = g @ buffer.block(data, first, stop).flatten(1).t()
             for a, b in buffer.split_ready(first, stop):
                 w = weight[:, (pos + a - first) * kv : (pos + b - first) * kv]
-                grad_data[buffer.rows(a, b)].flatten(1).addmm_(w.t(), g, beta=buffer.beta(a))
+                buffer.block(grad_data, a, b).flatten(1).addmm_(w.t(), g, beta=buffer.beta(a))
         return grad_w
     ((first, stop, _),) = runs
-    src = data[buffer.rows(first, stop)]
+    src = buffer.block(data, first, stop)
     if mode == "per-dim":  # feature-major, batched over features e as in _mix
         g = grad_out.transpose(0, 1)  # [hd, kv, B*T]
         for a, b in buffer.split_ready(first, stop):
             w = weight[:, (a - first) * kv : (b - first) * kv].permute(2, 1, 0)  # [hd, s, kv]
-            grad_data[buffer.rows(a, b)].transpose(0, 1).baddbmm_(w, g, beta=buffer.beta(a))
+            buffer.block(grad_data, a, b).transpose(0, 1).baddbmm_(w, g, beta=buffer.beta(a))
         return torch.bmm(g, src.permute(1, 2, 0)).permute(1, 2, 0) if need_w else None
-    contribution = torch.einsum("mhs,hme->sme", weight, grad_out)
+    g = grad_out.transpose(0, 1)  # position-outer, batched over positions m as in _mix: [B*T, kv, hd]
+    # One bmm, then an add: baddbmm_ into these strided gradient blocks loops over positions in torch.
+    contribution = torch.bmm(weight.transpose(1, 2), g).transpose(0, 1)  # [S*kv, B*T, hd]
     for a, b in buffer.split_ready(first, stop):
         buffer.add_to_grad(grad_data, a, b, contribution[(a - first) * kv : (b - first) * kv])
-    return torch.einsum("hme,sme->mhs", grad_out, src) if need_w else None
+    grad_w = torch.bmm(g, src.permute(1, 2, 0)) if need_w else None
+    return grad_w
 
 
 class _RoutedRead(torch.autograd.Function):
@@ -179,7 +198,7 @@ class _RoutedRead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, keys, values, buffer: KVBuffer, layer_idx: int, sources, mode: str):
-        buffer.write(layer_idx, keys, values, feature_major=mode == "per-dim")
+        buffer.write(layer_idx, keys, values, mode)
         runs = contiguous_runs(sources)
         out = [_mix(weight, data, buffer, layer_idx, runs, mode) for data in buffer.data]
         ctx.buffer, ctx.layer_idx, ctx.sources, ctx.runs = buffer, layer_idx, sources, runs

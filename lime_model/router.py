@@ -197,6 +197,7 @@ class DynamicRouter(LimeRouter):
     """
 
     input_dependent = True
+    own_only_mode = "per-position"
 
     def make_parameters(self, config: LimeConfig) -> None:
         super().make_parameters(config)

@@ -70,13 +70,14 @@ CASES = [
     ("dilated-back-2", "matrix"),
     ("full", "per-dim"),
     ("last-2", "per-dim"),
-    ("full", "per-position"),  # layer 0 reads in matrix mode, as the dynamic router's does
+    ("full", "per-position"),
     ("last-2", "per-position"),
 ]  # per-dim and per-position read contiguous source ranges (the only ones their routers use)
 
 
 def layer_modes(kind: str) -> list[str]:
-    return ["per-dim" if kind == "per-dim" else "matrix"] + [kind] * (L - 1)
+    """Every layer reads in its router's mode, layer 0 (own heads only) included: it fixes the layout."""
+    return [kind] * L
 
 
 @pytest.mark.parametrize(("pattern", "kind"), CASES)
