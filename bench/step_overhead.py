@@ -116,6 +116,37 @@ def profile_rows(models: dict[str, Steps], args: argparse.Namespace, top: int = 
         print(f"{'operator':<56} {'LLaMA':>8} {name[:8]:>8} {'diff':>8}")
         for op in sorted(diff, key=lambda o: -abs(diff[o]))[:top]:
             print(f"{op[:56]:<56} {base.get(op, 0.0):8.1f} {ops.get(op, 0.0):8.1f} {diff[op]:+8.1f}")
+    gemm_rates(args)
+
+
+def gemm_rates(args: argparse.Namespace, reps: int = 10) -> None:
+    """GFLOP/s of the routed read's GEMM shapes at this size next to the layer's q/k/v projection:
+    kv rows make the router GEMMs memory-bound, which is why their small FLOP share costs more time."""
+    kv, hd = args.kv_heads or args.heads, args.hidden // args.heads
+    n, tokens = args.batch * args.seq * hd, args.batch * args.seq
+    print(f"\nGEMM rates at this size (kv = {kv}, B*T*head_dim = {n}), median of {reps}:")
+    cases = [
+        (
+            "projection [B*T, hidden] @ [hidden, 3*hidden]",
+            (tokens, args.hidden),
+            (args.hidden, 3 * args.hidden),
+        )
+    ]
+    for layers in sorted({min(4, args.layers) + 1, args.layers}):
+        K = layers * kv
+        cases += [
+            (f"routed read [kv, {K}] @ [{K}, n]", (kv, K), (K, n)),
+            (f"gradient to sources [{K}, kv] @ [kv, n]", (K, kv), (kv, n)),
+        ]
+    for name, a_shape, b_shape in cases:
+        a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+        times = []
+        for _ in range(reps):
+            start = time.process_time()
+            a @ b
+            times.append(time.process_time() - start)
+        flops = 2 * a_shape[0] * a_shape[1] * b_shape[1]
+        print(f"  {name:<48} {flops / statistics.median(times) / 1e9:6.1f} GFLOP/s")
 
 
 def sync(device: str) -> None:
