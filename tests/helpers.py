@@ -42,21 +42,11 @@ TINY_TRAIN = [
 ]  # fmt: skip
 
 
-def train_args(out, data, *extra) -> list[str]:
-    """``lime-model train`` argv: two steps of the tiny model on ``data``, writing ``out``."""
-    return [
-        "train",
-        "--recipe",
-        "cpu-tiny",
-        "--out",
-        str(out),
-        "--data",
-        str(data),
-        "--steps",
-        "2",
-        *TINY_TRAIN,
-        *extra,
-    ]
+def train_args(out, data, *extra, steps: int = 2) -> list[str]:
+    """``lime-model train`` argv: ``steps`` steps of the tiny model on ``data``, writing ``out``;
+    ``extra`` flags come last, so their ``--set``s override the tiny ones."""
+    return ["train", "--recipe", "cpu-tiny", "--out", str(out), "--data", str(data), "--steps", str(steps),
+            *TINY_TRAIN, *extra]  # fmt: skip
 
 
 SPECIALS = {

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import train_args
 from safetensors.torch import load_file
 
 from lime_model import data as D
@@ -194,24 +195,10 @@ def test_one_pass_streams_exactly_the_rows_the_steps_consume(docs, tmp_path):
 
 def _train_in_subprocess(out: Path, data: Path, threads: int) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": str(threads)}
-    argv = [
-        "train",
-        "--recipe",
-        "cpu-tiny",
-        "--out",
-        str(out),
-        "--data",
-        str(data),
-        "--no-progress",
-        "--threads",
-        str(threads),
-        "--set",
-        f"cache_dir={out.parent / 'cache'}",
-        "--steps",
-        "6",
-    ]
-    argv += [f"--set=model.{k}={v}" for k, v in TINY["model"].items()]
-    argv += [f"--set={k}={TINY[k]}" for k in ("seq_len", "batch_size", "micro_batch_size", "lr", "min_lr")]
+    extra = ["--threads", str(threads), "--set", f"cache_dir={out.parent / 'cache'}"]
+    extra += [f"--set=model.{k}={v}" for k, v in TINY["model"].items()]
+    extra += [f"--set={k}={TINY[k]}" for k in ("seq_len", "batch_size", "micro_batch_size", "lr", "min_lr")]
+    argv = train_args(out, data, *extra, steps=6)
     code = "import sys; from lime_model.cli import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
