@@ -301,8 +301,8 @@ COMMANDS = {
         "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu"
         "   # not run in tests: about an hour\n"
         "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run\n"
-        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --baselines denseformer,resformer"
-        "   # plus cross-layer baselines vs LLaMA\n"
+        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu-baselines --results figures/lm-cpu-baselines"
+        " --baselines denseformer,resformer,hyperconnections   # not run in tests: about an hour (15 trainings)\n"
         "lime-probe reproduce --study arithmetic --out runs/arithmetic-seeds --results figures/arithmetic-seeds"
         "   # not run in tests: about 30 min at one thread",
     ),
