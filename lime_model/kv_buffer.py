@@ -123,7 +123,8 @@ def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _mix(weight: torch.Tensor | None, data: torch.Tensor, buffer: KVBuffer, own: int, runs, mode: str):
-    """Routed heads ``[kv, *row]`` from buffered ``data [L*kv, *row]`` (modes: :class:`_RoutedRead`)."""
+    """Routed heads ``[kv, *row]`` (head axis first, as :meth:`KVBuffer.block` gives) from buffered
+    ``data`` in its layout (modes: :class:`_RoutedRead`)."""
     kv = buffer.kv
     if weight is None:
         return buffer.block(data, own, own + 1).clone()
@@ -178,8 +179,7 @@ def _mix_backward(
     contribution = torch.bmm(weight.transpose(1, 2), g).transpose(0, 1)  # [S*kv, B*T, hd]
     for a, b in buffer.split_ready(first, stop):
         buffer.add_to_grad(grad_data, a, b, contribution[(a - first) * kv : (b - first) * kv])
-    grad_w = torch.bmm(g, src.permute(1, 2, 0)) if need_w else None
-    return grad_w
+    return torch.bmm(g, src.permute(1, 2, 0)) if need_w else None
 
 
 class _RoutedRead(torch.autograd.Function):
