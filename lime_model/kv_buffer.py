@@ -17,21 +17,40 @@ each read mode is one (batched) GEMM on views:
 
 Why a custom autograd function: building the sources with ``torch.cat`` at every layer copies the
 buffer L times and makes backward keep every copy (O(L^2) memory and traffic). Here each layer
-writes its own block once; backward accumulates ``R^T @ grad`` into a matching gradient buffer, and
-a layer hands its block's gradient to ``k_proj``/``v_proj`` when its own backward runs. That is
-always after every later layer's backward: a later layer's K/V depend, through the residual stream,
-on this layer's output, so autograd's reverse topological order guarantees the block is complete.
+writes its own block once. In backward each layer stores the gradient w.r.t. its routed K/V in a
+gradient buffer of the same layout, and the gradient w.r.t. a layer's raw K/V is read from it like a
+routed read: the stored gradients of the layer's readers mixed by their transposed weights, one GEMM
+per run of readers (reads run at about twice the speed of scattering ``R^T @ grad`` into every
+source's block from each reader). A layer computes it when its own backward runs, which is always
+after every later layer's backward: a later layer's K/V depend, through the residual stream, on this
+layer's output, so autograd's reverse topological order guarantees every reader has stored its gradient.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
 LAYOUTS = {"matrix": "position-major", "per-dim": "feature-major", "per-position": "position-outer"}
 
 
+# On the CPU, GEMMs with few output rows (kv) slow down at long inner dimensions: with one thread MKL
+# runs [8, 128] @ [128, N] at ~18 GFLOP/s but sums the same product from [8, 16] @ [16, N] pieces at
+# ~42 (per feature in per-dim mode likewise; per-position products are small and gain nothing). So CPU
+# reads in those two modes sum pieces of at most this many source heads.
+CPU_HEADS_PER_GEMM = 16
+
+
+def gemm_pieces(device: torch.device) -> bool:
+    """Whether reads on ``device`` sum GEMMs over pieces of their sources (the CPU) rather than doing
+    one GEMM per contiguous source range (other devices, where each GEMM is a kernel launch)."""
+    return device.type == "cpu"
+
+
 class KVBuffer:
-    """Per-forward storage of every layer's raw K/V heads (see module docstring for the layouts).
+    """Per-forward storage of every layer's raw K/V heads and, in backward, of the gradients w.r.t.
+    every layer's routed K/V (``grad_out``), both in the layout of the module docstring.
 
     Args:
         num_layers: number of attention layers L.
@@ -43,11 +62,14 @@ class KVBuffer:
         self.num_layers, self.kv, self.head_dim = num_layers, num_kv_heads, head_dim
         self.layout = "position-major"  # fixed by the first write
         self.data: list[torch.Tensor] = []  # [keys, values]
-        self.grad: list[torch.Tensor] = []
-        self.grad_ready = [False] * num_layers  # has a gradient block received its first contribution?
+        # grad_out[i][r]: d loss / d layer r's routed keys (i = 0) or values (i = 1), stored as a
+        # one-layer buffer in the same layout; None until r's backward has run in this pass
+        self.grad_out: list[list[torch.Tensor | None]] = [[None] * num_layers for _ in range(2)]
+        # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
+        self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
 
     def block(self, data: torch.Tensor, start_layer: int, stop_layer: int) -> torch.Tensor:
-        """The heads of layers ``start_layer .. stop_layer - 1`` in ``data`` (a buffer or its gradient)
+        """The heads of layers ``start_layer .. stop_layer - 1`` in ``data`` (a buffer in this layout)
         as a view ``[n, *row]`` with the head axis first, whatever the layout."""
         heads = slice(start_layer * self.kv, stop_layer * self.kv)
         if self.layout == "position-outer":
@@ -60,9 +82,18 @@ class KVBuffer:
             return rows.view(-1, self.head_dim, B, T).permute(0, 2, 3, 1)
         return rows.view(-1, B, T, self.head_dim)
 
-    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, mode: str) -> None:
-        """Store layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``;
-        the first write allocates the buffer in the layout of read ``mode`` (:data:`LAYOUTS`)."""
+    def layers_per_gemm(self, device: torch.device, mode: str) -> int:
+        """How many buffered layers one GEMM of a ``mode`` read covers (:data:`CPU_HEADS_PER_GEMM`)."""
+        if gemm_pieces(device) and mode != "per-position":
+            return max(1, CPU_HEADS_PER_GEMM // self.kv)
+        return self.num_layers
+
+    def write(
+        self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, weight, sources, mode: str
+    ) -> None:
+        """Store layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``, and
+        record the layer as a reader of its ``sources`` with routing ``weight``. The first write
+        allocates the buffer in the layout of read ``mode`` (:data:`LAYOUTS`)."""
         B, T, _ = keys.shape
         if not self.data:
             self.layout = LAYOUTS[mode]
@@ -75,39 +106,55 @@ class KVBuffer:
         for store, x in zip(self.data, (keys, values), strict=True):
             block = self.heads(self.block(store, layer_idx, layer_idx + 1), B, T)
             block.copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
+        for pos, source in enumerate(sources):
+            self.readers[source].append((layer_idx, weight, pos))
 
-    def split_ready(self, start_layer: int, stop_layer: int) -> list[tuple[int, int]]:
-        """Split a layer range into maximal sub-ranges whose gradient blocks share one ready state."""
-        parts: list[tuple[int, int]] = []
-        for layer in range(start_layer, stop_layer):
-            if parts and self.grad_ready[parts[-1][0]] == self.grad_ready[layer]:
-                parts[-1] = (parts[-1][0], layer + 1)
-            else:
-                parts.append((layer, layer + 1))
-        return parts
+    def store_grad_out(self, layer_idx: int, grads: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Keep the gradients w.r.t. layer ``layer_idx``'s routed keys and values, each ``[kv, *row]``.
 
-    def add_to_grad(self, grad: torch.Tensor, start_layer: int, stop_layer: int, value: torch.Tensor) -> None:
-        """``grad[blocks] += value`` over layers of one ready state (assigns into fresh blocks)."""
-        block = self.block(grad, start_layer, stop_layer)
-        block.add_(value) if self.grad_ready[start_layer] else block.copy_(value)
+        One tensor per layer, not one buffer for all: they accumulate while backward frees each
+        layer's activations, so they add nothing to the step's peak memory."""
+        for store, data, grad in zip(self.grad_out, self.data, grads, strict=True):
+            shape = list(data.shape)
+            shape[self.head_axis] = self.kv
+            store[layer_idx] = data.new_empty(shape)
+            self.block(store[layer_idx], 0, 1).copy_(grad)
 
-    def beta(self, start_layer: int) -> float:
-        """``beta`` for an in-place ``addmm_``/``baddbmm_`` into gradient blocks of one ready state:
-        0 overwrites fresh blocks (and ignores their uninitialised memory, NaN included)."""
-        return 1.0 if self.grad_ready[start_layer] else 0.0
+    @property
+    def head_axis(self) -> int:
+        return 1 if self.layout == "position-outer" else 0
 
-    def mark_ready(self, layers: list[int]) -> None:
-        for layer in layers:
-            self.grad_ready[layer] = True
-
-    def take_grad(self, layer_idx: int, shape: torch.Size) -> list[torch.Tensor]:
-        """Gradients w.r.t. layer ``layer_idx``'s raw keys and values, each of ``shape`` (B, T, kv*hd)."""
+    def take_grad(self, layer_idx: int, mode: str, shape: torch.Size) -> list[torch.Tensor]:
+        """Gradients w.r.t. layer ``layer_idx``'s raw keys and values, each of ``shape`` (B, T, kv*hd):
+        the stored gradients of the layer's readers mixed back through their transposed weights."""
+        kv, axis = self.kv, 2 if mode == "per-position" else 1  # axis: source heads in a weight
+        readers = [(r, w, pos) for r, w, pos in self.readers[layer_idx] if self.grad_out[0][r] is not None]
+        mixed = [(r, w, pos) for r, w, pos in readers if w is not None]
+        # column block i of weight_t maps reader mixed[i]'s routed heads back onto this layer's heads
+        blocks = [w.narrow(axis, pos * kv, kv).transpose(axis - 1, axis) for _, w, pos in mixed]
+        weight_t = torch.cat(blocks, axis) if mixed else None
+        runs = contiguous_runs([r for r, _, _ in mixed])
+        # The gradients are stored per layer: on the CPU one GEMM per reader (as fast as pieces of a
+        # read there, per-position included, and no copy); elsewhere a run's gradients concatenated.
+        step = 1 if gemm_pieces(self.data[0].device) else self.num_layers
         B, T, _ = shape
         grads = []
-        for grad in self.grad:
-            block = self.heads(self.block(grad, layer_idx, layer_idx + 1), B, T)
-            grads.append(block.permute(1, 2, 0, 3).reshape(shape))
-        self.grad_ready[layer_idx] = False  # a second backward over a retained graph starts afresh
+        for store in self.grad_out:
+
+            def source(a: int, b: int, store=store) -> torch.Tensor:
+                one = store[a] if b == a + 1 else torch.cat(store[a:b], self.head_axis)
+                return self.block(one, 0, b - a)
+
+            rows = _mix(weight_t, source, kv, runs, mode, step) if mixed else None
+            for r, w, _ in readers:
+                if w is None:  # a reader of its own heads only (the layer itself): the identity
+                    own = source(r, r + 1)
+                    rows = own.clone() if rows is None else rows.add_(own)
+            grads.append(self.heads(rows, B, T).permute(1, 2, 0, 3).reshape(shape))
+        for r, _, pos in readers:  # its lowest source reads a reader's gradient last
+            if pos == 0:
+                for store in self.grad_out:
+                    store[r] = None  # free it; a retained graph's next backward starts afresh
         return grads
 
 
@@ -122,64 +169,42 @@ def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _mix(weight: torch.Tensor | None, data: torch.Tensor, buffer: KVBuffer, own: int, runs, mode: str):
-    """Routed heads ``[kv, *row]`` (head axis first, as :meth:`KVBuffer.block` gives) from buffered
-    ``data`` in its layout (modes: :class:`_RoutedRead`)."""
-    kv = buffer.kv
-    if weight is None:
-        return buffer.block(data, own, own + 1).clone()
+def _mix(weight: torch.Tensor, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
+    """Heads ``[kv, *row]`` mixed by ``weight`` (modes: :class:`_RoutedRead`) from the layers ``runs``
+    name; ``source(a, b)`` gives layers ``a .. b-1`` as heads ``[n, *row]`` (as :meth:`KVBuffer.block`).
+    Run ``(first, stop, pos)`` pairs layers ``first .. stop-1`` with weight column blocks from ``pos``;
+    each GEMM covers at most ``step`` layers and the pieces are summed."""
+    out = None
+    for first, stop, pos in runs:
+        for a in range(first, stop, step):
+            b = min(a + step, stop)
+            cols = slice((pos + a - first) * kv, (pos + b - first) * kv)
+            src = source(a, b)
+            if mode == "matrix":  # one [kv, s] @ [s, B*T*hd] product
+                w, src = weight[:, cols], src.flatten(1)
+                out = w @ src if out is None else out.addmm_(w, src)
+            else:  # per-dim: one [kv, s] @ [s, B*T] product per feature; per-position: [kv, s] @ [s, hd] per position
+                w = weight[:, cols].permute(2, 0, 1) if mode == "per-dim" else weight[:, :, cols]
+                src = src.transpose(0, 1)
+                out = torch.bmm(w, src) if out is None else out.baddbmm_(w, src)
     if mode == "matrix":
-        out = None
-        for first, stop, pos in runs:
-            src = buffer.block(data, first, stop).flatten(1)
-            w = weight[:, pos * kv : (pos + stop - first) * kv]
-            out = w @ src if out is None else torch.addmm(out, w, src)
-        return out.view(kv, *data.shape[1:])
-    ((first, stop, _),) = runs  # per-dim and per-position read a contiguous range
-    src = buffer.block(data, first, stop)
-    if mode == "per-dim":  # feature-major: one [kv, S] @ [S, B*T] product per feature e
-        return torch.bmm(weight.permute(2, 0, 1), src.transpose(0, 1)).transpose(0, 1)
-    # position-outer: one [kv, S] @ [S, hd] product per position m
-    return torch.bmm(weight, src.transpose(0, 1)).transpose(0, 1)
+        return out.view(kv, *source(runs[0][0], runs[0][0] + 1).shape[1:])
+    return out.transpose(0, 1)
 
 
-def _mix_backward(
-    weight, grad_out, data, grad_data, buffer: KVBuffer, own: int, runs, mode: str, need_w: bool
-):
-    """Add ``d out / d data`` into ``grad_data``; return ``d out / d weight`` (or None).
-
-    Gradient blocks no later layer has written yet are assigned rather than added, which spares
-    zero-filling the gradient buffer.
-    """
-    kv = buffer.kv
-    if weight is None:
-        buffer.add_to_grad(grad_data, own, own + 1, grad_out)
-        return None
-    if mode == "matrix":
-        g = grad_out.flatten(1)
-        grad_w = torch.empty_like(weight) if need_w else None
-        for first, stop, pos in runs:
-            if need_w:
-                cols = slice(pos * kv, (pos + stop - first) * kv)
-                grad_w[:, cols] = g @ buffer.block(data, first, stop).flatten(1).t()
-            for a, b in buffer.split_ready(first, stop):
-                w = weight[:, (pos + a - first) * kv : (pos + b - first) * kv]
-                buffer.block(grad_data, a, b).flatten(1).addmm_(w.t(), g, beta=buffer.beta(a))
-        return grad_w
-    ((first, stop, _),) = runs
-    src = buffer.block(data, first, stop)
-    if mode == "per-dim":  # feature-major, batched over features e as in _mix
-        g = grad_out.transpose(0, 1)  # [hd, kv, B*T]
-        for a, b in buffer.split_ready(first, stop):
-            w = weight[:, (a - first) * kv : (b - first) * kv].permute(2, 1, 0)  # [hd, s, kv]
-            buffer.block(grad_data, a, b).transpose(0, 1).baddbmm_(w, g, beta=buffer.beta(a))
-        return torch.bmm(g, src.permute(1, 2, 0)).permute(1, 2, 0) if need_w else None
-    g = grad_out.transpose(0, 1)  # position-outer, batched over positions m as in _mix: [B*T, kv, hd]
-    # One bmm, then an add: baddbmm_ into these strided gradient blocks loops over positions in torch.
-    contribution = torch.bmm(weight.transpose(1, 2), g).transpose(0, 1)  # [S*kv, B*T, hd]
-    for a, b in buffer.split_ready(first, stop):
-        buffer.add_to_grad(grad_data, a, b, contribution[(a - first) * kv : (b - first) * kv])
-    return torch.bmm(g, src.permute(1, 2, 0)) if need_w else None
+def _weight_grad(
+    grad_out: torch.Tensor, data: torch.Tensor, buffer: KVBuffer, runs, mode: str
+) -> torch.Tensor:
+    """``d <grad_out, _mix(weight, data)> / d weight``, in ``weight``'s layout (:class:`_RoutedRead`)."""
+    parts = []
+    for first, stop, _ in runs:
+        src = buffer.block(data, first, stop)
+        if mode == "matrix":
+            parts.append(grad_out.flatten(1) @ src.flatten(1).t())
+        else:  # batched over features (per-dim) or positions (per-position), as in _mix
+            part = torch.bmm(grad_out.transpose(0, 1), src.permute(1, 2, 0))
+            parts.append(part.permute(1, 2, 0) if mode == "per-dim" else part)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2 if mode == "per-position" else 1)
 
 
 class _RoutedRead(torch.autograd.Function):
@@ -198,10 +223,16 @@ class _RoutedRead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, keys, values, buffer: KVBuffer, layer_idx: int, sources, mode: str):
-        buffer.write(layer_idx, keys, values, mode)
+        buffer.write(layer_idx, keys, values, weight, sources, mode)
         runs = contiguous_runs(sources)
-        out = [_mix(weight, data, buffer, layer_idx, runs, mode) for data in buffer.data]
-        ctx.buffer, ctx.layer_idx, ctx.sources, ctx.runs = buffer, layer_idx, sources, runs
+        if weight is None:
+            out = [buffer.block(data, layer_idx, layer_idx + 1).clone() for data in buffer.data]
+        else:
+            step = buffer.layers_per_gemm(keys.device, mode)
+            out = [
+                _mix(weight, partial(buffer.block, data), buffer.kv, runs, mode, step) for data in buffer.data
+            ]
+        ctx.buffer, ctx.layer_idx, ctx.runs = buffer, layer_idx, runs
         ctx.mode, ctx.kv_shape = mode, keys.shape
         ctx.save_for_backward(weight)
         return out[0], out[1]
@@ -209,25 +240,16 @@ class _RoutedRead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_keys, grad_values):
         (weight,) = ctx.saved_tensors
-        buffer = ctx.buffer
-        if not buffer.grad:
-            buffer.grad = [torch.empty_like(d) for d in buffer.data]
+        buffer, grads = ctx.buffer, (grad_keys, grad_values)
+        buffer.store_grad_out(ctx.layer_idx, grads)
         grad_w = None
-        for grad_out, data, grad_data in zip((grad_keys, grad_values), buffer.data, buffer.grad, strict=True):
-            gw = _mix_backward(
-                weight,
-                grad_out,
-                data,
-                grad_data,
-                buffer,
-                ctx.layer_idx,
-                ctx.runs,
-                ctx.mode,
-                ctx.needs_input_grad[0],
+        if ctx.needs_input_grad[0]:
+            grad_k_w, grad_v_w = (
+                _weight_grad(g, data, buffer, ctx.runs, ctx.mode)
+                for g, data in zip(grads, buffer.data, strict=True)
             )
-            grad_w = gw if grad_w is None else grad_w + gw
-        buffer.mark_ready(ctx.sources)
-        grad_k, grad_v = buffer.take_grad(ctx.layer_idx, ctx.kv_shape)
+            grad_w = grad_k_w + grad_v_w
+        grad_k, grad_v = buffer.take_grad(ctx.layer_idx, ctx.mode, ctx.kv_shape)
         return grad_w, grad_k, grad_v, None, None, None, None
 
 

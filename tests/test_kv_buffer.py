@@ -4,6 +4,7 @@
 import pytest
 import torch
 
+from lime_model import kv_buffer
 from lime_model.kv_buffer import KVBuffer, routed_read
 
 B, T, KV, HD, L = 2, 3, 2, 4, 4
@@ -80,9 +81,20 @@ def layer_modes(kind: str) -> list[str]:
     return [kind] * L
 
 
+@pytest.fixture(params=["CPU pieces", "a GEMM per layer", "one GEMM per range"])
+def heads_per_gemm(request, monkeypatch):
+    """CPU reads sum GEMMs over pieces of the sources; at these sizes the default piece holds every
+    source, so also check pieces of one layer each, and the one-GEMM path of other devices."""
+    if request.param == "a GEMM per layer":
+        monkeypatch.setattr(kv_buffer, "CPU_HEADS_PER_GEMM", KV)
+    elif request.param == "one GEMM per range":
+        monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
+    return request.param
+
+
 @pytest.mark.parametrize(("pattern", "kind"), CASES)
 @pytest.mark.parametrize("loss_layer", [L - 1, 1])
-def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer):
+def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer, heads_per_gemm):
     """loss_layer < L - 1: the later layers' backward never runs, yet they were registered as readers."""
     torch.manual_seed(0)
     sources, modes = SOURCES[pattern], layer_modes(kind)
@@ -119,7 +131,7 @@ def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer):
 @pytest.mark.parametrize(
     ("pattern", "kind"), [("dilated-back-2", "matrix"), ("last-2", "per-dim"), ("full", "per-position")]
 )
-def test_gradcheck(pattern, kind):
+def test_gradcheck(pattern, kind, heads_per_gemm):
     """Finite differences in double precision through the custom backward."""
     torch.manual_seed(1)
     sources, modes = SOURCES[pattern], layer_modes(kind)
