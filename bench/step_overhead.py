@@ -13,6 +13,9 @@ line instead of diluted by half (a 50257-token head at hidden 256 costs about as
 All models live in one process and run interleaved: each round times every variant once, and the
 reported ratio is the median over rounds of (variant time / LLaMA time in the same round), so a load
 spike that hits one round moves one sample, not the statistic; min-max over rounds is printed too.
+Each timed step follows an untimed step of the same model: the first step after another model runs
+on the allocator state that model left (glibc's heap trimmed or grown for other sizes) and was up to
+25 % slower here, which biased whichever row came first in a round.
 Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
 in fresh subprocesses (peak RSS cannot be reset reliably inside one process), median over runs.
 
@@ -121,32 +124,43 @@ def profile_rows(models: dict[str, Steps], args: argparse.Namespace, top: int = 
 
 def gemm_rates(args: argparse.Namespace, reps: int = 10) -> None:
     """GFLOP/s of the routed read's GEMM shapes at this size next to the layer's q/k/v projection:
-    kv rows make the router GEMMs memory-bound, which is why their small FLOP share costs more time."""
+    with kv output rows the router GEMMs are far slower per FLOP, and on the CPU a read summed from
+    pieces of :data:`lime_model.kv_buffer.CPU_HEADS_PER_GEMM` source heads beats one long GEMM."""
+    from lime_model.kv_buffer import CPU_HEADS_PER_GEMM
+
     kv, hd = args.kv_heads or args.heads, args.hidden // args.heads
     n, tokens = args.batch * args.seq * hd, args.batch * args.seq
+    piece = max(kv, CPU_HEADS_PER_GEMM // kv * kv)
     print(f"\nGEMM rates at this size (kv = {kv}, B*T*head_dim = {n}), median of {reps}:")
+    x, w_qkv = torch.randn(tokens, args.hidden), torch.randn(args.hidden, 3 * args.hidden)
     cases = [
         (
             "projection [B*T, hidden] @ [hidden, 3*hidden]",
-            (tokens, args.hidden),
-            (args.hidden, 3 * args.hidden),
+            3 * args.hidden * args.hidden * tokens,
+            lambda: x @ w_qkv,
         )
     ]
     for layers in sorted({min(4, args.layers) + 1, args.layers}):
         K = layers * kv
+        w, src, g = torch.randn(kv, K), torch.randn(K, n), torch.randn(kv, n)
+
+        def pieces(w=w, src=src, K=K):
+            out = w[:, :piece] @ src[:piece]
+            for i in range(piece, K, piece):
+                out.addmm_(w[:, i : i + piece], src[i : i + piece])
+
         cases += [
-            (f"routed read [kv, {K}] @ [{K}, n]", (kv, K), (K, n)),
-            (f"gradient to sources [{K}, kv] @ [kv, n]", (K, kv), (kv, n)),
+            (f"routed read [kv, {K}] @ [{K}, n], one GEMM", kv * K * n, lambda w=w, src=src: w @ src),
+            (f"routed read, summed over [{piece}]-head pieces", kv * K * n, pieces),
+            (f"weight gradient [kv, n] @ [n, {K}]", kv * K * n, lambda g=g, src=src: g @ src.t()),
         ]
-    for name, a_shape, b_shape in cases:
-        a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+    for name, macs, fn in cases:
         times = []
         for _ in range(reps):
             start = time.process_time()
-            a @ b
+            fn()
             times.append(time.process_time() - start)
-        flops = 2 * a_shape[0] * a_shape[1] * b_shape[1]
-        print(f"  {name:<48} {flops / statistics.median(times) / 1e9:6.1f} GFLOP/s")
+        print(f"  {name:<52} {2 * macs / statistics.median(times) / 1e9:6.1f} GFLOP/s")
 
 
 def sync(device: str) -> None:
@@ -245,6 +259,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for scope in SCOPES:
             for name, steps in models.items():
+                steps.run(scope)  # untimed: the allocator settles on this model's sizes (docstring)
                 sync(args.device)
                 start = clock()
                 steps.run(scope)

@@ -3,7 +3,8 @@
 Layout: keys and values each live in one contiguous tensor in which layer j's raw heads form the
 head block ``j * kv .. (j + 1) * kv`` of a head axis, so a layer's sources are one strided range of
 that axis, read without copying. Where the head axis sits depends on how the weights vary, so that
-each read mode is one (batched) GEMM on views:
+each read mode is (batched) GEMMs on views (one per source range, or on the CPU a sum of pieces:
+:data:`CPU_HEADS_PER_GEMM`):
 
 - position-major ``[L * kv, B * T, head_dim]`` (static matrices, mode "matrix"): mixing with
   ``R [kv, S * kv]`` is one GEMM over a contiguous row range, and routed heads come out with
@@ -17,13 +18,14 @@ each read mode is one (batched) GEMM on views:
 
 Why a custom autograd function: building the sources with ``torch.cat`` at every layer copies the
 buffer L times and makes backward keep every copy (O(L^2) memory and traffic). Here each layer
-writes its own block once. In backward each layer stores the gradient w.r.t. its routed K/V in a
-gradient buffer of the same layout, and the gradient w.r.t. a layer's raw K/V is read from it like a
-routed read: the stored gradients of the layer's readers mixed by their transposed weights, one GEMM
-per run of readers (reads run at about twice the speed of scattering ``R^T @ grad`` into every
-source's block from each reader). A layer computes it when its own backward runs, which is always
-after every later layer's backward: a later layer's K/V depend, through the residual stream, on this
-layer's output, so autograd's reverse topological order guarantees every reader has stored its gradient.
+writes its own block once. In backward each layer keeps the gradient w.r.t. its routed K/V (one
+small tensor per layer, so nothing is added at the step's memory peak), and the gradient w.r.t. a
+layer's raw K/V is read like a routed read: its readers' kept gradients mixed by their transposed
+weights. On the CPU that read runs at about twice the speed of scattering ``R^T @ grad`` from each
+reader into every source's block (the earlier design). A layer computes it when its own backward
+runs, which is always after every later layer's backward: a later layer's K/V depend, through the
+residual stream, on this layer's output, so autograd's reverse topological order guarantees that
+every reader has kept its gradient.
 """
 
 from __future__ import annotations
