@@ -13,9 +13,11 @@ line instead of diluted by half (a 50257-token head at hidden 256 costs about as
 All models live in one process and run interleaved: each round times every variant once, and the
 reported ratio is the median over rounds of (variant time / LLaMA time in the same round), so a load
 spike that hits one round moves one sample, not the statistic; min-max over rounds is printed too.
+``best x`` is each row's fastest step over LLaMA's fastest: interference only ever adds time, so on a
+shared host the fastest steps are the least disturbed (rounds here spanned 0.3 in ratio).
 Each timed step follows an untimed step of the same model: the first step after another model runs
 on the allocator state that model left (glibc's heap trimmed or grown for other sizes) and was up to
-25 % slower here, which biased whichever row came first in a round.
+20 % slower here, which biased whichever row came first in a round.
 Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
 in fresh subprocesses (peak RSS cannot be reset reliably inside one process), median over runs.
 
@@ -272,11 +274,14 @@ def main() -> None:
         f"{args.layers} layers, hidden {args.hidden}, {args.heads} heads / {args.kv_heads or args.heads} kv, "
         f"vocab {args.vocab}, {args.batch}x{args.seq} tokens, {args.dtype} on {args.device}"
         f"{' compiled' if args.compile else ''}, {torch.get_num_threads()} threads, {args.clock} clock, "
-        f"{args.rounds} rounds; time x = median over rounds of the per-round ratio to LLaMA"
+        f"{args.rounds} rounds; time x = median over rounds of the per-round ratio to LLaMA, "
+        "best x = fastest step over fastest LLaMA step"
     )
     for scope in SCOPES:
         print(f"\n[{scope}] {'layer stack only' if scope == 'stack' else 'whole training step'}")
-        print(f"{'row':<16} {'step s':>7} {'time x':>7} {'min-max':>13} {'peak MB':>8} {'mem x':>6}")
+        print(
+            f"{'row':<16} {'step s':>7} {'time x':>7} {'min-max':>13} {'best x':>7} {'peak MB':>8} {'mem x':>6}"
+        )
         base_t = times["none", scope]
         base_m = memory.get("none", {}).get(scope, nan)
         for name in names:
@@ -284,7 +289,8 @@ def main() -> None:
             m = memory.get(name, {}).get(scope, nan)
             print(
                 f"{name:<16} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
-                f"{min(ratios):6.3f}-{max(ratios):.3f} {m:8.1f} {m / base_m:6.3f}"
+                f"{min(ratios):6.3f}-{max(ratios):.3f} {min(times[name, scope]) / min(base_t):7.3f} "
+                f"{m:8.1f} {m / base_m:6.3f}"
             )
 
 

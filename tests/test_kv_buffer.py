@@ -18,10 +18,10 @@ def reference_mix(coef: torch.Tensor, raws: list[torch.Tensor]) -> torch.Tensor:
     return torch.einsum("btkpje,btpje->bkte", c, src)
 
 
-def chain(sources, modes, coefs, base_k, base_v, buffered: bool):
+def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffer | None = None):
     """L layers; layer l's raw K/V = base + tanh(layer l-1's routed K/V), so that backward visits the
     layers in reverse as in the model. ``coefs[l]`` None = own heads only. Returns every routed K/V."""
-    buffer = KVBuffer(L, KV, HD)
+    buffer = buffer or KVBuffer(L, KV, HD)
     outs, raw_k, raw_v = [], [], []
     for layer in range(L):
         k, v = base_k[layer], base_v[layer]
@@ -147,3 +147,17 @@ def test_gradcheck(pattern, kind, heads_per_gemm):
         return torch.cat([torch.cat([k.flatten(), v.flatten()]) for k, v in outs])
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+@pytest.mark.parametrize(("pattern", "kind"), CASES)
+def test_backward_releases_every_kept_gradient(pattern, kind):
+    """Each reader's routed-K/V gradient is kept only until its lowest source has read it, so none
+    outlives the backward pass (and a retained graph's next backward starts from none)."""
+    torch.manual_seed(0)
+    sources = SOURCES[pattern]
+    coefs = make_coefs(sources, kind)
+    base = [torch.randn(B, T, KV * HD, dtype=torch.float64, requires_grad=True) for _ in range(2 * L)]
+    buffer = KVBuffer(L, KV, HD)
+    outs = chain(sources, layer_modes(kind), coefs, base[:L], base[L:], buffered=True, buffer=buffer)
+    sum(k.sum() + v.sum() for k, v in outs).backward()
+    assert all(g is None for store in buffer.grad_out for g in store)
