@@ -10,14 +10,15 @@ The default vocabulary is 4096: at hidden 256 the tied head then has as many wei
 (4096 x 256 ~ 256 x 256 x 4 + 3 x 256 x 1024), so the whole-model line is within ~10 % of the stack
 line instead of diluted by half (a 50257-token head at hidden 256 costs about as much as 16 layers).
 
-All models live in one process and run interleaved: each round times every variant once, and the
-reported ratio is the median over rounds of (variant time / LLaMA time in the same round), so a load
-spike that hits one round moves one sample, not the statistic; min-max over rounds is printed too.
-``best x`` is each row's fastest step over LLaMA's fastest: interference only ever adds time, so on a
-shared host the fastest steps are the least disturbed (rounds here spanned 0.3 in ratio).
-Each timed step follows an untimed step of the same model: the first step after another model runs
-on the allocator state that model left (glibc's heap trimmed or grown for other sizes) and was up to
-20 % slower here, which biased whichever row came first in a round.
+Each routing variant runs in its own process next to its own LLaMA, interleaved: each round times
+both once, and the reported ratio is the median over rounds of (variant time / LLaMA time in the same
+round), so a load spike that hits one round moves one sample, not the statistic; min-max over rounds
+is printed too. ``best x`` is the fastest variant step over the fastest LLaMA step: interference only
+ever adds time, so on a shared host the fastest steps are the least disturbed. One process per pair,
+because a model's step time depends on the heap other models left: with all six models of the README
+table in one process, dynamic routing measured 1.5x LLaMA, next to LLaMA alone 1.15x. For the same
+reason each timed step follows an untimed step of the same model: the first step after the other
+model ran was up to 20 % slower here, which biased whichever row came first in a round.
 Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
 in fresh subprocesses (peak RSS cannot be reset reliably inside one process), median over runs.
 
@@ -170,6 +171,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def in_subprocess(flag: str, name: str, env: dict[str, str] | None = None) -> dict:
+    """Run this script again with ``flag name`` (and this run's arguments); its last line is JSON."""
+    cmd = [sys.executable, __file__, flag, name, *sys.argv[1:]]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit((done.stderr.strip().splitlines() or [f"{name}: exit {done.returncode}"])[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def peak_memory_mb(routing: str, args: argparse.Namespace) -> dict[str, float]:
     """Rise of peak memory over one step per scope, median over fresh processes.
 
@@ -177,13 +187,29 @@ def peak_memory_mb(routing: str, args: argparse.Namespace) -> dict[str, float]:
     when freed, so with a fixed 1 MiB threshold the resident set follows live tensor memory rather
     than the allocator's free lists.
     """
-    cmd = [sys.executable, __file__, "--_memory-of", routing, *sys.argv[1:]]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
-    runs = []
-    for _ in range(args.memory_runs):
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-        runs.append(json.loads(out.strip().splitlines()[-1]))
+    runs = [in_subprocess("--_memory-of", routing, env) for _ in range(args.memory_runs)]
     return {scope: statistics.median(r[scope] for r in runs) for scope in SCOPES}
+
+
+def time_pair(variant: str, args: argparse.Namespace) -> None:
+    """Print the step times of LLaMA and ``variant``, interleaved over rounds, per scope (JSON)."""
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    models = {"none": Steps("none", args), variant: Steps(variant, args)}
+    for steps in models.values():  # warm-up (and compilation)
+        for scope in SCOPES:
+            steps.run(scope)
+    times = {name: {scope: [] for scope in SCOPES} for name in models}
+    for _ in range(args.rounds):
+        for scope in SCOPES:
+            for name, steps in models.items():
+                steps.run(scope)  # untimed: the allocator settles on this model's sizes (docstring)
+                sync(args.device)
+                start = clock()
+                steps.run(scope)
+                sync(args.device)
+                times[name][scope].append(clock() - start)
+    print(json.dumps(times))
 
 
 def measure_memory(routing: str, args: argparse.Namespace) -> None:
@@ -241,6 +267,7 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="per-operator breakdown instead of timing")
     parser.add_argument("--_memory-of", dest="memory_of", help=argparse.SUPPRESS)
+    parser.add_argument("--_pair-of", dest="pair_of", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 1 or args.memory_runs < 1:
         parser.error("--rounds and --memory-runs must be >= 1")
@@ -248,25 +275,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.memory_of:
         return measure_memory(args.memory_of, args)
-    clock = time.perf_counter if args.clock == "wall" else time.process_time
-
+    if args.pair_of:
+        return time_pair(args.pair_of, args)
     names = ["none", *args.variants]
-    models = {name: Steps(name, args) for name in names}
-    times = {(name, scope): [] for name in names for scope in SCOPES}
-    for steps in models.values():  # warm-up (and compilation)
-        for scope in SCOPES:
-            steps.run(scope)
     if args.profile:
+        models = {name: Steps(name, args) for name in names}
+        for steps in models.values():  # warm-up
+            steps.run("stack")
         return profile_rows(models, args)
-    for _ in range(args.rounds):
-        for scope in SCOPES:
-            for name, steps in models.items():
-                steps.run(scope)  # untimed: the allocator settles on this model's sizes (docstring)
-                sync(args.device)
-                start = clock()
-                steps.run(scope)
-                sync(args.device)
-                times[name, scope].append(clock() - start)
+    pairs = {name: in_subprocess("--_pair-of", name) for name in args.variants}
+    times = {(name, scope): pairs[name][name][scope] for name in args.variants for scope in SCOPES}
+    base = {(name, scope): pairs[name]["none"][scope] for name in args.variants for scope in SCOPES}
+    for scope in SCOPES:  # LLaMA's own row: every pair's LLaMA steps
+        times["none", scope] = base["none", scope] = [t for name in args.variants for t in base[name, scope]]
 
     memory = {} if args.no_memory else {name: peak_memory_mb(name, args) for name in names}
     nan = float("nan")
@@ -274,17 +295,17 @@ def main() -> None:
         f"{args.layers} layers, hidden {args.hidden}, {args.heads} heads / {args.kv_heads or args.heads} kv, "
         f"vocab {args.vocab}, {args.batch}x{args.seq} tokens, {args.dtype} on {args.device}"
         f"{' compiled' if args.compile else ''}, {torch.get_num_threads()} threads, {args.clock} clock, "
-        f"{args.rounds} rounds; time x = median over rounds of the per-round ratio to LLaMA, "
-        "best x = fastest step over fastest LLaMA step"
+        f"{args.rounds} rounds, each variant in its own process with its own LLaMA; time x = median over "
+        "rounds of the per-round ratio to that LLaMA, best x = fastest step over its LLaMA's fastest"
     )
     for scope in SCOPES:
         print(f"\n[{scope}] {'layer stack only' if scope == 'stack' else 'whole training step'}")
         print(
             f"{'row':<16} {'step s':>7} {'time x':>7} {'min-max':>13} {'best x':>7} {'peak MB':>8} {'mem x':>6}"
         )
-        base_t = times["none", scope]
         base_m = memory.get("none", {}).get(scope, nan)
         for name in names:
+            base_t = base[name, scope]  # the LLaMA of this variant's own process
             ratios = [t / b for t, b in zip(times[name, scope], base_t, strict=True)]
             m = memory.get(name, {}).get(scope, nan)
             print(

@@ -1,0 +1,147 @@
+"""The routed reads alone, this tree's ``lime_model/kv_buffer.py`` against an earlier revision's.
+
+A whole training step spends ~90 % of its time outside the router, so on a shared CPU its noise hides a
+change to the K/V buffer. This times only what the buffer does: every layer's routed read of keys and
+values, forward and backward, at the size of ``step_overhead.py`` (16 layers, hidden 256, 8 heads MHA,
+8 x 256 tokens, fp32), with the routers' real weights. The earlier module is read with ``git show`` and
+loaded next to the current one, both run interleaved in one process, and each round's time ratio is
+reported (median and min-max over rounds) with a check that both give the same values and close
+gradients.
+
+    python bench/kv_buffer_ab.py --against dbd2689 --threads 1
+    python bench/kv_buffer_ab.py --against HEAD~1 --variants full dynamic --rounds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import lime_model.kv_buffer as current
+from lime_model import config_for
+from lime_model.router import buffer_layout, build_router
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_revision(rev: str):
+    """``lime_model/kv_buffer.py`` as of git revision ``rev``, imported as a separate module."""
+    try:
+        source = subprocess.run(
+            ["git", "show", f"{rev}:lime_model/kv_buffer.py"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"--against {rev}: {err.stderr.strip()}") from None
+    path = Path(tempfile.mkdtemp()) / "kv_buffer_earlier.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("kv_buffer_earlier", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Chain:
+    """One routing variant's routers and fixed inputs: raw K/V ``(B, T, hidden)`` per layer."""
+
+    def __init__(self, routing: str, args: argparse.Namespace) -> None:
+        cfg = config_for(
+            "lime",
+            routing=routing,
+            hidden_size=args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.heads,
+            intermediate_size=4 * args.hidden,
+            vocab_size=128,
+        )
+        torch.manual_seed(0)
+        self.routers = [build_router(cfg, i) for i in range(args.layers)]
+        gen = torch.Generator().manual_seed(1)
+        shape = (args.batch, args.seq, args.hidden)
+        self.x = torch.randn(*shape, generator=gen)
+        self.raw = [torch.randn(*shape, generator=gen) for _ in range(2 * args.layers)]
+        head_dim = args.hidden // args.heads
+        self.probe = torch.randn(args.batch, args.heads, args.seq, head_dim, generator=gen)
+        self.sizes = (args.layers, args.heads, head_dim)
+
+    def run(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Forward and backward through every layer's routed read; returns outputs and input gradients."""
+        buffer = module.KVBuffer(*self.sizes)
+        raw = [t.clone().requires_grad_() for t in self.raw]
+        outs, loss = [], 0
+        for i, router in enumerate(self.routers):
+            weight, mode = None, router.own_only_mode
+            if len(router.sources) > 1:
+                weight, mode = buffer_layout(router.coefficients(self.x), router.input_dependent)
+            k, v = module.routed_read(
+                buffer, i, raw[i], raw[len(self.routers) + i], weight, router.sources, mode
+            )
+            outs += [k.detach(), v.detach()]
+            loss = loss + (k * self.probe).sum() + (v * self.probe).sum()
+        loss.backward()
+        return outs, [t.grad for t in raw]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--against", required=True, help="git revision whose kv_buffer.py is the baseline")
+    parser.add_argument(
+        "--variants", nargs="+", default=["full", "first-4", "dilated-8", "per-dim", "dynamic"]
+    )
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    earlier = load_revision(args.against)
+    chains = {}
+    for name in args.variants:
+        try:
+            chains[name] = Chain(name, args)
+        except ValueError as err:
+            raise SystemExit(f"{name}: {err}") from None
+    print(
+        f"routed reads only, {args.layers} layers, hidden {args.hidden}, {args.heads} heads, "
+        f"{args.batch}x{args.seq} tokens, {torch.get_num_threads()} threads, process CPU time, {args.rounds} rounds"
+    )
+    print(
+        f"{'routing':<12} {args.against[:10]:>10} {'this tree':>10} {'earlier/this':>13} {'min-max':>11}  agreement"
+    )
+    for name, chain in chains.items():
+        (out_a, grad_a), (out_b, grad_b) = chain.run(earlier), chain.run(current)  # warm-up and check
+        same = all(torch.equal(a, b) for a, b in zip(out_a, out_b, strict=True))
+        gap = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(grad_a, grad_b, strict=True))
+        times = {earlier: [], current: []}
+        for _ in range(args.rounds):
+            for module in times:
+                start = time.process_time()
+                chain.run(module)
+                times[module].append(time.process_time() - start)
+        ratios = [a / b for a, b in zip(times[earlier], times[current], strict=True)]
+        print(
+            f"{name:<12} {statistics.median(times[earlier]):9.3f}s {statistics.median(times[current]):9.3f}s "
+            f"{statistics.median(ratios):13.2f} {min(ratios):5.2f}-{max(ratios):.2f}  "
+            f"values {'bit-identical' if same else 'differ'}, gradients max rel diff {gap:.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()
