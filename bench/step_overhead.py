@@ -16,9 +16,11 @@ round), so a load spike that hits one round moves one sample, not the statistic;
 is printed too. ``best x`` is the fastest variant step over the fastest LLaMA step: interference only
 ever adds time, so on a shared host the fastest steps are the least disturbed. One process per pair,
 because a model's step time depends on the heap other models left: with all six models of the README
-table in one process, dynamic routing measured 1.5x LLaMA, next to LLaMA alone 1.15x. For the same
-reason each timed step follows an untimed step of the same model: the first step after the other
-model ran was up to 20 % slower here, which biased whichever row came first in a round.
+table in one process, dynamic routing measured 1.5x LLaMA, and 1.15x in a
+process holding only LLaMA and dynamic models. For the same
+reason each timed step follows an untimed step of the same model: the first step after another
+model ran was slower here (full/LLaMA 1.16 with LLaMA timed first, 1.08 with full first, 1.09 with an
+untimed step before each), which biased whichever row came first in a round.
 Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
 in fresh subprocesses (peak RSS cannot be reset reliably inside one process), median over runs.
 

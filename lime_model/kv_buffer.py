@@ -108,6 +108,10 @@ class KVBuffer:
         for store, x in zip(self.data, (keys, values), strict=True):
             block = self.heads(self.block(store, layer_idx, layer_idx + 1), B, T)
             block.copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
+        # detached: a per-position weight's graph leads back through earlier layers to the autograd
+        # nodes that hold this buffer, and a reference from here would close a cycle that keeps
+        # every step's graph alive until Python's cycle collector runs
+        weight = None if weight is None else weight.detach()
         for pos, source in enumerate(sources):
             self.readers[source].append((layer_idx, weight, pos))
 

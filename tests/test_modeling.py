@@ -1,6 +1,8 @@
 """LIMe model tests against independent computations (transformers' LLaMA, a loop over Eq. 4)."""
 
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -238,6 +240,23 @@ def test_second_backward_over_retained_graph_doubles_gradients(routing):
     loss.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, 2 * once[n], msg=n)
+
+
+@pytest.mark.parametrize("routing", ["full", "per-dim", "dynamic"])
+def test_a_training_step_frees_its_kv_buffer_without_the_cycle_collector(routing):
+    """Nothing of a step may outlive it through reference cycles (dynamic routing's per-position
+    weights once kept every step's graph alive until Python's cycle collector ran)."""
+    model = make(routing)
+    buffers = []
+    model.model.layers[1].self_attn.router.register_forward_pre_hook(
+        lambda module, args: buffers.append(weakref.ref(args[0]))
+    )
+    gc.disable()
+    try:
+        model(torch.randint(0, 50, (2, 6))).logits.square().mean().backward()
+        assert buffers and buffers[0]() is None
+    finally:
+        gc.enable()
 
 
 def test_router_layout_and_init():
