@@ -179,7 +179,8 @@ def _mix(weight: torch.Tensor, source, kv: int, runs, mode: str, step: int) -> t
     """Heads ``[kv, *row]`` mixed by ``weight`` (modes: :class:`_RoutedRead`) from the layers ``runs``
     name; ``source(a, b)`` gives layers ``a .. b-1`` as heads ``[n, *row]`` (as :meth:`KVBuffer.block`).
     Run ``(first, stop, pos)`` pairs layers ``first .. stop-1`` with weight column blocks from ``pos``;
-    each GEMM covers at most ``step`` layers and the pieces are summed."""
+    each GEMM covers at most ``step`` layers and the pieces are summed in place (through ``out=``,
+    which FLOP counters see, unlike ``addmm_``)."""
     out = None
     for first, stop, pos in runs:
         for a in range(first, stop, step):
@@ -188,11 +189,11 @@ def _mix(weight: torch.Tensor, source, kv: int, runs, mode: str, step: int) -> t
             src = source(a, b)
             if mode == "matrix":  # one [kv, s] @ [s, B*T*hd] product
                 w, src = weight[:, cols], src.flatten(1)
-                out = w @ src if out is None else out.addmm_(w, src)
+                out = w @ src if out is None else torch.addmm(out, w, src, out=out)
             else:  # per-dim: one [kv, s] @ [s, B*T] product per feature; per-position: [kv, s] @ [s, hd] per position
                 w = weight[:, cols].permute(2, 0, 1) if mode == "per-dim" else weight[:, :, cols]
                 src = src.transpose(0, 1)
-                out = torch.bmm(w, src) if out is None else out.baddbmm_(w, src)
+                out = torch.bmm(w, src) if out is None else torch.baddbmm(out, w, src, out=out)
     if mode == "matrix":
         return out.view(kv, *source(runs[0][0], runs[0][0] + 1).shape[1:])
     return out.transpose(0, 1)

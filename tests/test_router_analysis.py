@@ -155,7 +155,7 @@ def test_a_new_variant_is_one_router_class_plus_one_table_row(monkeypatch):
     router, D = model.model.layers[1].self_attn.router, model.config.head_dim
     k0, v0, k1, v1 = (torch.randn(1, 5, KV * D) for _ in range(4))
     buffer = KVBuffer(4, KV, D)
-    buffer.write(0, k0, v0, "matrix")
+    buffer.write(0, k0, v0, None, [0], "matrix")
     with torch.no_grad():
         routed_k, _ = router(buffer, torch.zeros(1, 5, 32), k1, v1)
     w = router.weight.detach().view(KV, 2, KV)
