@@ -188,15 +188,13 @@ def _mix(weight: torch.Tensor, source, kv: int, runs, mode: str, step: int) -> t
             cols = slice((pos + a - first) * kv, (pos + b - first) * kv)
             src = source(a, b)
             if mode == "matrix":  # one [kv, s] @ [s, B*T*hd] product
-                w, src = weight[:, cols], src.flatten(1)
+                row, w, src = src.shape[1:], weight[:, cols], src.flatten(1)
                 out = w @ src if out is None else torch.addmm(out, w, src, out=out)
             else:  # per-dim: one [kv, s] @ [s, B*T] product per feature; per-position: [kv, s] @ [s, hd] per position
                 w = weight[:, cols].permute(2, 0, 1) if mode == "per-dim" else weight[:, :, cols]
                 src = src.transpose(0, 1)
                 out = torch.bmm(w, src) if out is None else torch.baddbmm(out, w, src, out=out)
-    if mode == "matrix":
-        return out.view(kv, *source(runs[0][0], runs[0][0] + 1).shape[1:])
-    return out.transpose(0, 1)
+    return out.view(kv, *row) if mode == "matrix" else out.transpose(0, 1)
 
 
 def _weight_grad(
