@@ -130,6 +130,16 @@ class KVBuffer:
     def head_axis(self) -> int:
         return 1 if self.layout == "position-outer" else 0
 
+    def kept(self, store: list[torch.Tensor | None], start_layer: int, stop_layer: int) -> torch.Tensor:
+        """The kept gradients of layers ``start_layer .. stop_layer - 1`` as heads ``[n, *row]``
+        (as :meth:`block` gives); more than one layer is a concatenated copy."""
+        one = (
+            store[start_layer]
+            if stop_layer == start_layer + 1
+            else torch.cat(store[start_layer:stop_layer], self.head_axis)
+        )
+        return self.block(one, 0, stop_layer - start_layer)
+
     def take_grad(self, layer_idx: int, mode: str, shape: torch.Size) -> list[torch.Tensor]:
         """Gradients w.r.t. layer ``layer_idx``'s raw keys and values, each of ``shape`` (B, T, kv*hd):
         the stored gradients of the layer's readers mixed back through their transposed weights."""
@@ -146,11 +156,7 @@ class KVBuffer:
         B, T, _ = shape
         grads = []
         for store in self.grad_out:
-
-            def source(a: int, b: int, store=store) -> torch.Tensor:
-                one = store[a] if b == a + 1 else torch.cat(store[a:b], self.head_axis)
-                return self.block(one, 0, b - a)
-
+            source = partial(self.kept, store)
             rows = _mix(weight_t, source, kv, runs, mode, step) if mixed else None
             for r, w, _ in readers:
                 if w is None:  # a reader of its own heads only (the layer itself): the identity
