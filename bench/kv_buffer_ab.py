@@ -89,8 +89,9 @@ class Chain:
             )
             outs += [k.detach(), v.detach()]
             loss = loss + (k * self.probe).sum() + (v * self.probe).sum()
-        loss.backward()
-        return outs, [t.grad for t in raw]
+        # autograd.grad hands back the gradients as computed (.grad would copy strided ones, which
+        # the model's k_proj/v_proj backward reads as they are)
+        return outs, list(torch.autograd.grad(loss, raw))
 
 
 def main() -> None:
