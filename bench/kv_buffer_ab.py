@@ -6,7 +6,9 @@ values, forward and backward, at the size of ``step_overhead.py`` (16 layers, hi
 8 x 256 tokens, fp32), with the routers' real weights. The earlier module is read with ``git show`` and
 loaded next to the current one, both run interleaved in one process, and each round's time ratio is
 reported (median and min-max over rounds) with a check that both give the same values and close
-gradients.
+gradients. ``MB moved`` is the least memory traffic of this tree's reads (every GEMM operand read and
+every result written once) and ``GB/s`` that traffic over its time, next to the process's measured
+read bandwidth: how far the reads are from being memory-bound.
 
     python bench/kv_buffer_ab.py --against dbd2689 --threads 1
     python bench/kv_buffer_ab.py --against HEAD~1 --variants full dynamic --rounds 20
@@ -75,6 +77,25 @@ class Chain:
         self.probe = torch.randn(args.batch, args.heads, args.seq, head_dim, generator=gen)
         self.sizes = (args.layers, args.heads, head_dim)
 
+    def traffic_bytes(self) -> int:
+        """Bytes the routed reads of one forward + backward move at least: every operand of every
+        GEMM read once and every result written once, for keys and values. Per layer with ``S``
+        source heads (``kv`` own), in heads of ``B*T*head_dim`` floats: forward writes the raw heads
+        (read kv, write kv) and mixes (read S, write kv); backward computes the weight gradient (read
+        S sources and the kv routed-head gradients) and, at each source, mixes the readers' kept
+        gradients back (read S in all, write kv); a layer reading only itself has no weight gradient.
+        Per-position weights (``B*T*kv*S`` floats) are read
+        by all three GEMMs; static weights are negligible."""
+        layers, kv, head_dim = self.sizes
+        positions = self.x.shape[0] * self.x.shape[1]
+        floats = 0
+        for router in self.routers:
+            S, mixed = len(router.sources) * kv, len(router.sources) > 1
+            floats += positions * head_dim * (2 * kv + (S + kv) * (3 if mixed else 2))
+            if router.input_dependent and mixed:
+                floats += 3 * positions * kv * S
+        return 2 * 4 * floats  # keys and values, fp32
+
     def run(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Forward and backward through every layer's routed read; returns outputs and input gradients."""
         buffer = module.KVBuffer(*self.sizes)
@@ -92,6 +113,18 @@ class Chain:
         # autograd.grad hands back the gradients as computed (.grad would copy strided ones, which
         # the model's k_proj/v_proj backward reads as they are)
         return outs, list(torch.autograd.grad(loss, raw))
+
+
+def read_bandwidth(megabytes: int = 512, reps: int = 5) -> float:
+    """This process's memory read bandwidth in GB/s: the best of ``reps`` sums over a fresh
+    ``megabytes`` tensor, far larger than any cache (process CPU time, as the rounds)."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.process_time()
+        x.sum()
+        best = min(best, time.process_time() - start)
+    return x.numel() * 4 / best / 1e9
 
 
 def main() -> None:
@@ -125,8 +158,14 @@ def main() -> None:
         f"routed reads only, {args.layers} layers, hidden {args.hidden}, {args.heads} heads, "
         f"{args.batch}x{args.seq} tokens, {torch.get_num_threads()} threads, process CPU time, {args.rounds} rounds"
     )
+    bandwidth = read_bandwidth()
     print(
-        f"{'routing':<12} {args.against[:10]:>10} {'this tree':>10} {'earlier/this':>13} {'min-max':>11}  agreement"
+        f"memory read bandwidth {bandwidth:.1f} GB/s; 'GB/s' = the reads' least traffic (Chain.traffic_bytes) "
+        "over this tree's median time, so a value near the bandwidth means the reads are memory-bound there"
+    )
+    print(
+        f"{'routing':<12} {args.against[:10]:>10} {'this tree':>10} {'earlier/this':>13} {'min-max':>11} "
+        f"{'MB moved':>9} {'GB/s':>5}  agreement"
     )
     for name, chain in chains.items():
         (out_a, grad_a), (out_b, grad_b) = chain.run(earlier), chain.run(current)  # warm-up and check
@@ -139,9 +178,11 @@ def main() -> None:
                 chain.run(module)
                 times[module].append(time.process_time() - start)
         ratios = [a / b for a, b in zip(times[earlier], times[current], strict=True)]
+        moved, this = chain.traffic_bytes(), statistics.median(times[current])
         print(
-            f"{name:<12} {statistics.median(times[earlier]):9.3f}s {statistics.median(times[current]):9.3f}s "
-            f"{statistics.median(ratios):13.2f} {min(ratios):5.2f}-{max(ratios):.2f}  "
+            f"{name:<12} {statistics.median(times[earlier]):9.3f}s {this:9.3f}s "
+            f"{statistics.median(ratios):13.2f} {min(ratios):5.2f}-{max(ratios):.2f} "
+            f"{moved / 1e6:9.0f} {moved / this / 1e9:5.1f}  "
             f"values {'bit-identical' if same else 'differ'}, gradients max rel diff {gap:.1e}"
         )
 

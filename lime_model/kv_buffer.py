@@ -11,7 +11,8 @@ each read mode is (batched) GEMMs on views (one per source range, or on the CPU 
   ``head_dim`` innermost, as attention wants them;
 - feature-major ``[L * kv, head_dim, B * T]`` (per-dim weights, one mixing matrix per feature): each
   feature's sources are a strided matrix with unit-stride rows, so the mix is one GEMM batched over
-  features instead of a permuted copy of every source at every layer;
+  features instead of a permuted copy of every source at every layer; its products are written in
+  this layout, so the gradient w.r.t. a layer's raw K/V is a view ``(B, T, kv * head_dim)`` of one;
 - position-outer ``[B * T, L * kv, head_dim]`` (per-position weights, the dynamic router): each
   position's sources are a ``[S * kv, head_dim]`` matrix with unit-stride rows, so the mix is one GEMM
   batched over positions, and the routed heads come out ``(B, T, kv, head_dim)`` as ``k_proj`` writes them.
@@ -107,9 +108,7 @@ class KVBuffer:
             self.data = [keys.new_empty(shape) for _ in range(2)]
         for store, x in zip(self.data, (keys, values), strict=True):
             block = self.block(store, layer_idx, layer_idx + 1)
-            if (
-                self.layout == "feature-major"
-            ):  # [kv * hd, B*T]: one 2D transpose, ~2.5x faster than the 4D view
+            if self.layout == "feature-major":  # [kv*hd, B*T]: a 2D transpose, ~2.5x faster than 4D
                 block.view(-1, B * T).copy_(x.reshape(B * T, -1).t())
             else:
                 self.heads(block, B, T).copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
