@@ -34,7 +34,8 @@ stack's forward + backward, each row against LLaMA, largest differences first (t
 overhead inflates small operators, so read it as a breakdown, not as the ratio).
 
 Rows are LIMe routing specs or the names of the paper's cross-layer baselines (every row is compared
-with LLaMA, ``none``), e.g. ``--variants full denseformer resformer hyperconnections`` (issue 13).
+with LLaMA, ``none``), e.g. ``--variants full denseformer resformer hyperconnections`` (issue 13);
+``full+recompute`` is LIMe with ``recompute_routed_kv`` (routed K/V recomputed in backward).
 """
 
 from __future__ import annotations
@@ -59,13 +60,18 @@ SCOPES = ("stack", "model")
 def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
     """The model of one row at the benchmark's size: a cross-layer baseline named by its arch
     (``denseformer``, ``resformer``, ``hyperconnections``: :data:`lime_model.ARCHITECTURES`), or LIMe
-    with routing ``name`` (``"none"`` = LLaMA)."""
+    with routing ``name`` (``"none"`` = LLaMA); ``<routing>+recompute`` sets ``recompute_routed_kv``."""
+    name, _, option = name.partition("+")
+    if option not in ("", "recompute"):
+        raise SystemExit(f"{name}+{option}: the only row option is +recompute")
     arch, routing = (name, "none") if name in ARCHITECTURES and name != "lime" else ("lime", name)
+    extra = {"recompute_routed_kv": True} if option else {}
     torch.manual_seed(0)
     try:
         cfg = config_for(
             arch,
             routing=routing,
+            **extra,
             vocab_size=args.vocab,
             hidden_size=args.hidden,
             intermediate_size=4 * args.hidden,  # the paper's 1B ratio (2048 -> 8192)
@@ -95,11 +101,11 @@ class Steps:
 
     def run(self, scope: str) -> None:
         with torch.autocast(self.ids.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            if scope == "stack":
-                hidden = self.stack(inputs_embeds=self.embeds).last_hidden_state
+            if scope == "stack":  # no cache, as lime_model.train calls the model
+                hidden = self.stack(inputs_embeds=self.embeds, use_cache=False).last_hidden_state
                 loss = (hidden.float() * self.probe).mean()
             else:
-                loss = self.full(self.ids, labels=self.ids).loss
+                loss = self.full(self.ids, labels=self.ids, use_cache=False).loss
         loss.backward()
         self.model.zero_grad(set_to_none=True)
 

@@ -12,14 +12,20 @@ class LimeConfig(LlamaConfig):
 
     Args:
         routing: routing variant (see :mod:`lime_model.routing`); ``"none"`` is the LLaMA baseline.
+        recompute_routed_kv: training memory option, results unchanged: attention does not keep the
+            routed K/V for backward; they are recomputed there from the K/V buffer, which backward
+            keeps anyway (static routers; dynamic ones ignore it). Saves two K/V-sized tensors per
+            layer for one more routed read per layer in backward (README, Performance). In training
+            mode it also turns the cache off, as transformers does under gradient checkpointing.
         **kwargs: any :class:`transformers.LlamaConfig` field (``hidden_size``, ``num_hidden_layers``,
             ``num_attention_heads``, ``num_key_value_heads``, ...).
     """
 
     model_type = "lime"
 
-    def __init__(self, routing: str = "full", **kwargs) -> None:
+    def __init__(self, routing: str = "full", recompute_routed_kv: bool = False, **kwargs) -> None:
         self.routing = str(parse_routing(routing))
+        self.recompute_routed_kv = bool(recompute_routed_kv)
         super().__init__(**kwargs)
         if self.attention_bias:
             raise ValueError("LIMe routes bias-free K/V projections; attention_bias=True is not supported")

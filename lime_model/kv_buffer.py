@@ -85,6 +85,10 @@ class KVBuffer:
             return rows.view(-1, self.head_dim, B, T).permute(0, 2, 3, 1)
         return rows.view(-1, B, T, self.head_dim)
 
+    def attention_heads(self, rows: torch.Tensor, B: int, T: int) -> torch.Tensor:
+        """Routed heads ``rows [kv, *row]`` as attention reads them: a ``(B, kv, T, head_dim)`` view."""
+        return self.heads(rows, B, T).transpose(0, 1)
+
     def layers_per_gemm(self, device: torch.device, mode: str) -> int:
         """How many buffered layers one GEMM of a ``mode`` read covers (:data:`CPU_HEADS_PER_GEMM`)."""
         if gemm_pieces(device) and mode != "per-position":
@@ -118,6 +122,15 @@ class KVBuffer:
         weight = None if weight is None else weight.detach()
         for pos, source in enumerate(sources):
             self.readers[source].append((layer_idx, weight, pos))
+
+    def read(self, data: torch.Tensor, layer_idx: int, weight, sources, mode: str) -> torch.Tensor:
+        """Layer ``layer_idx``'s routed heads ``[kv, *row]`` from ``data`` (the keys or the values
+        buffer): its ``sources``' heads mixed by ``weight`` (``None``: a copy of its own heads)."""
+        if weight is None:
+            return self.block(data, layer_idx, layer_idx + 1).clone()
+        step = self.layers_per_gemm(data.device, mode)
+        columns = partial(_columns, weight, self.kv, mode)
+        return _mix(columns, partial(self.block, data), self.kv, contiguous_runs(sources), mode, step)
 
     def store_grad_out(self, layer_idx: int, grads: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Keep the gradients w.r.t. layer ``layer_idx``'s routed keys and values, each ``[kv, *row]``.
@@ -206,7 +219,10 @@ def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
     for first, stop, pos in runs:
         for a in range(first, stop, step):
             b = min(a + step, stop)
-            w, src = weight(pos + a - first, pos + b - first), source(a, b)
+            src = source(a, b)
+            # in the buffer's dtype, as autocast would cast it (pieces summed through out= and
+            # backward's reads run outside autocast; fp32 weights with a bf16 buffer)
+            w = weight(pos + a - first, pos + b - first).to(src.dtype)
             if mode == "matrix":  # one [kv, s] @ [s, B*T*hd] product
                 row, src = src.shape[1:], src.flatten(1)
                 out = w @ src if out is None else torch.addmm(out, w, src, out=out)
@@ -258,17 +274,8 @@ class _RoutedRead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, keys, values, buffer: KVBuffer, layer_idx: int, sources, mode: str):
         buffer.write(layer_idx, keys, values, weight, sources, mode)
-        runs = contiguous_runs(sources)
-        if weight is None:
-            out = [buffer.block(data, layer_idx, layer_idx + 1).clone() for data in buffer.data]
-        else:
-            step = buffer.layers_per_gemm(keys.device, mode)
-            columns = partial(_columns, weight, buffer.kv, mode)
-            out = [
-                _mix(columns, partial(buffer.block, data), buffer.kv, runs, mode, step)
-                for data in buffer.data
-            ]
-        ctx.buffer, ctx.layer_idx, ctx.runs = buffer, layer_idx, runs
+        out = [buffer.read(data, layer_idx, weight, sources, mode) for data in buffer.data]
+        ctx.buffer, ctx.layer_idx, ctx.runs = buffer, layer_idx, contiguous_runs(sources)
         ctx.mode, ctx.kv_shape = mode, keys.shape
         ctx.save_for_backward(weight)
         return out[0], out[1]
@@ -310,4 +317,4 @@ def routed_read(
     """
     B, T, _ = keys.shape
     routed = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
-    return tuple(buffer.heads(x, B, T).transpose(0, 1) for x in routed)
+    return tuple(buffer.attention_heads(x, B, T) for x in routed)

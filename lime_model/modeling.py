@@ -8,7 +8,9 @@ routing is per position. Every parameter name is LLaMA's, so LLaMA state dicts l
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -22,8 +24,8 @@ from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
     eager_attention_forward,
+    rotate_half,
 )
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
@@ -31,6 +33,13 @@ from transformers.utils.output_capturing import capture_outputs
 from .config import LimeConfig
 from .kv_buffer import KVBuffer
 from .router import LimeRouter, build_router
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x (B, heads, T, head_dim)`` with ``cos``/``sin (B, T, head_dim)``: the formula of
+    ``transformers``' ``apply_rotary_pos_emb``, one tensor at a time, so that keys recomputed in
+    backward go through exactly the forward's operations."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
 class LimeAttention(nn.Module):
@@ -70,24 +79,64 @@ class LimeAttention(nn.Module):
         )
 
         cos, sin = position_embeddings
-        query, keys = apply_rotary_pos_emb(query, keys, cos, sin)
+        query, keys = rope(query, cos, sin), rope(keys, cos, sin)
         if cache is not None:
             keys, values = cache.update(keys, values, self.layer_idx)
 
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        output, weights = attention(
-            self,
-            query,
-            keys,
-            values,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            **kwargs,
-        )
+        with self.recomputed_in_backward(kv_buffer, hidden_states, keys, values, position_embeddings, cache):
+            output, weights = attention(
+                self,
+                query,
+                keys,
+                values,
+                attention_mask,
+                dropout=0.0 if not self.training else self.attention_dropout,
+                scaling=self.scaling,
+                **kwargs,
+            )
         return self.o_proj(output.reshape(B, T, -1)), weights
+
+    @contextlib.contextmanager
+    def recomputed_in_backward(self, kv_buffer, hidden_states, keys, values, position_embeddings, cache):
+        """A context in which autograd keeps, for the routed ``keys`` (after RoPE) and ``values``
+        that attention saves for backward, a recipe that recomputes them from ``kv_buffer`` instead
+        (``config.recompute_routed_kv``, static routers, grad enabled, no cache; else it does
+        nothing). The recipe repeats the forward's operations (in the buffer's dtype, autocast or
+        not), so gradients keep their bits. Tensors are matched by identity: implementations that
+        save views (eager) or copies (SDPA, of per-dim's strided heads) keep those as usual."""
+        router = self.router
+        if not (
+            self.config.recompute_routed_kv
+            and torch.is_grad_enabled()
+            and cache is None  # cached K/V are more than this call's routed heads
+            and router is not None
+            and not router.input_dependent
+        ):
+            yield
+            return
+        cos, sin = position_embeddings
+
+        def recompute(which: int) -> torch.Tensor:
+            heads = router.reread(kv_buffer, hidden_states, which)
+            return rope(heads, cos, sin) if which == 0 else heads
+
+        routed = [keys, values]
+
+        def pack(t: torch.Tensor):
+            which = next((i for i, x in enumerate(routed) if t is x), None)
+            return t if which is None else partial(recompute, which)
+
+        def unpack(saved):
+            return saved() if isinstance(saved, partial) else saved
+
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                yield
+        finally:
+            routed.clear()  # the hooks outlive this call; they must not keep the tensors alive
 
     def mix_kv(
         self, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kv_buffer
@@ -189,6 +238,10 @@ class LimeModel(LimePreTrainedModel):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        if self.training and self.config.recompute_routed_kv:
+            use_cache = (
+                False  # a cache would keep the K/V it recomputes (as transformers does under checkpointing)
+            )
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         if position_ids is None:

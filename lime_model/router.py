@@ -109,10 +109,25 @@ class LimeRouter(nn.Module):
         self, buffer: KVBuffer, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """keys, values: raw ``(B, T, kv * head_dim)``; returns routed ``(B, kv, T, head_dim)`` each."""
-        weight, mode = None, self.own_only_mode  # a single source: the own heads, no arithmetic
-        if len(self.sources) > 1:
-            weight, mode = buffer_layout(self.coefficients(hidden_states), self.input_dependent)
+        weight, mode = self.read_weight(hidden_states)
         return routed_read(buffer, self.layer_idx, keys, values, weight, self.sources, mode)
+
+    def read_weight(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+        """The weight and mode of this layer's routed read (:func:`buffer_layout`); a single source
+        (the own heads) is ``None``: no arithmetic."""
+        if len(self.sources) == 1:
+            return None, self.own_only_mode
+        return buffer_layout(self.coefficients(hidden_states), self.input_dependent)
+
+    def reread(self, buffer: KVBuffer, hidden_states: torch.Tensor, which: int) -> torch.Tensor:
+        """The routed keys (``which=0``) or values (1) of :meth:`forward`, ``(B, kv, T, head_dim)``,
+        recomputed from ``buffer`` without autograd, for backward (static routers: their weights do
+        not change between forward and backward)."""
+        B, T = hidden_states.shape[:2]
+        weight, mode = self.read_weight(hidden_states)
+        with torch.no_grad():
+            heads = buffer.read(buffer.data[which], self.layer_idx, weight, self.sources, mode)
+        return buffer.attention_heads(heads, B, T)
 
     @classmethod
     def flops(cls, config: LimeConfig, num_sources: int, seq_len: int) -> dict[str, int]:

@@ -1,0 +1,141 @@
+"""``recompute_routed_kv``: attention's saved routed K/V are recomputed in backward from the K/V buffer.
+
+Checked against the same model without the option (an independent path: attention keeps its
+inputs): identical loss and gradient bits, the recomputation really runs, and the routed values are
+no longer kept alive between forward and backward.
+"""
+
+import pytest
+import torch
+
+from lime_model import LimeConfig, LimeForCausalLM
+from lime_model.router import LimeRouter
+
+SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
+# per-dim's routed heads are feature-major, (B, kv, T, head_dim) views with strided features, which
+# SDPA copies before saving: there is nothing to recompute, and gradients must still keep their bits
+STATIC = ["full", "first-2", "last-2", "dilated-2", "average", "no-head-mix", "per-dim"]
+
+
+def pair(routing: str, attn: str = "sdpa", kv: int = 2) -> tuple[LimeForCausalLM, LimeForCausalLM]:
+    """The same random weights without and with the option, in training mode."""
+    models = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        cfg = LimeConfig(routing=routing, num_key_value_heads=kv, recompute_routed_kv=recompute, **SIZES)
+        cfg._attn_implementation = attn
+        models.append(LimeForCausalLM(cfg).train())
+    return models[0], models[1]
+
+
+def step(model: LimeForCausalLM, ids: torch.Tensor, dtype=None) -> tuple[torch.Tensor, dict]:
+    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        loss = model(ids, labels=ids, use_cache=False).loss  # as lime_model.train calls it
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture
+def rereads(monkeypatch) -> list[int]:
+    """The layers whose routed K/V were recomputed, one entry per recomputed tensor."""
+    calls, reread = [], LimeRouter.reread
+
+    def spy(self, buffer, hidden_states, which):
+        calls.append(self.layer_idx)
+        return reread(self, buffer, hidden_states, which)
+
+    monkeypatch.setattr(LimeRouter, "reread", spy)
+    return calls
+
+
+@pytest.mark.parametrize("routing", STATIC)
+@pytest.mark.parametrize("kv", [1, 2, 4])
+def test_gradients_keep_their_bits(routing, kv, rereads):
+    plain, recomputing = pair(routing, kv=kv)
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    loss_a, grads_a = step(plain, ids)
+    assert not rereads  # the option is off by default
+    loss_b, grads_b = step(recomputing, ids)
+    # keys and values of every layer, recomputed once each (SDPA saves both)
+    expected = [] if routing == "per-dim" else 2 * list(range(SIZES["num_hidden_layers"]))
+    assert sorted(rereads) == sorted(expected)
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys()
+    for name, grad in grads_a.items():
+        assert torch.equal(grad, grads_b[name]), name
+
+
+def test_bits_under_bf16_autocast(rereads):
+    """Also a regression test: backward's reads mixed fp32 weights into bf16 gradients (a dtype error)."""
+    plain, recomputing = pair("full")
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2))
+    loss_a, grads_a = step(plain, ids, torch.bfloat16)
+    loss_b, grads_b = step(recomputing, ids, torch.bfloat16)
+    assert rereads and torch.equal(loss_a, loss_b)
+    assert all(torch.equal(g, grads_b[n]) for n, g in grads_a.items())
+
+
+def saved_bytes(loss: torch.Tensor) -> tuple[int, int]:
+    """Bytes of the distinct storages autograd keeps for backward from ``loss``, and the number of
+    saved tensors held as recipes instead (``_raw_saved_*`` whose packed form is not a tensor)."""
+    storages, recipes, seen, stack = {}, 0, set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if name.startswith("_raw_saved_"):
+                saved = getattr(node, name)
+                for item in saved if isinstance(saved, list) else [saved]:
+                    data = getattr(item, "data", None)  # the packed form, not unpacked
+                    if isinstance(data, torch.Tensor):
+                        storage = data.untyped_storage()
+                        storages[storage.data_ptr()] = storage.nbytes()
+                    elif data is not None:
+                        recipes += 1
+        stack += [fn for fn, _ in node.next_functions]
+    return sum(storages.values()), recipes
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_routed_kv_are_not_kept_for_backward(attn):
+    """With SDPA, the graph holds two K/V-sized tensors per layer fewer (recipes instead); eager
+    attention saves views of them, which are kept as usual."""
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
+    (plain_bytes, plain_recipes), (bytes_, recipes) = (
+        saved_bytes(model(ids, labels=ids).loss) for model in pair("full", attn, kv=4)
+    )
+    layers, head_dim = SIZES["num_hidden_layers"], SIZES["hidden_size"] // SIZES["num_attention_heads"]
+    routed = 2 * 4 * 12 * head_dim * 4  # one (B, kv, T, head_dim) fp32 tensor
+    assert plain_recipes == 0
+    if attn == "sdpa":
+        assert recipes == 2 * layers
+        assert plain_bytes - bytes_ == 2 * layers * routed
+    else:
+        assert (recipes, bytes_) == (0, plain_bytes)
+
+
+def test_dynamic_routing_and_cached_forwards_are_left_alone(rereads):
+    plain, recomputing = pair("dynamic")
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(4))
+    loss_a, grads_a = step(plain, ids)
+    loss_b, grads_b = step(recomputing, ids)
+    assert not rereads and torch.equal(loss_a, loss_b)
+    assert all(torch.equal(g, grads_b[n]) for n, g in grads_a.items())
+    # with a cache the saved K/V include earlier positions: no recipe may stand in for them (a
+    # model in training mode turns the cache off; in eval mode gradients still flow)
+    plain, recomputing = pair("full")
+    for model in (plain.eval(), recomputing.eval()):
+        out = model(ids[:, :6], use_cache=True)
+        model(ids[:, 6:], cache=out.cache, labels=ids[:, 6:]).loss.backward()
+    assert not rereads
+    assert all(
+        torch.equal(p.grad, q.grad) for p, q in zip(plain.parameters(), recomputing.parameters(), strict=True)
+    )
+
+
+def test_the_option_is_saved_with_the_config(tmp_path):
+    _, model = pair("full")
+    model.save_pretrained(tmp_path)
+    assert LimeForCausalLM.from_pretrained(tmp_path).config.recompute_routed_kv is True
