@@ -86,8 +86,11 @@ class KVBuffer:
         return rows.view(-1, B, T, self.head_dim)
 
     def attention_heads(self, rows: torch.Tensor, B: int, T: int) -> torch.Tensor:
-        """Routed heads ``rows [kv, *row]`` as attention reads them: a ``(B, kv, T, head_dim)`` view."""
-        return self.heads(rows, B, T).transpose(0, 1)
+        """Routed heads ``rows [kv, *row]`` as attention reads them, ``(B, kv, T, head_dim)``: a view,
+        except feature-major heads, copied to unit-stride features (given strided features, SDPA on
+        the CPU takes its math path, which is slower and keeps each layer's attention matrix)."""
+        heads = self.heads(rows, B, T).transpose(0, 1)
+        return heads.contiguous() if self.layout == "feature-major" else heads
 
     def layers_per_gemm(self, device: torch.device, mode: str) -> int:
         """How many buffered layers one GEMM of a ``mode`` read covers (:data:`CPU_HEADS_PER_GEMM`)."""

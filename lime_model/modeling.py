@@ -106,7 +106,7 @@ class LimeAttention(nn.Module):
         (``config.recompute_routed_kv``, static routers, grad enabled, no cache; else it does
         nothing). The recipe repeats the forward's operations (in the buffer's dtype, autocast or
         not), so gradients keep their bits. Tensors are matched by identity: implementations that
-        save views (eager) or copies (SDPA, of per-dim's strided heads) keep those as usual."""
+        save views or copies of them (eager) keep those as usual."""
         router = self.router
         if not (
             self.config.recompute_routed_kv

@@ -259,6 +259,19 @@ def test_a_training_step_frees_its_kv_buffer_without_the_cycle_collector(routing
         gc.enable()
 
 
+@pytest.mark.parametrize("routing", VARIANTS)
+def test_routed_heads_reach_attention_with_unit_stride_features(routing):
+    """Given feature-strided K/V, SDPA on the CPU takes its math path, which is slower and keeps every
+    layer's attention matrix for backward (per-dim's feature-major buffer once did this)."""
+    model, strides = make(routing), []
+    for layer in model.model.layers:
+        layer.self_attn.router.register_forward_hook(
+            lambda module, args, out: strides.extend(t.stride(-1) for t in out)
+        )
+    model(torch.randint(0, 50, (2, 6)), use_cache=False)
+    assert strides == [1] * 2 * SIZES["num_hidden_layers"]
+
+
 def test_router_layout_and_init():
     model = make("full", kv=4)
     layers = model.model.layers

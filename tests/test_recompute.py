@@ -12,8 +12,6 @@ from lime_model import LimeConfig, LimeForCausalLM
 from lime_model.router import LimeRouter
 
 SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
-# per-dim's routed heads are feature-major, (B, kv, T, head_dim) views with strided features, which
-# SDPA copies before saving: there is nothing to recompute, and gradients must still keep their bits
 STATIC = ["full", "first-2", "last-2", "dilated-2", "average", "no-head-mix", "per-dim"]
 
 
@@ -57,8 +55,7 @@ def test_gradients_keep_their_bits(routing, kv, rereads):
     assert not rereads  # the option is off by default
     loss_b, grads_b = step(recomputing, ids)
     # keys and values of every layer, recomputed once each (SDPA saves both)
-    expected = [] if routing == "per-dim" else 2 * list(range(SIZES["num_hidden_layers"]))
-    assert sorted(rereads) == sorted(expected)
+    assert sorted(rereads) == sorted(2 * list(range(SIZES["num_hidden_layers"])))
     assert torch.equal(loss_a, loss_b)
     assert grads_a.keys() == grads_b.keys()
     for name, grad in grads_a.items():
