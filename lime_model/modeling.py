@@ -9,7 +9,7 @@ routing is per position. Every parameter name is LLaMA's, so LLaMA state dicts l
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import torch
@@ -100,7 +100,15 @@ class LimeAttention(nn.Module):
         return self.o_proj(output.reshape(B, T, -1)), weights
 
     @contextlib.contextmanager
-    def recomputed_in_backward(self, kv_buffer, hidden_states, keys, values, position_embeddings, cache):
+    def recomputed_in_backward(
+        self,
+        kv_buffer: KVBuffer | None,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        cache: Cache | None,
+    ) -> Iterator[None]:
         """A context in which autograd keeps, for the routed ``keys`` (after RoPE) and ``values``
         that attention saves for backward, a recipe that recomputes them from ``kv_buffer`` instead
         (``config.recompute_routed_kv``, static routers, grad enabled, no cache; else it does
