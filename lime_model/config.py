@@ -25,7 +25,9 @@ class LimeConfig(LlamaConfig):
 
     def __init__(self, routing: str = "full", recompute_routed_kv: bool = False, **kwargs) -> None:
         self.routing = str(parse_routing(routing))
-        self.recompute_routed_kv = bool(recompute_routed_kv)
+        if not isinstance(recompute_routed_kv, bool):  # bool("false") would silently be True
+            raise ValueError(f"recompute_routed_kv must be true or false, got {recompute_routed_kv!r}")
+        self.recompute_routed_kv = recompute_routed_kv
         super().__init__(**kwargs)
         if self.attention_bias:
             raise ValueError("LIMe routes bias-free K/V projections; attention_bias=True is not supported")

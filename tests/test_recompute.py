@@ -136,3 +136,9 @@ def test_the_option_is_saved_with_the_config(tmp_path):
     _, model = pair("full")
     model.save_pretrained(tmp_path)
     assert LimeForCausalLM.from_pretrained(tmp_path).config.recompute_routed_kv is True
+
+
+@pytest.mark.parametrize("bad", ["false", "yes", 1])
+def test_the_option_must_be_a_bool(bad):
+    with pytest.raises(ValueError, match="recompute_routed_kv must be true or false"):
+        LimeConfig(recompute_routed_kv=bad)
