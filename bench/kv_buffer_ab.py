@@ -5,7 +5,7 @@ change to the K/V buffer. This times only what the buffer does: every layer's ro
 values, forward and backward, at the size of ``step_overhead.py`` (16 layers, hidden 256, 8 heads MHA,
 8 x 256 tokens, fp32), with the routers' real weights. The earlier module is read with ``git show`` and
 loaded next to the current one, both run interleaved in one process, and each round's time ratio is
-reported (median and min-max over rounds) with a check that both give the same values and close
+reported (median, its distribution-free confidence interval and min-max over rounds) with a check that both give the same values and close
 gradients. ``MB moved`` is the least memory traffic of this tree's reads (every GEMM operand read and
 every result written once) and ``GB/s`` that traffic over its time, next to the process's measured
 read bandwidth: how far the reads are from being memory-bound.
@@ -29,6 +29,7 @@ import torch
 import lime_model.kv_buffer as current
 from lime_model import config_for
 from lime_model.router import buffer_layout, build_router
+from lime_probe.stats import median_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +157,8 @@ def main() -> None:
             raise SystemExit(f"{name}: {err}") from None
     print(
         f"routed reads only, {args.layers} layers, hidden {args.hidden}, {args.heads} heads, "
-        f"{args.batch}x{args.seq} tokens, {torch.get_num_threads()} threads, process CPU time, {args.rounds} rounds"
+        f"{args.batch}x{args.seq} tokens, {torch.get_num_threads()} threads, process CPU time, {args.rounds} rounds; "
+        f"CI = the median ratio's order-statistic interval ({median_ci([1.0] * args.rounds)[2]:.1%} coverage)"
     )
     bandwidth = read_bandwidth()
     print(
@@ -164,7 +166,7 @@ def main() -> None:
         "over this tree's median time, so a value near the bandwidth means the reads are memory-bound there"
     )
     print(
-        f"{'routing':<12} {args.against[:10]:>10} {'this tree':>10} {'earlier/this':>13} {'min-max':>11} "
+        f"{'routing':<12} {args.against[:10]:>10} {'this tree':>10} {'earlier/this':>13} {'CI':>11} {'min-max':>11} "
         f"{'MB moved':>9} {'GB/s':>5}  agreement"
     )
     for name, chain in chains.items():
@@ -179,9 +181,10 @@ def main() -> None:
                 times[module].append(time.process_time() - start)
         ratios = [a / b for a, b in zip(times[earlier], times[current], strict=True)]
         moved, this = chain.traffic_bytes(), statistics.median(times[current])
+        lo, hi, _ = median_ci(ratios)
         print(
             f"{name:<12} {statistics.median(times[earlier]):9.3f}s {this:9.3f}s "
-            f"{statistics.median(ratios):13.2f} {min(ratios):5.2f}-{max(ratios):.2f} "
+            f"{statistics.median(ratios):13.2f} {lo:5.2f}-{hi:.2f} {min(ratios):5.2f}-{max(ratios):.2f} "
             f"{moved / 1e6:9.0f} {moved / this / 1e9:5.1f}  "
             f"values {'bit-identical' if same else 'differ'}, gradients max rel diff {gap:.1e}"
         )

@@ -13,8 +13,12 @@ line instead of diluted by half (a 50257-token head at hidden 256 costs about as
 Each routing variant runs in its own process next to its own LLaMA, interleaved: each round times
 both once, and the reported ratio is the median over rounds of (variant time / LLaMA time in the same
 round), so a load spike that hits one round moves one sample, not the statistic; min-max over rounds
-is printed too. ``best x`` is the fastest variant step over the fastest LLaMA step: interference only
-ever adds time, so on a shared host the fastest steps are the least disturbed. One process per pair,
+is printed too, and the median's distribution-free confidence interval (order statistics,
+:func:`lime_probe.stats.median_ci`), against which each row's time target (:data:`TIME_TARGETS`) is
+called met, missed or not resolved: on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a
+median of a few rounds alone says little about a target a few points away. ``best x`` is the
+fastest variant step over the fastest LLaMA step: interference only ever adds time, so on a shared
+host the fastest steps are the least disturbed. One process per pair,
 because a model's step time depends on the heap other models left: with all six models of the README
 table in one process, dynamic routing measured 1.5x LLaMA, and 1.15x in a
 process holding only LLaMA and dynamic models. For the same
@@ -52,9 +56,21 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lime_model import ARCHITECTURES, config_for
+from lime_probe.stats import median_ci
 
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
 SCOPES = ("stack", "model")
+# the time targets of issues 9 and 14 (variant step over LLaMA's); memory's is 1.05x for every row
+TIME_TARGETS = {"full": 1.10, "first-4": 1.04, "dilated-8": 1.04, "per-dim": 1.15, "dynamic": 1.25}
+
+
+def verdict(name: str, lo: float, hi: float) -> str:
+    """Whether a row's confidence interval ``lo..hi`` of the median time ratio meets its target."""
+    target = TIME_TARGETS.get(name.partition("+")[0])
+    if target is None:
+        return ""
+    state = "met" if hi <= target else "missed" if lo > target else "not resolved"
+    return f"<= {target:.2f}: {state}"
 
 
 def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
@@ -304,22 +320,28 @@ def main() -> None:
         f"vocab {args.vocab}, {args.batch}x{args.seq} tokens, {args.dtype} on {args.device}"
         f"{' compiled' if args.compile else ''}, {torch.get_num_threads()} threads, {args.clock} clock, "
         f"{args.rounds} rounds, each variant in its own process with its own LLaMA; time x = median over "
-        "rounds of the per-round ratio to that LLaMA, best x = fastest step over its LLaMA's fastest"
+        "rounds of the per-round ratio to that LLaMA, with its order-statistic confidence interval "
+        f"(coverage {median_ci([1.0] * args.rounds)[2]:.1%} at {args.rounds} rounds, distribution-free); "
+        "best x = fastest step over its LLaMA's fastest; target: met / missed when the interval lies "
+        "below / above the issues' time target, else not resolved"
     )
     for scope in SCOPES:
         print(f"\n[{scope}] {'layer stack only' if scope == 'stack' else 'whole training step'}")
         print(
-            f"{'row':<16} {'step s':>7} {'time x':>7} {'min-max':>13} {'best x':>7} {'peak MB':>8} {'mem x':>6}"
+            f"{'row':<16} {'step s':>7} {'time x':>7} {'CI':>13} {'min-max':>13} {'best x':>7} "
+            f"{'peak MB':>8} {'mem x':>6}  target"
         )
         base_m = memory.get("none", {}).get(scope, nan)
         for name in names:
             base_t = base[name, scope]  # the LLaMA of this variant's own process
             ratios = [t / b for t, b in zip(times[name, scope], base_t, strict=True)]
             m = memory.get(name, {}).get(scope, nan)
+            lo, hi, _ = median_ci(ratios)
             print(
                 f"{name:<16} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
-                f"{min(ratios):6.3f}-{max(ratios):.3f} {min(times[name, scope]) / min(base_t):7.3f} "
-                f"{m:8.1f} {m / base_m:6.3f}"
+                f"{lo:6.3f}-{hi:.3f} {min(ratios):6.3f}-{max(ratios):.3f} "
+                f"{min(times[name, scope]) / min(base_t):7.3f} {m:8.1f} {m / base_m:6.3f}  "
+                f"{verdict(name, lo, hi)}"
             )
 
 

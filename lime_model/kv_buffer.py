@@ -248,15 +248,20 @@ def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
 def _weight_grad(
     grad_out: torch.Tensor, data: torch.Tensor, buffer: KVBuffer, runs, mode: str
 ) -> torch.Tensor:
-    """``d <grad_out, _mix(weight, data)> / d weight``, in ``weight``'s layout (:class:`_RoutedRead`)."""
+    """``d <grad_out, _mix(weight, data)> / d weight``, in ``weight``'s layout (:class:`_RoutedRead`).
+
+    Computed in the reads' pieces (:meth:`KVBuffer.layers_per_gemm`): on the CPU ``[kv, n] @ [n, s]``
+    slows with ``s`` as the reads do (one thread: ~28 GFLOP/s at s = 128, ~35 summed from 16-head pieces)."""
+    step = buffer.layers_per_gemm(data.device, mode)
     parts = []
     for first, stop, _ in runs:
-        src = buffer.block(data, first, stop)
-        if mode == "matrix":
-            parts.append(grad_out.flatten(1) @ src.flatten(1).t())
-        else:  # batched over features (per-dim) or positions (per-position), as in _mix
-            part = torch.bmm(grad_out.transpose(0, 1), src.permute(1, 2, 0))
-            parts.append(part.permute(1, 2, 0) if mode == "per-dim" else part)
+        for a in range(first, stop, step):
+            src = buffer.block(data, a, min(a + step, stop))
+            if mode == "matrix":
+                parts.append(grad_out.flatten(1) @ src.flatten(1).t())
+            else:  # batched over features (per-dim) or positions (per-position), as in _mix
+                part = torch.bmm(grad_out.transpose(0, 1), src.permute(1, 2, 0))
+                parts.append(part.permute(1, 2, 0) if mode == "per-dim" else part)
     return parts[0] if len(parts) == 1 else torch.cat(parts, 2 if mode == "per-position" else 1)
 
 

@@ -137,3 +137,27 @@ def paired_bootstrap_ci(
     means = d[seeds[..., None], items].mean(axis=(1, 2))
     lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(lo), float(hi)
+
+
+def median_ci(values: ArrayLike, level: float = 0.95) -> tuple[float, float, float]:
+    """Distribution-free confidence interval of the median of ``values`` (n,), from order statistics.
+
+    With the values sorted, ``(x_(k), x_(n+1-k))`` covers the population median with probability
+    ``1 - 2 P(Binomial(n, 1/2) < k)`` whatever the distribution (independent draws); ``k`` is the
+    largest whose coverage is at least ``level``. Below 6 values even ``(min, max)`` covers less than
+    95 %: it is returned then, with its coverage. Returns ``(low, high, coverage)``.
+    """
+    import math
+
+    v = np.sort(_as_finite_1d(values, "median_ci"))
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"median_ci: level must be in (0, 1), got {level}")
+    n = v.size
+
+    def coverage(k: int) -> float:  # 1 - 2 P(B < k), B ~ Binomial(n, 1/2)
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0**n
+
+    k = 1
+    while 2 * (k + 1) <= n + 1 and coverage(k + 1) >= level:
+        k += 1
+    return float(v[k - 1]), float(v[n - k]), coverage(k)

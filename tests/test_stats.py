@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lime_probe.stats import paired_bootstrap_ci, paired_difference
+from lime_probe.stats import median_ci, paired_bootstrap_ci, paired_difference
 
 
 def test_paired_difference_matches_scipy_ttest_rel():
@@ -50,3 +50,27 @@ def test_paired_bootstrap_ci_against_a_plain_loop():
         means.append(total / 3)
     assert (lo, hi) == pytest.approx(tuple(np.quantile(means, [0.05, 0.95])))
     assert lo < 0.2 < hi
+
+
+@pytest.mark.parametrize("n", [6, 10, 12, 25])
+def test_median_ci_is_the_order_statistic_interval_of_the_binomial_tables(n):
+    """k from scipy's binomial CDF; the interval's empirical coverage on a skewed distribution."""
+    from scipy.stats import binom
+
+    k = max(k for k in range(1, (n + 1) // 2 + 1) if 1 - 2 * binom.cdf(k - 1, n, 0.5) >= 0.95)
+    values = np.random.default_rng(n).permutation(np.arange(n, dtype=float) ** 2)
+    lo, hi, coverage = median_ci(values)
+    assert (lo, hi) == ((k - 1) ** 2, (n - k) ** 2)
+    assert coverage == pytest.approx(1 - 2 * binom.cdf(k - 1, n, 0.5))
+    draws = np.random.default_rng(0).lognormal(size=(4000, n))  # population median 1
+    covered = np.mean([median_ci(d)[0] <= 1.0 <= median_ci(d)[1] for d in draws])
+    assert covered == pytest.approx(coverage, abs=0.015)
+
+
+def test_median_ci_with_too_few_values_returns_min_max_and_says_how_little_it_covers():
+    lo, hi, coverage = median_ci([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert (lo, hi, coverage) == (1.0, 5.0, 1 - 2 / 32)
+    with pytest.raises(ValueError, match="level"):
+        median_ci([1.0, 2.0], level=1.5)
+    with pytest.raises(ValueError, match="NaN"):
+        median_ci([1.0, float("nan")])
