@@ -1,10 +1,13 @@
 """The K/V buffer shared by the attention layers of one LIMe forward pass, and the routed read.
 
-Layout: keys and values each live in one contiguous tensor in which layer j's raw heads form the
-head block ``j * kv .. (j + 1) * kv`` of a head axis, so a layer's sources are one strided range of
-that axis, read without copying. Where the head axis sits depends on how the weights vary, so that
-each read mode is (batched) GEMMs on views (one per source range, or on the CPU a sum of pieces:
-:data:`CPU_HEADS_PER_GEMM`):
+Layout: keys and values each live in a tensor in which layer j's raw heads form the head block
+``j * kv .. (j + 1) * kv`` of a head axis, so a layer's sources are one strided range of that axis,
+read without copying. Where the head axis sits depends on how the weights vary, so that each read
+mode is (batched) GEMMs on views (one per source range, or on the CPU a sum of pieces:
+:data:`CPU_HEADS_PER_GEMM`). On the CPU the tensor is cut into chunks of one piece's layers, the
+pieces aligned to them: a whole buffer (33 MB per step at the benchmark's size) is above glibc's
+mmap threshold, so it was mapped and zero-filled afresh at every step, while chunks of a few MB are
+reused from the heap (writing 16 layers into fresh memory took ~7x as long as into reused memory).
 
 - position-major ``[L * kv, B * T, head_dim]`` (static matrices, mode "matrix"): mixing with
   ``R [kv, S * kv]`` is one GEMM over a contiguous row range, and routed heads come out with
@@ -32,6 +35,7 @@ every reader has kept its gradient.
 from __future__ import annotations
 
 from functools import partial
+from itertools import pairwise
 
 import torch
 
@@ -64,12 +68,31 @@ class KVBuffer:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int) -> None:
         self.num_layers, self.kv, self.head_dim = num_layers, num_kv_heads, head_dim
         self.layout = "position-major"  # fixed by the first write
-        self.data: list[torch.Tensor] = []  # [keys, values]
+        # [keys, values], each stored in chunks of chunk_layers layers (the last may hold fewer)
+        self.data: list[list[torch.Tensor]] = []
+        self.chunk_layers = num_layers
         # grad_out[i][r]: d loss / d layer r's routed keys (i = 0) or values (i = 1), stored as a
         # one-layer buffer in the same layout; None until r's backward has run in this pass
         self.grad_out: list[list[torch.Tensor | None]] = [[None] * num_layers for _ in range(2)]
         # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
         self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
+
+    def chunk_shape(self, layers: int, positions: int) -> tuple[int, int, int]:
+        """The shape of a buffer chunk of ``layers`` layers over ``positions`` (B * T) in this layout."""
+        heads = layers * self.kv
+        return {
+            "position-major": (heads, positions, self.head_dim),
+            "feature-major": (heads, self.head_dim, positions),
+            "position-outer": (positions, heads, self.head_dim),
+        }[self.layout]
+
+    def stored(self, chunks: list[torch.Tensor], start_layer: int, stop_layer: int) -> torch.Tensor:
+        """The buffered heads of layers ``start_layer .. stop_layer - 1`` (within one chunk) of the keys
+        or values ``chunks`` (an entry of :attr:`data`), as :meth:`block` gives them: a view."""
+        index, first = divmod(start_layer, self.chunk_layers)
+        if stop_layer - start_layer + first > self.chunk_layers:
+            raise ValueError(f"layers {start_layer}..{stop_layer - 1} span two buffer chunks")
+        return self.block(chunks[index], first, first + stop_layer - start_layer)
 
     def block(self, data: torch.Tensor, start_layer: int, stop_layer: int) -> torch.Tensor:
         """The heads of layers ``start_layer .. stop_layer - 1`` in ``data`` (a buffer in this layout)
@@ -107,14 +130,16 @@ class KVBuffer:
         B, T, _ = keys.shape
         if not self.data:
             self.layout = LAYOUTS[mode]
-            shape = {
-                "position-major": (self.num_layers * self.kv, B * T, self.head_dim),
-                "feature-major": (self.num_layers * self.kv, self.head_dim, B * T),
-                "position-outer": (B * T, self.num_layers * self.kv, self.head_dim),
-            }[self.layout]
-            self.data = [keys.new_empty(shape) for _ in range(2)]
+            self.chunk_layers = self.layers_per_gemm(keys.device, mode)
+            self.data = [
+                [
+                    keys.new_empty(self.chunk_shape(min(self.chunk_layers, self.num_layers - first), B * T))
+                    for first in range(0, self.num_layers, self.chunk_layers)
+                ]
+                for _ in range(2)
+            ]
         for store, x in zip(self.data, (keys, values), strict=True):
-            block = self.block(store, layer_idx, layer_idx + 1)
+            block = self.stored(store, layer_idx, layer_idx + 1)
             if self.layout == "feature-major":  # [kv*hd, B*T]: a 2D transpose, ~2.5x faster than 4D
                 block.view(-1, B * T).copy_(x.reshape(B * T, -1).t())
             else:
@@ -126,14 +151,14 @@ class KVBuffer:
         for pos, source in enumerate(sources):
             self.readers[source].append((layer_idx, weight, pos))
 
-    def read(self, data: torch.Tensor, layer_idx: int, weight, sources, mode: str) -> torch.Tensor:
+    def read(self, data: list[torch.Tensor], layer_idx: int, weight, sources, mode: str) -> torch.Tensor:
         """Layer ``layer_idx``'s routed heads ``[kv, *row]`` from ``data`` (the keys or the values
-        buffer): its ``sources``' heads mixed by ``weight`` (``None``: a copy of its own heads)."""
+        chunks): its ``sources``' heads mixed by ``weight`` (``None``: a copy of its own heads)."""
         if weight is None:
-            return self.block(data, layer_idx, layer_idx + 1).clone()
-        step = self.layers_per_gemm(data.device, mode)
+            return self.stored(data, layer_idx, layer_idx + 1).clone()
         columns = partial(_columns, weight, self.kv, mode)
-        return _mix(columns, partial(self.block, data), self.kv, contiguous_runs(sources), mode, step)
+        source = partial(self.stored, data)
+        return _mix(columns, source, self.kv, contiguous_runs(sources), mode, self.chunk_layers)
 
     def store_grad_out(self, layer_idx: int, grads: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Keep the gradients w.r.t. layer ``layer_idx``'s routed keys and values, each ``[kv, *row]``.
@@ -167,7 +192,7 @@ class KVBuffer:
         runs = contiguous_runs([r for r, _, _ in mixed])
         # The gradients are stored per layer: on the CPU one GEMM per reader (as fast as pieces of a
         # read there, per-position included, and no copy); elsewhere a run's gradients concatenated.
-        step = 1 if gemm_pieces(self.data[0].device) else self.num_layers
+        step = 1 if gemm_pieces(self.data[0][0].device) else self.num_layers
         B, T, _ = shape
         grads = []
         for store in self.grad_out:
@@ -196,6 +221,12 @@ def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def pieces(first: int, stop: int, step: int) -> list[tuple[int, int]]:
+    """Layers ``first .. stop-1`` cut at the multiples of ``step`` (the buffer's chunk boundaries)."""
+    cuts = [first, *range((first // step + 1) * step, stop, step), stop]
+    return list(pairwise(cuts))
+
+
 def weight_axis(mode: str) -> int:
     """The axis of a ``mode`` weight (:class:`_RoutedRead`) that runs over source heads."""
     return 2 if mode == "per-position" else 1
@@ -216,12 +247,11 @@ def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
     name. ``weight(lo, hi)`` gives its column blocks ``lo .. hi-1`` and ``source(a, b)`` layers
     ``a .. b-1`` as heads ``[n, *row]`` (as :meth:`KVBuffer.block`); both are called per GEMM, so
     either side may be stored in pieces. Run ``(first, stop, pos)`` pairs layers ``first .. stop-1``
-    with column blocks from ``pos``; each GEMM covers at most ``step`` layers and the pieces are
-    summed in place (through ``out=``, which FLOP counters see, unlike ``addmm_``)."""
+    with column blocks from ``pos``; each GEMM covers the layers between two multiples of ``step``
+    (:func:`pieces`) and the pieces are summed in place (through ``out=``, which FLOP counters see, unlike ``addmm_``)."""
     out = None
     for first, stop, pos in runs:
-        for a in range(first, stop, step):
-            b = min(a + step, stop)
+        for a, b in pieces(first, stop, step):
             src = source(a, b)
             # in the buffer's dtype, as autocast would cast it (pieces summed through out= and
             # backward's reads run outside autocast; fp32 weights with a bf16 buffer)
@@ -252,11 +282,10 @@ def _weight_grad(
 
     Computed in the reads' pieces (:meth:`KVBuffer.layers_per_gemm`): on the CPU ``[kv, n] @ [n, s]``
     slows with ``s`` as the reads do (one thread: ~28 GFLOP/s at s = 128, ~35 summed from 16-head pieces)."""
-    step = buffer.layers_per_gemm(data.device, mode)
     parts = []
     for first, stop, _ in runs:
-        for a in range(first, stop, step):
-            src = buffer.block(data, a, min(a + step, stop))
+        for a, b in pieces(first, stop, buffer.chunk_layers):
+            src = buffer.stored(data, a, b)
             if mode == "matrix":
                 parts.append(grad_out.flatten(1) @ src.flatten(1).t())
             else:  # batched over features (per-dim) or positions (per-position), as in _mix
