@@ -4,10 +4,10 @@ Layout: keys and values each live in a tensor in which layer j's raw heads form 
 ``j * kv .. (j + 1) * kv`` of a head axis, so a layer's sources are one strided range of that axis,
 read without copying. Where the head axis sits depends on how the weights vary, so that each read
 mode is (batched) GEMMs on views (one per source range, or on the CPU a sum of pieces:
-:data:`CPU_HEADS_PER_GEMM`). On the CPU the tensor is cut into chunks of one piece's layers, the
-pieces aligned to them: a whole buffer (33 MB per step at the benchmark's size) is above glibc's
-mmap threshold, so it was mapped and zero-filled afresh at every step, while chunks of a few MB are
-reused from the heap (writing 16 layers into fresh memory took ~7x as long as into reused memory).
+:data:`CPU_HEADS_PER_GEMM`). On the CPU that tensor is stored in chunks of one piece's layers, with
+the pieces cut at chunk boundaries: a whole buffer (33 MB at ``bench/step_overhead.py``'s size) lies
+above glibc's mmap threshold, so every step mapped and zero-filled it afresh (filling fresh memory
+took ~7x as long as reused memory), while chunks of a few MB are reused from the heap.
 
 - position-major ``[L * kv, B * T, head_dim]`` (static matrices, mode "matrix"): mixing with
   ``R [kv, S * kv]`` is one GEMM over a contiguous row range, and routed heads come out with
@@ -248,7 +248,8 @@ def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
     ``a .. b-1`` as heads ``[n, *row]`` (as :meth:`KVBuffer.block`); both are called per GEMM, so
     either side may be stored in pieces. Run ``(first, stop, pos)`` pairs layers ``first .. stop-1``
     with column blocks from ``pos``; each GEMM covers the layers between two multiples of ``step``
-    (:func:`pieces`) and the pieces are summed in place (through ``out=``, which FLOP counters see, unlike ``addmm_``)."""
+    (:func:`pieces`), and the pieces are summed in place (through ``out=``, which FLOP counters see,
+    unlike ``addmm_``)."""
     out = None
     for first, stop, pos in runs:
         for a, b in pieces(first, stop, step):
@@ -276,9 +277,10 @@ def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
 
 
 def _weight_grad(
-    grad_out: torch.Tensor, data: torch.Tensor, buffer: KVBuffer, runs, mode: str
+    grad_out: torch.Tensor, data: list[torch.Tensor], buffer: KVBuffer, runs, mode: str
 ) -> torch.Tensor:
-    """``d <grad_out, _mix(weight, data)> / d weight``, in ``weight``'s layout (:class:`_RoutedRead`).
+    """``d <grad_out, read(data)> / d weight`` for the keys or values chunks ``data``, in ``weight``'s
+    layout (:class:`_RoutedRead`).
 
     Computed in the reads' pieces (:meth:`KVBuffer.layers_per_gemm`): on the CPU ``[kv, n] @ [n, s]``
     slows with ``s`` as the reads do (one thread: ~28 GFLOP/s at s = 128, ~35 summed from 16-head pieces)."""

@@ -81,12 +81,16 @@ def layer_modes(kind: str) -> list[str]:
     return [kind] * L
 
 
-@pytest.fixture(params=["CPU pieces", "a GEMM per layer", "one GEMM per range"])
+@pytest.fixture(params=["CPU pieces", "a GEMM per layer", "two layers per GEMM", "one GEMM per range"])
 def heads_per_gemm(request, monkeypatch):
-    """CPU reads sum GEMMs over pieces of the sources; at these sizes the default piece holds every
-    source, so also check pieces of one layer each, and the one-GEMM path of other devices."""
+    """CPU reads sum GEMMs over pieces of the sources, from a buffer stored in chunks of a piece's
+    layers; at these sizes the default piece holds every source, so also check pieces of one layer
+    each, pieces of two (runs such as layers 1..2 then cross a chunk boundary), and the one-GEMM path
+    of other devices."""
     if request.param == "a GEMM per layer":
         monkeypatch.setattr(kv_buffer, "CPU_HEADS_PER_GEMM", KV)
+    elif request.param == "two layers per GEMM":
+        monkeypatch.setattr(kv_buffer, "CPU_HEADS_PER_GEMM", 2 * KV)
     elif request.param == "one GEMM per range":
         monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
     return request.param
@@ -161,3 +165,23 @@ def test_backward_releases_every_kept_gradient(pattern, kind):
     outs = chain(sources, layer_modes(kind), coefs, base[:L], base[L:], buffered=True, buffer=buffer)
     sum(k.sum() + v.sum() for k, v in outs).backward()
     assert all(g is None for store in buffer.grad_out for g in store)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5])
+def test_pieces_cut_runs_at_the_buffer_chunk_boundaries(step):
+    """Each piece lies in one chunk (layers j with the same j // step), and together they tile the run."""
+    for first in range(7):
+        for stop in range(first + 1, 9):
+            cut = kv_buffer.pieces(first, stop, step)
+            assert [layer for a, b in cut for layer in range(a, b)] == list(range(first, stop))
+            assert all((b - 1) // step == a // step for a, b in cut)
+            assert len(cut) == len({layer // step for layer in range(first, stop)})
+
+
+@pytest.mark.parametrize("mode", ["matrix", "per-dim"])
+def test_cpu_buffer_chunks_hold_one_piece_of_layers_each(mode, monkeypatch):
+    monkeypatch.setattr(kv_buffer, "CPU_HEADS_PER_GEMM", 2 * KV)
+    buffer = KVBuffer(5, KV, HD)
+    x = torch.randn(B, T, KV * HD)
+    routed_read(buffer, 0, x, x, None, [0], mode)
+    assert [[c.shape[0] for c in chunks] for chunks in buffer.data] == [[2 * KV, 2 * KV, KV]] * 2
