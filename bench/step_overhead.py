@@ -30,6 +30,8 @@ in fresh subprocesses (peak RSS cannot be reset reliably inside one process), me
 
     python bench/step_overhead.py --threads 1 --clock cpu    # the README table (shared CPU)
     python bench/step_overhead.py --rounds 3 --no-memory --variants full   # quick check
+    python bench/step_overhead.py --threads 1 --clock cpu --rounds 30 --scopes stack --no-memory \
+        --variants first-4 last-1   # a tighter interval for two rows (last-1: the buffer, no mixing)
     python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
     python bench/step_overhead.py --threads 1 --profile --variants full first-4  # where the extra time goes
 
@@ -221,11 +223,11 @@ def time_pair(variant: str, args: argparse.Namespace) -> None:
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     models = {"none": Steps("none", args), variant: Steps(variant, args)}
     for steps in models.values():  # warm-up (and compilation)
-        for scope in SCOPES:
+        for scope in args.scopes:
             steps.run(scope)
-    times = {name: {scope: [] for scope in SCOPES} for name in models}
+    times = {name: {scope: [] for scope in args.scopes} for name in models}
     for _ in range(args.rounds):
-        for scope in SCOPES:
+        for scope in args.scopes:
             for name, steps in models.items():
                 steps.run(scope)  # untimed: the allocator settles on this model's sizes (docstring)
                 sync(args.device)
@@ -288,6 +290,13 @@ def main() -> None:
         default="wall",
         help="cpu = this process's CPU time: less sensitive to other load (use with --threads 1)",
     )
+    parser.add_argument(
+        "--scopes",
+        nargs="+",
+        choices=SCOPES,
+        default=list(SCOPES),
+        help="which steps to time (default: both)",
+    )
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="per-operator breakdown instead of timing")
     parser.add_argument("--_memory-of", dest="memory_of", help=argparse.SUPPRESS)
@@ -308,9 +317,9 @@ def main() -> None:
             steps.run("stack")
         return profile_rows(models, args)
     pairs = {name: in_subprocess("--_pair-of", name) for name in args.variants}
-    times = {(name, scope): pairs[name][name][scope] for name in args.variants for scope in SCOPES}
-    base = {(name, scope): pairs[name]["none"][scope] for name in args.variants for scope in SCOPES}
-    for scope in SCOPES:  # LLaMA's own row: every pair's LLaMA steps
+    times = {(name, scope): pairs[name][name][scope] for name in args.variants for scope in args.scopes}
+    base = {(name, scope): pairs[name]["none"][scope] for name in args.variants for scope in args.scopes}
+    for scope in args.scopes:  # LLaMA's own row: every pair's LLaMA steps
         times["none", scope] = base["none", scope] = [t for name in args.variants for t in base[name, scope]]
 
     memory = {} if args.no_memory else {name: peak_memory_mb(name, args) for name in names}
@@ -325,7 +334,7 @@ def main() -> None:
         "best x = fastest step over its LLaMA's fastest; target: met / missed when the interval lies "
         "below / above the issues' time target, else not resolved"
     )
-    for scope in SCOPES:
+    for scope in args.scopes:
         print(f"\n[{scope}] {'layer stack only' if scope == 'stack' else 'whole training step'}")
         print(
             f"{'row':<16} {'step s':>7} {'time x':>7} {'CI':>13} {'min-max':>13} {'best x':>7} "
