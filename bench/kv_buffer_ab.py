@@ -29,7 +29,7 @@ import torch
 import lime_model.kv_buffer as current
 from lime_model import config_for
 from lime_model.router import buffer_layout, build_router
-from lime_probe.stats import median_ci
+from lime_probe.stats import median_ci, median_ci_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,7 +158,7 @@ def main() -> None:
     print(
         f"routed reads only, {args.layers} layers, hidden {args.hidden}, {args.heads} heads, "
         f"{args.batch}x{args.seq} tokens, {torch.get_num_threads()} threads, process CPU time, {args.rounds} rounds; "
-        f"CI = the median ratio's order-statistic interval ({median_ci([1.0] * args.rounds)[2]:.1%} coverage)"
+        f"CI = the median ratio's order-statistic interval ({median_ci_rank(args.rounds)[1]:.1%} coverage)"
     )
     bandwidth = read_bandwidth()
     print(

@@ -58,7 +58,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lime_model import ARCHITECTURES, config_for
-from lime_probe.stats import median_ci
+from lime_probe.stats import median_ci, median_ci_rank
 
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
 SCOPES = ("stack", "model")
@@ -66,11 +66,14 @@ SCOPES = ("stack", "model")
 TIME_TARGETS = {"full": 1.10, "first-4": 1.04, "dilated-8": 1.04, "per-dim": 1.15, "dynamic": 1.25}
 
 
-def verdict(name: str, lo: float, hi: float) -> str:
-    """Whether a row's confidence interval ``lo..hi`` of the median time ratio meets its target."""
+def verdict(name: str, lo: float, hi: float, coverage: float) -> str:
+    """Whether a row's confidence interval ``lo..hi`` of the median time ratio meets its target
+    (none below 95 % coverage: fewer than 6 rounds)."""
     target = TIME_TARGETS.get(name.partition("+")[0])
     if target is None:
         return ""
+    if coverage < 0.95:
+        return f"<= {target:.2f}: too few rounds to tell"
     state = "met" if hi <= target else "missed" if lo > target else "not resolved"
     return f"<= {target:.2f}: {state}"
 
@@ -330,7 +333,7 @@ def main() -> None:
         f"{' compiled' if args.compile else ''}, {torch.get_num_threads()} threads, {args.clock} clock, "
         f"{args.rounds} rounds, each variant in its own process with its own LLaMA; time x = median over "
         "rounds of the per-round ratio to that LLaMA, with its order-statistic confidence interval "
-        f"(coverage {median_ci([1.0] * args.rounds)[2]:.1%} at {args.rounds} rounds, distribution-free); "
+        f"(coverage {median_ci_rank(args.rounds)[1]:.1%} at {args.rounds} rounds, distribution-free); "
         "best x = fastest step over its LLaMA's fastest; target: met / missed when the interval lies "
         "below / above the issues' time target, else not resolved"
     )
@@ -345,12 +348,12 @@ def main() -> None:
             base_t = base[name, scope]  # the LLaMA of this variant's own process
             ratios = [t / b for t, b in zip(times[name, scope], base_t, strict=True)]
             m = memory.get(name, {}).get(scope, nan)
-            lo, hi, _ = median_ci(ratios)
+            lo, hi, coverage = median_ci(ratios)
             print(
                 f"{name:<16} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
                 f"{lo:6.3f}-{hi:.3f} {min(ratios):6.3f}-{max(ratios):.3f} "
                 f"{min(times[name, scope]) / min(base_t):7.3f} {m:8.1f} {m / base_m:6.3f}  "
-                f"{verdict(name, lo, hi)}"
+                f"{verdict(name, lo, hi, coverage)}"
             )
 
 

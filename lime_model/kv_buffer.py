@@ -282,7 +282,7 @@ def _weight_grad(
     """``d <grad_out, read(data)> / d weight`` for the keys or values chunks ``data``, in ``weight``'s
     layout (:class:`_RoutedRead`).
 
-    Computed in the reads' pieces (:meth:`KVBuffer.layers_per_gemm`): on the CPU ``[kv, n] @ [n, s]``
+    Computed in the reads' pieces (one per buffer chunk, :func:`pieces`): on the CPU ``[kv, n] @ [n, s]``
     slows with ``s`` as the reads do (one thread: ~28 GFLOP/s at s = 128, ~35 summed from 16-head pieces)."""
     parts = []
     for first, stop, _ in runs:

@@ -6,6 +6,7 @@ confidence interval of the mean (Table 13); `summarize` computes exactly those t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,25 +140,31 @@ def paired_bootstrap_ci(
     return float(lo), float(hi)
 
 
-def median_ci(values: ArrayLike, level: float = 0.95) -> tuple[float, float, float]:
-    """Distribution-free confidence interval of the median of ``values`` (n,), from order statistics.
+def median_ci_rank(n: int, level: float = 0.95) -> tuple[int, float]:
+    """The order statistic ``k`` of :func:`median_ci` for ``n`` values, and the interval's coverage.
 
-    With the values sorted, ``(x_(k), x_(n+1-k))`` covers the population median with probability
+    ``(x_(k), x_(n+1-k))`` covers the population median with probability
     ``1 - 2 P(Binomial(n, 1/2) < k)`` whatever the distribution (independent draws); ``k`` is the
-    largest whose coverage is at least ``level``. Below 6 values even ``(min, max)`` covers less than
-    95 %: it is returned then, with its coverage. Returns ``(low, high, coverage)``.
+    largest whose coverage is at least ``level``, or 1 (min, max) when none reaches it (below 6 values
+    at 95 %).
     """
-    import math
-
-    v = np.sort(_as_finite_1d(values, "median_ci"))
+    if n < 1:
+        raise ValueError(f"median_ci_rank: need at least one value, got n = {n}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"median_ci: level must be in (0, 1), got {level}")
-    n = v.size
 
-    def coverage(k: int) -> float:  # 1 - 2 P(B < k), B ~ Binomial(n, 1/2)
+    def coverage(k: int) -> float:
         return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0**n
 
     k = 1
     while 2 * (k + 1) <= n + 1 and coverage(k + 1) >= level:
         k += 1
-    return float(v[k - 1]), float(v[n - k]), coverage(k)
+    return k, coverage(k)
+
+
+def median_ci(values: ArrayLike, level: float = 0.95) -> tuple[float, float, float]:
+    """Distribution-free confidence interval of the median of ``values`` (n,), from order statistics
+    (:func:`median_ci_rank`). Returns ``(low, high, coverage)``."""
+    v = np.sort(_as_finite_1d(values, "median_ci"))
+    k, coverage = median_ci_rank(v.size, level)
+    return float(v[k - 1]), float(v[v.size - k]), coverage

@@ -74,3 +74,5 @@ def test_median_ci_with_too_few_values_returns_min_max_and_says_how_little_it_co
         median_ci([1.0, 2.0], level=1.5)
     with pytest.raises(ValueError, match="NaN"):
         median_ci([1.0, float("nan")])
+    with pytest.raises(ValueError, match="non-empty"):
+        median_ci([])
