@@ -322,8 +322,11 @@ class _RoutedRead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_keys, grad_values):
         (weight,) = ctx.saved_tensors
-        buffer, grads = ctx.buffer, (grad_keys, grad_values)
-        buffer.store_grad_out(ctx.layer_idx, grads)
+        buffer, layer = ctx.buffer, ctx.layer_idx
+        buffer.store_grad_out(layer, (grad_keys, grad_values))
+        # the kept copies, contiguous in the buffer's layout: the weight gradient's batched GEMMs
+        # read them without copying each batch slice (as they would from a strided incoming gradient)
+        grads = [buffer.kept(store, layer, layer + 1) for store in buffer.grad_out]
         grad_w = None
         if ctx.needs_input_grad[0]:
             grad_k_w, grad_v_w = (
@@ -331,7 +334,7 @@ class _RoutedRead(torch.autograd.Function):
                 for g, data in zip(grads, buffer.data, strict=True)
             )
             grad_w = grad_k_w + grad_v_w
-        grad_k, grad_v = buffer.take_grad(ctx.layer_idx, ctx.mode, ctx.kv_shape)
+        grad_k, grad_v = buffer.take_grad(layer, ctx.mode, ctx.kv_shape)
         return grad_w, grad_k, grad_v, None, None, None, None
 
 
