@@ -185,3 +185,24 @@ def test_cpu_buffer_chunks_hold_one_piece_of_layers_each(mode, monkeypatch):
     x = torch.randn(B, T, KV * HD)
     routed_read(buffer, 0, x, x, None, [0], mode)
     assert [[c.shape[0] for c in chunks] for chunks in buffer.data] == [[2 * KV, 2 * KV, KV]] * 2
+
+
+def test_per_dim_weight_gradient_copies_no_feature_slices_of_a_strided_incoming_gradient():
+    """CPU SDPA hands routed K/V gradients back in its own ``(B, T, kv, hd)`` memory; per-dim's weight
+    gradient (a GEMM per feature) reads the kept contiguous copies, so it copies no feature's
+    ``[kv, B*T]`` slice (before, a stack step copied 2272). Large enough that ``bmm`` leaves its naive path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b, t, layers = 4, 16, 2
+    torch.manual_seed(0)
+    raw = [torch.randn(b, t, KV * HD, requires_grad=True) for _ in range(2 * layers)]
+    weight = torch.randn(KV, layers * KV, HD, requires_grad=True)
+    buffer = KVBuffer(layers, KV, HD)
+    routed_read(buffer, 0, raw[0], raw[2], None, [0], "per-dim")
+    k, v = routed_read(buffer, 1, raw[1], raw[3], weight, [0, 1], "per-dim")
+    sdpa_layout = [torch.randn(b, t, KV, HD).transpose(1, 2) for _ in range(2)]
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.autograd.backward([k, v], sdpa_layout)
+    copies = [e for e in prof.events() if e.name == "aten::copy_" and e.input_shapes[0] == [KV, b * t]]
+    assert weight.grad is not None and raw[1].grad is not None
+    assert not copies, f"{len(copies)} feature slices copied"
