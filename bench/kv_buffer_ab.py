@@ -75,7 +75,9 @@ class Chain:
         self.x = torch.randn(*shape, generator=gen)
         self.raw = [torch.randn(*shape, generator=gen) for _ in range(2 * args.layers)]
         head_dim = args.hidden // args.heads
-        self.probe = torch.randn(args.batch, args.heads, args.seq, head_dim, generator=gen)
+        # the loss's gradient w.r.t. the routed heads in CPU SDPA's (B, T, heads, head_dim) memory,
+        # as the model's attention hands it back
+        self.probe = torch.randn(args.batch, args.seq, args.heads, head_dim, generator=gen).transpose(1, 2)
         self.sizes = (args.layers, args.heads, head_dim)
 
     def traffic_bytes(self) -> int:

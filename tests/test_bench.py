@@ -1,0 +1,98 @@
+"""The benchmark scripts run as documented (at a toy size) and say what they claim to."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--batch", "1", "--seq", "8", "--threads", "1"]
+
+
+def run_bench(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_step_overhead_prints_a_row_per_variant_and_scope_with_its_target():
+    out = run_bench(
+        "step_overhead.py",
+        *TOY,
+        "--vocab",
+        "64",
+        "--rounds",
+        "6",
+        "--memory-runs",
+        "1",
+        "--variants",
+        "full",
+        "last-1",
+    )
+    for scope in ("[stack]", "[model]"):
+        assert scope in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["none"], ["full"], ["last-1"])]
+    assert [r[0] for r in rows] == ["none", "full", "last-1"] * 2
+    for row in rows:  # row, step s, time x, CI, min-max, best x, peak MB, mem x, then the target
+        assert float(row[2]) > 0 and float(row[6]) == float(row[6])  # memory measured (toy: ~0 MB)
+    assert all(r[2] == "1.000" for r in rows if r[0] == "none")
+    assert all(" ".join(r[8:]).startswith("<= 1.10:") for r in rows if r[0] == "full")
+    assert all(len(r) == 8 for r in rows if r[0] == "last-1")  # no target for last-1
+
+
+def test_step_overhead_rejects_a_bad_variant_in_one_line():
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "step_overhead.py"),
+            *TOY,
+            "--no-memory",
+            "--variants",
+            "full+fast",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == "full+fast: the only row option is +recompute"
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "coverage", "state"),
+    [
+        (1.01, 1.09, 0.96, "met"),
+        (1.11, 1.2, 0.96, "missed"),
+        (1.05, 1.12, 0.96, "not resolved"),
+        (1.0, 1.01, 0.9, "too few rounds"),
+    ],
+)
+def test_step_overhead_verdict(lo, hi, coverage, state):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from step_overhead import verdict
+    finally:
+        sys.path.pop(0)
+    assert state in verdict("full", lo, hi, coverage)
+    assert verdict("last-1", lo, hi, coverage) == ""
+
+
+def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
+    out = run_bench(
+        "kv_buffer_ab.py",
+        *TOY,
+        "--against",
+        "HEAD",
+        "--rounds",
+        "2",
+        "--variants",
+        "full",
+        "per-dim",
+        "dynamic",
+    )
+    rows = [line for line in out.splitlines() if line.split()[:1] in (["full"], ["per-dim"], ["dynamic"])]
+    assert len(rows) == 3
+    assert all("values bit-identical" in r and "max rel diff 0.0e+00" in r for r in rows)
