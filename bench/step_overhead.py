@@ -348,11 +348,13 @@ def main() -> None:
             base_t = base[name, scope]  # the LLaMA of this variant's own process
             ratios = [t / b for t, b in zip(times[name, scope], base_t, strict=True)]
             m = memory.get(name, {}).get(scope, nan)
+            # a rise below the RSS's resolution (a toy size) has no ratio
+            mem_x = m / base_m if base_m > 0 else nan
             lo, hi, coverage = median_ci(ratios)
             print(
                 f"{name:<16} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
                 f"{lo:6.3f}-{hi:.3f} {min(ratios):6.3f}-{max(ratios):.3f} "
-                f"{min(times[name, scope]) / min(base_t):7.3f} {m:8.1f} {m / base_m:6.3f}  "
+                f"{min(times[name, scope]) / min(base_t):7.3f} {m:8.1f} {mem_x:6.3f}  "
                 f"{verdict(name, lo, hi, coverage)}"
             )
 
