@@ -10,12 +10,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--batch", "1", "--seq", "8", "--threads", "1"]
 
 
-def run_bench(script: str, *args: str) -> str:
+def run_bench(script: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, cwd=ROOT
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    assert (done.returncode == 0) == ok, done.stderr[-2000:]
+    return done
 
 
 def test_step_overhead_prints_a_row_per_variant_and_scope_with_its_target():
@@ -31,7 +31,7 @@ def test_step_overhead_prints_a_row_per_variant_and_scope_with_its_target():
         "--variants",
         "full",
         "last-1",
-    )
+    ).stdout
     for scope in ("[stack]", "[model]"):
         assert scope in out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["none"], ["full"], ["last-1"])]
@@ -44,20 +44,7 @@ def test_step_overhead_prints_a_row_per_variant_and_scope_with_its_target():
 
 
 def test_step_overhead_rejects_a_bad_variant_in_one_line():
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "step_overhead.py"),
-            *TOY,
-            "--no-memory",
-            "--variants",
-            "full+fast",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode != 0
+    done = run_bench("step_overhead.py", *TOY, "--no-memory", "--variants", "full+fast", ok=False)
     assert done.stderr.strip().splitlines()[-1] == "full+fast: the only row option is +recompute"
 
 
@@ -92,7 +79,7 @@ def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
         "full",
         "per-dim",
         "dynamic",
-    )
+    ).stdout
     rows = [line for line in out.splitlines() if line.split()[:1] in (["full"], ["per-dim"], ["dynamic"])]
     assert len(rows) == 3
     assert all("values bit-identical" in r and "max rel diff 0.0e+00" in r for r in rows)
