@@ -24,7 +24,13 @@ table in one process, dynamic routing measured 1.5x LLaMA, and 1.15x in a
 process holding only LLaMA and dynamic models. For the same
 reason each timed step follows an untimed step of the same model: the first step after another
 model ran was slower here (full/LLaMA 1.16 with LLaMA timed first, 1.08 with full first, 1.09 with an
-untimed step before each), which biased whichever row came first in a round.
+untimed step before each), which biased whichever row came first in a round. And each pair runs in
+two processes, one building and timing LLaMA first, the other the variant (the rounds split between
+them): of two identical LLaMAs in one process, the one built and timed second ran faster in seven
+processes of nine (8 rounds each; pooled ratio 0.983 [0.957-1.007]), a bias of up to a few percent
+that a fixed order would hand to every variant and that alternating cancels. The row ``a/a``
+measures the bench itself: LLaMA against a second LLaMA, run like any row; its interval should
+contain 1.
 Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
 in fresh subprocesses (peak RSS cannot be reset reliably inside one process), median over runs.
 
@@ -33,11 +39,14 @@ in fresh subprocesses (peak RSS cannot be reset reliably inside one process), me
     python bench/step_overhead.py --threads 1 --clock cpu --rounds 30 --scopes stack --no-memory \
         --variants first-4 last-1   # a tighter interval for two rows (last-1: the buffer, no mixing)
     python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
+    python bench/step_overhead.py --threads 1 --clock cpu --rounds 16 --scopes stack --no-memory \
+        --variants a/a   # the bench's own bias and spread: LLaMA against LLaMA
     python bench/step_overhead.py --threads 1 --profile --variants full first-4  # where the extra time goes
 
 ``--profile`` replaces the timing with ``torch.profiler``: self CPU time per operator over the layer
-stack's forward + backward, each row against LLaMA, largest differences first (the profiler's own
-overhead inflates small operators, so read it as a breakdown, not as the ratio).
+stack's forward + backward, each row against LLaMA, largest differences first, each operator's median
+over interleaved rounds (the profiler's own overhead inflates small operators, so read it as a
+breakdown, not as the ratio).
 
 Rows are LIMe routing specs or the names of the paper's cross-layer baselines (every row is compared
 with LLaMA, ``none``), e.g. ``--variants full denseformer resformer hyperconnections`` (issue 13);
@@ -63,13 +72,17 @@ from lime_probe.stats import median_ci, median_ci_rank
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
 SCOPES = ("stack", "model")
 # the time targets of issues 9 and 14 (variant step over LLaMA's); memory's is 1.05x for every row
+# the A/A row: LLaMA against a second LLaMA, built and timed like any row (the bench's own bias)
+AA = "a/a"
 TIME_TARGETS = {"full": 1.10, "first-4": 1.04, "dilated-8": 1.04, "per-dim": 1.15, "dynamic": 1.25}
 
 
 def verdict(name: str, lo: float, hi: float, coverage: float) -> str:
     """Whether a row's confidence interval ``lo..hi`` of the median time ratio meets its target
-    (none below 95 % coverage: fewer than 6 rounds)."""
+    (none below 95 % coverage: fewer than 6 rounds); for the A/A row, whether it contains 1."""
     target = TIME_TARGETS.get(name.partition("+")[0])
+    if name == AA and coverage >= 0.95:
+        return "contains 1: no bias resolved" if lo <= 1 <= hi else "excludes 1: the bench is biased"
     if target is None:
         return ""
     if coverage < 0.95:
@@ -82,7 +95,7 @@ def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
     """The model of one row at the benchmark's size: a cross-layer baseline named by its arch
     (``denseformer``, ``resformer``, ``hyperconnections``: :data:`lime_model.ARCHITECTURES`), or LIMe
     with routing ``name`` (``"none"`` = LLaMA); ``<routing>+recompute`` sets ``recompute_routed_kv``."""
-    name, _, option = name.partition("+")
+    name, _, option = ("none", "", "") if name == AA else name.partition("+")
     if option not in ("", "recompute"):
         raise SystemExit(f"{name}+{option}: the only row option is +recompute")
     arch, routing = (name, "none") if name in ARCHITECTURES and name != "lime" else ("lime", name)
@@ -131,19 +144,32 @@ class Steps:
         self.model.zero_grad(set_to_none=True)
 
 
+def median_per_operator(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Each operator's median time over profiled ``steps`` (operator -> time), 0 where a step lacks it."""
+    return {op: statistics.median(step.get(op, 0.0) for step in steps) for op in set().union(*steps)}
+
+
 def profile_rows(models: dict[str, Steps], args: argparse.Namespace, top: int = 12) -> None:
-    """Print, per row, the operators whose self CPU time per stack step differs most from LLaMA's."""
+    """Print, per row, the operators whose self CPU time per stack step differs most from LLaMA's.
+
+    Each step is profiled on its own, the models interleaved round by round as in the timing, and
+    each operator's time is its median over the rounds: on a shared host a neighbour's burst can
+    slow every memory-bound operator of one step severalfold (seen: LLaMA's SwiGLU products 5x
+    slower in one step in three), which in a sum over steps reads as a difference between models."""
     from torch.profiler import ProfilerActivity, profile
 
-    per_op = {}
-    for name, steps in models.items():
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(args.rounds):
+    per_step = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for name, steps in models.items():
+            steps.run("stack")  # untimed, as in time_pair
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
                 steps.run("stack")
-        per_op[name] = {e.key: e.self_cpu_time_total / 1e3 / args.rounds for e in prof.key_averages()}
+            per_step[name].append({e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()})
+    per_op = {name: median_per_operator(steps) for name, steps in per_step.items()}
     base = per_op.pop("none")
     print(
-        f"[stack] self CPU ms per step by operator, {args.rounds} profiled steps; LLaMA total {sum(base.values()):.1f} ms"
+        f"[stack] self CPU ms per step by operator, median over {args.rounds} interleaved rounds; "
+        f"LLaMA total {sum(base.values()):.1f} ms"
     )
     for name, ops in per_op.items():
         diff = {op: ops.get(op, 0.0) - base.get(op, 0.0) for op in ops.keys() | base.keys()}
@@ -200,9 +226,10 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def in_subprocess(flag: str, name: str, env: dict[str, str] | None = None) -> dict:
-    """Run this script again with ``flag name`` (and this run's arguments); its last line is JSON."""
-    cmd = [sys.executable, __file__, flag, name, *sys.argv[1:]]
+def in_subprocess(flag: str, name: str, env: dict[str, str] | None = None, extra: list[str] = ()) -> dict:
+    """Run this script again with ``flag name``, this run's arguments and then ``extra`` (which win
+    over them); its last line is JSON."""
+    cmd = [sys.executable, __file__, flag, name, *sys.argv[1:], *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit((done.stderr.strip().splitlines() or [f"{name}: exit {done.returncode}"])[-1])
@@ -222,23 +249,43 @@ def peak_memory_mb(routing: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def time_pair(variant: str, args: argparse.Namespace) -> None:
-    """Print the step times of LLaMA and ``variant``, interleaved over rounds, per scope (JSON)."""
+    """Print the step times of LLaMA (``base``) and ``variant``, interleaved over rounds, per scope
+    (JSON). ``--_variant-first`` builds and times the variant first (see :func:`pair_times`)."""
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    models = {"none": Steps("none", args), variant: Steps(variant, args)}
+    roles = ["base", "variant"][:: -1 if args.variant_first else 1]
+    models = {role: Steps("none" if role == "base" else variant, args) for role in roles}
     for steps in models.values():  # warm-up (and compilation)
         for scope in args.scopes:
             steps.run(scope)
-    times = {name: {scope: [] for scope in args.scopes} for name in models}
+    times = {role: {scope: [] for scope in args.scopes} for role in models}
     for _ in range(args.rounds):
         for scope in args.scopes:
-            for name, steps in models.items():
+            for role, steps in models.items():
                 steps.run(scope)  # untimed: the allocator settles on this model's sizes (docstring)
                 sync(args.device)
                 start = clock()
                 steps.run(scope)
                 sync(args.device)
-                times[name][scope].append(clock() - start)
+                times[role][scope].append(clock() - start)
     print(json.dumps(times))
+
+
+def pair_times(variant: str, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """LLaMA's (``base``) and ``variant``'s step times per scope, round for round, from two processes:
+    one builds and times LLaMA first, the other the variant (the rounds split between them).
+
+    Why both orders: of two identical LLaMAs in one process, the second ran faster in seven
+    processes of nine (module docstring), so a fixed order may bias every ratio the same way."""
+    halves = [(args.rounds + 1) // 2, args.rounds // 2]
+    runs = [
+        in_subprocess("--_pair-of", variant, extra=["--rounds", str(n), *(["--_variant-first"] if k else [])])
+        for k, n in enumerate(halves)
+        if n
+    ]
+    return {
+        role: {scope: [t for run in runs for t in run[role][scope]] for scope in args.scopes}
+        for role in ("base", "variant")
+    }
 
 
 def measure_memory(routing: str, args: argparse.Namespace) -> None:
@@ -304,6 +351,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="per-operator breakdown instead of timing")
     parser.add_argument("--_memory-of", dest="memory_of", help=argparse.SUPPRESS)
     parser.add_argument("--_pair-of", dest="pair_of", help=argparse.SUPPRESS)
+    parser.add_argument("--_variant-first", dest="variant_first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 1 or args.memory_runs < 1:
         parser.error("--rounds and --memory-runs must be >= 1")
@@ -319,9 +367,9 @@ def main() -> None:
         for steps in models.values():  # warm-up
             steps.run("stack")
         return profile_rows(models, args)
-    pairs = {name: in_subprocess("--_pair-of", name) for name in args.variants}
-    times = {(name, scope): pairs[name][name][scope] for name in args.variants for scope in args.scopes}
-    base = {(name, scope): pairs[name]["none"][scope] for name in args.variants for scope in args.scopes}
+    pairs = {name: pair_times(name, args) for name in args.variants}
+    times = {(name, scope): pairs[name]["variant"][scope] for name in args.variants for scope in args.scopes}
+    base = {(name, scope): pairs[name]["base"][scope] for name in args.variants for scope in args.scopes}
     for scope in args.scopes:  # LLaMA's own row: every pair's LLaMA steps
         times["none", scope] = base["none", scope] = [t for name in args.variants for t in base[name, scope]]
 

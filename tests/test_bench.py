@@ -1,5 +1,6 @@
 """The benchmark scripts run as documented (at a toy size) and say what they claim to."""
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,62 @@ def test_step_overhead_verdict(lo, hi, coverage, state):
         sys.path.pop(0)
     assert state in verdict("full", lo, hi, coverage)
     assert verdict("last-1", lo, hi, coverage) == ""
+
+
+def test_step_overhead_profile_prints_an_operator_table_per_variant():
+    out = run_bench(
+        "step_overhead.py", *TOY, "--vocab", "64", "--rounds", "2", "--profile", "--variants", "full"
+    ).stdout
+    assert "median over 2 interleaved rounds" in out
+    table = out.split("full: total", 1)[1].splitlines()
+    assert table[1].split() == ["operator", "LLaMA", "full", "diff"]
+    assert any(line.startswith("aten::mm ") for line in table[2:14])
+
+
+def test_step_overhead_times_each_pair_in_both_build_orders(monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import step_overhead
+    finally:
+        sys.path.pop(0)
+    calls = []
+
+    def fake(flag, name, env=None, extra=()):
+        calls.append((flag, name, list(extra)))
+        n = int(extra[extra.index("--rounds") + 1])
+        first = "--_variant-first" in extra
+        return {role: {"stack": [float(first)] * n} for role in ("base", "variant")}
+
+    monkeypatch.setattr(step_overhead, "in_subprocess", fake)
+    args = argparse.Namespace(rounds=7, scopes=["stack"])
+    times = step_overhead.pair_times("full", args)
+    assert calls == [
+        ("--_pair-of", "full", ["--rounds", "4"]),
+        ("--_pair-of", "full", ["--rounds", "3", "--_variant-first"]),
+    ]
+    assert times == {role: {"stack": [0.0] * 4 + [1.0] * 3} for role in ("base", "variant")}
+
+
+def test_step_overhead_aa_row_says_whether_its_interval_contains_one():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from step_overhead import verdict
+    finally:
+        sys.path.pop(0)
+    assert verdict("a/a", 0.97, 1.02, 0.96) == "contains 1: no bias resolved"
+    assert verdict("a/a", 0.95, 0.99, 0.96) == "excludes 1: the bench is biased"
+    assert verdict("a/a", 0.95, 0.99, 0.90) == ""
+
+
+def test_profile_takes_each_operators_median_over_steps_counting_absent_as_zero():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from step_overhead import median_per_operator
+    finally:
+        sys.path.pop(0)
+    # one burst step (mul 5x) must not move mul's figure, as a sum over steps would
+    steps = [{"mm": 10.0, "mul": 1.0}, {"mm": 12.0, "mul": 5.0, "bmm": 3.0}, {"mm": 11.0, "mul": 1.2}]
+    assert median_per_operator(steps) == {"mm": 11.0, "mul": 1.2, "bmm": 0.0}
 
 
 def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
