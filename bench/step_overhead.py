@@ -25,8 +25,8 @@ process holding only LLaMA and dynamic models. For the same
 reason each timed step follows an untimed step of the same model: the first step after another
 model ran was slower here (full/LLaMA 1.16 with LLaMA timed first, 1.08 with full first, 1.09 with an
 untimed step before each), which biased whichever row came first in a round. And each pair runs in
-two processes, one building and timing LLaMA first, the other the variant (the rounds split between
-them): of two identical LLaMAs in one process, the one built and timed second ran faster in seven
+``--processes`` fresh processes (default 2) that share the rounds, alternately building and timing
+LLaMA or the variant first: of two identical LLaMAs in one process, the one built and timed second ran faster in seven
 processes of nine (8 rounds each; pooled ratio 0.983 [0.957-1.007]), a bias of up to a few percent
 that a fixed order would hand to every variant and that alternating cancels. The row ``a/a``
 measures the bench itself: LLaMA against a second LLaMA, run like any row; its interval should
@@ -271,16 +271,27 @@ def time_pair(variant: str, args: argparse.Namespace) -> None:
 
 
 def pair_times(variant: str, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
-    """LLaMA's (``base``) and ``variant``'s step times per scope, round for round, from two processes:
-    one builds and times LLaMA first, the other the variant (the rounds split between them).
+    """LLaMA's (``base``) and ``variant``'s step times per scope, round for round, from
+    ``args.processes`` fresh processes that share the rounds: even ones build and time LLaMA first,
+    odd ones the variant.
 
     Why both orders: of two identical LLaMAs in one process, the second ran faster in seven
-    processes of nine (module docstring), so a fixed order may bias every ratio the same way."""
-    halves = [(args.rounds + 1) // 2, args.rounds // 2]
+    processes of nine (module docstring), so a fixed order may bias every ratio the same way. Why
+    several processes: a process's heap placement moves its ratio for all its rounds (first-4 over
+    LLaMA ran 1.03-1.09 across runs, above full in one), so rounds spread over processes sample that
+    too."""
+    k = min(args.processes, args.rounds)
     runs = [
-        in_subprocess("--_pair-of", variant, extra=["--rounds", str(n), *(["--_variant-first"] if k else [])])
-        for k, n in enumerate(halves)
-        if n
+        in_subprocess(
+            "--_pair-of",
+            variant,
+            extra=[
+                "--rounds",
+                str(args.rounds // k + (i < args.rounds % k)),
+                *(["--_variant-first"] if i % 2 else []),
+            ],
+        )
+        for i in range(k)
     ]
     return {
         role: {scope: [t for run in runs for t in run[role][scope]] for scope in args.scopes}
@@ -328,6 +339,12 @@ def main() -> None:
         "--rounds", type=int, default=6, help="interleaved rounds (ratios: median over rounds)"
     )
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="fresh processes per pair sharing the rounds, alternating which model is built first",
+    )
+    parser.add_argument(
         "--memory-runs", type=int, default=3, help="fresh processes per model for peak memory"
     )
     parser.add_argument("--device", default="cpu")
@@ -353,8 +370,8 @@ def main() -> None:
     parser.add_argument("--_pair-of", dest="pair_of", help=argparse.SUPPRESS)
     parser.add_argument("--_variant-first", dest="variant_first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rounds < 1 or args.memory_runs < 1:
-        parser.error("--rounds and --memory-runs must be >= 1")
+    if min(args.rounds, args.memory_runs, args.processes) < 1:
+        parser.error("--rounds, --memory-runs and --processes must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_of:

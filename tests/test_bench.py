@@ -93,13 +93,17 @@ def test_step_overhead_times_each_pair_in_both_build_orders(monkeypatch):
         return {role: {"stack": [float(first)] * n} for role in ("base", "variant")}
 
     monkeypatch.setattr(step_overhead, "in_subprocess", fake)
-    args = argparse.Namespace(rounds=7, scopes=["stack"])
+    args = argparse.Namespace(rounds=7, scopes=["stack"], processes=3)
     times = step_overhead.pair_times("full", args)
     assert calls == [
-        ("--_pair-of", "full", ["--rounds", "4"]),
-        ("--_pair-of", "full", ["--rounds", "3", "--_variant-first"]),
+        ("--_pair-of", "full", ["--rounds", "3"]),
+        ("--_pair-of", "full", ["--rounds", "2", "--_variant-first"]),
+        ("--_pair-of", "full", ["--rounds", "2"]),
     ]
-    assert times == {role: {"stack": [0.0] * 4 + [1.0] * 3} for role in ("base", "variant")}
+    assert times == {role: {"stack": [0.0] * 3 + [1.0] * 2 + [0.0] * 2} for role in ("base", "variant")}
+    calls.clear()
+    step_overhead.pair_times("full", argparse.Namespace(rounds=1, scopes=["stack"], processes=2))
+    assert calls == [("--_pair-of", "full", ["--rounds", "1"])]  # never a process with no rounds
 
 
 def test_step_overhead_aa_row_says_whether_its_interval_contains_one():
