@@ -277,9 +277,9 @@ def pair_times(variant: str, args: argparse.Namespace) -> dict[str, dict[str, li
 
     Why both orders: of two identical LLaMAs in one process, the second ran faster in seven
     processes of nine (module docstring), so a fixed order may bias every ratio the same way. Why
-    several processes: a process's heap placement moves its ratio for all its rounds (first-4 over
-    LLaMA ran 1.03-1.09 across runs, above full in one), so rounds spread over processes sample that
-    too."""
+    several processes: a process's heap placement can move its ratio for all its rounds (the same GEMM
+    shapes ran 5-13 % slower in one model of a process than in the other), so rounds spread over
+    processes sample that too."""
     k = min(args.processes, args.rounds)
     runs = [
         in_subprocess(
