@@ -26,9 +26,9 @@ reason each timed step follows an untimed step of the same model: the first step
 model ran was slower here (full/LLaMA 1.16 with LLaMA timed first, 1.08 with full first, 1.09 with an
 untimed step before each), which biased whichever row came first in a round. And each pair runs in
 ``--processes`` fresh processes (default 2) that share the rounds, alternately building and timing
-LLaMA or the variant first: of two identical LLaMAs in one process, the one built and timed second ran faster in seven
-processes of nine (8 rounds each; pooled ratio 0.983 [0.957-1.007]), a bias of up to a few percent
-that a fixed order would hand to every variant and that alternating cancels. The row ``a/a``
+LLaMA or the variant first: of two identical LLaMAs in one process, the one built and timed second
+ran faster in seven processes of nine (8 rounds each; pooled ratio 0.983 [0.957-1.007]), a bias of
+up to a few percent that a fixed order would hand to every variant and that alternating cancels. The row ``a/a``
 measures the bench itself: LLaMA against a second LLaMA, run like any row; its interval should
 contain 1.
 Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
@@ -71,9 +71,9 @@ from lime_probe.stats import median_ci, median_ci_rank
 
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
 SCOPES = ("stack", "model")
-# the time targets of issues 9 and 14 (variant step over LLaMA's); memory's is 1.05x for every row
 # the A/A row: LLaMA against a second LLaMA, built and timed like any row (the bench's own bias)
 AA = "a/a"
+# the time targets of issues 9 and 14 (variant step over LLaMA's); memory's is 1.05x for every row
 TIME_TARGETS = {"full": 1.10, "first-4": 1.04, "dilated-8": 1.04, "per-dim": 1.15, "dynamic": 1.25}
 
 
@@ -154,8 +154,8 @@ def profile_rows(models: dict[str, Steps], args: argparse.Namespace, top: int = 
 
     Each step is profiled on its own, the models interleaved round by round as in the timing, and
     each operator's time is its median over the rounds: on a shared host a neighbour's burst can
-    slow every memory-bound operator of one step severalfold (seen: LLaMA's SwiGLU products 5x
-    slower in one step in three), which in a sum over steps reads as a difference between models."""
+    slow every memory-bound operator of one step severalfold (seen: one model's SwiGLU products up
+    to 25x slower in one step), which in a sum over steps reads as a difference between models."""
     from torch.profiler import ProfilerActivity, profile
 
     per_step = {name: [] for name in models}
@@ -226,7 +226,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def in_subprocess(flag: str, name: str, env: dict[str, str] | None = None, extra: list[str] = ()) -> dict:
+def in_subprocess(
+    flag: str, name: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+) -> dict:
     """Run this script again with ``flag name``, this run's arguments and then ``extra`` (which win
     over them); its last line is JSON."""
     cmd = [sys.executable, __file__, flag, name, *sys.argv[1:], *extra]
@@ -252,7 +254,7 @@ def time_pair(variant: str, args: argparse.Namespace) -> None:
     """Print the step times of LLaMA (``base``) and ``variant``, interleaved over rounds, per scope
     (JSON). ``--_variant-first`` builds and times the variant first (see :func:`pair_times`)."""
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    roles = ["base", "variant"][:: -1 if args.variant_first else 1]
+    roles = ("variant", "base") if args.variant_first else ("base", "variant")
     models = {role: Steps("none" if role == "base" else variant, args) for role in roles}
     for steps in models.values():  # warm-up (and compilation)
         for scope in args.scopes:
@@ -278,21 +280,14 @@ def pair_times(variant: str, args: argparse.Namespace) -> dict[str, dict[str, li
     Why both orders: of two identical LLaMAs in one process, the second ran faster in seven
     processes of nine (module docstring), so a fixed order may bias every ratio the same way. Why
     several processes: a process's heap placement can move its ratio for all its rounds (the same GEMM
-    shapes ran 5-13 % slower in one model of a process than in the other), so rounds spread over
+    shape ran 7-15 % slower in one model of a process than in the other), so rounds spread over
     processes sample that too."""
     k = min(args.processes, args.rounds)
-    runs = [
-        in_subprocess(
-            "--_pair-of",
-            variant,
-            extra=[
-                "--rounds",
-                str(args.rounds // k + (i < args.rounds % k)),
-                *(["--_variant-first"] if i % 2 else []),
-            ],
-        )
-        for i in range(k)
-    ]
+    runs = []
+    for i in range(k):
+        rounds = args.rounds // k + (i < args.rounds % k)
+        order = ("--_variant-first",) if i % 2 else ()
+        runs.append(in_subprocess("--_pair-of", variant, extra=("--rounds", str(rounds), *order)))
     return {
         role: {scope: [t for run in runs for t in run[role][scope]] for scope in args.scopes}
         for role in ("base", "variant")
