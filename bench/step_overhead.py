@@ -15,8 +15,9 @@ both once, and the reported ratio is the median over rounds of (variant time / L
 round), so a load spike that hits one round moves one sample, not the statistic; min-max over rounds
 is printed too, and the median's distribution-free confidence interval (order statistics,
 :func:`lime_probe.stats.median_ci`), against which each row's time target (:data:`TIME_TARGETS`) is
-called met, missed or not resolved: on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a
-median of a few rounds alone says little about a target a few points away. ``best x`` is the
+called met, missed or not resolved (then with the rounds that might resolve it, :func:`rounds_to_resolve`):
+on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a median of a few rounds alone says little
+about a target a few points away. ``best x`` is the
 fastest variant step over the fastest LLaMA step: interference only ever adds time, so on a shared
 host the fastest steps are the least disturbed. One process per pair,
 because a model's step time depends on the heap other models left: with all six models of the README
@@ -77,9 +78,22 @@ AA = "a/a"
 TIME_TARGETS = {"full": 1.10, "first-4": 1.04, "dilated-8": 1.04, "per-dim": 1.15, "dynamic": 1.25}
 
 
-def verdict(name: str, lo: float, hi: float, coverage: float) -> str:
+def rounds_to_resolve(median: float, lo: float, hi: float, rounds: int, target: float) -> int | None:
+    """Rounds after which the interval ``lo..hi`` of ``rounds`` ratios would clear ``target``, if the
+    median and the per-round spread held (run-to-run drift makes this a lower bound): an
+    order-statistic interval narrows as ``1 / sqrt(rounds)``, so its half-width on the target's side
+    must shrink to the median's distance from the target. ``None`` when the median is the target."""
+    gap = abs(target - median)
+    if gap == 0:
+        return None
+    half = hi - median if median < target else median - lo
+    return max(rounds, round(rounds * (half / gap) ** 2))
+
+
+def verdict(name: str, median: float, lo: float, hi: float, coverage: float, rounds: int) -> str:
     """Whether a row's confidence interval ``lo..hi`` of the median time ratio meets its target
-    (none below 95 % coverage: fewer than 6 rounds); for the A/A row, whether it contains 1."""
+    (none below 95 % coverage: fewer than 6 rounds), and if not resolved how many rounds might
+    resolve it; for the A/A row, whether the interval contains 1."""
     target = TIME_TARGETS.get(name.partition("+")[0])
     if name == AA and coverage >= 0.95:
         return "contains 1: no bias resolved" if lo <= 1 <= hi else "excludes 1: the bench is biased"
@@ -87,8 +101,11 @@ def verdict(name: str, lo: float, hi: float, coverage: float) -> str:
         return ""
     if coverage < 0.95:
         return f"<= {target:.2f}: too few rounds to tell"
-    state = "met" if hi <= target else "missed" if lo > target else "not resolved"
-    return f"<= {target:.2f}: {state}"
+    if hi <= target or lo > target:
+        return f"<= {target:.2f}: {'met' if hi <= target else 'missed'}"
+    needed = rounds_to_resolve(median, lo, hi, rounds, target)
+    hint = "median on the target" if needed is None else f"~{needed} rounds at this spread"
+    return f"<= {target:.2f}: not resolved ({hint})"
 
 
 def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
@@ -411,11 +428,12 @@ def main() -> None:
             # a rise below the RSS's resolution (a toy size) has no ratio
             mem_x = m / base_m if base_m > 0 else nan
             lo, hi, coverage = median_ci(ratios)
+            median = statistics.median(ratios)
             print(
-                f"{name:<16} {statistics.median(times[name, scope]):7.3f} {statistics.median(ratios):7.3f} "
+                f"{name:<16} {statistics.median(times[name, scope]):7.3f} {median:7.3f} "
                 f"{lo:6.3f}-{hi:.3f} {min(ratios):6.3f}-{max(ratios):.3f} "
                 f"{min(times[name, scope]) / min(base_t):7.3f} {m:8.1f} {mem_x:6.3f}  "
-                f"{verdict(name, lo, hi, coverage)}"
+                f"{verdict(name, median, lo, hi, coverage, len(ratios))}"
             )
 
 

@@ -64,8 +64,25 @@ def test_step_overhead_verdict(lo, hi, coverage, state):
         from step_overhead import verdict
     finally:
         sys.path.pop(0)
-    assert state in verdict("full", lo, hi, coverage)
-    assert verdict("last-1", lo, hi, coverage) == ""
+    median = (lo + hi) / 2
+    assert state in verdict("full", median, lo, hi, coverage, 20)
+    assert verdict("last-1", median, lo, hi, coverage, 20) == ""
+
+
+def test_an_unresolved_target_says_how_many_rounds_might_resolve_it():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from step_overhead import rounds_to_resolve, verdict
+    finally:
+        sys.path.pop(0)
+    # 20 rounds, median 1.05, interval 1.00-1.15: the upper half-width 0.10 must shrink to the
+    # 0.05 gap below 1.10, a factor 2 in width, so 2**2 = 4 times the rounds
+    assert rounds_to_resolve(1.05, 1.00, 1.15, 20, 1.10) == 80
+    # above the target the lower half-width counts: (0.02 / 0.01)**2 * 30 = 120
+    assert rounds_to_resolve(1.06, 1.04, 1.20, 30, 1.05) == 120
+    assert rounds_to_resolve(1.10, 1.00, 1.20, 20, 1.10) is None
+    assert verdict("full", 1.05, 1.00, 1.15, 0.96, 20) == "<= 1.10: not resolved (~80 rounds at this spread)"
+    assert verdict("full", 1.10, 1.00, 1.15, 0.96, 20) == "<= 1.10: not resolved (median on the target)"
 
 
 def test_step_overhead_profile_prints_an_operator_table_per_variant():
@@ -112,9 +129,9 @@ def test_step_overhead_aa_row_says_whether_its_interval_contains_one():
         from step_overhead import verdict
     finally:
         sys.path.pop(0)
-    assert verdict("a/a", 0.97, 1.02, 0.96) == "contains 1: no bias resolved"
-    assert verdict("a/a", 0.95, 0.99, 0.96) == "excludes 1: the bench is biased"
-    assert verdict("a/a", 0.95, 0.99, 0.90) == ""
+    assert verdict("a/a", 1.0, 0.97, 1.02, 0.96, 16) == "contains 1: no bias resolved"
+    assert verdict("a/a", 1.0, 0.95, 0.99, 0.96, 16) == "excludes 1: the bench is biased"
+    assert verdict("a/a", 1.0, 0.95, 0.99, 0.90, 16) == ""
 
 
 def test_profile_takes_each_operators_median_over_steps_counting_absent_as_zero():
