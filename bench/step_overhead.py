@@ -15,11 +15,11 @@ both once, and the reported ratio is the median over rounds of (variant time / L
 round), so a load spike that hits one round moves one sample, not the statistic; min-max over rounds
 is printed too, and the median's distribution-free confidence interval (order statistics,
 :func:`lime_probe.stats.median_ci`), against which each row's time target (:data:`TIME_TARGETS`) is
-called met, missed or not resolved (then with the rounds that might resolve it, :func:`rounds_to_resolve`):
-on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a median of a few rounds alone says little
-about a target a few points away. ``best x`` is the
-fastest variant step over the fastest LLaMA step: interference only ever adds time, so on a shared
-host the fastest steps are the least disturbed. One process per pair,
+called met, missed or not resolved (then with the rounds that might resolve it,
+:func:`rounds_to_resolve`): on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a median of a
+few rounds alone says little about a target a few points away. ``best x`` is the fastest variant step
+over the fastest LLaMA step: interference only ever adds time, so on a shared host the fastest steps
+are the least disturbed. One process per pair,
 because a model's step time depends on the heap other models left: with all six models of the README
 table in one process, dynamic routing measured 1.5x LLaMA, and 1.15x in a
 process holding only LLaMA and dynamic models. For the same
@@ -101,8 +101,10 @@ def verdict(name: str, median: float, lo: float, hi: float, coverage: float, rou
         return ""
     if coverage < 0.95:
         return f"<= {target:.2f}: too few rounds to tell"
-    if hi <= target or lo > target:
-        return f"<= {target:.2f}: {'met' if hi <= target else 'missed'}"
+    if hi <= target:
+        return f"<= {target:.2f}: met"
+    if lo > target:
+        return f"<= {target:.2f}: missed"
     needed = rounds_to_resolve(median, lo, hi, rounds, target)
     hint = "median on the target" if needed is None else f"~{needed} rounds at this spread"
     return f"<= {target:.2f}: not resolved ({hint})"

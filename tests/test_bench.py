@@ -1,6 +1,7 @@
 """The benchmark scripts run as documented (at a toy size) and say what they claim to."""
 
 import argparse
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,16 @@ def run_bench(script: str, *args: str, ok: bool = True) -> subprocess.CompletedP
     )
     assert (done.returncode == 0) == ok, done.stderr[-2000:]
     return done
+
+
+@pytest.fixture(scope="module")
+def step_overhead():
+    """``bench/step_overhead.py`` as a module (``bench/`` is scripts, not a package)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module("step_overhead")
+    finally:
+        sys.path.pop(0)
 
 
 def test_step_overhead_prints_a_row_per_variant_and_scope_with_its_target():
@@ -58,31 +69,27 @@ def test_step_overhead_rejects_a_bad_variant_in_one_line():
         (1.0, 1.01, 0.9, "too few rounds"),
     ],
 )
-def test_step_overhead_verdict(lo, hi, coverage, state):
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from step_overhead import verdict
-    finally:
-        sys.path.pop(0)
+def test_step_overhead_verdict(step_overhead, lo, hi, coverage, state):
     median = (lo + hi) / 2
-    assert state in verdict("full", median, lo, hi, coverage, 20)
-    assert verdict("last-1", median, lo, hi, coverage, 20) == ""
+    assert state in step_overhead.verdict("full", median, lo, hi, coverage, 20)
+    assert step_overhead.verdict("last-1", median, lo, hi, coverage, 20) == ""
 
 
-def test_an_unresolved_target_says_how_many_rounds_might_resolve_it():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from step_overhead import rounds_to_resolve, verdict
-    finally:
-        sys.path.pop(0)
+def test_an_unresolved_target_says_how_many_rounds_might_resolve_it(step_overhead):
     # 20 rounds, median 1.05, interval 1.00-1.15: the upper half-width 0.10 must shrink to the
     # 0.05 gap below 1.10, a factor 2 in width, so 2**2 = 4 times the rounds
-    assert rounds_to_resolve(1.05, 1.00, 1.15, 20, 1.10) == 80
+    assert step_overhead.rounds_to_resolve(1.05, 1.00, 1.15, 20, 1.10) == 80
     # above the target the lower half-width counts: (0.02 / 0.01)**2 * 30 = 120
-    assert rounds_to_resolve(1.06, 1.04, 1.20, 30, 1.05) == 120
-    assert rounds_to_resolve(1.10, 1.00, 1.20, 20, 1.10) is None
-    assert verdict("full", 1.05, 1.00, 1.15, 0.96, 20) == "<= 1.10: not resolved (~80 rounds at this spread)"
-    assert verdict("full", 1.10, 1.00, 1.15, 0.96, 20) == "<= 1.10: not resolved (median on the target)"
+    assert step_overhead.rounds_to_resolve(1.06, 1.04, 1.20, 30, 1.05) == 120
+    assert step_overhead.rounds_to_resolve(1.10, 1.00, 1.20, 20, 1.10) is None
+    assert (
+        step_overhead.verdict("full", 1.05, 1.00, 1.15, 0.96, 20)
+        == "<= 1.10: not resolved (~80 rounds at this spread)"
+    )
+    assert (
+        step_overhead.verdict("full", 1.10, 1.00, 1.15, 0.96, 20)
+        == "<= 1.10: not resolved (median on the target)"
+    )
 
 
 def test_step_overhead_profile_prints_an_operator_table_per_variant():
@@ -95,12 +102,7 @@ def test_step_overhead_profile_prints_an_operator_table_per_variant():
     assert any(line.startswith("aten::mm ") for line in table[2:14])
 
 
-def test_step_overhead_times_each_pair_in_both_build_orders(monkeypatch):
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import step_overhead
-    finally:
-        sys.path.pop(0)
+def test_step_overhead_times_each_pair_in_both_build_orders(step_overhead, monkeypatch):
     calls = []
 
     def fake(flag, name, env=None, extra=()):
@@ -123,26 +125,16 @@ def test_step_overhead_times_each_pair_in_both_build_orders(monkeypatch):
     assert calls == [("--_pair-of", "full", ["--rounds", "1"])]  # never a process with no rounds
 
 
-def test_step_overhead_aa_row_says_whether_its_interval_contains_one():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from step_overhead import verdict
-    finally:
-        sys.path.pop(0)
-    assert verdict("a/a", 1.0, 0.97, 1.02, 0.96, 16) == "contains 1: no bias resolved"
-    assert verdict("a/a", 1.0, 0.95, 0.99, 0.96, 16) == "excludes 1: the bench is biased"
-    assert verdict("a/a", 1.0, 0.95, 0.99, 0.90, 16) == ""
+def test_step_overhead_aa_row_says_whether_its_interval_contains_one(step_overhead):
+    assert step_overhead.verdict("a/a", 1.0, 0.97, 1.02, 0.96, 16) == "contains 1: no bias resolved"
+    assert step_overhead.verdict("a/a", 1.0, 0.95, 0.99, 0.96, 16) == "excludes 1: the bench is biased"
+    assert step_overhead.verdict("a/a", 1.0, 0.95, 0.99, 0.90, 16) == ""
 
 
-def test_profile_takes_each_operators_median_over_steps_counting_absent_as_zero():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from step_overhead import median_per_operator
-    finally:
-        sys.path.pop(0)
+def test_profile_takes_each_operators_median_over_steps_counting_absent_as_zero(step_overhead):
     # one burst step (mul 5x) must not move mul's figure, as a sum over steps would
     steps = [{"mm": 10.0, "mul": 1.0}, {"mm": 12.0, "mul": 5.0, "bmm": 3.0}, {"mm": 11.0, "mul": 1.2}]
-    assert median_per_operator(steps) == {"mm": 11.0, "mul": 1.2, "bmm": 0.0}
+    assert step_overhead.median_per_operator(steps) == {"mm": 11.0, "mul": 1.2, "bmm": 0.0}
 
 
 def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
