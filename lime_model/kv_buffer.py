@@ -333,7 +333,7 @@ class _RoutedRead(torch.autograd.Function):
                 _weight_grad(g, data, buffer, ctx.runs, ctx.mode)
                 for g, data in zip(grads, buffer.data, strict=True)
             )
-            grad_w = grad_k_w + grad_v_w
+            grad_w = grad_k_w.add_(grad_v_w)  # both fresh: summed in place
         grad_k, grad_v = buffer.take_grad(layer, ctx.mode, ctx.kv_shape)
         return grad_w, grad_k, grad_v, None, None, None, None
 

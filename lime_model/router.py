@@ -238,7 +238,9 @@ class DynamicRouter(LimeRouter):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         q = (x @ self.query.t()).view(-1, kv, self.head_dim)  # [n, kv, head_dim]
         scores = q @ self.keys.t()  # [n, kv, S * kv]
-        return (self.weight + scores).view(-1, kv, S, kv, 1)
+        # in place: the product is ours (mm's backward keeps its inputs), and a fresh [n, kv, S*kv]
+        # tensor per layer costs page faults as well as a pass
+        return scores.add_(self.weight).view(-1, kv, S, kv, 1)
 
     @classmethod
     def flops(cls, config: LimeConfig, num_sources: int, seq_len: int) -> dict[str, int]:
