@@ -20,8 +20,8 @@ called met, missed or not resolved (then with the rounds that might resolve it,
 few rounds alone says little about a target a few points away. ``best x`` is the fastest variant step
 over the fastest LLaMA step: interference only ever adds time, so on a shared host the fastest steps
 are the least disturbed. One process per pair,
-because a model's step time depends on the heap other models left: with all six models of the README
-table in one process, dynamic routing measured 1.5x LLaMA, and 1.15x in a
+because a model's step time depends on the heap other models left: with LLaMA and five variants
+in one process, dynamic routing measured 1.5x LLaMA, and 1.15x in a
 process holding only LLaMA and dynamic models. For the same
 reason each timed step follows an untimed step of the same model: the first step after another
 model ran was slower here (full/LLaMA 1.16 with LLaMA timed first, 1.08 with full first, 1.09 with an
@@ -35,8 +35,10 @@ contain 1.
 Peak memory is the rise of the process's peak RSS during one step (CUDA: max allocated), measured
 in fresh subprocesses (peak RSS cannot be reset reliably inside one process), median over runs.
 
-    python bench/step_overhead.py --threads 1 --clock cpu    # the README table (shared CPU)
+    python bench/step_overhead.py --threads 1 --clock cpu    # every row, memory too (bench/RESULTS.md)
     python bench/step_overhead.py --rounds 3 --no-memory --variants full   # quick check
+    python bench/step_overhead.py --threads 1 --clock cpu --rounds 80 --processes 8 --scopes stack \
+        --no-memory --variants per-dim   # a long run, as in the README's table of targets
     python bench/step_overhead.py --threads 1 --clock cpu --rounds 30 --scopes stack --no-memory \
         --variants first-4 last-1   # a tighter interval for two rows (last-1: the buffer, no mixing)
     python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
