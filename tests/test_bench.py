@@ -99,7 +99,11 @@ def test_step_overhead_profile_prints_an_operator_table_per_variant():
     assert "median over 2 interleaved rounds" in out
     table = out.split("full: total", 1)[1].splitlines()
     assert table[1].split() == ["operator", "LLaMA", "full", "diff"]
-    assert any(line.startswith("aten::mm ") for line in table[2:14])
+    rows = [line.split() for line in table[2:14]]
+    assert all(len(row) >= 4 and float(row[-3]) >= 0 for row in rows)
+    # at this toy size the shared operators' differences are timing noise (aten::mm's fell out of the
+    # top 12 in one CI run); the routed read's own operator, absent from LLaMA, always leads
+    assert any(row[0] in ("_RoutedRead", "_RoutedReadBackward") and float(row[-3]) == 0 for row in rows)
 
 
 def test_step_overhead_times_each_pair_in_both_build_orders(step_overhead, monkeypatch):
