@@ -15,6 +15,15 @@ import torch
 from .adapters import get_adapter
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# the files a Hugging Face tokenizer is saved as (fast, slow BPE, WordPiece, SentencePiece)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
 
 
 def one_line(error: BaseException) -> str:
@@ -215,6 +224,12 @@ def load(
         try:
             tokenizer = tf.AutoTokenizer.from_pretrained(ckpt, **cached)
         except Exception as error:  # noqa: BLE001
+            if not hub and not any((Path(ckpt) / name).is_file() for name in TOKENIZER_FILES):
+                # transformers' own message here is a multi-line list of backends tried
+                raise ValueError(
+                    f"{where} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
+                    f"model's tokenizer next to its weights, tokenizer.save_pretrained({ckpt!r})"
+                ) from None
             raise ValueError(f"cannot load the tokenizer of {where}: {_one(error)}") from None
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token

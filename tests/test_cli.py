@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import transformers as tf
 from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
 from lime_probe import cli
@@ -231,6 +232,7 @@ def _corrupt_copy(src: Path, dst: Path) -> Path:
         ("missing", "checkpoint not found"),
         ("not_ckpt", "not a checkpoint"),
         ("corrupt", "cannot load the weights"),
+        ("no_tokenizer", "has no tokenizer"),
         ("empty_data", "no text"),
         ("missing_data", "data not found"),
     ],
@@ -244,6 +246,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, ca
         ckpt.mkdir()
     elif case == "corrupt":
         ckpt = _corrupt_copy(ckpts["llama"], tmp_path / "corrupt")
+    elif case == "no_tokenizer":  # a model saved alone, as save_pretrained(DIR) leaves it
+        ckpt = tmp_path / "weights-only"
+        tf.AutoModelForCausalLM.from_pretrained(ckpts["llama"]).save_pretrained(ckpt)
     elif case == "empty_data":
         data = tmp_path / "empty.txt"
         data.write_text("\n\n  \n")

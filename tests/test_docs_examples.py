@@ -1,4 +1,5 @@
-"""Every shell example in README.md and in the CLIs' ``--help`` texts runs as written.
+"""Every shell and Python example in README.md and every example in the CLIs' ``--help`` texts runs
+as written.
 
 The examples are parsed, never listed here, so a new or changed example is tested as it stands:
 
@@ -7,6 +8,8 @@ The examples are parsed, never listed here, so a new or changed example is teste
   reason (hub ids, 8 GPUs, the test suite itself); "# the suite (not run in tests: REASON)" works too.
 - ``--help``: every line after ``example:`` / ``examples:`` in the help of each subcommand of
   ``lime-probe`` and ``lime-model``.
+- README.md's ```python blocks, whole, in document order (one test; see
+  :func:`test_readme_python_examples_run_in_order`).
 
 How a command is run, in one shared scratch folder (so ``runs/lime`` made by one example is there
 for the next), with ``lime-probe``/``lime-model`` called in-process and ``&&`` chains in order:
@@ -68,20 +71,26 @@ def _join_continuations(lines: list[str]) -> list[tuple[int, str]]:
     return out
 
 
-def readme_examples(path: Path = ROOT / "README.md") -> list[Example]:
+def fenced_blocks(path: Path, language: str) -> list[tuple[int, list[str]]]:
+    """(line number of the first line inside, lines) of every ```language block of `path`, in order."""
     lines = path.read_text().splitlines()
-    examples, i = [], 0
+    blocks, i = [], 0
     while i < len(lines):
-        if lines[i].strip() == "```bash":
+        if lines[i].strip() == f"```{language}":
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
-            for k, command in _join_continuations(lines[i + 1 : end]):
-                if command and not command.startswith("#"):
-                    match = NOT_RUN.search(command)
-                    examples.append(
-                        Example(f"README.md:{i + 2 + k}", command, match and match["reason"].strip())
-                    )
+            blocks.append((i + 2, lines[i + 1 : end]))
             i = end
         i += 1
+    return blocks
+
+
+def readme_examples(path: Path = ROOT / "README.md") -> list[Example]:
+    examples = []
+    for first, lines in fenced_blocks(path, "bash"):
+        for k, command in _join_continuations(lines):
+            if command and not command.startswith("#"):
+                match = NOT_RUN.search(command)
+                examples.append(Example(f"README.md:{first + k}", command, match and match["reason"].strip()))
     return examples
 
 
@@ -245,6 +254,23 @@ def test_example_runs(example, runs, workdir, monkeypatch, capsys):
     assert code == 0, f"{example.where}: exit {code} from `{step}`: {err[-1] if err else ''}"
 
 
+def test_readme_python_examples_run_in_order(tmp_path, monkeypatch):
+    """Each ```python block of README.md, as written (``../shared/data`` read from $LIME_PROBE_DATA),
+    in its own namespace, in document order in one folder: a later block may read the files an
+    earlier one wrote (the Models block's ``runs/lime``), never its variables."""
+    blocks = fenced_blocks(ROOT / "README.md", "python")
+    assert len(blocks) >= 3
+    data = _data()
+    if data is None and any(DATA in line for _, lines in blocks for line in lines):
+        pytest.skip(f"the examples use {DATA}: set LIME_PROBE_DATA to the shared data folder")
+    monkeypatch.chdir(tmp_path)
+    for first, lines in blocks:
+        code = "\n".join(lines).replace(DATA, data or DATA)
+        # line numbers in a traceback are README.md's
+        exec(compile("\n" * (first - 1) + code, str(ROOT / "README.md"), "exec"), {"__name__": "__readme__"})
+    assert (tmp_path / "runs" / "lime" / "tokenizer.json").is_file()
+
+
 def test_parsing_rules(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
@@ -255,6 +281,7 @@ def test_parsing_rules(tmp_path):
         Example("README.md:4", "lime-probe cache --clear   # trailing"),
         Example("README.md:6", "accelerate launch x   # not run in tests: needs 8 GPUs", "needs 8 GPUs"),
     ]
+    assert fenced_blocks(readme, "python") == [(9, ["lime-probe no"])]
     assert _steps("lime-model a --out 'r x' && lime-model b  # c") == [
         ["lime-model", "a", "--out", "r x"],
         ["lime-model", "b"],

@@ -67,6 +67,18 @@ def test_missing_weights(tmp_path):
         load(ckpt)
 
 
+def test_missing_tokenizer_says_how_to_save_one(tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "m", "lime")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (ckpt / name).unlink()
+    assert not [p for p in ckpt.iterdir() if "token" in p.name]  # no other tokenizer file was saved
+    with pytest.raises(ValueError) as info:
+        load(ckpt)
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {ckpt} has no tokenizer (none of tokenizer.json, ")
+    assert f"tokenizer.save_pretrained('{ckpt}')" in message and "\n" not in message
+
+
 def test_unsupported_architecture(tmp_path):
     config = tf.OPTConfig(
         hidden_size=16,
