@@ -6,6 +6,8 @@ from transformers import LlamaConfig
 
 from .routing import RoutingSpec, parse_routing
 
+KV_PROJ_INITS = ("auto", "torch", "normal")
+
 
 class LimeConfig(LlamaConfig):
     """Configuration of a LIMe decoder; every LLaMA field keeps its meaning.
@@ -17,17 +19,26 @@ class LimeConfig(LlamaConfig):
             keeps anyway (static routers; dynamic ones ignore it). Saves two K/V-sized tensors per
             layer for one more routed read per layer in backward (README, Performance). In training
             mode it also turns the cache off, as transformers does under gradient checkpointing.
+        kv_proj_init: init of the k/v projections. ``"auto"`` (default) as the official code: PyTorch's
+            default ``nn.Linear`` init (uniform(+-1/sqrt(hidden))) when routing is on, LLaMA's
+            normal(0, ``initializer_range``) for ``routing="none"``. ``"torch"`` or ``"normal"`` forces
+            one for either model (an ablation: the two inits differ ~3.6x in std at hidden 64).
         **kwargs: any :class:`transformers.LlamaConfig` field (``hidden_size``, ``num_hidden_layers``,
             ``num_attention_heads``, ``num_key_value_heads``, ...).
     """
 
     model_type = "lime"
 
-    def __init__(self, routing: str = "full", recompute_routed_kv: bool = False, **kwargs) -> None:
+    def __init__(
+        self, routing: str = "full", recompute_routed_kv: bool = False, kv_proj_init: str = "auto", **kwargs
+    ) -> None:
         self.routing = str(parse_routing(routing))
         if not isinstance(recompute_routed_kv, bool):  # bool("false") would silently be True
             raise ValueError(f"recompute_routed_kv must be true or false, got {recompute_routed_kv!r}")
         self.recompute_routed_kv = recompute_routed_kv
+        if kv_proj_init not in KV_PROJ_INITS:
+            raise ValueError(f"kv_proj_init must be one of {', '.join(KV_PROJ_INITS)}, got {kv_proj_init!r}")
+        self.kv_proj_init = kv_proj_init
         super().__init__(**kwargs)
         if self.attention_bias:
             raise ValueError("LIMe routes bias-free K/V projections; attention_bias=True is not supported")
@@ -36,6 +47,13 @@ class LimeConfig(LlamaConfig):
             raise ValueError(
                 f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})"
             )
+
+    @property
+    def kv_proj_torch_init(self) -> bool:
+        """Whether the k/v projections take PyTorch's default ``nn.Linear`` init (``kv_proj_init``)."""
+        if self.kv_proj_init == "auto":
+            return self.routing_spec.enabled
+        return self.kv_proj_init == "torch"
 
     @property
     def routing_spec(self) -> RoutingSpec:

@@ -58,7 +58,7 @@ class LimeAttention(nn.Module):
         self.q_proj = nn.Linear(hidden, config.num_attention_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
-        self.k_proj.torch_default_init = self.v_proj.torch_default_init = config.routing_spec.enabled
+        self.k_proj.torch_default_init = self.v_proj.torch_default_init = config.kv_proj_torch_init
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, hidden, bias=False)
         self.router = build_router(config, layer_idx)
 
@@ -199,7 +199,8 @@ class LimePreTrainedModel(PreTrainedModel):
         * modules flagged ``torch_default_init`` (LIMe's k/v projections, every layer): PyTorch's default
           ``nn.Linear`` init, ``kaiming_uniform_(a=sqrt(5))`` = uniform(+-1/sqrt(fan_in)), as the official
           code's raw ``kv_proj_weight``, which HF's init never touches. ``routing="none"`` keeps HF's
-          normal init there, as the official LLaMA baseline (a plain ``LlamaForCausalLM``) does;
+          normal init there, as the official LLaMA baseline (a plain ``LlamaForCausalLM``) does
+          (``config.kv_proj_init`` overrides either, for ablations);
         * modules flagged ``own_init`` (the baselines' cross-layer mixing weights): their ``reset_parameters``.
         """
         if isinstance(module, LimeRouter) or getattr(module, "own_init", False):

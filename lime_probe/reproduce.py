@@ -4,7 +4,8 @@ Trains (or reuses) a LIMe (``routing="full"``) and a LLaMA (``"none"``) language
 WikiText-2 ``valid.txt`` with one recipe, then measures every run on held-out text only (WikiText-2
 ``test.txt`` and BLiMP) and compares the two architectures as paired differences over seeds. With
 ``baselines`` it also trains the paper's cross-layer baselines (DenseFormer, ResFormer, HyperConnections;
-same recipe, ``routing="none"``) and compares each with LLaMA in the same way, as extra rows:
+same recipe, ``routing="none"``) or LIMe ablations (:data:`BASELINES`) and compares each with LLaMA in
+the same way, as extra rows:
 
 =====================  =====================================================================  ==========
 measurement            what                                                                   paper
@@ -18,8 +19,9 @@ router                 the LIMe routers, mean over seeds                        
 loss vs FLOPs          training loss, mean over seeds                                           Fig. 1
 =====================  =====================================================================  ==========
 
-The protocols are fixed in ``figures/lm-cpu/PROTOCOL.md`` and, for the baselines,
-``figures/lm-cpu-baselines/PROTOCOL.md`` (each written before any result was seen). Layout of
+The protocols are fixed in ``figures/lm-cpu/PROTOCOL.md`` and, for the baselines and the k/v-init
+ablation, ``figures/lm-cpu-baselines/PROTOCOL.md`` and ``figures/lm-cpu-kv-init/PROTOCOL.md`` (each
+written before any result was seen). Layout of
 ``out``::
 
     train/{lime,llama,...}-s{seed}/  lime-model runs: reused when finished, resumed when interrupted
@@ -45,13 +47,19 @@ import numpy as np
 # label -> recipe overrides. LIMe and LLaMA differ only in routing; each baseline (issue 13) is its
 # own architecture without LIMe routing. Every comparison is a model minus LLaMA, paired by seed.
 MODELS: dict[str, dict[str, Any]] = {"LIMe": {"routing": "full"}, "LLaMA": {"routing": "none"}}
-BASELINES: dict[str, tuple[str, dict[str, Any]]] = {  # --baselines name -> (label, overrides)
-    arch: (label, {"routing": "none", "model.arch": arch})
-    for arch, label in (
-        ("denseformer", "DenseFormer"),
-        ("resformer", "ResFormer"),
-        ("hyperconnections", "HyperConnections"),
-    )
+# --baselines name -> (label, overrides): the paper's cross-layer baselines and LIMe ablations, each an
+# extra model compared with LLaMA like LIMe is (no paper sign)
+BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
+    **{
+        arch: (label, {"routing": "none", "model.arch": arch})
+        for arch, label in (
+            ("denseformer", "DenseFormer"),
+            ("resformer", "ResFormer"),
+            ("hyperconnections", "HyperConnections"),
+        )
+    },
+    # LIMe with LLaMA's k/v init (normal(0, 0.02)) instead of the official code's PyTorch default
+    "lime-llama-kv-init": ("LIMe-LLaMA-kv-init", {"routing": "full", "model.kv_proj_init": "normal"}),
 }
 WORDS = (" is", " are", " was", " were")
 ENTROPY_PRESET = "lime"  # the official code's: z-scored features, alpha 0.5
@@ -764,9 +772,9 @@ def findings(
     if baselines:
         lines += [
             "",
-            "## The cross-layer baselines vs LLaMA",
+            "## The other models vs LLaMA (cross-layer baselines, LIMe ablations)",
             "",
-            "Each baseline minus LLaMA on the same measures, paired by seed, 95 % t-interval over seeds. "
+            "Each model minus LLaMA on the same measures, paired by seed, 95 % t-interval over seeds. "
             "The paper states no sign for these, so the verdict only says which way a resolved difference goes.",
             "",
             "| measure | model | mean | LLaMA | difference [95 % CI] | verdict |",

@@ -80,3 +80,24 @@ def test_llama_baseline_keeps_hf_normal_init():
     std = model.config.initializer_range
     assert stats.kstest(w, stats.norm(scale=std).cdf).pvalue > 1e-3
     assert abs(w).max() > 1 / math.sqrt(BIG["hidden_size"])  # normal tails pass the uniform bound
+
+
+@pytest.mark.parametrize("routing, kv_proj_init", [("full", "normal"), ("none", "torch")])
+def test_kv_proj_init_overrides_either_model(tmp_path, routing, kv_proj_init):
+    """The ablation switch: LIMe with LLaMA's k/v init, LLaMA with LIMe's; kept through save/load."""
+    torch.manual_seed(0)
+    model = LimeForCausalLM(
+        LimeConfig(routing=routing, num_key_value_heads=8, kv_proj_init=kv_proj_init, **BIG)
+    )
+    w = _kv_weights(model).double().numpy()
+    bound, std = 1 / math.sqrt(BIG["hidden_size"]), model.config.initializer_range
+    uniform, normal = stats.uniform(loc=-bound, scale=2 * bound).cdf, stats.norm(scale=std).cdf
+    want, other = (normal, uniform) if kv_proj_init == "normal" else (uniform, normal)
+    assert stats.kstest(w, want).pvalue > 1e-3 and stats.kstest(w, other).pvalue < 1e-12
+    model.save_pretrained(tmp_path)
+    assert LimeConfig.from_pretrained(tmp_path).kv_proj_init == kv_proj_init
+
+
+def test_kv_proj_init_rejects_unknown_values():
+    with pytest.raises(ValueError, match="kv_proj_init must be one of auto, torch, normal, got 'xavier'"):
+        LimeConfig(kv_proj_init="xavier")

@@ -170,3 +170,22 @@ def test_unknown_baseline_is_one_line_exit_2(shared_data, tmp_path, capsys):
     assert code == 2 and "unknown baseline 'mamba'" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_kv_init_ablation_is_lime_with_llamas_kv_init():
+    """``--baselines lime-llama-kv-init``: the study's LIMe recipe, but k/v projections as LLaMA's."""
+    from helpers import tiny_tokenizer
+
+    from lime_model.recipes import load_recipe
+    from lime_model.train import model_config
+    from lime_probe.reproduce import BASELINES, MODELS
+
+    label, overrides = BASELINES["lime-llama-kv-init"]
+    tok = tiny_tokenizer()
+    lime, ablation = (
+        model_config(load_recipe("wikitext-cpu", {"data": "x.txt", **o}), tok)
+        for o in (MODELS["LIMe"], overrides)
+    )
+    assert ablation.to_dict() == {**lime.to_dict(), "kv_proj_init": "normal"}
+    assert lime.kv_proj_torch_init and not ablation.kv_proj_torch_init
+    assert label not in MODELS
