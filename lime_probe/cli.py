@@ -586,7 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME,...",
         help="--study lm: also train the paper's cross-layer baselines (denseformer, resformer, "
-        "hyperconnections) or LIMe ablations (lime-llama-kv-init: LIMe with LLaMA's k/v init) and "
+        "hyperconnections) or k/v-init ablations (lime-llama-kv-init: LIMe with LLaMA's k/v init; "
+        "llama-torch-kv-init: LLaMA with LIMe's) and "
         "compare each with LLaMA as extra rows (default: none)",
     )
     p.add_argument("--results", default=None, metavar="DIR", help="tables and figures (default: OUT/results)")

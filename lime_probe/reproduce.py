@@ -58,8 +58,10 @@ BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
             ("hyperconnections", "HyperConnections"),
         )
     },
-    # LIMe with LLaMA's k/v init (normal(0, 0.02)) instead of the official code's PyTorch default
+    # the k/v-init ablation's two other cells: LIMe with LLaMA's k/v init (normal(0, 0.02)) instead of
+    # the official code's PyTorch default, and LLaMA with LIMe's
     "lime-llama-kv-init": ("LIMe-LLaMA-kv-init", {"routing": "full", "model.kv_proj_init": "normal"}),
+    "llama-torch-kv-init": ("LLaMA-torch-kv-init", {"routing": "none", "model.kv_proj_init": "torch"}),
 }
 WORDS = (" is", " are", " was", " were")
 ENTROPY_PRESET = "lime"  # the official code's: z-scored features, alpha 0.5

@@ -172,20 +172,25 @@ def test_unknown_baseline_is_one_line_exit_2(shared_data, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_kv_init_ablation_is_lime_with_llamas_kv_init():
-    """``--baselines lime-llama-kv-init``: the study's LIMe recipe, but k/v projections as LLaMA's."""
+@pytest.mark.parametrize(
+    "name, model, kv_proj_init",
+    [("lime-llama-kv-init", "LIMe", "normal"), ("llama-torch-kv-init", "LLaMA", "torch")],
+)
+def test_kv_init_ablations_change_only_the_kv_init(name, model, kv_proj_init):
+    """``--baselines lime-llama-kv-init`` / ``llama-torch-kv-init``: the study's LIMe (LLaMA) recipe
+    with the other model's k/v init."""
     from helpers import tiny_tokenizer
 
     from lime_model.recipes import load_recipe
     from lime_model.train import model_config
     from lime_probe.reproduce import BASELINES, MODELS
 
-    label, overrides = BASELINES["lime-llama-kv-init"]
+    label, overrides = BASELINES[name]
     tok = tiny_tokenizer()
-    lime, ablation = (
+    plain, ablation = (
         model_config(load_recipe("wikitext-cpu", {"data": "x.txt", **o}), tok)
-        for o in (MODELS["LIMe"], overrides)
+        for o in (MODELS[model], overrides)
     )
-    assert ablation.to_dict() == {**lime.to_dict(), "kv_proj_init": "normal"}
-    assert lime.kv_proj_torch_init and not ablation.kv_proj_torch_init
+    assert ablation.to_dict() == {**plain.to_dict(), "kv_proj_init": kv_proj_init}
+    assert ablation.kv_proj_torch_init == (not plain.kv_proj_torch_init) == (kv_proj_init == "torch")
     assert label not in MODELS
