@@ -1,7 +1,9 @@
-"""Comparisons 2 and 3 of this folder's PROTOCOL.md: the ablation minus LIMe, paired by seed, and the
-mean training loss of each model at steps 70 and 280.
+"""Comparisons 2 and 3 of this folder's PROTOCOL.md and its addendum: paired differences between the
+k/v-init study's models (ablation minus LIMe; LIMe minus LLaMA with LIMe's k/v init) and each model's
+mean training loss at steps 70 and 280.
 
-    python figures/lm-cpu-kv-init/vs_lime.py   # after the protocol's command; writes vs_lime.csv here
+    python figures/lm-cpu-kv-init/vs_lime.py   # after the protocol's command; writes vs_lime.csv and
+                                                # loss_at_steps.csv here
 """
 
 import csv
@@ -14,18 +16,27 @@ from scipy import stats
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE.parents[1] / "runs" / "lm-cpu-kv-init" / "train"
-ABLATION, LIME, LLAMA = "LIMe-LLaMA-kv-init", "LIMe", "LLaMA"
 SEEDS = (0, 1, 2)
+# label in the per-run tables -> run folder prefix
+MODELS = {
+    "LIMe": "lime",
+    "LLaMA": "llama",
+    "LIMe-LLaMA-kv-init": "lime-llama-kv-init",
+    "LLaMA-torch-kv-init": "llama-torch-kv-init",
+}
+PAIRS = [("LIMe-LLaMA-kv-init", "LIMe"), ("LIMe", "LLaMA-torch-kv-init")]
+MEASURES = {  # name -> (per-run table, column, row filter); the mean over matching rows per seed
+    "perplexity": ("perplexity", "perplexity", {}),
+    "value entropy, mean over layers": ("entropy", "entropy_mean", {}),
+    **{f"value entropy, layer {k}": ("entropy", "entropy_mean", {"layer": str(k)}) for k in range(16)},
+    "BLiMP probes on values": ("blimp", "accuracy", {"site": "values"}),
+    "BLiMP probes on hidden states": ("blimp", "accuracy", {"site": "hidden"}),
+}
 
 
-def rows(name: str) -> list[dict]:
+def per_seed(name: str, column: str, model: str, where: dict) -> np.ndarray:
     with open(HERE / f"{name}.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def per_seed(name: str, column: str, model: str, **where: str) -> np.ndarray:
-    """The mean of ``column`` over the rows of ``model`` matching ``where``, per seed."""
-    table = rows(name)
+        table = list(csv.DictReader(f))
     return np.array(
         [
             np.mean(
@@ -42,44 +53,46 @@ def per_seed(name: str, column: str, model: str, **where: str) -> np.ndarray:
     )
 
 
-def main() -> None:
-    measures = {
-        "perplexity": ("perplexity", "perplexity", {}),
-        "value entropy, mean over layers": ("entropy", "entropy_mean", {}),
-        "value entropy, layer 0": ("entropy", "entropy_mean", {"layer": "0"}),
-        "BLiMP probes on values": ("blimp", "accuracy", {"site": "values"}),
-        "BLiMP probes on hidden states": ("blimp", "accuracy", {"site": "hidden"}),
-    }
-    out = []
-    for measure, (name, column, where) in measures.items():
-        a, b = per_seed(name, column, ABLATION, **where), per_seed(name, column, LIME, **where)
-        ci = stats.ttest_rel(a, b).confidence_interval(0.95)
-        out.append(
-            {
-                "measure": measure,
-                ABLATION: a.mean(),
-                LIME: b.mean(),
-                "diff_mean": (a - b).mean(),
-                "ci_low": ci.low,
-                "ci_high": ci.high,
-                "per_seed": " ".join(f"{d:+.4g}" for d in a - b),
-            }
-        )
-    for step in (70, 280):
-        row = {"measure": f"training loss at step {step}"}
-        for model, run in ((ABLATION, "lime-llama-kv-init"), (LIME, "lime"), (LLAMA, "llama")):
-            losses = []
-            for s in SEEDS:
-                lines = (RUNS / f"{run}-s{s}" / "metrics.jsonl").read_text().splitlines()
-                losses.append(next(json.loads(x)["loss"] for x in lines if json.loads(x).get("step") == step))
-            row[model] = float(np.mean(losses))
-        out.append(row)
-    fields = ["measure", ABLATION, LIME, LLAMA, "diff_mean", "ci_low", "ci_high", "per_seed"]
-    with open(HERE / "vs_lime.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fields)
+def write(name: str, rows: list[dict]) -> None:
+    with open(HERE / name, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
         writer.writeheader()
-        writer.writerows(out)
-    sys.stdout.write((HERE / "vs_lime.csv").read_text())
+        writer.writerows(rows)
+    sys.stdout.write((HERE / name).read_text() + "\n")
+
+
+def main() -> None:
+    pairs = []
+    for a_label, b_label in PAIRS:
+        for measure, (name, column, where) in MEASURES.items():
+            a, b = per_seed(name, column, a_label, where), per_seed(name, column, b_label, where)
+            ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+            pairs.append(
+                {
+                    "difference": f"{a_label} - {b_label}",
+                    "measure": measure,
+                    "mean_a": a.mean(),
+                    "mean_b": b.mean(),
+                    "diff_mean": (a - b).mean(),
+                    "ci_low": ci.low,
+                    "ci_high": ci.high,
+                    "per_seed": " ".join(f"{d:+.4g}" for d in a - b),
+                }
+            )
+    write("vs_lime.csv", pairs)
+    losses = []
+    for model, run in MODELS.items():
+        row = {"model": model}
+        for step in (70, 280):
+            at = []
+            for s in SEEDS:
+                metrics = [
+                    json.loads(x) for x in (RUNS / f"{run}-s{s}" / "metrics.jsonl").read_text().splitlines()
+                ]
+                at.append(next(m["loss"] for m in metrics if m.get("step") == step))
+            row[f"loss_step_{step}"] = float(np.mean(at))
+        losses.append(row)
+    write("loss_at_steps.csv", losses)
 
 
 if __name__ == "__main__":
