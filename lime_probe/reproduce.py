@@ -4,8 +4,8 @@ Trains (or reuses) a LIMe (``routing="full"``) and a LLaMA (``"none"``) language
 WikiText-2 ``valid.txt`` with one recipe, then measures every run on held-out text only (WikiText-2
 ``test.txt`` and BLiMP) and compares the two architectures as paired differences over seeds. With
 ``baselines`` it also trains the paper's cross-layer baselines (DenseFormer, ResFormer, HyperConnections;
-same recipe, ``routing="none"``) or LIMe ablations (:data:`BASELINES`) and compares each with LLaMA in
-the same way, as extra rows:
+same recipe, ``routing="none"``) or the k/v-init ablations (:data:`BASELINES`) and compares each with
+LLaMA in the same way, as extra rows:
 
 =====================  =====================================================================  ==========
 measurement            what                                                                   paper
@@ -20,8 +20,8 @@ loss vs FLOPs          training loss, mean over seeds                           
 =====================  =====================================================================  ==========
 
 The protocols are fixed in ``figures/lm-cpu/PROTOCOL.md`` and, for the baselines and the k/v-init
-ablation, ``figures/lm-cpu-baselines/PROTOCOL.md`` and ``figures/lm-cpu-kv-init/PROTOCOL.md`` (each
-written before any result was seen). Layout of
+ablations, ``figures/lm-cpu-baselines/PROTOCOL.md`` and ``figures/lm-cpu-kv-init/PROTOCOL.md`` (each
+written before any result was seen, except the latter's marked addendum). Layout of
 ``out``::
 
     train/{lime,llama,...}-s{seed}/  lime-model runs: reused when finished, resumed when interrupted
@@ -47,8 +47,8 @@ import numpy as np
 # label -> recipe overrides. LIMe and LLaMA differ only in routing; each baseline (issue 13) is its
 # own architecture without LIMe routing. Every comparison is a model minus LLaMA, paired by seed.
 MODELS: dict[str, dict[str, Any]] = {"LIMe": {"routing": "full"}, "LLaMA": {"routing": "none"}}
-# --baselines name -> (label, overrides): the paper's cross-layer baselines and LIMe ablations, each an
-# extra model compared with LLaMA like LIMe is (no paper sign)
+# --baselines name -> (label, overrides): the paper's cross-layer baselines and the k/v-init ablations,
+# each an extra model compared with LLaMA like LIMe is (no paper sign)
 BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
     **{
         arch: (label, {"routing": "none", "model.arch": arch})
@@ -774,7 +774,7 @@ def findings(
     if baselines:
         lines += [
             "",
-            "## The other models vs LLaMA (cross-layer baselines, LIMe ablations)",
+            "## The other models vs LLaMA (cross-layer baselines, ablations)",
             "",
             "Each model minus LLaMA on the same measures, paired by seed, 95 % t-interval over seeds. "
             "The paper states no sign for these, so the verdict only says which way a resolved difference goes.",

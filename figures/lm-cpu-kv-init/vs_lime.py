@@ -9,6 +9,7 @@ mean training loss at steps 70 and 280.
 import csv
 import json
 import sys
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,19 @@ MEASURES = {  # name -> (per-run table, column, row filter); the mean over match
 }
 
 
-def per_seed(name: str, column: str, model: str, where: dict) -> np.ndarray:
+@cache
+def table(name: str) -> list[dict]:
     with open(HERE / f"{name}.csv", newline="") as f:
-        table = list(csv.DictReader(f))
+        return list(csv.DictReader(f))
+
+
+def per_seed(name: str, column: str, model: str, where: dict) -> np.ndarray:
     return np.array(
         [
             np.mean(
                 [
                     float(r[column])
-                    for r in table
+                    for r in table(name)
                     if r["model"] == model
                     and r["seed"] == str(s)
                     and all(r[k] == v for k, v in where.items())
@@ -82,16 +87,17 @@ def main() -> None:
     write("vs_lime.csv", pairs)
     losses = []
     for model, run in MODELS.items():
-        row = {"model": model}
-        for step in (70, 280):
-            at = []
-            for s in SEEDS:
-                metrics = [
-                    json.loads(x) for x in (RUNS / f"{run}-s{s}" / "metrics.jsonl").read_text().splitlines()
-                ]
-                at.append(next(m["loss"] for m in metrics if m.get("step") == step))
-            row[f"loss_step_{step}"] = float(np.mean(at))
-        losses.append(row)
+        # per seed: step -> training loss, from one read of the run's metrics
+        loss = [
+            {
+                m.get("step"): m.get("loss")
+                for m in map(json.loads, (RUNS / f"{run}-s{s}" / "metrics.jsonl").open())
+            }
+            for s in SEEDS
+        ]
+        losses.append(
+            {"model": model} | {f"loss_step_{t}": float(np.mean([d[t] for d in loss])) for t in (70, 280)}
+        )
     write("loss_at_steps.csv", losses)
 
 
