@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from .downstream import TABLE1_TASKS
+from .downstream import DEFAULT_PRESET, PRESETS
 from .recipes import parse_set, recipe_names
 
 
@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         help="benchmarks (ARC, HellaSwag, ...) of a checkpoint through lm-evaluation-harness",
         description="Runs lm-evaluation-harness (lm-eval, optional: pip install 'lime-probe[eval]') with its\n"
         "Hugging Face wrapper on a checkpoint; writes lm-eval's results plus our run info to\n"
-        "CKPT/downstream/<tasks>[.Nshot][.limitN].json. Hub tasks download their data (network); local\n"
+        "CKPT/downstream/<preset or tasks>[.Nshot][.limitN].json. Hub tasks download their data (network); local\n"
         "task YAMLs (--include-path) and our agreement_demo run offline.",
         epilog="examples:\n"
         "  lime-model eval-downstream --ckpt runs/lime --limit 100  # not run in tests: needs the hub's task data\n"
@@ -101,11 +101,13 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--ckpt", required=True, help="a run directory or one of its checkpoints/step-N")
     d.add_argument(
         "--tasks",
-        default=",".join(TABLE1_TASKS),
-        help="comma-separated lm-eval task/group names (default: the paper's Table 1 set, %(default)s)",
+        default=DEFAULT_PRESET,
+        help="a preset, or comma-separated lm-eval task/group names; presets: "
+        + "; ".join(f"{k}: {v.source}" for k, v in PRESETS.items())
+        + " (default: %(default)s)",
     )
     d.add_argument(
-        "--num-fewshot", type=int, help="few-shot examples (default: each task's own; 0 for Table 1's)"
+        "--num-fewshot", type=int, help="few-shot examples (default: the preset's, else each task's own)"
     )
     d.add_argument("--limit", type=int, help="only the first N documents of each task (quick checks)")
     d.add_argument("--batch-size", type=int, default=8, help="requests per forward pass")
@@ -159,10 +161,9 @@ def _eval_arithmetic(args: argparse.Namespace) -> None:
 def _eval_downstream(args: argparse.Namespace) -> None:
     from .downstream import evaluate_downstream
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     report, path = evaluate_downstream(
         args.ckpt,
-        tasks,
+        args.tasks,
         num_fewshot=args.num_fewshot,
         limit=args.limit,
         batch_size=args.batch_size,

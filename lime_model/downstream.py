@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -19,9 +20,47 @@ import torch
 
 from .files import atomic_write
 
-# The benchmarks of the official code's README table (the paper's Table 1 columns: ARC-E, ARC-C,
-# Winogrande, COPA, MultiRC, RTE, HellaSwag, PIQA), as lm-eval task names.
-TABLE1_TASKS = ("arc_easy", "arc_challenge", "winogrande", "copa", "multirc", "rte", "hellaswag", "piqa")
+
+@dataclass(frozen=True)
+class Preset:
+    """A named task list for ``--tasks``: lm-eval task names, few-shot count, and where it comes from."""
+
+    tasks: tuple[str, ...]
+    num_fewshot: int | None  # None: each task's lm-eval default
+    source: str
+
+
+# BIG-bench tasks as lm-eval's multiple-choice variants (ours: the paper names no variant; its Table 9
+# gives random baselines, 50 % for KV and Induction, which a choice among given answers has and free
+# generation has not). lm-eval's BIG-bench data have no training split: it draws the 3 shots from the
+# test split, never the document itself.
+_BIGBENCH = "bigbench_{}_multiple_choice"
+_TABLE1 = ("multirc", "wic", "qnli", "arc_easy", "arc_challenge") + tuple(
+    _BIGBENCH.format(t) for t in ("key_value_maps", "mathematical_induction")
+)
+PRESETS: dict[str, Preset] = {
+    "paper": Preset(
+        _TABLE1,
+        3,
+        "paper Table 1 (Sec. 5.1): MultiRC, WiC, QNLI, ARC-E, ARC-C, BIG-bench Key-Value Maps and "
+        "Mathematical Induction, 3-shot",
+    ),
+    "paper-appendix": Preset(
+        ("copa", "multirc", "wic", "qnli", "wnli", "arc_easy", "arc_challenge", "hellaswag", "openbookqa")
+        + _TABLE1[5:]
+        + tuple(_BIGBENCH.format(t) for t in ("implicit_relations", "reasoning_about_colored_objects")),
+        3,
+        "paper App. C Tables 7-9 (Table 1's tasks plus COPA, WNLI, HellaSwag, OpenBookQA, BIG-bench "
+        "Implicit Relations and Reasoning About Colored Objects), 3-shot",
+    ),
+    "official-readme": Preset(
+        ("arc_easy", "arc_challenge", "winogrande", "copa", "multirc", "rte", "hellaswag", "piqa"),
+        None,
+        "the 1.2B table of one version of the official README (no shot count stated: each task's "
+        "lm-eval default, 0); this command's default before the paper preset",
+    ),
+}
+DEFAULT_PRESET = "paper"
 
 _OFFLINE_HINT = (
     "without network, lm-eval's hub tasks cannot download their data: "
@@ -94,11 +133,30 @@ def build_tasks(tasks: list[str], manager) -> list:
     return built
 
 
+def expand_tasks(tasks: str | list[str] | tuple[str, ...]) -> tuple[list[str], str | None]:
+    """Task names and the name of the preset they came from (or None): a preset name (:data:`PRESETS`) stands for its tasks;
+    a comma-separated string or a list gives task names as they are.
+
+    Raises ``ValueError`` for an empty list or a preset name mixed with other names.
+    """
+    names = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
+    names = [t for t in names if t]
+    if not names:
+        raise ValueError("no tasks given")
+    if len(names) == 1 and names[0] in PRESETS:
+        return list(PRESETS[names[0]].tasks), names[0]
+    mixed = [t for t in names if t in PRESETS]
+    if mixed:
+        raise ValueError(f"preset {mixed[0]} cannot be combined with other tasks: give it alone")
+    return names, None
+
+
 def default_output(
-    ckpt: str | os.PathLike, tasks: list[str], num_fewshot: int | None, limit: int | None
+    ckpt: str | os.PathLike, tasks: list[str] | str, num_fewshot: int | None, limit: int | None
 ) -> Path:
-    """``CKPT/downstream/<task+task...>[.Nshot][.limitN].json``: runs with other settings keep their files."""
-    name = "+".join(tasks)
+    """``CKPT/downstream/<preset or task+task...>[.Nshot][.limitN].json``: runs with other settings keep
+    their files."""
+    name = tasks if isinstance(tasks, str) else "+".join(tasks)
     if num_fewshot is not None:
         name += f".{num_fewshot}shot"
     if limit is not None:
@@ -108,7 +166,7 @@ def default_output(
 
 def evaluate_downstream(
     ckpt: str | os.PathLike,
-    tasks: list[str] | tuple[str, ...] = TABLE1_TASKS,
+    tasks: str | list[str] | tuple[str, ...] = DEFAULT_PRESET,
     *,
     num_fewshot: int | None = None,
     limit: int | None = None,
@@ -123,9 +181,10 @@ def evaluate_downstream(
     Args:
         ckpt: a model directory with its tokenizer (a run directory or one of its
             ``checkpoints/step-N``), of any architecture the Auto classes load.
-        tasks: lm-eval task, group or tag names (or ours in :data:`TASKS_DIR`); default the
-            paper's Table 1 set.
-        num_fewshot: few-shot examples per prompt; default each task's own (0 for Table 1's).
+        tasks: a preset name (:data:`PRESETS`; default ``paper``, Table 1's tasks at 3 shots), or
+            lm-eval task, group or tag names (or ours in :data:`TASKS_DIR`), as a list or one
+            comma-separated string.
+        num_fewshot: few-shot examples per prompt; default the preset's, else each task's own.
         limit: score only the first ``limit`` documents of each task (for quick checks).
         batch_size: requests per forward pass.
         device: torch device of the model (``cpu``, ``cuda``, ``cuda:1``, ``mps``).
@@ -138,10 +197,10 @@ def evaluate_downstream(
         ``n-shot``, ``n-samples``, ``config``, ...) plus ``run_info``; ``path`` where it was written.
     """
     lm_eval = _lm_eval()
-    tasks = list(tasks)
+    tasks, preset = expand_tasks(tasks)
+    if preset is not None and num_fewshot is None:
+        num_fewshot = PRESETS[preset].num_fewshot
     ckpt = Path(ckpt)
-    if not tasks:
-        raise ValueError("no tasks given")
     if not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
     if limit is not None and limit < 1:
@@ -151,7 +210,8 @@ def evaluate_downstream(
     if num_fewshot is not None and num_fewshot < 0:
         raise ValueError(f"--num-fewshot must be >= 0, got {num_fewshot}")
     _check_device(device)
-    path = Path(output) if output is not None else default_output(ckpt, tasks, num_fewshot, limit)
+    name = preset or tasks
+    path = Path(output) if output is not None else default_output(ckpt, name, num_fewshot, limit)
     # the folder that will receive the file must exist (or be creatable) before hours of evaluation
     parent = next(p for p in (path.parent, *path.parent.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK):
@@ -179,6 +239,7 @@ def evaluate_downstream(
     config = report.get("config", {})
     report["run_info"] = {
         "checkpoint": str(ckpt),
+        "preset": preset,
         "tasks": tasks,
         "include_path": None if include_path is None else str(include_path),
         "lm_eval_version": lm_eval.__version__,

@@ -191,3 +191,74 @@ def test_bad_device_and_limit(tmp_path, capsys):
     assert "--device 'gpu0'" in _error([*argv, "--device", "gpu0"], capsys)
     assert "--limit must be >= 1" in _error([*argv, "--limit", "0"], capsys)
     assert "--include-path" in _error([*argv[:-1], str(tmp_path / "missing")], capsys)
+
+
+# Presets. Table 1's columns and shots as the paper prints them (Sec. 5.1, Table 1's caption), and
+# App. C Tables 7-9's, written here by hand as lm-eval task names.
+TABLE1 = ["multirc", "wic", "qnli", "arc_easy", "arc_challenge",
+          "bigbench_key_value_maps_multiple_choice", "bigbench_mathematical_induction_multiple_choice"]  # fmt: skip
+APPENDIX_C = ["copa", "multirc", "wic", "qnli", "wnli", "arc_easy", "arc_challenge", "hellaswag", "openbookqa",
+              "bigbench_key_value_maps_multiple_choice", "bigbench_mathematical_induction_multiple_choice",
+              "bigbench_implicit_relations_multiple_choice",
+              "bigbench_reasoning_about_colored_objects_multiple_choice"]  # fmt: skip
+
+
+def test_paper_presets_are_the_papers_tables():
+    from lime_model.downstream import DEFAULT_PRESET, PRESETS
+
+    assert (list(PRESETS["paper"].tasks), PRESETS["paper"].num_fewshot) == (TABLE1, 3)
+    assert (sorted(PRESETS["paper-appendix"].tasks), PRESETS["paper-appendix"].num_fewshot) == (
+        sorted(APPENDIX_C),
+        3,
+    )
+    assert PRESETS["official-readme"].num_fewshot is None  # the README table states no shot count
+    assert DEFAULT_PRESET == "paper" == cli._parser().parse_args(["eval-downstream", "--ckpt", "x"]).tasks
+
+
+def test_paper_presets_against_the_papers_text():
+    """Table 1's header row and its caption's shot count, in the paper's own text."""
+    import os
+
+    path = os.environ.get("LIME_PROBE_PAPER")
+    if not path or not Path(path).is_file():
+        pytest.skip("LIME_PROBE_PAPER (the paper's text) is not set")
+    text = Path(path).read_text()
+    assert "Model\tMultiRC\tWiC\tQNLI\tARC-E\tARC-C\tKV\tInduction\tAvg" in text
+    assert "Table 1: LM Evaluation Harness results on 1B models with GQA in 3-shot setup." in text
+    for header in ("COPA (50)\tMultiRC (50)\tWiC (50)\tQNLI (50)\tWNLI (50)",
+                   "ARC-E (25)\tARC-C (25)\tHellaSwag (25)\tOBQA (25)",
+                   "KV (50)\tInduction (50)\tIR (0.04)\tCO (0.06)"):  # fmt: skip
+        assert header in text
+
+
+def test_every_preset_task_is_known_to_the_installed_lm_eval():
+    """Every preset's names are in lm-eval's task index (names only: no data is downloaded)."""
+    from lm_eval.tasks import TaskManager
+
+    from lime_model.downstream import PRESETS
+
+    known = set(TaskManager().all_tasks)
+    missing = {name: [t for t in p.tasks if t not in known] for name, p in PRESETS.items()}
+    assert missing == dict.fromkeys(PRESETS, [])
+
+
+def test_a_preset_sets_tasks_shots_and_file_name(tmp_path, monkeypatch):
+    """A preset name runs its tasks at its shots (unless --num-fewshot says otherwise) and names the file."""
+    from lime_model import downstream
+
+    monkeypatch.setitem(downstream.PRESETS, "demo", downstream.Preset(("agreement_demo",), 1, "a test"))
+    ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
+    argv = ["eval-downstream", "--ckpt", str(ckpt), "--tasks", "demo", "--limit", "2", "--threads", "1"]
+    assert cli.main(argv) == 0
+    report = json.loads((ckpt / "downstream" / "demo.1shot.limit2.json").read_text())
+    assert report["n-shot"]["agreement_demo"] == 1
+    assert (report["run_info"]["preset"], report["run_info"]["tasks"]) == ("demo", ["agreement_demo"])
+    assert cli.main([*argv, "--num-fewshot", "0"]) == 0
+    report = json.loads((ckpt / "downstream" / "demo.0shot.limit2.json").read_text())
+    assert report["n-shot"]["agreement_demo"] == 0
+
+
+def test_preset_mixed_with_tasks(tmp_path, capsys):
+    ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
+    err = _error(["eval-downstream", "--ckpt", str(ckpt), "--tasks", "paper,agreement_demo"], capsys)
+    assert "preset paper cannot be combined" in err
