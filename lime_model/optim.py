@@ -16,6 +16,9 @@ def param_groups(
     (norms, biases, embeddings, so a tied ``lm_head`` too: 0, as the official code's
     ``configure_optimizers``) and ``router`` (every parameter under a router module: 0 decay, learning rate
     ``lr * router_lr_mult`` when ``lr`` is given, else an ``lr_mult`` key for the caller's scheduler).
+    No decay on the routers is the paper's choice (App. A: "omitting weight decay on the LIMe router
+    weights enjoys better performance") and the official code's default; the router learning rate
+    x10 is the paper's for 1B only (App. A, Table 3).
     A module may override the decay of its own parameters with a ``weight_decay_overrides`` dict
     (parameter name -> decay or not), as the HyperConnections module does. Empty groups are dropped.
     Each group carries a ``name``.

@@ -30,7 +30,9 @@ Key meanings (batch sizes count sequences):
   else ``~/.cache/lime_model``), keyed on the data source (each file's path, size and mtime, or the
   ``hf:`` spec), ``split``, ``max_texts``, the tokenizer and ``seq_len``; a hit reads no text.
 * ``schedule``: ``cosine`` / ``linear`` decay to ``min_lr`` after ``warmup_steps``, or ``constant``.
-* ``router_lr_mult``: router learning rate / ``lr`` (the paper: 1e-2 / 1e-3 = 10).
+* ``router_lr_mult``: router learning rate / ``lr``. The default, 10, is the paper's at 1B (App. A,
+  Table 3: 1e-2 / 1e-3); App. A found no effect of 1-4 at 135M and used the global rate at 360M, so
+  ``lime-150m`` and ``arithmetic`` use 1; the deep recipes keep the official code's 1e-2.
 * ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``.
 * ``log_every``, ``save_every``, ``keep_last``, ``eval_every``: run control; they may change on ``--resume``.
 """

@@ -264,10 +264,17 @@ def test_paper_recipes_follow_the_paper():
             1.0,
         )
     assert (gqa.model["num_key_value_heads"], mha.model["num_key_value_heads"]) == (8, 32)
-    for layers in (32, 64, 128):
-        m = load_recipe(f"lime-deep-{layers}").model
-        assert (m["num_hidden_layers"], m["num_attention_heads"]) == (layers, 8)
+    for layers in (32, 64, 128):  # Sec. 5.6: depth, 8 heads; the rest the official configs/config_deep.yaml
+        r = load_recipe(f"lime-deep-{layers}")
+        m = r.model
+        assert (m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"]) == (layers, 8, 8)
+        assert (m["hidden_size"], m["intermediate_size"]) == (256, 1024)
+        assert (r.steps, r.batch_size, r.seq_len, r.lr) == (5000, 1024, 2048, 1e-3)
+        assert r.lr * r.router_lr_mult == pytest.approx(1e-2)
+    # App. A: the 10 x router rate is for 1B; 135M showed no effect, 360M used the global rate
+    assert load_recipe("lime-150m").router_lr_mult == 1.0
     a = load_recipe("arithmetic")
+    assert a.router_lr_mult == 1.0
     assert (
         a.model["num_hidden_layers"],
         a.model["num_attention_heads"],
