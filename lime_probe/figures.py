@@ -66,6 +66,21 @@ def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
+def line_style(i: int) -> dict[str, str]:
+    """Colour, dash and marker of the i-th line of a figure (keyword arguments of ``Axes.plot``).
+
+    Colour and dash cycle with the line; the marker moves one step further each time the colours wrap
+    round, so no two of the first ``len(PALETTE) * len(MARKERS)`` (64) lines share all three: equal
+    colours mean i = j (mod 8), and then equal markers mean i // 8 = j // 8 (mod 8).
+    """
+    n = len(PALETTE)
+    return {
+        "color": PALETTE[i % n],
+        "linestyle": LINESTYLES[i % len(LINESTYLES)],
+        "marker": MARKERS[(i + i // n) % len(MARKERS)],
+    }
+
+
 def _new_figure(ncols: int = 1, nrows: int = 1, *, size: tuple[float, float] | None = None, **kw):
     width, height = size or (4.2 * ncols, 3.2 * nrows)
     fig = Figure(figsize=(width, height), layout="constrained")
@@ -143,14 +158,7 @@ def plot_layer_curves(
                 low, high = mean - std, mean + std
             else:
                 low = high = None
-            ax.plot(
-                layers,
-                mean,
-                color=color(i),
-                linestyle=LINESTYLES[i % len(LINESTYLES)],
-                marker=MARKERS[i % len(MARKERS)],
-                label=label,
-            )
+            ax.plot(layers, mean, **line_style(i), label=label)
             if low is not None:
                 ax.fill_between(layers, low, high, color=color(i), alpha=0.2, linewidth=0)
         if baseline is not None:
@@ -417,12 +425,13 @@ def plot_tsne_grid(
                     )
                 for k, word in enumerate(words):
                     sel = lab == word
+                    look = line_style(k)  # colour and marker: no two of the first 64 words share both
                     ax.scatter(
                         xy[sel, 0],
                         xy[sel, 1],
                         s=10,
-                        color=color(k),
-                        marker=MARKERS[k % len(MARKERS)],
+                        color=look["color"],
+                        marker=look["marker"],
                         alpha=0.75,
                         linewidths=0,
                         label=word,
@@ -542,6 +551,9 @@ def plot_blimp_layers(
     """BLiMP probe accuracy per layer, one line per paradigm, for one model (paper Table 2/11 as curves).
 
     ``curves[paradigm]`` is a ``plot_layer_curves`` series (``"mean"``, optional ``"std"``).
+    The legend (one entry per paradigm, names of up to ~50 characters) sits right of the plot, never
+    over the lines or the y label; the figure widens by the legend's width so the plotting area keeps
+    its size (a legend inside the axes, larger than them, left constrained layout no room at all).
     """
     fig = plot_layer_curves(
         curves,
@@ -550,8 +562,20 @@ def plot_blimp_layers(
         title=f"{model}: BLiMP probes per layer ({site}, mean-pooled)",
         xlabel=layer_axis_label(site),
     )
-    fig.axes[0].legend(fontsize=7, ncols=2 if len(curves) > 6 else 1)
+    ax = fig.axes[0]
+    handles, names = ax.get_legend_handles_labels()
+    ax.get_legend().remove()
+    with style():
+        legend = fig.legend(
+            handles, names, loc="outside right center", fontsize=7, ncols=-(-len(names) // LEGEND_ROWS)
+        )
+        width = legend.get_window_extent().width / fig.dpi
+        fig.set_size_inches(fig.get_figwidth() + width + 0.2, fig.get_figheight())
     return fig
+
+
+# Entries per legend column of a figure whose legend sits beside the plot (fit its default height).
+LEGEND_ROWS = 14
 
 
 def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:

@@ -1,5 +1,7 @@
 """Figures draw exactly the numbers they are given, in the package style, and save atomically."""
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -215,3 +217,100 @@ def test_tsne_with_few_points_says_why():
     many = F.plot_tsne_grid({"m": {0: rng.random((80, 2))}}, words * 20, site="values")
     assert many._supxlabel.get_text() == "columns: block l (0 = first block; values of block l)"
     assert many.axes[0].get_title() == "block 0"
+
+
+# The paper's Table 2 paradigms (Appendix D): long names, ten lines in one figure.
+TEN_PARADIGMS = [
+    "determiner_noun_agreement_with_adj_irregular_1",
+    "complex_NP_island",
+    "regular_plural_subject_verb_agreement_2",
+    "determiner_noun_agreement_with_adj_2",
+    "determiner_noun_agreement_1",
+    "determiner_noun_agreement_2",
+    "irregular_plural_subject_verb_agreement_1",
+    "irregular_plural_subject_verb_agreement_2",
+    "distractor_agreement_relational_noun",
+    "determiner_noun_agreement_with_adjective_1",
+]
+
+
+def _drawn(fig, tmp_path):
+    """Lay `fig` out and render it as saving does, turning every warning (e.g. matplotlib's
+    "constrained_layout not applied") into an error."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        FigureCanvasAgg(fig)
+        fig.canvas.draw()
+        F.save_figure(fig, tmp_path / "fig")
+    return fig
+
+
+@pytest.mark.parametrize("n", [10, 20])
+def test_blimp_layers_legend_beside_the_plot_distinct_styles_and_no_layout_warning(tmp_path, n):
+    names = TEN_PARADIGMS + [f"{p}_again" for p in TEN_PARADIGMS]
+    curves = {p: {"mean": rng.random(17), "std": rng.random(17) * 0.05} for p in names[:n]}
+    fig = _drawn(F.plot_blimp_layers(curves, model="LIMe", site="hidden"), tmp_path)
+    (ax,) = fig.axes
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    legend_box = fig.legends[0].get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert legend_box.x0 >= axes_box.x1  # wholly right of the plotting area: no line, no y label covered
+    assert axes_box.width > 0.5 * legend_box.width  # and the plot kept a readable size
+    lines = [ln for ln in ax.get_lines() if ln.get_label() in curves]
+    assert [ln.get_label() for ln in lines] == list(curves)
+    looks = {(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in lines}
+    assert len(looks) == n  # no two paradigms drawn alike
+
+
+def test_line_styles_differ_for_the_first_64_lines():
+    looks = [F.line_style(i) for i in range(64)]
+    assert len({(s["color"], s["linestyle"], s["marker"]) for s in looks}) == 64
+    assert F.line_style(0) != F.line_style(8)  # where colour and marker used to repeat together
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: F.plot_entropy({m: {"mean": rng.random(17)} for m in "ABCDE"}, site="hidden"),
+        lambda: F.plot_separability(
+            {m: {"mean": rng.random(17), "std": rng.random(17) * 0.1} for m in "ABCDE"},
+            site="values",
+            words=[" 1", " 2", " 3", " 4"],
+            chance=0.25,
+        ),
+        lambda: F.plot_heatmap(
+            rng.random((10, 5)),
+            row_labels=TEN_PARADIGMS,
+            col_labels=list("ABCDE"),
+            xlabel="model",
+            ylabel="paradigm",
+            title="BLiMP task accuracy, mean over the probed layers (hidden)",
+            cbar_label="probe accuracy",
+        ),
+        lambda: F.plot_router(rng.random((16, 16)), label="LIMe"),
+        lambda: F.plot_router_heads(rng.random((16, 4, 16)), label="LIMe"),
+        lambda: F.plot_tsne_grid(
+            {m: {la: rng.random((12, 2)) for la in range(17)} for m in "AB"},
+            list("123412341234"),
+            site="values",
+        ),
+        lambda: F.plot_training_curves(
+            {
+                m: {"flops": np.arange(1, 50) * 1e9, "tokens": np.arange(1, 50) * 1e3, "loss": rng.random(49)}
+                for m in "ABCDE"
+            }
+        ),
+        lambda: F.plot_accuracy_by_operators({m: {4: 0.5, 5: 0.4, 6: 0.3} for m in "ABCDE"}),
+        lambda: F.plot_blimp_table2(
+            [
+                {"model": m, "site": s, "accuracy_mean": 0.7, "accuracy_std": 0.1, "n_tasks": 10}
+                for m in "ABCDE"
+                for s in ("hidden", "values", "keys")
+            ]
+        ),
+    ],
+)
+def test_every_figure_lays_out_without_warnings(tmp_path, make):
+    _drawn(make(), tmp_path)
