@@ -45,6 +45,7 @@ from .adapters import Adapter, Take, first, get_adapter, head_shape
 from .cache import ShardCache, extraction_key, read_tensor
 from .loading import wrap
 from .sites import SITES
+from .windows import check_unknown_tokens
 
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
@@ -281,14 +282,13 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
 def _tokenize(
     tokenizer: Any,
     texts: Sequence[str],
-    start: int,
     max_length: int,
     token_budget: int | None,
     pretokenized: bool = False,
 ) -> list[list[int]]:
-    """Token id lists of `texts` (the first at index `start` of the whole list), truncated to
-    `max_length`, within `token_budget` tokens (the sequence that crosses it is cut short).
-    With `pretokenized`, `texts` already are token id lists, used as they are."""
+    """Token id lists of `texts`, truncated to `max_length`, within `token_budget` tokens in all (the
+    sequence that crosses it is cut short, those after it dropped). With `pretokenized`, `texts` already
+    are token id lists, used as they are."""
     out = []
     if pretokenized:
         encoded = [list(t) for t in texts]
@@ -296,7 +296,7 @@ def _tokenize(
         encoded = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
     for i, seq in enumerate(encoded):
         if not seq:
-            raise ValueError(f"text {start + i} tokenizes to no tokens; drop empty texts before extracting")
+            raise ValueError(f"text {i} tokenizes to no tokens; drop empty texts before extracting")
         if token_budget is not None:
             seq = seq[:token_budget]
             token_budget -= len(seq)
@@ -387,6 +387,7 @@ def extract(
     progress: bool = True,
     remote: bool | str = False,
     pretokenized: bool = False,
+    allow_unknown_tokens: bool = False,
 ) -> Activations:
     """Run `texts` through `model` and collect the representations at `sites` (see the module doc).
 
@@ -411,13 +412,15 @@ def extract(
         pretokenized: `texts` are token id lists (e.g. `lime_probe.windows.token_windows`), used
             exactly as given: no special tokens added, never truncated (longer than `max_length`
             is an error).
+        allow_unknown_tokens: measure text even when over 10 % of its tokens are the tokenizer's unknown
+            token (`lime_probe.windows.check_unknown_tokens`; a warning instead of the refusal).
 
     Returns:
         Activations with ``acts[site][layer]`` float32 CPU tensors (n_rows, dim).
 
     Raises:
-        ValueError: empty or invalid texts, unknown site or layer, non-finite activations (naming the
-            site and layer).
+        ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer
+            (see `allow_unknown_tokens`), non-finite activations (naming the site and layer).
     """
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
@@ -441,6 +444,10 @@ def extract(
             f"token sequence {too_long[0]} has {len(texts[too_long[0]])} tokens, over max_length={max_length} "
             "(capped at the model's positions); pre-tokenised input is never truncated"
         )
+    # every sequence tokenised (and cut to the token budget) up front: what is measured is checked before
+    # any forward pass
+    seqs = _tokenize(tokenizer, texts, max_length, max_tokens, pretokenized)
+    check_unknown_tokens(seqs, tokenizer, allow=allow_unknown_tokens)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
@@ -464,17 +471,14 @@ def extract(
         if cache.complete:
             return Activations(cache.shards, plan.site_layers, plan.heads)
 
-    start, used = (cache.done_sequences, cache.done_tokens) if cache else (0, 0)
+    start = cache.done_sequences if cache else 0
     parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
     buffer: list[dict[str, torch.Tensor]] = []
     buffered_bytes = 0
     device = next(hf.parameters()).device
-    bar = tqdm(total=len(texts), initial=start, unit="seq", desc="extract", disable=not progress)
-    for lo in range(start, len(texts), batch_size):
-        budget = None if max_tokens is None else max_tokens - used
-        batch_seqs = _tokenize(tokenizer, texts[lo : lo + batch_size], lo, max_length, budget, pretokenized)
-        if not batch_seqs:
-            break
+    bar = tqdm(total=len(seqs), initial=start, unit="seq", desc="extract", disable=not progress)
+    for lo in range(start, len(seqs), batch_size):
+        batch_seqs = seqs[lo : lo + batch_size]
         batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side)
         if not with_positions:
             del batch["position_ids"]
@@ -489,9 +493,8 @@ def extract(
         result["n_tokens"] = torch.tensor([sum(map(len, batch_seqs))])
         buffer.append(result)
         buffered_bytes += sum(t.numel() * t.element_size() for t in result.values())
-        used += sum(map(len, batch_seqs))
         bar.update(len(batch_seqs))
-        last = lo + batch_size >= len(texts) or (max_tokens is not None and used >= max_tokens)
+        last = lo + batch_size >= len(seqs)
         if cache is not None and (last or buffered_bytes >= SHARD_BYTES):
             parts.append(cache.add_shard(_merge(buffer)))
             buffer, buffered_bytes = [], 0

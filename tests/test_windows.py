@@ -1,4 +1,7 @@
-"""Fixed-length token windows against an independent packing loop, and their use for entropy."""
+"""Fixed-length token windows against an independent packing loop, and their use for entropy; the check
+that the data fits the tokenizer."""
+
+import warnings
 
 import numpy as np
 import pytest
@@ -8,7 +11,16 @@ from helpers import CORPUS, tiny_config, tiny_model, tiny_tokenizer
 
 from lime_probe.entropy import layer_entropy
 from lime_probe.extraction import extract
-from lime_probe.windows import default_window, max_positions, token_windows
+from lime_probe.windows import (
+    UNKNOWN_REFUSE,
+    UNKNOWN_WARN,
+    DataWarning,
+    check_unknown_tokens,
+    default_window,
+    max_positions,
+    token_windows,
+    unknown_token_share,
+)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +132,61 @@ def test_window_entropy_does_not_depend_on_document_length(tok):
         for texts in (short, long)
     ]
     assert overlap(*by_window), [(r.mean, r.ci_low, r.ci_high) for r in by_window]
+
+
+def test_packing_whole_documents_does_not_warn_about_the_model_length(caplog):
+    """A document longer than the tokenizer's model_max_length is cut into windows afterwards, so
+    transformers' "Token indices sequence length is longer ... indexing errors" warning does not apply."""
+    short = tiny_tokenizer()
+    short.model_max_length = 16
+    texts = [" ".join(CORPUS * 4)]  # one document of far more than 16 tokens
+    windows = token_windows(texts, short, window=16)
+    assert len(windows) > 4
+    assert "indexing errors" not in caplog.text
+    short("the cat is on the mat " * 20)  # the tokenizer itself still warns where it applies
+    assert "indexing errors" in caplog.text
+
+
+def digits_tokenizer():
+    """A tokenizer whose vocabulary lacks every letter: digits and arithmetic only (the demo's kind)."""
+    from lime_model.tokenization import char_tokenizer
+
+    return char_tokenizer("0123456789+-*/()= ")
+
+
+def test_unknown_token_share_counts_the_unknown_token():
+    digits = digits_tokenizer()
+    seqs = [digits.encode(t, add_special_tokens=False) for t in ("1+2=3", "the cat 12", "999")]
+    plain = [c for t in ("1+2=3", "the cat 12", "999") for c in t]  # one token per character
+    expected = sum(c not in "0123456789+-*/()= " for c in plain) / len(plain)
+    assert unknown_token_share(seqs, digits) == pytest.approx(expected) == pytest.approx(6 / 18)
+    gpt2_like = tiny_tokenizer()
+    gpt2_like.unk_token = gpt2_like.eos_token  # GPT-2: one token for unk, bos and eos: no unknown token
+    assert unknown_token_share([[1, 2, 2]], gpt2_like) is None
+
+
+def test_text_that_does_not_fit_the_tokenizer_is_refused_before_extraction(monkeypatch):
+    digits = digits_tokenizer()
+    model = tiny_model("llama", digits)
+    english = ["the cat is on the mat 12", "they were 3 and 4"]
+    forwards = []
+    monkeypatch.setattr("lime_probe.extraction._forward", lambda *a, **k: forwards.append(1))
+    with pytest.raises(ValueError, match=r"does not fit the tokenizer: \d+\.\d% of the \d+ measured tokens"):
+        extract(model, digits, english, progress=False)
+    assert forwards == []  # refused before any forward pass
+    windows = token_windows(english * 5, digits, window=16)
+    with pytest.raises(ValueError, match="--allow-unknown-tokens"):
+        extract(model, digits, windows, max_length=16, pretokenized=True, progress=False)
+    monkeypatch.undo()
+    with pytest.warns(DataWarning, match="unknown token '<|unk|>'"):
+        acts = extract(model, digits, english, progress=False, allow_unknown_tokens=True)
+    assert acts.n_sequences == 2
+    # between the two thresholds: measured, with a warning; under the lower one: silent
+    seq = [4] * 95 + [digits.unk_token_id] * 5
+    with pytest.warns(DataWarning, match="5.0% of the 100 measured tokens"):
+        check_unknown_tokens([seq], digits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_unknown_tokens([[4] * 99 + [digits.unk_token_id]], digits)  # 1 %: at the threshold, silent
+        check_unknown_tokens([[4] * 10], digits)
+    assert UNKNOWN_WARN == 0.01 and UNKNOWN_REFUSE == 0.10
