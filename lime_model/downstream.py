@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import torch
-
-from .files import atomic_write
+from .checks import check_device, check_weights, one_line
+from .files import atomic_write, check_writable
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def build_tasks(tasks: list[str], manager) -> list:
             loaded = manager.load([name])
         except Exception as e:
             raise ValueError(
-                f"could not load the data of task {name} ({_first_line(e)}); {_OFFLINE_HINT}"
+                f"could not load the data of task {name} ({one_line(e)}); {_OFFLINE_HINT}"
             ) from None
         # a group is passed whole (lm-eval aggregates it); a tag stands for its tasks
         built += [loaded["groups"][name]] if name in loaded["groups"] else list(loaded["tasks"].values())
@@ -203,19 +202,17 @@ def evaluate_downstream(
     ckpt = Path(ckpt)
     if not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
+    check_weights(ckpt)
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1, got {limit}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if num_fewshot is not None and num_fewshot < 0:
         raise ValueError(f"--num-fewshot must be >= 0, got {num_fewshot}")
-    _check_device(device)
+    check_device(device)
     name = preset or tasks
     path = Path(output) if output is not None else default_output(ckpt, name, num_fewshot, limit)
-    # the folder that will receive the file must exist (or be creatable) before hours of evaluation
-    parent = next(p for p in (path.parent, *path.parent.parents) if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise PermissionError(13, "not a writable folder", str(parent))
+    check_writable(path, option="--output")  # before hours of evaluation
 
     manager = resolve_tasks(tasks, include_path)
     built = build_tasks(tasks, manager)
@@ -237,6 +234,8 @@ def evaluate_downstream(
         **seeds,
     )
     config = report.get("config", {})
+    import torch
+
     report["run_info"] = {
         "checkpoint": str(ckpt),
         "preset": preset,
@@ -257,18 +256,3 @@ def evaluate_downstream(
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, text)
     return report, path
-
-
-def _check_device(device: str) -> None:
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as e:
-        raise ValueError(f"--device {device!r}: {_first_line(e)}") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available")
-    if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {device}: MPS is not available")
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

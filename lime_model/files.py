@@ -8,7 +8,8 @@ or ``mkdir()`` would give them (0o666 / 0o777 minus the umask), not mkstemp's pr
 * :func:`atomic_write` -- text or bytes, or a function that writes into the open binary file;
 * :func:`atomic_path` -- a temporary path for writers that want a file name (safetensors'
   ``save_file``, matplotlib's ``savefig``);
-* :func:`atomic_dir` -- a temporary folder, published as a whole.
+* :func:`atomic_dir` -- a temporary folder, published as a whole;
+* :func:`check_writable` -- before any work, whether an output file or folder can be written.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_dir", "atomic_path", "atomic_write", "umask"]
+__all__ = ["atomic_dir", "atomic_path", "atomic_write", "check_writable", "umask"]
 
 
 @cache
@@ -95,3 +96,30 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_writable(path: str | os.PathLike, *, folder: bool = False, option: str = "--out") -> None:
+    """Raise, naming ``option`` and ``path``, unless ``path`` can be written: a file (the default) or a
+    folder to create or fill (``folder``). Missing parent folders count as creatable when the nearest
+    existing one is writable. Writability is tried with a real temporary file there, removed at once:
+    permission bits say nothing for root, nor on a read-only or virtual file system such as /proc.
+
+    Raises:
+        IsADirectoryError: a file ``path`` that is an existing folder.
+        NotADirectoryError: a file on the way is not a folder.
+        PermissionError: the folder that would hold ``path`` cannot be written (the reason in brackets).
+    """
+    path = Path(path)
+    if not folder and path.is_dir():
+        raise IsADirectoryError(f"{option} {path} is a folder: give a file name")
+    base = path if folder else path.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise NotADirectoryError(f"{option} {path}: {base} is not a folder")
+    try:
+        fd, name = tempfile.mkstemp(dir=base, prefix=".write-check.", suffix=".tmp")
+    except OSError as e:
+        raise PermissionError(f"{option} {path}: cannot write in {base} ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(name)

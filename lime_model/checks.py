@@ -1,0 +1,84 @@
+"""Input checks and error reporting shared by the two programs, ``lime-model`` and ``lime-probe``.
+
+Both end a failure with one line on stderr and an exit code: 0 done, 2 bad usage or input, 1 an
+unexpected failure, 130 interrupted (Ctrl-C). The checks here run before any work (a minute of
+evaluation is not spent on a mistyped device or a corrupt weights file) and raise one of
+:data:`BAD_INPUT` with a message that names the user's option or file. Importing this module imports
+nothing heavy: torch and safetensors are imported inside the checks that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+__all__ = ["BAD_INPUT", "check_device", "check_weights", "one_line"]
+
+# Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
+# one: the libraries raise ValueError for a wrong name, so a KeyError is a bug.
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+DEVICE_KINDS = ("cpu", "cuda", "mps")
+
+
+def one_line(error: BaseException) -> str:
+    """``error`` as one line: an OS error as ``PATH: reason`` (no errno prefix), else its first line of
+    text (a KeyError's key unquoted), or its type name."""
+    if isinstance(error, OSError) and error.strerror and error.filename is not None:
+        return f"{error.filename}: {error.strerror}"
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    lines = text.strip().splitlines()
+    return " ".join(lines[0].split()) if lines else type(error).__name__
+
+
+def check_device(device: str, option: str = "--device") -> None:
+    """Raise ValueError unless ``device`` names a torch device this machine has: ``cpu``, ``cuda``,
+    ``cuda:N`` (N below the number of GPUs) or ``mps``."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in DEVICE_KINDS:
+        raise ValueError(f"{option} {device!r} is not a device: use cpu, cuda, cuda:N or mps")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"{option} {device}: CUDA is not available on this machine (use --device cpu)")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(
+                f"{option} {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{option} {device}: MPS is not available on this machine (use --device cpu)")
+
+
+def weight_files(ckpt: str | os.PathLike) -> list[Path]:
+    """The safetensors weight files of the checkpoint folder ``ckpt``: ``model.safetensors``, or the shards
+    its ``model.safetensors.index.json`` lists; none for a checkpoint stored otherwise (``.bin``)."""
+    ckpt = Path(ckpt)
+    index = ckpt / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"cannot read the weights index {index}: {one_line(e)}") from None
+        return [ckpt / name for name in sorted(set(weight_map.values()))]
+    single = ckpt / "model.safetensors"
+    return [single] if single.exists() else []
+
+
+def check_weights(ckpt: str | os.PathLike) -> None:
+    """Raise ValueError naming the file if a safetensors weight file of ``ckpt`` is missing, truncated or
+    not safetensors at all: each file's header and its length against the file's size are read (no
+    tensor data), so the check takes milliseconds where loading would fail minutes later."""
+    from safetensors import safe_open
+
+    for path in weight_files(ckpt):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except Exception as e:  # noqa: BLE001  safetensors raises its own error types, and OSError
+            raise ValueError(f"cannot read the weights file {path}: {one_line(e)}") from None
