@@ -4,8 +4,11 @@ The paper (Appendix I) counts with fvcore plus custom handlers (the official
 ``src/utils/flops_counter.py``): a matmul counts its multiply-accumulates (``M*N*K``), scaled dot-product
 attention counts ``4*H*T^2*D + 3*H*T^2`` (both products and the softmax, no causal halving), and
 element-wise ops count their output size (``rsqrt`` 6x, ``pow`` 2x, ``sin``/``cos`` 15x). The
-embedding lookup is free. With this convention the paper's 1B configurations give the LIMe/LLaMA
-ratios of Table 16 (+0.08 % with GQA, +1.22 % with full attention).
+embedding lookup is free. With this convention the paper's 1B configurations give Table 16's LIMe
+and DenseFormer overheads over LLaMA (LIMe +0.08 % with GQA, +1.22 % with full attention; DenseFormer
++0.02 % with both, its depth-weighted averages counted as matmuls: a baseline's own mixing is its
+config's ``cross_layer_flops``). HyperConnections comes out 0.01 points above the table (+0.32 % and
++0.30 % vs +0.31 % and +0.29 %), and the LLaMA totals 0.0003 T above it (2.7618 vs 2.7615 T with GQA).
 """
 
 from __future__ import annotations

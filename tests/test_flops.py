@@ -5,15 +5,51 @@ import torch
 from helpers import PAPER_1B
 from torch.utils.flop_counter import FlopCounterMode
 
-from lime_model import LimeConfig, LimeForCausalLM, forward_flops
+from lime_model import LimeConfig, LimeForCausalLM, config_for, forward_flops
 from lime_model.flops import flops_breakdown
 
+# Table 16 (App. I): forward FLOPs in units of 10^12 (T) and the overheads over LLaMA in %, 1B, 2048
+# tokens; keys are the K/V heads (8: GQA, 32: full attention).
+TABLE16 = {
+    8: {"llama": (2.7615, 0.0), "denseformer": (2.7622, 0.02), "lime": (2.7638, 0.08), "hyperconnections": (2.7701, 0.31)},
+    32: {"llama": (2.9679, 0.0), "denseformer": (2.9685, 0.02), "lime": (3.0041, 1.22), "hyperconnections": (2.9764, 0.29)},
+}  # fmt: skip
 
-@pytest.mark.parametrize(("kv", "overhead_percent"), [(8, 0.08), (32, 1.22)])
-def test_paper_table16_overheads(kv, overhead_percent):
-    lime = forward_flops(LimeConfig(routing="full", num_key_value_heads=kv, **PAPER_1B), 2048)
-    llama = forward_flops(LimeConfig(routing="none", num_key_value_heads=kv, **PAPER_1B), 2048)
-    assert round(100 * (lime / llama - 1), 2) == overhead_percent
+
+def _flops(arch: str, kv: int) -> int:
+    routing = {"lime": {"routing": "full"}, "llama": {"routing": "none"}}.get(arch, {})
+    return forward_flops(
+        config_for("lime" if arch == "llama" else arch, num_key_value_heads=kv, **routing, **PAPER_1B), 2048
+    )
+
+
+@pytest.mark.parametrize("kv", [8, 32])
+def test_table16_lime_row(kv):
+    lime, llama = _flops("lime", kv), _flops("llama", kv)
+    assert round(100 * (lime / llama - 1), 2) == TABLE16[kv]["lime"][1]
+
+
+@pytest.mark.parametrize("kv", [8, 32])
+def test_table16_denseformer_row(kv):
+    """The DWAs' cost alone (what DenseFormer adds to LLaMA) lies in the interval Table 16's rounded
+    totals allow (difference of two 4-decimal T values, +-0.0001 T), and the overhead rounds to its +0.02 %.
+    By hand: the DWA after block i averages i + 1 tensors of 2048 x 2048, one multiply-accumulate each."""
+    T, d = 2048, 2048
+    extra = _flops("denseformer", kv) - _flops("llama", kv)
+    assert extra == sum((i + 1) * T * d for i in range(1, 17))
+    paper = (TABLE16[kv]["denseformer"][0] - TABLE16[kv]["llama"][0]) * 1e12
+    assert paper - 1e8 <= extra <= paper + 1e8
+    assert (
+        round(100 * (_flops("denseformer", kv) / _flops("llama", kv) - 1), 2) == TABLE16[kv]["denseformer"][1]
+    )
+
+
+@pytest.mark.parametrize("kv", [8, 32])
+def test_table16_hyperconnections_row_is_0_01_points_over(kv):
+    """HyperConnections' overhead is 0.01 percentage points above Table 16's (+0.32 % vs +0.31 % with GQA,
+    +0.30 % vs +0.29 % with full attention): a known, unexplained gap, pinned here so a change shows."""
+    overhead = 100 * (_flops("hyperconnections", kv) / _flops("llama", kv) - 1)
+    assert round(overhead, 2) - TABLE16[kv]["hyperconnections"][1] == pytest.approx(0.01, abs=1e-9)
 
 
 @pytest.mark.parametrize(
