@@ -8,7 +8,9 @@ results as JSON and CSV (settings, checkpoint identity and versions recorded; se
 
 Output is staged in a hidden temporary folder beside ``--out`` and moved in only when the
 command succeeds, so a failure or Ctrl-C never leaves half-written files there. Exit codes:
-0 done, 2 bad usage or input (one line on stderr), 1 an unexpected failure, 130 interrupted.
+0 done, 2 bad usage or input (one line on stderr), 3 written but incomplete (``report`` skipped a
+section for its input, one line naming them; ``--allow-skips`` makes that 0), 1 an unexpected failure,
+130 interrupted.
 
 The analyses are the registry ``lime_probe.analyses.ANALYSES``: one subcommand per analysis, its options
 generated from the analysis's parameter dataclass. This module parses arguments, stages the output, prints
@@ -70,6 +72,7 @@ def extract_options(args, own_layers: bool = False) -> dict:
         "max_tokens": args.max_tokens,
         "batch_size": args.batch_size,
         "cache_dir": args.cache,
+        "allow_unknown_tokens": args.allow_unknown_tokens,
     }
 
 
@@ -127,6 +130,27 @@ def staged_output(out: str | os.PathLike):
                     folder.rmdir()
 
 
+@contextmanager
+def one_line_warnings(where: str):
+    """Inside the block a ``lime_probe.windows.DataWarning`` (the data weakens the result) prints as one
+    line, ``WHERE: warning: MESSAGE``, on stderr; other warnings as Python shows them."""
+    import warnings
+
+    from lime_probe.windows import DataWarning
+
+    with warnings.catch_warnings():
+        default = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, DataWarning):
+                print(f"{where}: warning: {message}", file=sys.stderr)
+            else:
+                default(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
 def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
     """A compact fixed-width text table of ``rows`` (floats to 4 significant digits)."""
     import numpy as np
@@ -159,9 +183,14 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
 
 
 def params_of(spec: Spec, args: argparse.Namespace):
-    """The parameter dataclass of ``spec`` filled from the options generated from its fields."""
+    """The parameter dataclass of ``spec`` filled from the options generated from its fields; a field
+    without its option in ``args`` (``report``'s options left out) keeps the analysis's default."""
     return spec.params(
-        **{f.name: _field_value(getattr(args, f.name)) for f in dataclasses.fields(spec.params)}
+        **{
+            f.name: _field_value(getattr(args, f.name))
+            for f in dataclasses.fields(spec.params)
+            if hasattr(args, f.name)
+        }
     )
 
 
@@ -176,10 +205,11 @@ def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Nam
     return spec.compute(cks, data, params_of(spec, args), extract_kw)
 
 
-def _meta(command: str, args, cks: Sequence[Checkpoint]) -> dict:
+def _meta(command: str, args, cks: Sequence[Checkpoint], settings: dict | None = None) -> dict:
+    """The results' header: the command line's settings (``settings`` added) and the checkpoints."""
     from lime_probe.results import run_metadata
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("handler", "debug")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("handler", "debug")} | (settings or {})
     return run_metadata(command, settings=settings, checkpoints={c.label: c.source for c in cks})
 
 
@@ -215,20 +245,29 @@ def _analysis_command(spec: Spec) -> Callable:
     return handler
 
 
-def cmd_report(args, out: Path) -> None:
+def cmd_report(args, out: Path) -> str | None:
     """Run the chosen analyses on the checkpoints each applies to and write one self-contained HTML report.
 
-    A section that fails on its input (e.g. a word too rare in the data) is skipped, not fatal: the
-    report keeps the sections that worked and lists the skipped ones with the reason (on stderr too).
-    With ``--blimp DIR`` the BLiMP analysis joins (its probe table; minimal-pair scores for causal LMs),
-    over the paper's layer range unless ``--layers`` is given."""
+    Each analysis runs with its own command's defaults (``--max-sequences`` its ``Spec.max_sequences``, every
+    option left out its own default), so a section equals the command's result. A section that fails on
+    its input (e.g. a word too rare in the data) is skipped, not fatal: the report keeps the sections that
+    worked and lists the skipped ones with the reason (on stderr too), and the command returns a one-line
+    summary of them (exit 3) unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (its
+    probe table; minimal-pair scores for causal LMs), over the paper's layer range unless ``--layers``."""
+    from lime_model.data import load_texts
     from lime_probe.report import Section, Table, write_analysis, write_report
 
-    texts = _texts(args)
+    names = list(args.analyses) + (["blimp"] if args.blimp else [])
+    params = {name: params_of(ANALYSES[name], args) for name in names}  # bad options fail before any work
+    sizes = {
+        n: args.max_sequences or ANALYSES[n].max_sequences
+        for n in names
+        if ANALYSES[n].data_kind in ("texts", "optional-texts")
+    }
+    texts = load_texts(args.data, max_texts=max(sizes.values())) if sizes else None
     cks = load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
     meta = _meta("report", args, cks)
     sections, skipped = [], []
-    names = list(args.analyses) + (["blimp"] if args.blimp else [])
     for name in names:
         spec = ANALYSES[name]
         chosen = [c for c in cks if spec.applies(c)]
@@ -236,16 +275,18 @@ def cmd_report(args, out: Path) -> None:
             continue
         try:
             if spec.data_kind == "blimp":
-                result = _report_blimp(spec, chosen, args)
+                result, used = _report_blimp(spec, chosen, args, params[name])
             else:
-                result = run_analysis(spec, chosen, texts if spec.data_kind != "none" else None, args)
+                used = {**dataclasses.asdict(params[name]), "max_sequences": sizes.get(name)}
+                data = texts[: sizes[name]] if name in sizes else None
+                result = run_analysis(spec, chosen, data, args)
         except BAD_INPUT as e:
             from lime_probe.loading import one_line
 
             skipped.append({"analysis": name, "reason": one_line(e)})
             print(f"{PROG} report: skipped {name}: {one_line(e)}", file=sys.stderr)
             continue
-        sections.append(write_analysis(result, out, meta))
+        sections.append(write_analysis(result, out, _meta("report", args, cks, used)))
         print(f"\n{result.title}\n{format_table(result.table())}")
     if not sections:
         raise ValueError(
@@ -256,18 +297,26 @@ def cmd_report(args, out: Path) -> None:
         sections.append(Section("Skipped sections", text=text, tables=[Table("skipped", skipped)]))
     labels = " vs ".join(c.label for c in cks)
     write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
+    if skipped and not args.allow_skips:
+        return (
+            f"{len(skipped)} of {len(skipped) + len(sections) - 1} sections skipped ("
+            + "; ".join(f"{s['analysis']}: {s['reason']}" for s in skipped)
+            + "); the report lists them; --allow-skips accepts a partial report"
+        )
+    return None
 
 
-def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args) -> Result:
-    """The BLiMP section of the report: ``--blimp`` data, the paper's layer range unless ``--layers``."""
+def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args, params) -> tuple[Result, dict]:
+    """The BLiMP section of the report and its settings: ``--blimp`` data, the paper's layer range unless
+    ``--layers``."""
     from lime_probe.analyses.blimp import chosen_paradigms
     from lime_probe.blimp import load_blimp
 
-    params = params_of(spec, args)
     layers = "paper" if args.layers in (None, "all") else args.layers
     params = dataclasses.replace(params, layers=layers)
     data = load_blimp(args.blimp, chosen_paradigms(params))
-    return spec.compute(cks, data, params, extract_options(args, own_layers=True))
+    result = spec.compute(cks, data, params, extract_options(args, own_layers=True))
+    return result, dataclasses.asdict(params)
 
 
 def cmd_demo(args, out: Path) -> None:
@@ -282,6 +331,22 @@ def cmd_demo(args, out: Path) -> None:
 # The analyses the report can run: those that read texts or the run folders (BLiMP reads its own data).
 REPORTABLE = [n for n, s in ANALYSES.items() if s.data_kind != "blimp"]
 REPORT_DEFAULT = [n for n, s in ANALYSES.items() if s.data_kind in ("texts", "optional-texts")]
+
+
+def _differing_defaults() -> dict[str, str]:
+    """The report options whose default differs between the analyses (the specs' parameter dataclasses):
+    {field: "values (entropy, separability); hidden (cka)"}."""
+    by_field: dict[str, dict[str, list[str]]] = {}
+    for name in [*REPORTABLE, "blimp"]:
+        for f in dataclasses.fields(ANALYSES[name].params):
+            shown = " ".join(map(repr, f.default)) if isinstance(f.default, tuple) else str(f.default)
+            by_field.setdefault(f.name, {}).setdefault(shown.replace("%", "%%"), []).append(name)
+    return {
+        k: "; ".join(f"{v} ({', '.join(ns)})" for v, ns in d.items())
+        for k, d in by_field.items()
+        if len(d) > 1
+    }
+
 
 COMMANDS = {
     "report": (
@@ -315,10 +380,10 @@ COMMANDS = {
 
 
 def _checkpoint_options(
-    p: argparse.ArgumentParser, *, data: str, max_sequences: int = 64, layers: bool = True
+    p: argparse.ArgumentParser, *, data: str, max_sequences: int | None = 64, layers: bool = True
 ) -> None:
     """--ckpt/--label and, unless ``data`` is "none", --data (as the analysis's ``data_kind``), the size limits
-    and the cache."""
+    and the cache; ``max_sequences`` None (``report``): each analysis's own."""
     g = p.add_argument_group("checkpoints and data")
     g.add_argument(
         "--ckpt",
@@ -358,7 +423,11 @@ def _checkpoint_options(
             type=_positive,
             default=max_sequences,
             metavar="N",
-            help="use at most N sequences (default: %(default)s)",
+            help="use at most N sequences (default: %(default)s)"
+            if max_sequences
+            else "use at most N sequences in every analysis (default: each analysis's own: "
+            + ", ".join(f"{n} {s.max_sequences}" for n, s in ANALYSES.items() if n in REPORT_DEFAULT)
+            + ")",
         )
     if layers:
         g.add_argument(
@@ -393,6 +462,12 @@ def _checkpoint_options(
     )
     g.add_argument(
         "--no-cache", dest="cache", action="store_const", const=None, help="extract without the on-disk cache"
+    )
+    g.add_argument(
+        "--allow-unknown-tokens",
+        action="store_true",
+        help="measure data even when over 10%% of its tokens are the tokenizer's unknown token (default: "
+        "refused, as the data does not fit the tokenizer; over 1%% warns)",
     )
 
 
@@ -435,10 +510,15 @@ def _positive(s: str) -> int:
     return v
 
 
-def add_param_options(group, params: type, skip: Sequence[str] = ()) -> list[str]:
+def add_param_options(
+    group, params: type, skip: Sequence[str] = (), own_defaults: dict[str, str] | None = None
+) -> list[str]:
     """One option per field of the dataclass ``params`` (``per_word`` -> ``--per-word``), typed from its
     annotation and documented from its ``option`` metadata; a boolean field that defaults to True becomes
-    ``--no-NAME``. Fields named in ``skip`` are left out. Returns the names added."""
+    ``--no-NAME``. Fields named in ``skip`` are left out. Returns the names added.
+
+    With ``own_defaults`` (``report``: {field: the differing defaults of the analyses, as text}) an option
+    left out is left out of the parsed arguments, so each analysis keeps its own default (``params_of``)."""
     hints = typing.get_type_hints(params)
     added = []
     for f in dataclasses.fields(params):
@@ -453,6 +533,11 @@ def add_param_options(group, params: type, skip: Sequence[str] = ()) -> list[str
         help = meta.pop("help", "")
         if "default" not in help and f.default is not None:
             help += " (default: %(default)s)"
+        if own_defaults is not None:
+            help = help.replace("%(default)s", str(kw["default"]).replace("%", "%%"))
+            if f.name in own_defaults:
+                help += f"; each analysis its own: {own_defaults[f.name]}"
+            kw["default"] = argparse.SUPPRESS
         kw["help"] = help
         positive = meta.pop("positive", False)
         flag = "--" + f.name.replace("_", "-")
@@ -514,11 +599,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_param_options(p.add_argument_group("analysis"), spec.params)
 
     p = add("report", *COMMANDS["report"], cmd_report)
-    _checkpoint_options(p, data="texts")
+    _checkpoint_options(p, data="texts", max_sequences=None)
     _run_options(p)
-    g, seen = p.add_argument_group("analyses"), []
-    for name in REPORTABLE:  # each option once, as the first analysis to declare it defines it
-        seen += add_param_options(g, ANALYSES[name].params, skip=seen)
+    g, seen, own = p.add_argument_group("analyses"), [], _differing_defaults()
+    for name in REPORTABLE:  # each option once; left out, every analysis keeps its own default
+        seen += add_param_options(g, ANALYSES[name].params, skip=seen, own_defaults=own)
     b = p.add_argument_group("BLiMP (with --blimp)")
     b.add_argument(
         "--blimp",
@@ -527,7 +612,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="add the BLiMP section: a folder of BLiMP <paradigm>.jsonl files (or nyu-mll/blimp); its layers "
         "are the paper's range unless --layers is given (default: no BLiMP section)",
     )
-    add_param_options(b, ANALYSES["blimp"].params, skip=[*seen, "layers"])
+    add_param_options(b, ANALYSES["blimp"].params, skip=[*seen, "layers"], own_defaults=own)
+    p.add_argument(
+        "--allow-skips",
+        action="store_true",
+        help="exit 0 when some sections were skipped for their input (default: the report is written and "
+        "the command exits 3, naming them)",
+    )
     g.add_argument(
         "--analyses",
         nargs="+",
@@ -694,8 +785,9 @@ def _main(argv: Sequence[str] | None) -> int:
         with (
             staged_output(args.out) if args.out else contextlib.nullcontext() as tmp,
             report_growth(getattr(args, "cache", None)),
+            one_line_warnings(where),
         ):
-            args.handler(args, tmp)
+            incomplete = args.handler(args, tmp)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
         print(f"{where}: interrupted; nothing was written to {args.out}", file=sys.stderr)
@@ -719,6 +811,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     if args.out:
         print(f"results in {args.out}", file=sys.stderr)
+    if incomplete:  # written, but without part of what was asked
+        print(f"{where}: incomplete: {incomplete}", file=sys.stderr)
+        return 3
     return 0
 
 

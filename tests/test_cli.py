@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -631,6 +632,42 @@ def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckp
         == _read_json(tmp_path / "e" / "entropy_values.json")["rows"]
     )
     assert {r["model"] for r in _read_json(tmp_path / "r" / "router.json")["rows"]} == {"lime"}  # LIMe only
+
+
+def test_report_options_left_out_keep_each_analysis_default():
+    """report reads each analysis's defaults from its Spec: options left out give every analysis the
+    parameters (and --max-sequences) its own command has by default."""
+    args = cli.build_parser().parse_args(["report", "--ckpt", "x", "--data", "t.txt"])
+    assert args.max_sequences is None
+    for name in cli.REPORTABLE:
+        assert cli.params_of(ANALYSES[name], args) == ANALYSES[name].params(), name
+    # BLiMP's --layers is the report's own ('all' there means BLiMP's default range, 'paper')
+    blimp = cli.params_of(ANALYSES["blimp"], args)
+    assert blimp == dataclasses.replace(ANALYSES["blimp"].params(), layers=args.layers)
+    given = cli.build_parser().parse_args(["report", "--ckpt", "x", "--data", "t.txt", "--site", "keys"])
+    assert {cli.params_of(ANALYSES[n], given).site for n in ("entropy", "cka", "tsne")} == {"keys"}
+
+
+def test_report_with_a_skipped_section_exits_3_unless_allowed(capsys, tmp_path, ckpts, text_file):
+    common = ["--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32, "--no-cache"]
+    common += ["--num-windows", 2, "--window", 16, "--analyses", "entropy", "cka", "separability"]
+    common += ["--words", " is", " the"]
+    argv = ["report", *common, "--max-sequences", 2, "--out", tmp_path / "r"]
+    code, _, err = run_cli(capsys, *argv)
+    last = err.strip().splitlines()[-1]
+    assert code == 3, err
+    assert last.startswith("lime-probe report: incomplete: 1 of 3 sections skipped (separability: ")
+    assert "too rare" in last and "--allow-skips" in last
+    html = (tmp_path / "r" / "report.html").read_text()  # written: the sections that worked, the skip listed
+    assert "Skipped sections" in html and "Matrix entropy" in html
+    code, _, err = run_cli(capsys, *argv[:-1], tmp_path / "r2", "--allow-skips")
+    assert code == 0 and "skipped separability" in err and "incomplete" not in err
+    # the cka section ran with cka's own default site (hidden), as `lime-probe cka` does
+    _ok(capsys, "cka", *common[:7], "--max-sequences", 2, "--out", tmp_path / "c")
+    assert (
+        _read_json(tmp_path / "r2" / "cka_hidden.json")["rows"]
+        == _read_json(tmp_path / "c" / "cka_hidden.json")["rows"]
+    )
 
 
 def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, text_file, monkeypatch):
