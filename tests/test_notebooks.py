@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ import nbformat
 import pytest
 from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
+from lime_probe import cli
 from lime_probe.analyses import ANALYSES
 
 nbclient = pytest.importorskip("nbclient")
@@ -41,22 +43,33 @@ def env(tmp_path_factory) -> dict[str, str]:
         ]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (run / "arithmetic_eval.json").write_text(json.dumps({"accuracy": {"3": 0.5 - offset, "4": 0.25}}))
+    # Paths relative to the folder the notebooks are "launched" from ($PWD), as a user types them in a shell;
+    # the kernel runs in another folder.
     return {
-        "LIME_CKPTS": f"{lime},{llama}",
+        "PWD": str(root),
+        "LIME_CKPTS": "lime,llama",
         "LIME_LABELS": "LIMe,LLaMA",
-        "LIME_DATA": str(text),
+        "LIME_DATA": "texts.txt",
         "LIME_MAX_SEQUENCES": "24",
         "LIME_MAX_LENGTH": "32",
         "LIME_WINDOW": "16",
         "LIME_NUM_WINDOWS": "4",
         "LIME_PER_WORD": "8",
         "LIME_PERPLEXITY": "3",
-        "LIME_BLIMP": str(blimp),
+        "LIME_BLIMP": blimp.name,
         "LIME_PARADIGMS": "agreement_a,agreement_b",
         "LIME_MAX_PAIRS": "12",
-        "LIME_RUNS": f"{lime},{llama}",
-        "LIME_ROUTER_CKPTS": f"{lime},{dynamic}",
+        "LIME_RUNS": "lime,llama",
+        "LIME_ROUTER_CKPTS": f"lime,{dynamic.name}",
     }
+
+
+def _parameters(path: Path) -> dict:
+    """The upper-case names the notebook's parameter cell defines."""
+    cell = nbformat.read(path, as_version=4).cells[1].source.replace("%matplotlib inline", "")
+    names: dict = {}
+    exec(cell, names)
+    return {k: v for k, v in names.items() if k.isupper()}
 
 
 def test_every_notebook_belongs_to_an_analysis_of_the_registry():
@@ -69,17 +82,64 @@ def test_default_paths_resolve_from_the_root_and_from_analyses(path, monkeypatch
     as from the repository root."""
     for key in [k for k in os.environ if k.startswith("LIME_")]:
         monkeypatch.delenv(key)
-    cell = nbformat.read(path, as_version=4).cells[1].source.replace("%matplotlib inline", "")
     seen = []
     for folder in (ROOT, ROOT / "analyses"):
         monkeypatch.chdir(folder)
-        names: dict = {}
-        exec(cell, names)
-        seen.append({k: v for k, v in names.items() if k.isupper()})
+        seen.append(_parameters(path))
     assert seen[0] == seen[1]
     paths = [v for k, v in seen[0].items() if k in ("CKPTS", "RUNS", "DATA", "BLIMP")]
     for p in (x for v in paths for x in (v if isinstance(v, list) else [v])):
         assert Path(p).is_absolute(), p  # so the kernel's working folder does not matter
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_defaults_are_the_commands(path, monkeypatch):
+    """With no LIME_* variable a notebook measures what its command measures by default: every parameter
+    named after a field of the analysis's parameters has that field's default, MAX_SEQUENCES the Spec's
+    --max-sequences and MAX_LENGTH the command's --max-length."""
+    for key in [k for k in os.environ if k.startswith("LIME_")]:
+        monkeypatch.delenv(key)
+    spec = next(s for s in ANALYSES.values() if s.notebook == path.stem)
+    fields = {f.name: f.default for f in dataclasses.fields(spec.params)}
+    names = _parameters(path)
+    checked = 0
+    for name, value in names.items():
+        if name.lower() in fields:
+            default = fields[name.lower()]
+            assert (list(value) if isinstance(value, tuple) else value) == (
+                list(default) if isinstance(default, tuple) else default
+            ), name
+            checked += 1
+    if "MAX_SEQUENCES" in names:
+        assert names["MAX_SEQUENCES"] == spec.max_sequences
+        checked += 1
+    if "MAX_LENGTH" in names:
+        parser = cli.build_parser()
+        need = ["--ckpt", "x"] + (["--data", "y"] if spec.data_kind == "texts" else [])
+        assert names["MAX_LENGTH"] == parser.parse_args([spec.name, *need]).max_length
+        checked += 1
+    assert checked >= (1 if spec.data_kind == "none" else 2)
+
+
+def test_relative_settings_are_read_from_the_launch_folder(tmp_path, monkeypatch):
+    """A kernel runs in analyses/ but inherits the launching shell's $PWD: a relative path in a LIME_*
+    variable names the file the user meant; hub ids and hf: specs pass through."""
+    from lime_probe.notebook import env_path, env_paths
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.txt").write_text("x\n")
+    elsewhere = tmp_path / "repo" / "analyses"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("PWD", str(tmp_path))
+    monkeypatch.setenv("LIME_DATA", "data/t.txt")
+    monkeypatch.setenv("LIME_CKPTS", "data,gpt2,EleutherAI/pythia-70m")
+    assert env_path("LIME_DATA", "unused") == str(tmp_path / "data" / "t.txt")
+    assert env_paths("LIME_CKPTS", []) == [str(tmp_path / "data"), "gpt2", "EleutherAI/pythia-70m"]
+    monkeypatch.setenv("LIME_DATA", "hf:wikitext:wikitext-2-raw-v1:validation")
+    assert env_path("LIME_DATA", "unused") == "hf:wikitext:wikitext-2-raw-v1:validation"
+    monkeypatch.delenv("LIME_DATA")
+    assert env_path("LIME_DATA", "/the/default") == "/the/default"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -86,5 +86,5 @@ SPEC = Spec(
     params=CkaParams,
     compute=compute,
     plot=plot,
-    notebook="",
+    notebook="cka",
 )
