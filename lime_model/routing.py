@@ -11,20 +11,24 @@ spec                sources of layer i                                          
 ``none``            none: plain LLaMA attention, no router module                  paper (LLaMA)
 ``full``            ``0..i``                                                       paper
 ``average``         ``0..i``, fixed weights ``1/(i+1)`` on the same head            paper
-``first-<j>``       ``0..min(j,i)-1`` plus ``i``                                   paper
+``first-<j>``       ``0..min(j,i)-1`` plus ``i``                                   reading (App. F/G)
 ``last-<j>``        ``max(0,i-j+1)..i`` (the j most recent, own included)          paper
-``dilated-<d>``     ``0, d, 2d, ... < i`` plus ``i`` (multiples of d from layer 0)  paper (App. F/G)
+``dilated-<d>``     ``0, d, 2d, ... < i`` plus ``i`` (multiples of d from layer 0)  reading (App. G)
 ``dilated-back-<d>`` ``i, i-d, i-2d, ... >= 0`` (counted back from the own layer)   project variant
 ``no-head-mix``     ``0..i``; head h reads only head h of each source              paper
 ``per-dim``         ``0..i``; each source head weighted by a ``head_dim`` vector    paper
 ``dynamic``         ``0..i``; per-token weights, query x learnable keys            paper (App. E)
 ==================  ============================================================  ===============
 
-``dilated-<d>`` keeps layer 0, which the paper's Fig. 5 shows is the most-read source; the project's
-earlier reading, counted back from the own layer, lives on as ``dilated-back-<d>``. Both readings give
-identical sets on layers that are multiples of d and sets of different sizes elsewhere, so a checkpoint
-of one cannot silently load as the other. The learned weights of each kind are described by its router
-class. A layer whose only source is itself (always layer 0) attends to its own K/V exactly as LLaMA does.
+App. F's first-j attends to "the first min(l, j) buffers plus the immediately preceding layer", App. G's
+to "the first j layers plus itself": a layer's own K/V come from the preceding layer's output, so both
+are read as the own buffer. App. G's dilated-d routes to "a sparsified set of previous layers with fixed
+dilation factor d (e.g., every 8th or 16th layer)" without saying where the set starts. ``dilated-<d>``
+keeps layer 0, which the paper's Fig. 5 shows is the most-read source; the project's earlier reading,
+counted back from the own layer, lives on as ``dilated-back-<d>``. Both readings give identical sets
+on layers that are multiples of d and sets of different sizes elsewhere, so a checkpoint of one cannot
+silently load as the other. The learned weights of each kind are described by its router class. A layer
+whose only source is itself (always layer 0) attends to its own K/V exactly as LLaMA does.
 
 Adding a variant: write its router class in :mod:`lime_model.router` and add one entry here.
 """

@@ -89,9 +89,9 @@ def test_matmul_terms_match_torch_flop_counter(routing):
 
 
 @pytest.mark.parametrize("d", [2, 8])
-def test_dilated_router_cost_counts_the_papers_source_sets(d):
+def test_dilated_router_cost_counts_its_source_sets(d):
     """Router MACs: keys and values each mix |S_i| * kv heads into kv heads, per token and feature, with
-    S_i = {0, d, 2d, ... < i} plus i (App. F/G), written here from the definition."""
+    S_i = {0, d, 2d, ... < i} plus i (our reading of App. G), written here from the definition."""
     cfg = LimeConfig(routing=f"dilated-{d}", num_key_value_heads=8, **{**PAPER_1B, "num_hidden_layers": 32})
     T, kv, D = 2048, 8, cfg.head_dim
     sizes = [len({j for j in range(i) if j % d == 0} | {i}) for i in range(32)]

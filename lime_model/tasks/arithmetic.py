@@ -20,7 +20,8 @@ which fail it more often, are rarer than ``+`` and ``×`` (about 2:1 and 3.5:1 w
 
 Difficulty tiers count *operators*, as Feng et al. (whose task the paper follows) do and as the
 paper's Appendix B example shows: ``(7+5)÷(6+4×3-2×7)`` has 7 numbers and 6 operators, a sample of
-tier 6. An expression of ``k`` operators has ``k + 1`` numbers.
+tier 6. An expression of ``k`` operators has ``k + 1`` numbers. This is a reading: Sec. 5.4.2's text
+speaks of 4, 5 and 6 "operands".
 """
 
 from __future__ import annotations
