@@ -10,7 +10,7 @@ LLaMA in the same way, as extra rows:
 =====================  =====================================================================  ==========
 measurement            what                                                                   paper
 =====================  =====================================================================  ==========
-perplexity             exp(mean token NLL) over all non-overlapping windows of ``test.txt``     Table 1
+perplexity             exp(mean token NLL) over all non-overlapping windows of ``test.txt``     Sec. 5.1
 value entropy          per layer, ``values`` site, fixed-length windows (same for all models)   Fig. 2a
 separability           is/are/was/were per layer on ``values`` (every window of ``test.txt``)   Fig. 2b
 BLiMP (Table 2)        probe accuracy over the upper layers, mean-pooled values and hidden      Table 2
@@ -725,7 +725,7 @@ def draw(
 
 
 CLAIMS = (
-    ("perplexity", None, "LIMe reaches lower held-out perplexity (Table 1: lower loss)"),
+    ("perplexity", None, "LIMe reaches lower held-out perplexity (Sec. 5.1, Fig. 1: lower loss)"),
     ("value entropy", "mean", "LIMe's values keep higher matrix entropy (Fig. 2a), mean over layers"),
     (
         "separability",
