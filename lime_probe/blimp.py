@@ -1,10 +1,10 @@
 """BLiMP (Warstadt et al. 2020): 67 paradigms of 1,000 minimal pairs (a grammatical and an
 ungrammatical sentence differing minimally). Two uses, both per paradigm:
 
-- **Probe** (paper Table 2, Appendix D): mean-pooled per-layer representations of the good and bad
-  sentences, a linear probe good vs bad (a standardised logistic regression: our choice, the paper names
-  no classifier) with 5-fold cross-validation grouped by `pairID` (the two sentences of a pair never
-  straddle train and test), mean accuracy per layer.
+- **Probe** (paper Sec. 5.3, Table 2, Appendix D): mean-pooled per-layer representations of the good and
+  bad sentences, a logistic-regression probe good vs bad (the paper's; standardising the features first is
+  ours) with 5-fold cross-validation grouped by `pairID` (the paper splits by minimal pair: the two
+  sentences of a pair never straddle train and test), mean accuracy per layer.
 - **Minimal-pair scoring**, the field's standard, as lm-evaluation-harness: each sentence is scored by
   the sum of its tokens' log-probabilities given a one-token prefix, the tokenizer's BOS token (its EOS
   token where it has no BOS, as the harness does), and a pair is correct when good > bad (strictly; an
@@ -239,7 +239,7 @@ def blimp_probe(
     max_iter: int = 10_000,
     progress: bool = True,
 ) -> ProbeResult:
-    """Good-vs-bad probe of one paradigm: per layer, CV accuracy of a standardised logistic regression.
+    """Good-vs-bad probe of one paradigm: per layer, CV accuracy of a logistic regression (paper Sec. 5.3).
 
     good, bad: {layer: (n_pairs, d)} or [(n_pairs, d)], the mean-pooled representation of each pair's
     good and bad sentence (row k of both is pair `pair_ids[k]`); 5-fold `GroupKFold` by pair (shuffled,

@@ -1,14 +1,16 @@
 """The measurement protocol of each analysis, stated once: every setting's default, its alternatives and
 where the default comes from.
 
-Sources: "paper" (stated in the LIMe paper), "official code" (github.com/corl-team/lime, src/analysis and
-src/datasets), "Skean et al. code" (github.com/OFSkean/information_flow) and "ours" (neither states it;
-our choice). Where the paper and the official code differ the default follows the paper and the official
-behaviour is an alternative. Settings marked "paper" from issue 8's reading of the paper (figure and
-table references in `note`) were not re-checked against the paper text here.
+Sources: "paper" (the LIMe paper states it; `where` names the section, table or appendix and `quote` holds
+the passage), "reading" (the paper is ambiguous; `quote` holds the passages and `note` says how we read
+them), "official code" (github.com/corl-team/lime, src/analysis and src/datasets), "Skean et al. code"
+(github.com/OFSkean/information_flow) and "ours" (neither states it; our choice). Where the paper and the
+official code differ the default follows the paper and the official behaviour is an alternative (or, for
+the value site, is reported beside it).
 
     from lime_probe.protocol import defaults
     defaults("tsne")      # {"site": "values", "l2_normalize": True, ...}
+    print(markdown_table())   # the probe rows of docs/fidelity.md
 
 Kept free of heavy imports (no torch, numpy or sklearn), so command-line help can read it.
 """
@@ -18,47 +20,79 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+SOURCES = ("paper", "reading", "official code", "Skean et al. code", "ours")
+
 # The official code measures packed rows of its training length (configs/config_base.yaml seq_length).
 OFFICIAL_WINDOW = 2048
 # Table 2 probes blocks 10-16 of the paper's 16-block models: the top 7 of 16.
 PAPER_LAYER_FRACTION = 7 / 16
-# The BLiMP tasks of the Table 2 preset. OUR CHOICE, not the paper's: the paper's Appendix D names 10
-# tasks, but its list could not be checked offline, so these are 10 agreement/morphology paradigms of
-# the release (the phenomena the paper's collapse argument is about). Replace them with the paper's
-# list where it is at hand (``--paradigms``).
+# The BLiMP tasks of the Table 2 preset: Appendix D's ten paradigms, in its order (the example pair of each
+# in Table 10 is a row of that paradigm's file in the BLiMP release).
 TABLE2_TASKS = (
-    "anaphor_number_agreement",
+    "determiner_noun_agreement_with_adj_irregular_1",
+    "complex_NP_island",
+    "regular_plural_subject_verb_agreement_2",
+    "determiner_noun_agreement_with_adj_2",
     "determiner_noun_agreement_1",
     "determiner_noun_agreement_2",
-    "determiner_noun_agreement_irregular_1",
-    "distractor_agreement_relational_noun",
     "irregular_plural_subject_verb_agreement_1",
-    "regular_plural_subject_verb_agreement_1",
-    "irregular_past_participle_verbs",
-    "existential_there_quantifiers_1",
-    "principle_A_case_1",
+    "irregular_plural_subject_verb_agreement_2",
+    "distractor_agreement_relational_noun",
+    "determiner_noun_agreement_with_adjective_1",
 )
+# The value sites as figures and tables name them: the paper's values and the official analysis's.
+SITE_LABELS = {
+    "values": "values (W_V output)",
+    "routed_values": "routed values (what LIMe's heads attend to)",
+}
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting of an analysis: its default, where that comes from, and the offered alternatives."""
+    """One setting of an analysis: its default, where that comes from, and the offered alternatives.
+
+    source: one of `SOURCES`; where: the paper's section, table or appendix (for "paper" and "reading");
+    quote: the paper's passages, verbatim (one for "paper", each of the ambiguous ones for "reading").
+    """
 
     name: str
     default: Any
     source: str
     alternatives: tuple = ()
     note: str = ""
+    where: str = ""
+    quote: tuple[str, ...] = ()
 
 
-def _values_site(where: str) -> Setting:
-    """The value-vector site (W_V outputs); the official code reads LIMe's routed values instead."""
-    return Setting("site", "values", "paper", ("hidden", "keys", "routed_values"), where)
+def _value_sites(figure: str) -> tuple[Setting, Setting]:
+    """The value site: the W_V output (Sec. 5.3) and, beside it for a model that routes, the routed values
+    the official analysis records as LIMe's values."""
+    return (
+        Setting(
+            "site",
+            "values",
+            "paper",
+            ("hidden", "keys", "routed_values"),
+            f"the W_V output ({figure})",
+            "Sec. 5.3",
+            ("we record value states (i.e., the output of the $W_{\\ell}^{(V)}$ linear projection)",),
+        ),
+        Setting(
+            "routed_values",
+            "also, for a model that routes",
+            "official code",
+            ("--site values",),
+            "src/analysis/value_wrapper.py records LIMe's routed values; by default both are reported, "
+            "labelled; a model without routing has only the W_V output",
+        ),
+    )
 
+
+_FOLDS = ("Figure 2(b) shows five-fold classification accuracies",)
 
 PROTOCOL: dict[str, tuple[Setting, ...]] = {
     "entropy": (
-        _values_site("value-vector entropy (abstract, Fig. 2a)"),
+        *_value_sites("Fig. 2a"),
         Setting(
             "unit",
             "windows",
@@ -84,21 +118,48 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
         Setting("max_normalize", False, "ours", (True,), "Skean et al.'s code divides by log(min(N, D))"),
     ),
     "separability": (
-        _values_site("Fig. 2b"),
-        Setting("words", (" is", " are", " was", " were"), "paper", ("any words",), "1,668 occurrences each"),
-        Setting("balance", True, "paper", (False,), "every word subsampled to the rarest word's count"),
+        *_value_sites("Fig. 2b"),
+        Setting(
+            "words",
+            (" is", " are", " was", " were"),
+            "paper",
+            ("any words",),
+            "",
+            "Sec. 5.3",
+            ("extracting 1668 occurrences each of is, are, was, were from FineWeb Edu",),
+        ),
+        Setting(
+            "balance",
+            True,
+            "paper",
+            (False,),
+            "every word subsampled to the rarest word's count",
+            "Sec. 5.3",
+            ("1668 occurrences each",),
+        ),
         Setting(
             "method",
-            "logreg",
-            "ours",
-            ("adam-linear",),
-            "the paper names no classifier; adam-linear is the official code's one-epoch probe",
+            "adam-linear",
+            "official code",
+            ("logreg",),
+            "the paper names no classifier; src/analysis/classification.py: nn.Linear on the raw features, "
+            "Adam lr 1e-2, batch 64, one epoch, accuracy averaged over test batches; logreg is our "
+            "converged standardised logistic regression",
         ),
-        Setting("n_splits", 5, "official code", ("any",), "stratified here; plain shuffled KFold there"),
+        Setting(
+            "n_splits",
+            5,
+            "paper",
+            ("any",),
+            "adam-linear: plain shuffled KFold, as the official code; logreg: stratified (ours)",
+            "Sec. 5.3, Fig. 2",
+            _FOLDS,
+        ),
+        Setting("seed", 0, "ours", ("42: the official code's",), "folds, initialisation, shuffling, balance"),
         Setting("subtoken", "last", "ours", ("mean",), "multi-token words (numbers, Fig. 4a/8)"),
     ),
     "tsne": (
-        _values_site("Fig. 3"),
+        *_value_sites("Fig. 3"),
         Setting("l2_normalize", True, "official code", (False,), "rows L2-normalised before t-SNE"),
         Setting(
             "perplexity", 30.0, "official code", ("any",), "sklearn's default there; openTSNE here (ours)"
@@ -108,22 +169,78 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
         Setting(
             "tasks",
             "table2",
-            "ours",
+            "paper",
             ("all", "any paradigms"),
-            "10 agreement/morphology paradigms (TABLE2_TASKS); the paper's Appendix D list could not be checked",
+            "Appendix D's ten paradigms, in its order (TABLE2_TASKS), each checked against Table 10's example",
+            "App. D",
+            ("We evaluate linguistic sensitivity using ten BLiMP minimal-pair tasks",),
         ),
-        Setting("sites", ("values", "hidden"), "paper", ("any site",), "Table 2"),
-        Setting("pool", "mean", "paper", (), "one mean-pooled row per sentence"),
+        Setting(
+            "max_pairs",
+            None,
+            "paper",
+            ("any count",),
+            "None: every pair (BLiMP has 1,000 per paradigm)",
+            "App. D",
+            ("full datasets are from the public BLiMP repository",),
+        ),
+        Setting(
+            "sites",
+            ("values", "hidden"),
+            "paper",
+            ("any site",),
+            "and, for a model that routes, routed_values (official code)",
+            "Sec. 5.3",
+            (
+                "we extract (i) attention values (the value projections) and (ii) hidden states (the "
+                "residual stream)",
+            ),
+        ),
+        Setting(
+            "pool",
+            "mean",
+            "paper",
+            (),
+            "one mean-pooled row per sentence",
+            "Sec. 5.3",
+            ("mean-pool them over tokens to obtain a fixed vector per sentence",),
+        ),
         Setting(
             "layers",
             f"upper {PAPER_LAYER_FRACTION:.4g} of blocks",
             "paper",
             ("all",),
             "blocks 10-16 of 16; the same fraction at other depths is ours (`blimp.paper_layers`)",
+            "Table 11, Table 4",
+            ("across layers 10–16", "Number of Hidden Layers 16"),
         ),
-        Setting("n_splits", 5, "paper", ("any",), "cross-validation folds"),
-        Setting("groups", "pairID", "ours", (), "the two sentences of a pair always share a fold"),
-        Setting("method", "logreg", "ours", ("adam-linear",), "the paper names no classifier"),
+        Setting(
+            "n_splits",
+            5,
+            "paper",
+            ("any",),
+            "cross-validation folds",
+            "Sec. 5.3",
+            ("We perform 5-fold cross-validation",),
+        ),
+        Setting(
+            "groups",
+            "pairID",
+            "paper",
+            (),
+            "the two sentences of a pair always share a fold",
+            "Sec. 5.3",
+            ("splitting by minimal pair so that both members of a pair fall in the same fold",),
+        ),
+        Setting(
+            "method",
+            "logreg",
+            "paper",
+            ("adam-linear",),
+            "standardising the features first is ours",
+            "Sec. 5.3",
+            ("train a binary logistic-regression probe",),
+        ),
         Setting("task_score", "mean over the layer range", "ours", (), "then mean +- std over tasks"),
         Setting("too_long", "skip and count per paradigm", "ours", (), "an all-skipped paradigm is an error"),
     ),
@@ -138,7 +255,7 @@ def defaults(analysis: str) -> dict[str, Any]:
 
 
 def protocol_rows() -> list[dict[str, Any]]:
-    """Every setting as a flat row (analysis, setting, default, source, alternatives, note), for a table."""
+    """Every setting as a flat row (analysis, setting, default, source, alternatives, note, where, quote)."""
     return [
         {
             "analysis": analysis,
@@ -147,7 +264,34 @@ def protocol_rows() -> list[dict[str, Any]]:
             "source": s.source,
             "alternatives": list(s.alternatives),
             "note": s.note,
+            "where": s.where,
+            "quote": list(s.quote),
         }
         for analysis, settings in PROTOCOL.items()
         for s in settings
     ]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ", ".join(f"'{v}'" if isinstance(v, str) and v.startswith(" ") else str(v) for v in value)
+    return str(value)
+
+
+def markdown_table() -> str:
+    """The probe rows of docs/fidelity.md, generated from `PROTOCOL` (one row per setting, no trailing
+    newline): area, setting, default (with the note), source (with where the paper says it and its words)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| area | setting | our default | source |", "|---|---|---|---|"]
+    for analysis, settings in PROTOCOL.items():
+        for s in settings:
+            default = f"`{_shown(s.default)}`" + (f"; {s.note}" if s.note else "")
+            source = s.source + (f" ({s.where}" if s.where else "")
+            if s.quote:
+                source += ": " + " / ".join(f'"{q}"' for q in s.quote)
+            source += ")" if s.where else ""
+            lines.append(f"| {analysis} | {s.name} | {cell(default)} | {cell(source)} |")
+    return "\n".join(lines)

@@ -1,26 +1,30 @@
 """Token separability (paper Sec. 5.3): can a linear probe tell apart the occurrences of a few words?
 
 The paper collects the representations of every occurrence of " is", " are", " was" and " were"
-(1,668 of each after balancing) and, per layer, reports the cross-validated accuracy of a linear
-classifier; collapsed layers mix the words up. The paper does not say which linear classifier nor how
-it is trained; the defaults here are our choices:
+(1,668 of each) and, per layer, reports five-fold classification accuracies (Fig. 2b); collapsed layers
+mix the words up. The paper does not name the classifier; the default follows the official code's only
+probe (src/analysis/classification.py), ``method="adam-linear"``, exactly:
 
-- classes balanced by subsampling each to the rarest class's count (seeded);
-- per layer, a standardised (z-scored on the training folds) multinomial logistic regression run to
-  convergence (lbfgs; a ConvergenceWarning becomes a ValueError naming the layer and fold and asking
-  for a larger `max_iter`: a settings problem, not a crash);
-- stratified 5-fold cross-validation (shuffled, seeded; the official code uses 5 plain shuffled folds);
-  mean and std (ddof=0) of the fold accuracies, next to the majority-class baseline.
+- rows laid out class by class in the given class order (as the official code concatenates each word's
+  occurrences), the class's index being its output unit;
+- plain shuffled `KFold` (5 folds, ``random_state=seed``; the official seed is 42), computed once and used
+  for every layer;
+- ``torch.manual_seed(seed)`` once, then for every layer and fold in order: `DataLoader`s over the train
+  (batch 64, shuffled) and test (batch 64) rows, one ``nn.Linear`` on the raw features, Adam at lr 1e-2,
+  cross-entropy, **one epoch**; the fold's accuracy is the mean of the per-test-batch accuracies (which
+  over-weights a last, smaller batch, as the official code does); mean and std (ddof=0) over folds.
+
+Its accuracy is therefore a one-epoch linear probe's, not the best linear separation: a converged
+classifier reaches the ceiling on the CPU models. ``method="logreg"`` is our converged alternative: a
+standardised (z-scored on the training folds) multinomial logistic regression (lbfgs; a
+ConvergenceWarning becomes a ValueError naming the layer and fold and asking for a larger `max_iter`)
+with stratified shuffled folds. Classes are balanced by subsampling each to the rarest class's count
+(seeded) before either probe; the majority-class rate is reported beside.
 
 Words of several tokens (numbers such as " 100" ... " 103" under most tokenizers, paper Fig. 4a/8):
 `word_spans` finds their occurrences as token spans and `pool_spans` turns each span into one row,
 from its last sub-token (the default; the state that has read the whole word) or the mean over its
 sub-tokens. The choice is ours (the paper does not say); record it with the results.
-
-``method="adam-linear"`` is the official code's probe (src/analysis/classification.py): a linear layer on
-the raw features trained for one epoch with Adam (lr 1e-2, batch 64, shuffled). Unlike the official code,
-the folds are the same stratified ones and accuracy is the fraction of test rows classified correctly
-(the official code averages per-batch accuracies, which over-weights the last, smaller batch).
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold
+from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
 from .sites import DEFAULT_WORDS
@@ -251,41 +256,75 @@ def fit_logreg(X_train: np.ndarray, y_train: np.ndarray, C: float, max_iter: int
             ) from None
 
 
-def _adam_linear_accuracy(
-    X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, seed: int
+def _adam_linear_fold(
+    X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, n_classes: int
 ) -> float:
-    """The official probe: nn.Linear on raw features, one epoch of Adam (lr 1e-2, batch 64, shuffled).
+    """One fold of the official probe, in the official code's order of random draws (global torch RNG).
 
-    Runs single-threaded: its kernels are tiny, and multi-threaded tiny kernels are far slower on a
-    busy machine (thread wake-ups dominate).
+    X_* (n, d) raw features, y_* (n,) class indices. The train loader's shuffle and the linear layer's
+    init draw from the global torch generator, so the caller seeds it once for all layers and folds.
+    Returns the mean over test batches of each batch's accuracy.
     """
+    trainset = TensorDataset(
+        torch.tensor(X_train, dtype=torch.float32), torch.tensor(y_train, dtype=torch.long)
+    )
+    testset = TensorDataset(torch.tensor(X_test, dtype=torch.float32), torch.tensor(y_test, dtype=torch.long))
+    trainloader = DataLoader(trainset, batch_size=64, shuffle=True)
+    testloader = DataLoader(testset, batch_size=64, shuffle=False)
+    clf = torch.nn.Linear(trainset[0][0].shape[-1], n_classes)
+    ce = torch.nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(clf.parameters(), lr=1e-2)
+    clf.train()
+    for inputs, targets in trainloader:  # one epoch
+        loss = ce(clf(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    clf.eval()
+    with torch.no_grad():
+        accs = [(clf(inputs).argmax(-1) == targets).float().mean().item() for inputs, targets in testloader]
+    return float(np.mean(accs))
+
+
+def _adam_linear_layers(
+    items: list[tuple[Any, np.ndarray]],
+    y_index: np.ndarray,
+    n_classes: int,
+    folds: list,
+    seed: int,
+    desc: str,
+    progress: bool,
+) -> np.ndarray:
+    """The official probe over every layer and fold -> accuracies (n_layers, n_folds).
+
+    Seeds torch once (``seed``) and runs layer by layer, fold by fold, as the official code; the global
+    generator is left as it was. Single-threaded: the kernels are tiny, and multi-threaded tiny kernels
+    are far slower on a busy machine (thread wake-ups dominate).
+    """
+    acc = np.empty((len(items), len(folds)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _adam_linear_fit_score(X_train, y_train, X_test, y_test, seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for li, (_, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
+                for k, (train, test) in enumerate(folds):
+                    acc[li, k] = _adam_linear_fold(
+                        X[train], y_index[train], X[test], y_index[test], n_classes
+                    )
     finally:
         torch.set_num_threads(threads)
+    return acc
 
 
-def _adam_linear_fit_score(
-    X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, seed: int
-) -> float:
-    classes = np.unique(y_train)
-    to_index = {c: i for i, c in enumerate(classes)}
-    yt = torch.tensor([to_index[c] for c in y_train])
-    Xt = torch.as_tensor(X_train, dtype=torch.float32)
-    with torch.random.fork_rng(devices=[]):  # seeded init and shuffling, global RNG left untouched
-        torch.manual_seed(seed)
-        clf = torch.nn.Linear(Xt.shape[1], classes.size)
-        opt = torch.optim.Adam(clf.parameters(), lr=1e-2)
-        for batch in torch.randperm(len(yt)).split(64):
-            loss = torch.nn.functional.cross_entropy(clf(Xt[batch]), yt[batch])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    with torch.no_grad():
-        pred = classes[clf(torch.as_tensor(X_test, dtype=torch.float32)).argmax(-1).numpy()]
-    return float((pred == y_test).mean())
+def _class_index(y: np.ndarray, classes: Sequence | None) -> tuple[np.ndarray, int]:
+    """Each label's position in ``classes`` (default: the sorted distinct labels) -> ((n,), n_classes)."""
+    order = list(np.unique(y)) if classes is None else list(classes)
+    unknown = sorted({_py(v) for v in y} - {_py(c) for c in order}, key=str)
+    if unknown:
+        raise ValueError(f"labels {unknown} are not among the classes {[_py(c) for c in order]}")
+    index = {_py(c): i for i, c in enumerate(order)}
+    return np.array([index[_py(v)] for v in y], dtype=np.int64), len(order)
 
 
 def probe_layers(
@@ -293,16 +332,19 @@ def probe_layers(
     labels: np.ndarray | Sequence,
     splitter: Any,
     groups: np.ndarray | None = None,
-    method: Method = "logreg",
+    method: Method = "adam-linear",
     C: float = 1.0,
     max_iter: int = 10_000,
     seed: int = 0,
     progress: bool = True,
     desc: str = "probe",
+    classes: Sequence | None = None,
 ) -> ProbeResult:
     """Cross-validated linear probe per layer with a given sklearn splitter (shared with the BLiMP probe).
 
-    features: {layer: (n, d)} or [(n, d)]; labels (n,); groups (n,) for group-aware splitters.
+    features: {layer: (n, d)} or [(n, d)]; labels (n,); groups (n,) for group-aware splitters;
+    classes: the class order, i.e. each class's output unit of the adam-linear probe (default: sorted).
+    The folds are split once and used for every layer.
     """
     _check_method(method)
     items = _layer_items(features)
@@ -312,14 +354,14 @@ def probe_layers(
             f"labels must have shape ({items[0][1].shape[0]},) to match the features, got {y.shape}"
         )
     folds = list(splitter.split(items[0][1], y, groups))
-    acc = np.empty((len(items), len(folds)))
-    for li, (layer, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
-        for k, (train, test) in enumerate(folds):
-            if method == "logreg":
+    if method == "adam-linear":
+        acc = _adam_linear_layers(items, *_class_index(y, classes), folds, seed, desc, progress)
+    else:
+        acc = np.empty((len(items), len(folds)))
+        for li, (layer, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
+            for k, (train, test) in enumerate(folds):
                 clf = fit_logreg(X[train], y[train], C, max_iter, where=f"layer {layer}, fold {k}: ")
                 acc[li, k] = float((clf.predict(X[test]) == y[test]).mean())
-            else:
-                acc[li, k] = _adam_linear_accuracy(X[train], y[train], X[test], y[test], seed + k)
     _, counts = np.unique(y, return_counts=True)
     return ProbeResult(
         layers=[layer for layer, _ in items],
@@ -335,7 +377,7 @@ def probe_layers(
 def token_separability(
     features: LayerFeatures,
     labels: np.ndarray | Sequence,
-    method: Method = "logreg",
+    method: Method = "adam-linear",
     n_splits: int = 5,
     balance: bool = True,
     n_per_class: int | None = None,
@@ -343,13 +385,17 @@ def token_separability(
     C: float = 1.0,
     max_iter: int = 10_000,
     progress: bool = True,
+    classes: Sequence | None = None,
 ) -> ProbeResult:
     """Per-layer accuracy of a linear probe telling the word classes apart (see the module docstring).
 
     features: {layer: (n, d)} or [(n, d)], the representations of n word occurrences (rows aligned
     across layers; e.g. `acts[site][layer][rows]` with `rows, labels = word_rows(...)`);
     labels (n,): the word of each row. balance: subsample every class to `n_per_class` (default: the
-    rarest class's count; the paper has 1,668 per word) before cross-validation.
+    rarest class's count; the paper has 1,668 per word) before cross-validation. classes: the class
+    order (default: sorted), e.g. the words as given: the adam-linear probe lays rows out class by
+    class in this order, as the official code, and folds them with plain shuffled `KFold`; logreg
+    uses `StratifiedKFold`. ``seed=42`` is the official code's seed.
     """
     _check_method(method)
     y = np.asarray(labels)
@@ -360,7 +406,13 @@ def token_separability(
         items = [(layer, X[keep]) for layer, X in items]
         y = y[keep]
     _check_labels(y, items[0][1].shape[0], n_splits, "token_separability")
-    splitter = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+    if method == "adam-linear":
+        by_class = np.argsort(_class_index(y, classes)[0], kind="stable")
+        items = [(layer, X[by_class]) for layer, X in items]
+        y = y[by_class]
+        splitter = KFold(n_splits=n_splits, shuffle=True, random_state=seed)
+    else:
+        splitter = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed)
     return probe_layers(
         dict(items),
         y,
@@ -371,4 +423,5 @@ def token_separability(
         seed=seed,
         progress=progress,
         desc="separability",
+        classes=classes,
     )

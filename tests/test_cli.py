@@ -418,7 +418,9 @@ def test_separability_matches_the_library(capsys, tmp_path, ckpts, text_file):
     )
     doc = _read_json(tmp_path / "o" / "separability_values.json")
     for label in ("lime", "bert"):
-        want = token_separability(*_word_features(ckpts[label], "values"), seed=1, progress=False)
+        want = token_separability(
+            *_word_features(ckpts[label], "values"), seed=1, classes=DEFAULT_WORDS, progress=False
+        )
         rows = [r for r in doc["rows"] if r["model"] == label]
         assert [r["layer"] for r in rows] == want.layers
         np.testing.assert_allclose([r["accuracy_mean"] for r in rows], want.accuracy_mean)

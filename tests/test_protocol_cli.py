@@ -1,4 +1,4 @@
-"""The measurement protocol (issue 8) from the command line: each option against a computation written here."""
+"""The measurement protocol from the command line: each option against a computation written here."""
 
 from __future__ import annotations
 
@@ -145,6 +145,64 @@ def test_entropy_documents_mode_and_max_normalize(capsys, tmp_path, ckpts, text_
         assert r["n_sequences"] == len(DOCS)
 
 
+def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_path, ckpts, text_file):
+    """Default site: the W_V output for both models and, for LIMe (it routes), the routed values too, each
+    measured as written here; LLaMA has no routed values and the text says so; the legend names both."""
+    from lime_probe.analyses import ANALYSES, load_checkpoints
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
+    from lime_probe.separability import token_separability
+
+    out = tmp_path / "o"
+    run_ok(
+        capsys, "entropy", "--ckpt", ckpts["lime"], "--ckpt", ckpts["llama"], "--data", text_file,
+        "--unit", "documents", "--max-length", 16, "--no-cache", "--out", out,
+    )  # fmt: skip
+    rows = read_rows(out / "entropy_values.json")
+    assert {(r["model"], r["site"]) for r in rows} == {
+        ("lime", "values"), ("lime", "routed_values"), ("llama", "values")
+    }  # fmt: skip
+    model, tok = load(ckpts["lime"])
+    acts = extract(model, tok, DOCS, sites=["values", "routed_values"], max_length=16, progress=False)
+    for r in (r for r in rows if r["model"] == "lime"):
+        seqs = [x.numpy() for x in acts.sequences(r["site"], r["layer"])]
+        np.testing.assert_allclose(r["entropy_mean"], numpy_lime_entropy(seqs).mean(), rtol=1e-6)
+    routed = {r["layer"]: r["entropy_mean"] for r in rows if r["site"] == "routed_values"}
+    raw = {r["layer"]: r["entropy_mean"] for r in rows if (r["model"], r["site"]) == ("lime", "values")}
+    assert routed[1] != raw[1]  # layer 1 reads layer 0's values too: a different representation
+
+    cks = load_checkpoints([str(ckpts["lime"]), str(ckpts["llama"])], ["LIMe", "LLaMA"], "cpu")
+    kw = {"max_length": 32, "cache_dir": None}
+    sep = ANALYSES["separability"].run(cks, DOCS, kw, seed=1)
+    for label, ck in (("LIMe", ckpts["lime"]), ("LLaMA", ckpts["llama"])):
+        model, tok = load(ck)
+        sites = ["values", "routed_values"] if label == "LIMe" else ["values"]
+        assert [r["site"] for r in sep.rows if r["model"] == label] == [s for s in sites for _ in range(2)]
+        for site in sites:
+            ids = {w: tok.encode(w, add_special_tokens=False)[0] for w in (" is", " are", " was", " were")}
+            a = extract(
+                model, tok, DOCS, sites=[site], token_ids=list(ids.values()), max_length=32, progress=False
+            )
+            y = np.array([{i: w for w, i in ids.items()}[int(t)] for t in a.token_ids], dtype=object)
+            want = token_separability(dict(a[site].items()), y, seed=1, classes=list(ids), progress=False)
+            got = [r["accuracy_mean"] for r in sep.rows if (r["model"], r["site"]) == (label, site)]
+            np.testing.assert_array_equal(got, want.accuracy_mean)
+    assert "routed values (what LIMe's heads attend to)" in sep.text and "No routing in LLaMA" in sep.text
+    fig = next(iter(ANALYSES["separability"].plot(sep).values()))
+    legend = [t.get_text() for t in fig.legends[0].texts]
+    assert legend[:3] == [
+        "LIMe: values (W_V output)", "LLaMA: values (W_V output)", "LIMe: routed values (what LIMe's heads attend to)"
+    ]  # fmt: skip
+    assert "one-epoch linear probe" in fig.axes[0].get_title()
+    tsne = ANALYSES["tsne"].run(cks, DOCS, kw, per_word=6, perplexity=3)
+    assert [(r["model"], r["site"]) for r in tsne.summary] == [
+        ("LIMe", "values"), ("LIMe", "routed_values"), ("LLaMA", "values")
+    ]  # fmt: skip
+    # an explicit site is that site alone
+    only = ANALYSES["entropy"].run(cks[:1], DOCS, {**kw, "max_length": 16}, site="values", unit="documents")
+    assert {r["site"] for r in only.rows} == {"values"} and "No routing" not in only.text
+
+
 MULTI = (" garden", " happy", " clean", " rivers")  # 4-6 tokens each under the tiny tokenizer, 8 times each
 
 
@@ -183,9 +241,9 @@ def test_separability_of_multi_token_words_against_sklearn(capsys, tmp_path, ckp
     out = tmp_path / "o"
     run_ok(
         capsys, "separability", "--ckpt", ckpts["lime"], "--data", text_file, "--words", *MULTI,
-        "--subtoken", how, "--max-length", 32, "--no-cache", "--seed", 1, "--out", out,
+        "--subtoken", how, "--max-length", 32, "--no-cache", "--seed", 1, "--method", "logreg", "--out", out,
     )  # fmt: skip
-    rows = read_rows(out / "separability_values.json")  # values: the protocol's default site
+    rows = [r for r in read_rows(out / "separability_values.json") if r["site"] == "values"]
     feats, y = hand_pooled(*load(ckpts["lime"]), "values", how)
     assert sorted(np.unique(y, return_counts=True)[1]) == [8, 8, 8, 8]  # balanced: no subsampling
     for r in rows:
@@ -302,13 +360,51 @@ def test_blimp_all_pairs_too_long_names_the_paradigm(capsys, tmp_path):
     assert code == 2 and "agreement_a" in err and "8 positions" in err and not (tmp_path / "o").exists()
 
 
-def test_table2_preset_is_ten_paradigms_of_the_release(shared_data):
+# Appendix D's ten tasks in its order, each with Table 10's example pair (apostrophes as in the paper)
+APPENDIX_D = [
+    ("determiner_noun_agreement_with_adj_irregular_1", "Some waiters broke this lost foot.", "Some waiters broke this lost feet."),
+    ("complex_NP_island", "Who aren’t most hospitals that hadn’t talked about most waitresses alarming?",
+     "Who aren’t most waitresses alarming most hospitals that hadn’t talked about?"),
+    ("regular_plural_subject_verb_agreement_2", "The students perform.", "The student perform."),
+    ("determiner_noun_agreement_with_adj_2", "Cynthia scans these hard books.", "Cynthia scans this hard books."),
+    ("determiner_noun_agreement_1", "Raymond is selling this sketch.", "Raymond is selling this sketches."),
+    ("determiner_noun_agreement_2", "Some dog stunned this committee.", "Some dog stunned these committee."),
+    ("irregular_plural_subject_verb_agreement_1", "Those radii have scared that teenager.",
+     "Those radii has scared that teenager."),
+    ("irregular_plural_subject_verb_agreement_2", "The women meet.", "The woman meet."),
+    ("distractor_agreement_relational_noun", "A niece of most senators hasn’t descended most slopes.",
+     "A niece of most senators haven’t descended most slopes."),
+    ("determiner_noun_agreement_with_adjective_1", "Rebecca was criticizing those good documentaries.",
+     "Rebecca was criticizing those good documentary."),
+]  # fmt: skip
+
+
+def test_table2_preset_is_appendix_d_with_table_10_examples(shared_data):
     from lime_probe.protocol import TABLE2_TASKS, protocol_rows
 
-    assert len(set(TABLE2_TASKS)) == 10
-    assert all((shared_data / "blimp" / f"{t}.jsonl").exists() for t in TABLE2_TASKS)
+    assert list(TABLE2_TASKS) == [uid for uid, _, _ in APPENDIX_D]
+    for uid, good, bad in APPENDIX_D:
+        rows = [
+            json.loads(line) for line in (shared_data / "blimp" / f"{uid}.jsonl").read_text().splitlines()
+        ]
+        assert len(rows) == 1000 and {r["UID"] for r in rows} == {uid}
+        pairs = {(r["sentence_good"], r["sentence_bad"]) for r in rows}
+        assert (good.replace("’", "'"), bad.replace("’", "'")) in pairs, uid
     row = next(r for r in protocol_rows() if (r["analysis"], r["setting"]) == ("blimp", "tasks"))
-    assert row["source"] == "ours"
+    assert (row["source"], row["where"]) == ("paper", "App. D")
+
+
+def test_blimp_defaults_to_every_pair_of_the_table2_tasks(shared_data):
+    """The default run reads App. D's ten files and keeps all 1,000 pairs of each (no --max-pairs)."""
+    from lime_probe.analyses import ANALYSES
+    from lime_probe.analyses.blimp import chosen_paradigms
+    from lime_probe.blimp import load_blimp
+
+    params = ANALYSES["blimp"].params()
+    assert params.max_pairs is None and params.method == "logreg"
+    data = load_blimp(shared_data / "blimp", chosen_paradigms(params))
+    uids = np.asarray(data["UID"])
+    assert {u: int((uids == u).sum()) for u in set(uids)} == {uid: 1000 for uid, _, _ in APPENDIX_D}
 
 
 def test_report_keeps_working_sections_and_lists_the_skipped(capsys, tmp_path, ckpts, text_file):

@@ -27,7 +27,7 @@ def synthetic(n_per_class=(60, 45, 80, 50), d=6, separation=6.0, seed=0):
 
 def test_known_answers_logreg():
     feats, y = synthetic()
-    res = token_separability(feats, y, progress=False)
+    res = token_separability(feats, y, method="logreg", progress=False)
     assert res.layers == [0, 1]
     assert res.n_rows == 4 * 45  # balanced to the rarest class
     assert res.majority_baseline == pytest.approx(0.25)
@@ -39,7 +39,7 @@ def test_known_answers_logreg():
 
 def test_logreg_folds_equal_sklearn_cross_val_score():
     feats, y = synthetic(n_per_class=(30, 30, 30, 30), separation=0.8, seed=1)
-    res = token_separability(feats, y, balance=False, seed=3, progress=False)
+    res = token_separability(feats, y, method="logreg", balance=False, seed=3, progress=False)
     for layer in (0, 1):
         pipe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=10_000))
         cv = StratifiedKFold(5, shuffle=True, random_state=3)
@@ -57,6 +57,92 @@ def test_adam_linear_known_answers_and_determinism():
     assert abs(res.accuracy_mean[0] - 0.25) < 0.15
     again = token_separability(feats, y, method="adam-linear", progress=False)
     np.testing.assert_array_equal(res.fold_accuracy, again.fold_accuracy)
+
+
+def official_evaluate_accuracy(per_word: list[np.ndarray], n_splits: int = 5) -> dict[int, tuple]:
+    """A plain rewrite of the official code's probe (src/analysis/classification.py, evaluate_accuracy).
+
+    per_word[i]: (n_layers, n_i, d), the occurrences of word i per layer. Returns {layer: (mean, std, fold
+    accuracies)} of the test accuracy. Runs at one torch thread, as `token_separability` does.
+    """
+    from sklearn.model_selection import KFold
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    res = {}
+    try:
+        torch.manual_seed(42)
+        for layer in range(per_word[0].shape[0]):
+            X = np.concatenate([w[layer] for w in per_word])
+            y = np.concatenate([[i] * w.shape[1] for i, w in enumerate(per_word)])
+            test_accs_per_fold = []
+            for train_idx, test_idx in KFold(n_splits=n_splits, shuffle=True, random_state=42).split(X):
+                trainset = TensorDataset(
+                    torch.tensor(X[train_idx], dtype=torch.float32),
+                    torch.tensor(y[train_idx], dtype=torch.long),
+                )
+                testset = TensorDataset(
+                    torch.tensor(X[test_idx], dtype=torch.float32),
+                    torch.tensor(y[test_idx], dtype=torch.long),
+                )
+                trainloader = DataLoader(trainset, batch_size=64, shuffle=True)
+                testloader = DataLoader(testset, batch_size=64, shuffle=False)
+                clf = nn.Linear(trainset[0][0].shape[-1], len(per_word))
+                ce = nn.CrossEntropyLoss()
+                optimizer = torch.optim.Adam(clf.parameters(), lr=1e-2)
+                test_accs = []
+                for _epoch in range(1):
+                    for inputs, targets in trainloader:
+                        loss = ce(clf(inputs), targets)
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    with torch.no_grad():
+                        for inputs, targets in testloader:
+                            test_accs.append((clf(inputs).argmax(-1) == targets).float().mean().item())
+                test_accs_per_fold.append(np.mean(test_accs))
+            res[layer] = (np.mean(test_accs_per_fold), np.std(test_accs_per_fold), test_accs_per_fold)
+    finally:
+        torch.set_num_threads(threads)
+    return res
+
+
+def test_adam_linear_is_bit_identical_to_the_official_loop():
+    """Fixed features, seed 42: the default probe equals the official loop bit for bit, although its rows
+    come interleaved (as in a text) and it regroups them word by word in the given order."""
+    g = np.random.default_rng(7)
+    counts, d, layers = (150, 130, 170, 140), 12, 3
+    means = g.standard_normal((layers, 4, d))
+    per_word = [
+        (means[:, i, None, :] + 1.5 * g.standard_normal((layers, n, d))).astype(np.float32)
+        for i, n in enumerate(counts)
+    ]
+    want = official_evaluate_accuracy(per_word)
+    # the same rows interleaved as in a text (each word's occurrences keep their order), labelled by word
+    X = np.concatenate(per_word, axis=1)
+    y = np.concatenate([[w] * n for w, n in zip(WORDS, counts, strict=True)])
+    perm = g.permutation(len(y))
+    for w in WORDS:
+        at = np.flatnonzero(y[perm] == w)
+        perm[at] = np.sort(perm[at])
+    before = torch.random.get_rng_state()
+    got = token_separability(
+        {la: torch.from_numpy(X[la][perm]) for la in range(layers)},
+        y[perm],
+        balance=False,
+        seed=42,
+        classes=list(WORDS),
+        progress=False,
+    )
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's generator is untouched
+    assert got.method == "adam-linear"
+    for la in range(layers):
+        np.testing.assert_array_equal(got.fold_accuracy[la], want[la][2])
+        assert (got.accuracy_mean[la], got.accuracy_std[la]) == (want[la][0], want[la][1])
+    # a one-epoch probe on these features stays well below the ceiling a converged classifier reaches
+    assert 0.3 < got.accuracy_mean.mean() < 0.99
 
 
 def test_balance_classes():
@@ -120,4 +206,4 @@ def test_non_convergence_is_a_settings_error():
     with pytest.raises(
         ValueError, match=r"^layer 0, fold 0: .*did not converge in max_iter=1; raise max_iter"
     ):
-        token_separability(feats, y, max_iter=1, progress=False)
+        token_separability(feats, y, method="logreg", max_iter=1, progress=False)

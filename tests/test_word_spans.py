@@ -70,7 +70,7 @@ def test_separability_of_pooled_sub_tokens_matches_sklearn(tok, subtoken):
     F = pool_spans(X, spans, subtoken)
     hand = np.stack([X[b - 1] if subtoken == "last" else X[a:b].mean(0) for a, b in where])
     np.testing.assert_array_equal(F, hand)
-    res = token_separability({0: F}, labels, balance=False, seed=3, progress=False)
+    res = token_separability({0: F}, labels, method="logreg", balance=False, seed=3, progress=False)
     pipe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=10_000))
     want = cross_val_score(pipe, hand, np.array(y), cv=StratifiedKFold(5, shuffle=True, random_state=3))
     np.testing.assert_allclose(res.fold_accuracy[0], want)

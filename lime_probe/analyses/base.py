@@ -16,6 +16,8 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lime_probe.sites import SITES
+
 # What an analysis's --data holds: texts (required or optional), a BLiMP dataset, or nothing (the
 # analysis reads the checkpoints' own run folders).
 DataKind = Literal["texts", "optional-texts", "blimp", "none"]
@@ -139,15 +141,80 @@ class Spec:
         return self.compute(cks, data, self.params(**params), extract_kw)
 
 
-def extract_site(ck: Checkpoint, texts: Sequence[str], site: str, extract_kw: dict | None = None, **kw):
-    """``lime_probe.extract`` of one site for one checkpoint; ``extract_kw`` holds the size limits,
-    cache and layers (``layers``, ``max_length``, ``max_tokens``, ``batch_size``, ``cache_dir``)."""
+def extract_site(
+    ck: Checkpoint, texts: Sequence[str], site: str | Sequence[str], extract_kw: dict | None = None, **kw
+):
+    """``lime_probe.extract`` of one site (or several, in one pass) for one checkpoint; ``extract_kw`` holds
+    the size limits, cache and layers (``layers``, ``max_length``, ``max_tokens``, ``batch_size``,
+    ``cache_dir``)."""
     from lime_probe.extraction import extract
-    from lime_probe.sites import SITES
 
-    if site not in SITES:
-        raise ValueError(f"unknown site {site!r}; choose from {', '.join(SITES)}")
-    return extract(ck.model, ck.tokenizer, texts, sites=[site], **{**(extract_kw or {}), **kw})
+    sites = [site] if isinstance(site, str) else list(site)
+    for s in sites:
+        if s not in SITES:
+            raise ValueError(f"unknown site {s!r}; choose from {', '.join(SITES)}")
+    return extract(ck.model, ck.tokenizer, texts, sites=sites, **{**(extract_kw or {}), **kw})
+
+
+def value_site_option() -> Any:
+    """The ``site`` field of the value probes (entropy, separability, t-SNE); None: `value_sites`'s default."""
+    return option(
+        None,
+        "representation to probe (default: values, the W_V output, and for a model that routes also "
+        "routed_values, what its heads attend to)",
+        choices=SITES,
+    )
+
+
+def value_sites(ck: Checkpoint, site: str | None) -> list[str]:
+    """The sites a value probe measures on ``ck``: ``[site]`` when given; by default ``values`` (the W_V output,
+    paper Sec. 5.3) and, for a model that routes (its adapter has ``routed_values``, i.e. LIMe with routing),
+    ``routed_values`` (the official analysis's values). Other models have no routed values: only ``values``."""
+    if site is not None:
+        return [site]
+    from lime_probe.adapters import get_adapter
+
+    routed = "routed_values" in get_adapter(ck.config).block_sites(ck.config)
+    return ["values", "routed_values"] if routed else ["values"]
+
+
+def site_label(site: str) -> str:
+    """A site as tables and legends name it: the two value sites spelled out, others by name."""
+    from lime_probe.protocol import SITE_LABELS
+
+    return SITE_LABELS.get(site, site)
+
+
+def sites_text(rows: Sequence[dict]) -> str:
+    """The sites of ``rows`` in words, for a result's text: "values (W_V output) and, for LIMe, routed values
+    (what LIMe's heads attend to)" (a site measured on only some models names them)."""
+    models = list(group(rows, "model"))
+    parts = []
+    for site, rs in group(rows, "site").items():
+        measured = list(group(rs, "model"))
+        parts.append(("" if measured == models else f"for {', '.join(measured)}, ") + site_label(site))
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
+
+def routing_note(rows: Sequence[dict], default: bool) -> str:
+    """With ``default`` (the sites came from `value_sites`), a sentence naming the models of ``rows`` that do
+    not route, hence have no routed values; "" otherwise."""
+    routed = {r["model"] for r in rows if r["site"] == "routed_values"}
+    plain = [m for m in group(rows, "model") if m not in routed]
+    if not default or not plain:
+        return ""
+    return f" No routing in {', '.join(plain)}: its heads attend to the W_V output itself, so only that is shown."
+
+
+def site_curves(rows: Sequence[dict], value: str, **band: str) -> dict[str, dict[str, list]]:
+    """Per-layer curves (`curve`) keyed by model, or by "model: site label" when ``rows`` hold several sites;
+    site by site, so the first two curves compare two models at the first site (the W_V output)."""
+    by_site = group(rows, "site")
+    return {
+        (m if len(by_site) == 1 else f"{m}: {site_label(site)}"): curve(rs, value, **band)
+        for site, in_site in by_site.items()
+        for m, rs in group(in_site, "model").items()
+    }
 
 
 def check_class_counts(labels, classes: Sequence, minimum: int, what: str) -> None:

@@ -1,11 +1,13 @@
 """BLiMP per paradigm: good-vs-bad probes (paper Table 2, Appendix D) and, for causal LMs, minimal-pair
 scoring (lm-evaluation-harness's rule).
 
-The Table 2 protocol by default: ``tasks="table2"`` (`protocol.TABLE2_TASKS`, our choice of 10
-paradigms: the paper's Appendix D list could not be checked), mean-pooled values and hidden states, the
-paper's layer range (`blimp.paper_layers`), 5-fold CV grouped by pair; a task's accuracy is its mean over
-those layers, reported as mean +- std over tasks per model and site (`blimp.blimp_table`). Pairs with a
-sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`).
+The Table 2 protocol by default: ``tasks="table2"`` (`protocol.TABLE2_TASKS`, Appendix D's ten paradigms),
+every pair of each (1,000; App. D: "full datasets"), mean-pooled values and hidden states (and, for a model
+that routes, the routed values its heads attend to, the official analysis's values), the paper's layer range
+(`blimp.paper_layers`), a logistic regression with 5-fold CV grouped by pair; a task's accuracy is its mean
+over those layers, reported as mean +- std over tasks per model and site (`blimp.blimp_table`). Pairs with a
+sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`). All
+sites of a paradigm's good and bad sentences come from one extraction pass.
 """
 
 from __future__ import annotations
@@ -16,7 +18,20 @@ from dataclasses import dataclass
 from lime_probe.protocol import TABLE2_TASKS, defaults
 from lime_probe.sites import SITES
 
-from .base import Checkpoint, Result, Spec, curve, group, option, seed_option, slug
+from .base import (
+    Checkpoint,
+    Result,
+    Spec,
+    curve,
+    group,
+    option,
+    routing_note,
+    seed_option,
+    site_label,
+    sites_text,
+    slug,
+    value_sites,
+)
 from .separability import METHODS
 
 PROTOCOL = defaults("blimp")
@@ -24,13 +39,16 @@ PROTOCOL = defaults("blimp")
 
 @dataclass(frozen=True)
 class BlimpParams:
-    sites: tuple[str, ...] = option(
-        PROTOCOL["sites"], "representations to probe, mean-pooled per sentence", choices=SITES, metavar="SITE"
+    sites: tuple[str, ...] | None = option(
+        None,
+        "representations to probe, mean-pooled per sentence (default: values and hidden, and for a model "
+        "that routes also routed_values, what its heads attend to)",
+        choices=SITES,
+        metavar="SITE",
     )
     tasks: str = option(
         PROTOCOL["tasks"],
-        "paradigms when --paradigms is not given: 'table2', our 10 agreement/morphology paradigms (the "
-        "paper's Appendix D list could not be checked), or 'all' in --data",
+        "paradigms when --paradigms is not given: 'table2', the paper's ten (Appendix D), or 'all' in --data",
         choices=("table2", "all"),
     )
     paradigms: tuple[str, ...] | None = option(
@@ -41,10 +59,18 @@ class BlimpParams:
         "layers to probe: 'paper' (the upper 7/16 of blocks, blocks 10-16 of 16), 'all', or comma-separated "
         "indices",
     )
-    max_pairs: int = option(
-        200, "minimal pairs per paradigm (default: %(default)s; BLiMP has 1,000)", metavar="N", positive=True
+    max_pairs: int | None = option(
+        PROTOCOL["max_pairs"],
+        "at most N minimal pairs per paradigm (default: all, as the paper; BLiMP has 1,000)",
+        metavar="N",
+        positive=True,
     )
-    method: str = option("logreg", "probe (the paper names no classifier; logreg is ours)", choices=METHODS)
+    method: str = option(
+        PROTOCOL["method"],
+        "probe: logistic regression (the paper's, features standardised) or the official code's one-epoch "
+        "linear probe",
+        choices=METHODS,
+    )
     seed: int = seed_option()
 
 
@@ -58,20 +84,28 @@ def _is_causal_lm(ck: Checkpoint) -> bool:
     )
 
 
-def probed_layers(ck: Checkpoint, site: str, layers: str) -> list[int] | None:
-    """The layer indices of ``site`` that ``layers`` ("paper", "all" or "0,3,5") names; None for all."""
+def probed_layers(ck: Checkpoint, layers: str) -> list[int] | None:
+    """The layer indices that ``layers`` ("paper", "all" or "0,3,5") names, for every site at once; None for
+    all. "paper" gives the top blocks as negative indices: the same blocks of the per-block sites and of
+    ``hidden`` (`blimp.paper_layers`)."""
     from lime_probe.blimp import paper_layers
 
     if layers == "all":
         return None
     if layers == "paper":
-        return paper_layers(int(ck.config.num_hidden_layers), site)
+        return list(range(-len(paper_layers(int(ck.config.num_hidden_layers))), 0))
     try:
         return [int(x) for x in layers.split(",")]
     except ValueError:
         raise ValueError(
             f"--layers must be 'paper', 'all' or comma-separated integers, got {layers!r}"
         ) from None
+
+
+def probed_sites(ck: Checkpoint, p: BlimpParams) -> list[str]:
+    """``p.sites``, or by default the values (and, for a model that routes, the routed values; `value_sites`)
+    and the hidden states."""
+    return list(p.sites) if p.sites is not None else [*value_sites(ck, None), "hidden"]
 
 
 def chosen_paradigms(p: BlimpParams) -> list[str] | None:
@@ -94,7 +128,9 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
 
     uids = np.asarray(data["UID"], dtype=object)
     wanted = chosen_paradigms(p)
-    paradigms = sorted(set(uids) if wanted is None else set(wanted))
+    paradigms = (
+        sorted(set(uids)) if wanted is None else list(dict.fromkeys(wanted))
+    )  # Table 2: App. D's order
     missing = sorted(set(paradigms) - set(uids))
     if missing:
         raise ValueError(f"paradigms {missing} are not in the BLiMP data (give --paradigms or --tasks all)")
@@ -118,15 +154,18 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
                 }
             }
         extra.setdefault(ck.label, {})["skipped_pairs"] = skipped
-        for site in p.sites:
-            kw = {**(extract_kw or {}), "layers": probed_layers(ck, site, p.layers)}
-            for q in paradigms:
-                part = data.select(picked[q])
-                good = extract_site(ck, list(part["sentence_good"]), site, kw, pool="mean")
-                bad = extract_site(ck, list(part["sentence_bad"]), site, kw, pool="mean")
+        sites = probed_sites(ck, p)
+        kw = {**(extract_kw or {}), "layers": probed_layers(ck, p.layers)}
+        for q in paradigms:
+            part = data.select(picked[q])
+            n = len(part)  # good and bad sentences in one pass: rows [:n] good, [n:] bad
+            acts = extract_site(
+                ck, list(part["sentence_good"]) + list(part["sentence_bad"]), sites, kw, pool="mean"
+            )
+            for site in sites:
                 res = blimp_probe(
-                    {la: good[site][la] for la in good[site]},
-                    {la: bad[site][la] for la in bad[site]},
+                    {la: acts[site][la][:n] for la in acts[site]},
+                    {la: acts[site][la][n:] for la in acts[site]},
                     np.asarray(part["pairID"]),
                     method=p.method,
                     seed=p.seed,
@@ -142,7 +181,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
                             "layer": layer,
                             "probe_accuracy_mean": float(m),
                             "probe_accuracy_std": float(s),
-                            "n_pairs": len(part),
+                            "n_pairs": n,
                             "n_skipped": skipped[q],
                         }
                     )
@@ -154,7 +193,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
                         "paradigm": q,
                         "task_accuracy": float(np.mean(res.accuracy_mean)),
                         "best_layer": res.layers[best],
-                        "n_pairs": len(part),
+                        "n_pairs": n,
                         "n_skipped": skipped[q],
                         "minimal_pair_accuracy": scores.per_paradigm[q] if scores else None,
                     }
@@ -164,19 +203,21 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
         for r in blimp_table(probes)
     ]
     chosen = "given paradigms" if p.paradigms is not None else f"tasks {p.tasks!r}"
+    pairs = "every pair" if p.max_pairs is None else f"at most {p.max_pairs} pairs each"
+    probe = {"logreg": "logistic regression", "adam-linear": "one-epoch linear"}[p.method]
     return Result(
         "blimp",
         "blimp",
         "BLiMP probes and minimal pairs",
         rows,
         text=(
-            f"Per paradigm ({len(paradigms)}, {chosen}; at most {p.max_pairs} pairs each, pairs longer than the "
-            f"model's positions skipped and counted): a {p.method} probe telling the mean-pooled representation "
-            f"of the good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of "
-            f"{', '.join(p.sites)}; a task's accuracy is its mean over those layers. Table 2: mean +- std over "
+            f"Per paradigm ({len(paradigms)}, {chosen}; {pairs}, pairs longer than the model's positions "
+            f"skipped and counted): a {probe} probe ({p.method}) telling the mean-pooled representation of the "
+            f"good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of {sites_text(rows)}; "
+            "a task's accuracy is its mean over those layers. Table 2: mean +- std over "
             "tasks per model and site. For causal LMs also minimal-pair accuracy (summed log-probabilities "
             "after the BOS token, good > bad, as lm-evaluation-harness; means over paradigms and phenomena in "
-            "the JSON)."
+            "the JSON)." + routing_note(rows, p.sites is None)
         ),
         extra={"blimp": extra},
         summary=summary,
@@ -189,9 +230,9 @@ def plot(result: Result) -> dict:
 
     from lime_probe import figures as F
 
-    figures = {"blimp_table2": F.plot_blimp_table2(result.tables["blimp_table2"])}
+    table2 = [{**r, "site": site_label(r["site"])} for r in result.tables["blimp_table2"]]
+    figures = {"blimp_table2": F.plot_blimp_table2(table2)}
     summary = result.summary or []
-    labels = list(group(summary, "model"))
     paradigms = list(group(summary, "paradigm"))
     for site, in_site in group(result.rows, "site").items():
         for m, mine in group(in_site, "model").items():
@@ -201,6 +242,7 @@ def plot(result: Result) -> dict:
             }
             figures[f"blimp_{site}_{slug(m)}"] = F.plot_blimp_layers(curves, model=m, site=site)
         acc = {(r["paradigm"], r["model"]): r["task_accuracy"] for r in summary if r["site"] == site}
+        labels = list(group(in_site, "model"))  # routed values: only the models that route
         figures[f"blimp_{site}_tasks"] = F.plot_heatmap(
             np.array([[acc[q, m] for m in labels] for q in paradigms]),
             row_labels=paradigms,
@@ -209,7 +251,7 @@ def plot(result: Result) -> dict:
             ylabel="paradigm",
             vmin=0.5,
             vmax=1.0,
-            title=f"BLiMP task accuracy, mean over the probed layers ({site})",
+            title=f"BLiMP task accuracy, mean over the probed layers ({site_label(site)})",
             cbar_label="probe accuracy",
         )
     return figures

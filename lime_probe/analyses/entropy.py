@@ -4,6 +4,10 @@ The unit of text is a fixed-length token window by default (``lime_probe.windows
 packed into non-overlapping windows of one length, ``num_windows`` of them drawn with the seed, so the
 per-sequence entropy does not mix lengths and two checkpoints with the same tokenizer see the same
 token ids. ``unit="documents"`` is the per-document mode (each text truncated to ``--max-length``).
+
+By default the values are measured twice for a model that routes: the W_V output (the paper's values, Sec.
+5.3) and the routed values its heads attend to (the official analysis's); other models have the first only
+(``base.value_sites``). Rows carry the site; legends name both.
 """
 
 from __future__ import annotations
@@ -13,16 +17,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lime_probe.protocol import defaults
-from lime_probe.sites import SITES
 
-from .base import Checkpoint, Result, Spec, curve, extract_site, group, option, seed_option
+from .base import (
+    Checkpoint,
+    Result,
+    Spec,
+    extract_site,
+    option,
+    routing_note,
+    seed_option,
+    site_curves,
+    sites_text,
+    value_site_option,
+    value_sites,
+)
 
 PROTOCOL = defaults("entropy")
 
 
 @dataclass(frozen=True)
 class EntropyParams:
-    site: str = option(PROTOCOL["site"], "representation to probe", choices=SITES)
+    site: str | None = value_site_option()
     preset: str = option(
         PROTOCOL["preset"],
         "normalisation preset: the official code's or Skean et al.'s",
@@ -66,8 +81,9 @@ def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
 def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str], p: EntropyParams, extract_kw: dict | None
 ) -> Result:
-    """Entropy of each sequence's ``p.site`` per layer, streamed layer by layer and shard by shard
-    (``stream_entropy``): one row per model and layer with the mean and its bootstrap CI."""
+    """Entropy of each sequence's representations per layer at ``p.site`` (default: ``value_sites``),
+    streamed layer by layer and shard by shard (``stream_entropy``): one row per model, site and layer with
+    the mean and its bootstrap CI."""
     from tqdm.auto import tqdm
 
     from lime_model.digests import texts_hash
@@ -77,33 +93,35 @@ def compute(
     config = entropy_config(p.preset, alpha=p.alpha, max_normalize=p.max_normalize)
     rows = []
     for ck in cks:
+        sites = value_sites(ck, p.site)
         unit = {"unit": p.unit, "window": None, "window_source": None, "num_windows": None}
         if p.unit == "windows":
             window, source = window_for(ck, p)
             ids = token_windows(texts, ck.tokenizer, window, p.num_windows, seed=p.seed)
-            acts = extract_site(ck, ids, p.site, extract_kw, max_length=window, pretokenized=True)
+            acts = extract_site(ck, ids, sites, extract_kw, max_length=window, pretokenized=True)
             unit |= {"window": window, "window_source": source, "num_windows": len(ids)}
             unit["windows_digest"] = texts_hash(ids)  # equal for checkpoints that saw the same windows
         else:
-            acts = extract_site(ck, texts, p.site, extract_kw)
-        for layer in tqdm(acts.layers(p.site), desc=f"entropy {ck.label}", unit="layer"):
-            chunks = functools.partial(acts.iter_sequences, p.site, layer)  # one cache shard at a time
-            r = stream_entropy(chunks, config, seed=p.seed)
-            rows.append(
-                {
-                    "model": ck.label,
-                    "site": p.site,
-                    "layer": layer,
-                    "entropy_mean": r.mean,
-                    "entropy_std": r.std,
-                    "ci_low": r.ci_low,
-                    "ci_high": r.ci_high,
-                    "n_sequences": len(r.values),
-                    "alpha": r.config.alpha,
-                    "max_normalize": r.config.max_normalize,
-                    **unit,
-                }
-            )
+            acts = extract_site(ck, texts, sites, extract_kw)
+        for site in sites:
+            for layer in tqdm(acts.layers(site), desc=f"entropy {ck.label} {site}", unit="layer"):
+                chunks = functools.partial(acts.iter_sequences, site, layer)  # one cache shard at a time
+                r = stream_entropy(chunks, config, seed=p.seed)
+                rows.append(
+                    {
+                        "model": ck.label,
+                        "site": site,
+                        "layer": layer,
+                        "entropy_mean": r.mean,
+                        "entropy_std": r.std,
+                        "ci_low": r.ci_low,
+                        "ci_high": r.ci_high,
+                        "n_sequences": len(r.values),
+                        "alpha": r.config.alpha,
+                        "max_normalize": r.config.max_normalize,
+                        **unit,
+                    }
+                )
     first = rows[0]
     if p.unit == "windows":
         sizes = sorted({(r["model"], r["window"], r["window_source"]) for r in rows})
@@ -117,15 +135,16 @@ def compute(
     scale = ", divided by log(min(tokens, dim))" if first["max_normalize"] else ""
     return Result(
         "entropy",
-        f"entropy_{p.site}",
-        f"Matrix entropy of {p.site}",
+        f"entropy_{p.site or 'values'}",
+        f"Matrix entropy of {p.site or 'values'}",
         rows,
         text=(
             f"Matrix-based Renyi entropy (alpha={first['alpha']:g}, preset {p.preset!r}{scale}) of each sequence's "
-            f"{p.site} per layer; mean over {unit_text}, with a 95% bootstrap CI of the mean. Lower entropy means "
+            f"{sites_text(rows)} per layer; mean over {unit_text}, with a 95% bootstrap CI of the mean. Lower entropy means "
             "the tokens crowd into fewer directions (representation collapse)."
+            + routing_note(rows, p.site is None)
         ),
-        columns=("model", "layer", "entropy_mean", "ci_low", "ci_high"),
+        columns=("model", "site", "layer", "entropy_mean", "ci_low", "ci_high"),
     )
 
 
@@ -133,9 +152,7 @@ def plot(result: Result) -> dict:
     from lime_probe import figures as F
 
     rows = result.rows
-    curves = {
-        m: curve(rs, "entropy_mean", low="ci_low", high="ci_high") for m, rs in group(rows, "model").items()
-    }
+    curves = site_curves(rows, "entropy_mean", low="ci_low", high="ci_high")
     return {result.name: F.plot_entropy(curves, site=rows[0]["site"], alpha=rows[0]["alpha"])}
 
 

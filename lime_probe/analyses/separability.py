@@ -4,6 +4,12 @@ Words may be several tokens each (numbers such as ' 100' ' 101' ' 102' ' 103' un
 4a/8): each whole-word occurrence (`separability.word_spans`) gives one row, its last sub-token's
 representation or the mean over its sub-tokens (``subtoken``). When every word is a single token, every
 occurrence of that token is a row (the positions alone are extracted, so large data stays cheap).
+
+The probe by default is the official code's (``method="adam-linear"``): a linear layer trained for one epoch,
+so its accuracy is a one-epoch linear probe's (how readily the words separate), not the best linear
+separation; ``method="logreg"`` is a converged logistic regression. By default the values are probed twice
+for a model that routes: the W_V output (the paper's values) and the routed values its heads attend to (the
+official analysis's); other models have the first only (``base.value_sites``).
 """
 
 from __future__ import annotations
@@ -12,23 +18,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lime_probe.protocol import defaults
-from lime_probe.sites import DEFAULT_WORDS, SITES
+from lime_probe.sites import DEFAULT_WORDS
 
 from .base import (
     Checkpoint,
     Result,
     Spec,
     check_class_counts,
-    curve,
     extract_site,
-    group,
     option,
+    routing_note,
     seed_option,
+    site_curves,
+    sites_text,
+    value_site_option,
+    value_sites,
 )
 
 METHODS = ("logreg", "adam-linear")
 SUBTOKENS = ("last", "mean")
 PROTOCOL = defaults("separability")
+# What each probe's accuracy is, for the result's text and the figure's title.
+PROBES = {
+    "adam-linear": "a one-epoch linear probe (the official code's: a linear layer on the raw features, one "
+    "epoch of Adam, lr 1e-2, batch 64; 5 shuffled folds; accuracy averaged over test batches)",
+    "logreg": "a standardised logistic regression fitted to convergence (5 stratified folds)",
+}
+PROBE_TITLES = {
+    "adam-linear": "one-epoch linear probe (official code's)",
+    "logreg": "converged logistic regression",
+}
 
 
 def subtoken_option():
@@ -42,7 +61,7 @@ def subtoken_option():
 
 @dataclass(frozen=True)
 class SeparabilityParams:
-    site: str = option(PROTOCOL["site"], "representation to probe", choices=SITES)
+    site: str | None = value_site_option()
     words: tuple[str, ...] = option(
         DEFAULT_WORDS,
         "words to tell apart, leading spaces included, one or several tokens each "
@@ -51,8 +70,9 @@ class SeparabilityParams:
     )
     method: str = option(
         PROTOCOL["method"],
-        "probe: a converged standardised logistic regression (our choice; the paper names no classifier) "
-        "or the official code's one-epoch Adam linear layer",
+        "probe (the paper names none): the official code's one-epoch linear probe (a linear layer on the raw "
+        "features, one epoch of Adam, lr 1e-2, batch 64; its accuracy is a one-epoch probe's, not the best "
+        "linear separation) or a converged standardised logistic regression",
         choices=METHODS,
     )
     subtoken: str = subtoken_option()
@@ -62,13 +82,14 @@ class SeparabilityParams:
 def word_features(
     ck: Checkpoint,
     texts: Sequence[str],
-    site: str,
+    sites: Sequence[str],
     words: Sequence[str],
     extract_kw: dict | None = None,
     minimum: int = 5,
     subtoken: str = "last",
-) -> tuple[dict, object]:
-    """Representations of every occurrence of ``words``: ({layer: (n, d)}, labels (n,)).
+) -> dict[str, tuple[dict, object]]:
+    """Representations of every occurrence of ``words`` at each of ``sites`` (one extraction pass):
+    {site: ({layer: (n, d)}, labels (n,))}.
 
     Single-token words: every occurrence of the token. Otherwise whole-word occurrences
     (``word_spans``), pooled over their sub-tokens as ``subtoken`` says ("last" or "mean").
@@ -79,34 +100,32 @@ def word_features(
     pieces = word_pieces(ck.tokenizer, words)
     if all(len(ids) == 1 for ids in pieces.values()):
         ids = {w: i[0] for w, i in pieces.items()}
-        acts = extract_site(ck, texts, site, extract_kw, token_ids=list(ids.values()))
+        acts = extract_site(ck, texts, sites, extract_kw, token_ids=list(ids.values()))
         rows, y = word_rows(acts.token_ids, ids)
         check_class_counts(y, list(words), minimum, f"{ck.label}: words")
-        return {layer: acts[site][layer][rows] for layer in acts[site]}, y
-    acts = extract_site(ck, texts, site, extract_kw)
+        return {s: ({layer: acts[s][layer][rows] for layer in acts[s]}, y) for s in sites}
+    acts = extract_site(ck, texts, sites, extract_kw)
     spans, y = word_spans(acts.token_ids, acts.offsets, ck.tokenizer, words)
     check_class_counts(y, list(words), minimum, f"{ck.label}: words")
-    return {layer: pool_spans(acts[site][layer], spans, subtoken) for layer in acts[site]}, y
+    return {s: ({layer: pool_spans(acts[s][layer], spans, subtoken) for layer in acts[s]}, y) for s in sites}
 
 
-def from_features(
+def separability_rows(
     features: dict[str, tuple[dict, object]],
     *,
     site: str,
     classes: Sequence,
-    name: str,
-    what: str,
-    method: str = "logreg",
+    method: str = PROTOCOL["method"],
     seed: int = 0,
     subtoken: str | None = None,
-) -> Result:
-    """Separability per layer for each model, from {label: ({layer: (n, d)}, labels (n,))};
-    ``subtoken`` (how multi-token words were pooled) is recorded in the rows when given."""
+) -> list[dict]:
+    """One row per model and layer from {label: ({layer: (n, d)}, labels (n,))} at ``site``; ``classes``
+    in the given order (the official probe's output units); ``subtoken`` recorded when given."""
     from lime_probe.separability import token_separability
 
     rows = []
     for label, (per_layer, y) in features.items():
-        res = token_separability(per_layer, y, method=method, seed=seed)
+        res = token_separability(per_layer, y, method=method, seed=seed, classes=list(classes))
         for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
             rows.append(
                 {
@@ -121,6 +140,19 @@ def from_features(
                     **({"subtoken": subtoken} if subtoken else {}),
                 }
             )
+    return rows
+
+
+def _result(
+    rows: list[dict],
+    *,
+    classes: Sequence,
+    name: str,
+    what: str,
+    method: str,
+    subtoken: str | None,
+    default: bool,
+) -> Result:
     shown = [str(c) for c in classes]
     return Result(
         "separability",
@@ -128,36 +160,67 @@ def from_features(
         f"Separability of {what}",
         rows,
         text=(
-            f"Cross-validated accuracy (5 stratified folds, mean ± std) of a linear probe ({method}) telling apart "
-            f"the {site} representations of {', '.join(repr(c) for c in shown)} at each layer, classes balanced. "
-            "Chance is the majority-class rate; collapsed layers fall towards it."
+            f"Cross-validated accuracy (mean ± std over 5 folds) of {PROBES[method]} telling apart the "
+            f"{sites_text(rows)} representations of {', '.join(repr(c) for c in shown)} at each layer, "
+            "classes balanced. Chance is the majority-class rate; collapsed layers fall towards it."
             + (
                 f" Words of several tokens are represented by the {subtoken} of their sub-tokens."
                 if subtoken
                 else ""
             )
+            + routing_note(rows, default)
         ),
         context={"classes": shown},
-        columns=("model", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"),
+        columns=("model", "site", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"),
+    )
+
+
+def from_features(
+    features: dict[str, tuple[dict, object]],
+    *,
+    site: str,
+    classes: Sequence,
+    name: str,
+    what: str,
+    method: str = PROTOCOL["method"],
+    seed: int = 0,
+    subtoken: str | None = None,
+) -> Result:
+    """Separability per layer for each model, from {label: ({layer: (n, d)}, labels (n,))} at ``site``;
+    ``subtoken`` (how multi-token words were pooled) is recorded in the rows when given."""
+    rows = separability_rows(
+        features, site=site, classes=classes, method=method, seed=seed, subtoken=subtoken
+    )
+    return _result(
+        rows, classes=classes, name=name, what=what, method=method, subtoken=subtoken, default=False
     )
 
 
 def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str], p: SeparabilityParams, extract_kw: dict | None
 ) -> Result:
-    """Separability of the occurrences of ``p.words`` in ``texts``."""
-    features = {
-        ck.label: word_features(ck, texts, p.site, p.words, extract_kw, subtoken=p.subtoken) for ck in cks
-    }
-    return from_features(
-        features,
-        site=p.site,
+    """Separability of the occurrences of ``p.words`` in ``texts`` at ``p.site`` (default: `value_sites`)."""
+    rows = []
+    for ck in cks:
+        sites = value_sites(ck, p.site)
+        features = word_features(ck, texts, sites, p.words, extract_kw, subtoken=p.subtoken)
+        for site in sites:
+            rows += separability_rows(
+                {ck.label: features[site]},
+                site=site,
+                classes=p.words,
+                method=p.method,
+                seed=p.seed,
+                subtoken=p.subtoken,
+            )
+    return _result(
+        rows,
         classes=p.words,
-        name=f"separability_{p.site}",
+        name=f"separability_{p.site or 'values'}",
         what="words",
         method=p.method,
-        seed=p.seed,
         subtoken=p.subtoken,
+        default=p.site is None,
     )
 
 
@@ -165,15 +228,16 @@ def plot(result: Result) -> dict:
     from lime_probe import figures as F
 
     rows = result.rows
-    curves = {m: curve(rs, "accuracy_mean", std="accuracy_std") for m, rs in group(rows, "model").items()}
-    return {
-        result.name: F.plot_separability(
-            curves,
-            site=rows[0]["site"],
-            words=result.context["classes"],
-            chance=rows[-1]["majority_baseline"],
-        )
-    }
+    fig = F.plot_separability(
+        site_curves(rows, "accuracy_mean", std="accuracy_std"),
+        site=rows[0]["site"],
+        words=result.context["classes"],
+        chance=rows[-1]["majority_baseline"],
+    )
+    ax = fig.axes[0]
+    with F.style():  # the probe in the title: its accuracy is that probe's
+        ax.set_title(f"{ax.get_title()}\n{PROBE_TITLES[rows[0]['method']]}")
+    return {result.name: fig}
 
 
 SPEC = Spec(

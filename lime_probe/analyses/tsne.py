@@ -1,4 +1,9 @@
-"""t-SNE maps of word occurrences, models x layers (paper Figures 3, 8)."""
+"""t-SNE maps of word occurrences, models x layers (paper Figures 3, 8).
+
+By default the values are mapped twice for a model that routes: the W_V output (the paper's values) and the
+routed values its heads attend to (the official analysis's), one row of panels each; other models have the
+first only (``base.value_sites``).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lime_probe.protocol import defaults
-from lime_probe.sites import DEFAULT_WORDS, SITES
+from lime_probe.sites import DEFAULT_WORDS
 
-from .base import Checkpoint, Result, Spec, group, option, seed_option
+from .base import (
+    Checkpoint,
+    Result,
+    Spec,
+    group,
+    option,
+    routing_note,
+    seed_option,
+    site_label,
+    sites_text,
+    value_site_option,
+    value_sites,
+)
 from .separability import subtoken_option, word_features
 
 PROTOCOL = defaults("tsne")
@@ -16,7 +33,7 @@ PROTOCOL = defaults("tsne")
 
 @dataclass(frozen=True)
 class TsneParams:
-    site: str = option(PROTOCOL["site"], "representation to probe", choices=SITES)
+    site: str | None = value_site_option()
     words: tuple[str, ...] = option(
         DEFAULT_WORDS,
         "words to map, leading spaces included, one or several tokens each "
@@ -33,19 +50,18 @@ class TsneParams:
     seed: int = seed_option()
 
 
-def from_features(
+def tsne_rows(
     features: dict[str, tuple[dict, object]],
     *,
     site: str,
-    name: str,
-    what: str,
     per_class: int = 100,
     perplexity: float = 30.0,
     seed: int = 0,
     l2_normalize: bool = True,
-) -> Result:
-    """t-SNE maps per model and layer from {label: ({layer: (n, d)}, labels (n,))}, at most ``per_class``
-    points of each class (seeded subsample, the same rows at every layer): one row per point."""
+) -> tuple[list[dict], list[dict]]:
+    """t-SNE maps per model and layer from {label: ({layer: (n, d)}, labels (n,))} at ``site``, at most
+    ``per_class`` points of each class (seeded subsample, the same rows at every layer): (one row per point,
+    one summary row per model)."""
     import numpy as np
 
     from lime_probe.separability import balance_classes
@@ -80,55 +96,106 @@ def from_features(
         summary.append(
             {
                 "model": label,
+                "site": site,
                 "layers": ",".join(str(la) for la in emb),
                 "points_per_map": len(tokens),
                 "tokens": " ".join(sorted(set(tokens))),
             }
         )
+    return rows, summary
+
+
+def _result(
+    rows: list[dict],
+    summary: list[dict],
+    *,
+    name: str,
+    what: str,
+    perplexity: float,
+    seed: int,
+    default: bool,
+) -> Result:
+    normalised = "L2-normalised " if rows[0]["l2_normalize"] else ""
     return Result(
         "tsne",
         name,
         f"t-SNE of {what}",
         rows,
         text=(
-            f"openTSNE maps (perplexity {perplexity:g}, seed {seed}) of the "
-            f"{'L2-normalised ' if l2_normalize else ''}{site} representations of {what}, "
-            "one panel per model and layer, the same points in every panel. Separate clusters mean the layer "
-            "keeps the tokens apart; a collapsed layer mixes them."
+            f"openTSNE maps (perplexity {perplexity:g}, seed {seed}) of the {normalised}"
+            f"{sites_text(rows)} representations of {what}, one panel per model, site and layer, the "
+            "same points in every panel. Separate clusters mean the layer keeps the tokens apart; a collapsed "
+            "layer mixes them." + routing_note(rows, default)
         ),
         summary=summary,
     )
 
 
+def from_features(
+    features: dict[str, tuple[dict, object]],
+    *,
+    site: str,
+    name: str,
+    what: str,
+    per_class: int = 100,
+    perplexity: float = 30.0,
+    seed: int = 0,
+    l2_normalize: bool = True,
+) -> Result:
+    """t-SNE maps per model and layer from {label: ({layer: (n, d)}, labels (n,))} (`tsne_rows`)."""
+    rows, summary = tsne_rows(
+        features, site=site, per_class=per_class, perplexity=perplexity, seed=seed, l2_normalize=l2_normalize
+    )
+    return _result(rows, summary, name=name, what=what, perplexity=perplexity, seed=seed, default=False)
+
+
 def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str], p: TsneParams, extract_kw: dict | None
 ) -> Result:
-    """t-SNE of the occurrences of ``p.words`` in ``texts`` per layer."""
-    features = {
-        ck.label: word_features(ck, texts, p.site, p.words, extract_kw, subtoken=p.subtoken) for ck in cks
-    }
-    return from_features(
-        features,
-        site=p.site,
-        name=f"tsne_{p.site}",
+    """t-SNE of the occurrences of ``p.words`` in ``texts`` per layer at ``p.site`` (default: `value_sites`)."""
+    rows, summary = [], []
+    for ck in cks:
+        sites = value_sites(ck, p.site)
+        features = word_features(ck, texts, sites, p.words, extract_kw, subtoken=p.subtoken)
+        for site in sites:
+            r, s = tsne_rows(
+                {ck.label: features[site]},
+                site=site,
+                per_class=p.per_word,
+                perplexity=p.perplexity,
+                seed=p.seed,
+                l2_normalize=p.l2_normalize,
+            )
+            rows, summary = rows + r, summary + s
+    return _result(
+        rows,
+        summary,
+        name=f"tsne_{p.site or 'values'}",
         what="words",
-        per_class=p.per_word,
         perplexity=p.perplexity,
         seed=p.seed,
-        l2_normalize=p.l2_normalize,
+        default=p.site is None,
     )
 
 
 def plot(result: Result) -> dict:
+    """One row of panels per model, or per model and site (site by site) when the rows hold several sites."""
+    import textwrap
+
     import numpy as np
 
     from lime_probe import figures as F
 
+    by_site = group(result.rows, "site")
     embeddings, tokens = {}, {}
-    for m, mine in group(result.rows, "model").items():
-        maps = group(mine, "layer")
-        embeddings[m] = {la: np.array([[r["x"], r["y"]] for r in rs]) for la, rs in maps.items()}
-        tokens[m] = [r["token"] for r in next(iter(maps.values()))]
+    for site, in_site in by_site.items():
+        for m, mine in group(in_site, "model").items():
+            key = (
+                m if len(by_site) == 1 else textwrap.fill(f"{m}: {site_label(site)}", 24)
+            )  # a panel's ylabel
+            maps = group(mine, "layer")
+            embeddings[key] = {la: np.array([[r["x"], r["y"]] for r in rs]) for la, rs in maps.items()}
+            tokens[key] = [r["token"] for r in next(iter(maps.values()))]
     return {result.name: F.plot_tsne_grid(embeddings, tokens, site=result.rows[0]["site"])}
 
 
