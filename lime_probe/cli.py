@@ -130,6 +130,20 @@ def staged_output(out: str | os.PathLike):
                     folder.rmdir()
 
 
+def check_writable_dir(path: str | os.PathLike, option: str) -> None:
+    """Create the folder ``path`` (``option``'s value, e.g. the cache) if needed and check that a file can be
+    written in it, so a run fails before its work rather than after; PermissionError or ValueError naming
+    ``option`` otherwise."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {path} exists and is not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise PermissionError(f"{option} {path} is not a writable folder ({e.strerror})") from None
+
+
 @contextmanager
 def one_line_warnings(where: str):
     """Inside the block a ``lime_probe.windows.DataWarning`` (the data weakens the result) prints as one
@@ -220,21 +234,43 @@ def _checkpoints(spec: Spec, args) -> list[Checkpoint]:
     return load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
 
 
-def _texts(args) -> list[str] | None:
+def _texts(args, max_texts: int | None = None) -> list[str] | None:
+    """The first ``max_texts`` (default ``--max-sequences``) documents of ``--data``; an ``hf:`` spec the hub
+    cannot give fails at once in one line."""
     from lime_model.data import load_texts
+    from lime_probe.loading import hub_dataset
 
-    return load_texts(args.data, max_texts=args.max_sequences) if args.data is not None else None
+    if args.data is None:
+        return None
+    n = max_texts or args.max_sequences
+    name = args.data[len("hf:") :].split(":")[0] if args.data.startswith("hf:") else ""
+    if not name:
+        return load_texts(args.data, max_texts=n)
+    with hub_dataset(name, f"--data {args.data}", "pass a local .txt/.jsonl/.parquet file or folder"):
+        return load_texts(args.data, max_texts=n)
+
+
+def _blimp(source: str, params, option: str):
+    """The BLiMP data of ``source`` (``option``'s value) for ``params``; the hub id fails at once in one
+    line when the hub cannot give it."""
+    from lime_probe.analyses.blimp import chosen_paradigms
+    from lime_probe.blimp import HUB_ID, load_blimp
+    from lime_probe.loading import hub_dataset
+
+    if str(source) != HUB_ID or Path(source).exists():
+        return load_blimp(source, chosen_paradigms(params))
+    fix = f"pass {option} DIR, a folder of BLiMP <paradigm>.jsonl files"
+    with hub_dataset(HUB_ID, f"BLiMP data ({HUB_ID})", fix):
+        return load_blimp(source, chosen_paradigms(params))
 
 
 def _analysis_command(spec: Spec) -> Callable:
     def handler(args, out: Path) -> None:
         from lime_probe.report import write_analysis
 
+        params = params_of(spec, args)  # invalid parameters fail before any data or model is read
         if spec.data_kind == "blimp":
-            from lime_probe.analyses.blimp import chosen_paradigms
-            from lime_probe.blimp import load_blimp
-
-            data = load_blimp(args.data, chosen_paradigms(params_of(spec, args)))
+            data = _blimp(args.data, params, "--data")
         else:
             data = _texts(args) if spec.data_kind != "none" else None
         cks = _checkpoints(spec, args)
@@ -254,7 +290,6 @@ def cmd_report(args, out: Path) -> str | None:
     worked and lists the skipped ones with the reason (on stderr too), and the command returns a one-line
     summary of them (exit 3) unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (its
     probe table; minimal-pair scores for causal LMs), over the paper's layer range unless ``--layers``."""
-    from lime_model.data import load_texts
     from lime_probe.report import Section, Table, write_analysis, write_report
 
     names = list(args.analyses) + (["blimp"] if args.blimp else [])
@@ -264,7 +299,7 @@ def cmd_report(args, out: Path) -> str | None:
         for n in names
         if ANALYSES[n].data_kind in ("texts", "optional-texts")
     }
-    texts = load_texts(args.data, max_texts=max(sizes.values())) if sizes else None
+    texts = _texts(args, max(sizes.values())) if sizes else None
     cks = load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
     meta = _meta("report", args, cks)
     sections, skipped = [], []
@@ -309,12 +344,9 @@ def cmd_report(args, out: Path) -> str | None:
 def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args, params) -> tuple[Result, dict]:
     """The BLiMP section of the report and its settings: ``--blimp`` data, the paper's layer range unless
     ``--layers``."""
-    from lime_probe.analyses.blimp import chosen_paradigms
-    from lime_probe.blimp import load_blimp
-
     layers = "paper" if args.layers in (None, "all") else args.layers
     params = dataclasses.replace(params, layers=layers)
-    data = load_blimp(args.blimp, chosen_paradigms(params))
+    data = _blimp(args.blimp, params, "--blimp")
     result = spec.compute(cks, data, params, extract_options(args, own_layers=True))
     return result, dataclasses.asdict(params)
 
@@ -780,6 +812,12 @@ def _main(argv: Sequence[str] | None) -> int:
             if args.threads is not None:
                 torch.set_num_threads(args.threads)
             args.threads = torch.get_num_threads()
+        if getattr(args, "device", None) is not None:  # a device this machine lacks fails before any work
+            from lime_probe.loading import check_device
+
+            check_device(args.device)
+        if getattr(args, "cache", None) is not None:  # the activation cache, written during the work
+            check_writable_dir(args.cache, "--cache")
         from lime_probe.cachedir import report_growth
 
         with (

@@ -1,10 +1,22 @@
-"""Paired differences across seeds against scipy's paired t-test and a plain-loop bootstrap."""
+"""Paired differences across seeds against scipy's paired t-test, plain loops written from the formulas
+(bootstrap, Holm, Benjamini-Hochberg, sign-flip enumeration) and a noncentral-t power computation."""
+
+import itertools
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lime_probe.stats import median_ci, paired_bootstrap_ci, paired_difference
+from lime_probe.stats import (
+    MIN_BOOTSTRAP_SEEDS,
+    benjamini_hochberg,
+    holm,
+    median_ci,
+    paired_bootstrap_ci,
+    paired_difference,
+    paired_t_mde,
+    sign_flip_p,
+)
 
 
 def test_paired_difference_matches_scipy_ttest_rel():
@@ -33,23 +45,138 @@ def test_paired_difference_rejects_bad_input():
 
 
 def test_paired_bootstrap_ci_against_a_plain_loop():
+    n = MIN_BOOTSTRAP_SEEDS
     rng = np.random.default_rng(3)
-    a = rng.normal(1.0, 0.3, size=(3, 40))
-    b = a - 0.2 + rng.normal(0, 0.1, size=(3, 40))
-    lo, hi = paired_bootstrap_ci(a, b, level=0.9, n_boot=500, seed=7)
+    a = rng.normal(1.0, 0.3, size=(n, 40))
+    b = a - 0.2 + rng.normal(0, 0.1, size=(n, 40))
+    lo, hi = paired_bootstrap_ci(a, b, level=0.9, n_boot=300, seed=7)
     # The same two-level resampling written out as loops over replicates, seeds and items.
     rng = np.random.default_rng(7)
-    seeds = rng.integers(0, 3, size=(500, 3))
-    items = rng.integers(0, 40, size=(500, 3, 40))
+    seeds = rng.integers(0, n, size=(300, n))
+    items = rng.integers(0, 40, size=(300, n, 40))
     means = []
-    for r in range(500):
+    for r in range(300):
         total = 0.0
-        for k in range(3):
+        for k in range(n):
             s = seeds[r, k]
             total += sum(a[s, i] - b[s, i] for i in items[r, k]) / 40
-        means.append(total / 3)
+        means.append(total / n)
     assert (lo, hi) == pytest.approx(tuple(np.quantile(means, [0.05, 0.95])))
     assert lo < 0.2 < hi
+
+
+def test_paired_bootstrap_refuses_too_few_seeds_and_names_the_minimum():
+    a = np.ones((MIN_BOOTSTRAP_SEEDS - 1, 5))
+    with pytest.raises(ValueError, match=f"at least {MIN_BOOTSTRAP_SEEDS} seeds"):
+        paired_bootstrap_ci(a, a)
+    # the stated reason: at 3 seeds only C(5, 3) = 10 distinct multisets of seeds can be drawn
+    assert len(set(itertools.combinations_with_replacement(range(3), 3))) == 10
+
+
+def test_paired_difference_p_values_and_mde():
+    a = np.array([5.1, 4.8, 5.6, 5.0, 5.3])
+    b = np.array([4.9, 4.9, 5.1, 4.6, 5.0])
+    d = paired_difference(a, b)
+    assert d.p == pytest.approx(sps.ttest_rel(a, b).pvalue)
+    assert d.p_sign_flip == sign_flip_p(a - b)
+    assert d.mde == pytest.approx(paired_t_mde(5, (a - b).std(ddof=1)))
+    # the interval excludes 0 exactly when the t-test's p is below 1 - level
+    assert (d.verdict != "not resolved") == (d.p < 0.05)
+    one = paired_difference([2.0], [1.0])
+    assert (one.p, one.p_sign_flip, one.mde) == (1.0, 1.0, np.inf)
+    constant = paired_difference([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
+    assert constant.p == 0.0 and constant.verdict == "a > b"
+
+
+def test_sign_flip_p_of_a_hand_enumerated_case():
+    # d = (1, 2, -0.5), sum 2.5. The 8 signed sums: +-3.5, +-2.5, +-1.5, +-0.5; |sum| >= 2.5 for 4 of 8.
+    assert sign_flip_p([1.0, 2.0, -0.5]) == 0.5
+    # all of one sign: only the observed pattern and its mirror reach |sum(d)|
+    assert sign_flip_p([0.3, 0.1, 0.2, 0.5, 0.4]) == 2 / 32
+    assert sign_flip_p([0.1, 0.2, 0.3]) == 0.25  # the floor at 3 seeds
+    assert sign_flip_p([0.0, 0.0]) == 1.0
+
+
+def test_sign_flip_p_against_itertools_and_scipy_permutation_test():
+    d = np.random.default_rng(5).normal(0.3, 1.0, size=9)
+    hand = np.mean(
+        [
+            abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= abs(d.sum()) - 1e-12
+            for signs in itertools.product((1, -1), repeat=d.size)
+        ]
+    )
+    assert sign_flip_p(d) == pytest.approx(hand)
+    ref = sps.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+    )
+    assert sign_flip_p(d) == pytest.approx(ref.pvalue)
+    with pytest.raises(ValueError, match="at most 20 pairs"):
+        sign_flip_p(np.ones(21))
+
+
+def _power(n, delta, sd, alpha=0.05):
+    """Power of a two-sided paired t-test, from scipy's noncentral t."""
+    crit = sps.t.ppf(1 - alpha / 2, n - 1)
+    nc = delta * np.sqrt(n) / sd
+    return sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 30])
+def test_mde_is_the_effect_with_the_stated_power(n):
+    mde = paired_t_mde(n, 0.1, alpha=0.05, power=0.8)
+    assert _power(n, mde, 0.1) == pytest.approx(0.8, abs=1e-6)
+    assert _power(n, 0.99 * mde, 0.1) < 0.8 < _power(n, 1.01 * mde, 0.1)
+
+
+def test_mde_against_a_simulation_and_the_normal_approximation():
+    # a simulated paired t-test at the MDE rejects about 80 % of the time
+    n, sd = 5, 1.0
+    mde = paired_t_mde(n, sd)
+    d = np.random.default_rng(0).normal(mde, sd, size=(20000, n))
+    rejected = sps.ttest_1samp(d, 0.0, axis=1).pvalue < 0.05
+    assert rejected.mean() == pytest.approx(0.8, abs=0.01)
+    # for many pairs, (z_{0.975} + z_{0.8}) sd / sqrt(n)
+    assert paired_t_mde(400, 1.0) == pytest.approx((1.959964 + 0.841621) / 20, rel=0.005)
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        paired_t_mde(1, 1.0)
+
+
+def _holm_loop(p):
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def _bh_loop(p):
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    out, running = [0.0] * m, 1.0
+    for rank in range(m - 1, -1, -1):
+        i = order[rank]
+        running = min(running, min(1.0, p[i] * m / (rank + 1)))
+        out[i] = running
+    return out
+
+
+def test_holm_and_bh_against_plain_loops_and_scipy():
+    p = [0.01, 0.04, 0.03, 0.2, 0.005, 0.04, 0.9]
+    assert holm(p) == pytest.approx(_holm_loop(p))
+    assert benjamini_hochberg(p) == pytest.approx(_bh_loop(p))
+    assert benjamini_hochberg(p) == pytest.approx(sps.false_discovery_control(p, method="bh"))
+    # by hand: sorted 0.005, 0.01, 0.03, 0.04, 0.04, 0.2, 0.9 -> Holm 7x, 6x, 5x, 4x, 3x (monotone), ...
+    assert holm(p)[4] == pytest.approx(0.035) and holm(p)[0] == pytest.approx(0.06)
+    assert holm(p)[2] == pytest.approx(0.15) and holm(p)[1] == holm(p)[5] == pytest.approx(0.16)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        q = rng.uniform(size=16) ** 3
+        assert holm(q) == pytest.approx(_holm_loop(list(q)))
+        assert benjamini_hochberg(q) == pytest.approx(sps.false_discovery_control(q))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        holm([0.5, 1.5])
 
 
 @pytest.mark.parametrize("n", [6, 10, 12, 25])
