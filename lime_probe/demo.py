@@ -6,8 +6,13 @@ figures, the results and one HTML report:
 
 - accuracy by operator count (paper Figure 4b) and training loss vs FLOPs and tokens (Figures 1, 10);
 - matrix entropy of the values and of the hidden states per layer (Figures 4a, 7a);
-- separability and t-SNE of close numbers, 1-4 and 100-103 (Figure 8);
+- separability and t-SNE of close numbers, 1-4 and 100-103, in the values (the W_V output): the paper's
+  Figure 8 is a "t-SNE of close numbers' values representations" (Sec. 5.4.2 cites it for "better
+  separability of close numbers");
 - the LIMe router weights, layer x buffered layer and per head (Figures 5, 9).
+
+It ends with a headline table of what it measured, LIMe beside LLaMA (`headline`). The two trained runs
+are kept (``runs``, by default ``runs/`` inside the output folder) and a rerun reuses finished ones.
 
 One seed: the LIMe-vs-LLaMA gap it shows is an illustration. ``lime-probe reproduce --study
 arithmetic`` (:mod:`lime_probe.reproduce_arithmetic`) measures it over seeds with intervals.
@@ -26,7 +31,6 @@ import os
 import random
 import re
 import sys
-import tempfile
 import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
@@ -38,7 +42,7 @@ import torch
 from lime_model.recipes import load_recipe
 from lime_model.tasks.arithmetic import make_sample, recipe_splits
 from lime_model.train import SecondEpochWarning, train
-from lime_probe.analyses import ANALYSES, Checkpoint
+from lime_probe.analyses import ANALYSES, Checkpoint, Result
 from lime_probe.analyses import separability as separability_spec
 from lime_probe.analyses import tsne as tsne_spec
 from lime_probe.analyses.base import check_class_counts, extract_site
@@ -204,6 +208,10 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
     return out
 
 
+# The site of the close-number probes: the paper's Figure 8 maps "close numbers' values representations".
+NUMBER_SITE = "values"
+
+
 def run_demo(
     out: str | os.PathLike,
     *,
@@ -211,91 +219,115 @@ def run_demo(
     seed: int = 0,
     device: str = "cpu",
     runs: str | os.PathLike | None = None,
-) -> Path:
-    """Train, analyse and report (see the module docstring); returns the report's path in ``out``.
+) -> tuple[Path, list[dict]]:
+    """Train, analyse and report (see the module docstring).
 
-    ``runs`` keeps the two training runs (reused when finished); by default they live in a
-    temporary folder that is removed at the end.
+    ``runs`` is where the two training runs are kept and reused when finished (default: ``out/runs``).
+    Returns the report's path in ``out`` and the `headline` rows.
     """
     settings = QUICK if quick else FULL
     out = Path(out)
     n = 7
-    with tempfile.TemporaryDirectory(prefix="lime-demo-") as tmp:
-        run_root = Path(runs) if runs is not None else Path(tmp) / "runs"
-        _stage(1, n, f"training LIMe and its LLaMA twin on arithmetic (recipe {RECIPE})")
-        run_dirs = train_models(run_root, settings, seed)
-        _stage(2, n, "loading the trained checkpoints")
-        cks = [Checkpoint(label, str(path), *load(path, device=device)) for label, path in run_dirs.items()]
-        meta = run_metadata(
-            "demo",
-            settings={"quick": quick, "seed": seed, "recipe": RECIPE, **asdict(settings)},
-            checkpoints={c.label: c.source for c in cks},
+    run_root = Path(runs) if runs is not None else out / "runs"
+    _stage(1, n, f"training LIMe and its LLaMA twin on arithmetic (recipe {RECIPE})")
+    run_dirs = train_models(run_root, settings, seed)
+    _stage(2, n, "loading the trained checkpoints")
+    cks = [Checkpoint(label, str(path), *load(path, device=device)) for label, path in run_dirs.items()]
+    meta = run_metadata(
+        "demo",
+        settings={"quick": quick, "seed": seed, "recipe": RECIPE, **asdict(settings)},
+        checkpoints={c.label: c.source for c in cks},
+    )
+    tok = cks[0].tokenizer
+    recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
+    _, test = recipe_splits(recipe, with_train=False)
+    steps = recipe.steps
+    extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
+
+    _stage(3, n, "accuracy by operator count and training curves")
+    results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
+    results[0].text = (
+        f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
+        "they differ only in routing (LIMe: full, LLaMA: none). " + results[0].text + " One seed only: "
+        "the gap moves by several points with the seed and across machines, so it illustrates the task "
+        "rather than measures the difference; `lime-probe reproduce --study arithmetic` measures it over "
+        "five seeds with 95 % intervals (README, figures/arithmetic-seeds/)."
+    )
+
+    _stage(4, n, "matrix entropy of values and hidden states")
+    texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
+    for site in ("values", "hidden"):  # one sequence per arithmetic sample (samples share a format)
+        results.append(
+            ANALYSES["entropy"].run(cks, texts, extract_kw, site=site, seed=seed, unit="documents")
         )
-        tok = cks[0].tokenizer
-        recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
-        _, test = recipe_splits(recipe, with_train=False)
-        steps = recipe.steps
-        extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
 
-        _stage(3, n, "accuracy by operator count and training curves")
-        results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
-        results[0].text = (
-            f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
-            "they differ only in routing (LIMe: full, LLaMA: none). " + results[0].text + " One seed only: "
-            "the gap moves by several points with the seed and across machines, so it illustrates the task "
-            "rather than measures the difference; `lime-probe reproduce --study arithmetic` measures it over "
-            "five seeds with 95 % intervals (README, figures/arithmetic-seeds/)."
-        )
+    _stage(5, n, f"separability and t-SNE of close numbers ({NUMBER_SITE})")
+    probe_texts = [
+        sample_text(s, tok) for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number, seed)
+    ]
+    acts = {c.label: extract_site(c, probe_texts, NUMBER_SITE, extract_kw) for c in cks}
+    for key, numbers in NUMBER_SETS.items():
+        feats = {
+            c.label: number_features(acts[c.label], c.tokenizer, NUMBER_SITE, numbers, c.label) for c in cks
+        }
+        slug = key.replace("-", "_")
+        for r in (
+            separability_spec.from_features(
+                feats,
+                site=NUMBER_SITE,
+                classes=[str(k) for k in numbers],  # the labels of `number_features`
+                seed=seed,
+                name=f"separability_numbers_{slug}",
+                what=f"numbers {key}",
+            ),
+            tsne_spec.from_features(
+                feats,
+                site=NUMBER_SITE,
+                name=f"tsne_numbers_{slug}",
+                what=f"numbers {key}",
+                per_class=settings.per_number,
+                perplexity=settings.perplexity,
+                seed=seed,
+            ),
+        ):
+            r.text += " " + NUMBER_NOTE
+            results.append(r)
 
-        _stage(4, n, "matrix entropy of values and hidden states")
-        texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
-        for site in ("values", "hidden"):  # one sequence per arithmetic sample (samples share a format)
-            results.append(
-                ANALYSES["entropy"].run(cks, texts, extract_kw, site=site, seed=seed, unit="documents")
-            )
+    _stage(6, n, "router weights of LIMe")
+    results.append(ANALYSES["router"].run([c for c in cks if c.label == "LIMe"]))
 
-        _stage(5, n, "separability and t-SNE of close numbers")
-        probe_texts = [
-            sample_text(s, tok)
-            for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number, seed)
-        ]
-        acts = {c.label: extract_site(c, probe_texts, "hidden", extract_kw) for c in cks}
-        for key, numbers in NUMBER_SETS.items():
-            feats = {
-                c.label: number_features(acts[c.label], c.tokenizer, "hidden", numbers, c.label) for c in cks
-            }
-            slug = key.replace("-", "_")
-            for r in (
-                separability_spec.from_features(
-                    feats,
-                    site="hidden",
-                    classes=numbers,
-                    seed=seed,
-                    name=f"separability_numbers_{slug}",
-                    what=f"numbers {key}",
-                ),
-                tsne_spec.from_features(
-                    feats,
-                    site="hidden",
-                    name=f"tsne_numbers_{slug}",
-                    what=f"numbers {key}",
-                    per_class=settings.per_number,
-                    perplexity=settings.perplexity,
-                    seed=seed,
-                ),
-            ):
-                r.text += " " + NUMBER_NOTE
-                results.append(r)
+    _stage(7, n, "writing results, figures and the report")
+    sections = [write_analysis(r, out, meta) for r in results]
+    report = write_report(
+        out / "report.html",
+        "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
+        sections,
+        meta=meta,
+    )
+    return report, headline(results)
 
-        _stage(6, n, "router weights of LIMe")
-        results.append(ANALYSES["router"].run([c for c in cks if c.label == "LIMe"]))
 
-        _stage(7, n, "writing results, figures and the report")
-        sections = [write_analysis(r, out, meta) for r in results]
-        report = write_report(
-            out / "report.html",
-            "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
-            sections,
-            meta=meta,
-        )
-    return report
+def headline(results: Sequence[Result]) -> list[dict]:
+    """What the demo measured, from its ``results``: one row per measure, a column per model (``MODELS``):
+    accuracy per operator count, the values' matrix entropy averaged over the blocks, and the close-number
+    separability at the last block."""
+    by_name = {r.name: r for r in results}
+    table: dict[str, dict] = {}
+
+    def put(measure: str, model: str, value: float) -> None:
+        table.setdefault(measure, {"measure": measure})[model] = value
+
+    for r in by_name["arithmetic_accuracy"].rows:
+        put(f"accuracy, {r['n_operators']} operators", r["model"], r["accuracy"])
+    entropy = [r for r in by_name["entropy_values"].rows if r["site"] == "values"]
+    n_blocks = len({r["layer"] for r in entropy})
+    for model in MODELS:
+        mean = float(np.mean([r["entropy_mean"] for r in entropy if r["model"] == model]))
+        put(f"value entropy, mean over {n_blocks} blocks [nats]", model, mean)
+    for key in NUMBER_SETS:
+        rows = by_name[f"separability_numbers_{key.replace('-', '_')}"].rows
+        last = max(r["layer"] for r in rows)
+        for r in rows:
+            if r["layer"] == last:
+                put(f"separability of {key}, {NUMBER_SITE} of block {last}", r["model"], r["accuracy_mean"])
+    return list(table.values())

@@ -63,10 +63,15 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     from lime_probe.loading import load
     from lime_probe.router import router_weights
 
-    out, runs = tmp_path / "figures", tmp_path / "runs"
-    assert cli.main(["demo", "--quick", "--out", str(out), "--runs", str(runs)]) == 0
-    err = capsys.readouterr().err
+    out = tmp_path / "demo"
+    runs = out / "runs"  # the checkpoints are kept inside the output folder by default
+    assert cli.main(["demo", "--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    err = printed.err
     assert all(f"[{k}/7]" in err for k in range(1, 8))  # progress through every stage
+    assert (runs / "lime" / "model.safetensors").is_file() and (
+        runs / "llama" / "model.safetensors"
+    ).is_file()
     for stem in (
         "arithmetic_accuracy",
         "training_curves",
@@ -122,3 +127,55 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         }
         sep = json.loads((out / f"separability_numbers_{key.replace('-', '_')}.json").read_text())["rows"]
         assert {r["n_rows"] for r in sep} == {len(numbers) * min(counts.values())}
+        # the close numbers are probed in the values (the paper's Fig. 8): one row per block, not per hidden layer
+        tsne = json.loads((out / f"tsne_numbers_{key.replace('-', '_')}.json").read_text())["rows"]
+        n_blocks = lime.config.num_hidden_layers
+        for rows in (sep, tsne):
+            assert {r["site"] for r in rows} == {"values"}
+            assert {r["layer"] for r in rows} == set(range(n_blocks))
+
+    # the headline at the end: each number recomputed from the files the run wrote
+    lines = {ln.split("  ")[0]: ln.split() for ln in printed.out.splitlines()}
+    header = lines["measure"]
+    assert header[-2:] == ["LIMe", "LLaMA"]
+
+    def shown(measure: str) -> list[str]:
+        return lines[measure][-2:]
+
+    for label_ops in ("2", "3"):
+        want = [
+            json.loads((runs / m / "arithmetic_eval.json").read_text())["accuracy"][label_ops]
+            for m in ("lime", "llama")
+        ]
+        assert shown(f"accuracy, {label_ops} operators") == [f"{v:.4g}" for v in want]
+    ent = json.loads((out / "entropy_values.json").read_text())["rows"]
+    layers = sorted({r["layer"] for r in ent})
+    want = []
+    for m in ("LIMe", "LLaMA"):
+        vals = [r["entropy_mean"] for r in ent if r["model"] == m and r["site"] == "values"]
+        want.append(sum(vals) / len(vals))
+    assert shown(f"value entropy, mean over {len(layers)} blocks [nats]") == [f"{v:.4g}" for v in want]
+    for key in NUMBER_SETS:
+        sep = json.loads((out / f"separability_numbers_{key.replace('-', '_')}.json").read_text())["rows"]
+        last = max(r["layer"] for r in sep)
+        want = [
+            next(r["accuracy_mean"] for r in sep if r["model"] == m and r["layer"] == last)
+            for m in ("LIMe", "LLaMA")
+        ]
+        assert shown(f"separability of {key}, values of block {last}") == [f"{v:.4g}" for v in want]
+    assert f"report: {out / 'report.html'}" in printed.out and f"checkpoints: {runs}" in printed.out
+
+
+def test_demo_writes_to_its_own_ignored_folder_by_default():
+    """The demo's default output is a folder of its own, git-ignored, not the tracked figures/."""
+    import subprocess
+    from pathlib import Path
+
+    from lime_probe import cli
+
+    out = cli.build_parser().parse_args(["demo"]).out
+    assert Path(out) == Path("lime-probe-out/demo")
+    root = Path(__file__).resolve().parent.parent
+    if (root / ".git").exists():
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"{out}/report.html"], cwd=root)
+        assert ignored.returncode == 0, f"{out} is not git-ignored"
