@@ -67,7 +67,13 @@ def _parquet_documents(path: Path) -> Iterator[str]:
 
 def _file_documents(path: Path) -> Iterator[str]:
     reader = {".txt": _txt_documents, ".jsonl": _jsonl_documents, ".parquet": _parquet_documents}[path.suffix]
-    return reader(path)
+    try:
+        yield from reader(path)
+    except UnicodeDecodeError as error:  # names the file, which a folder spec does not
+        bad = error.object[error.start : error.start + 1].hex()
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte 0x{bad}: {error.reason}); convert it to UTF-8"
+        ) from None
 
 
 def _hub_documents(spec: str, split: str | None) -> Iterator[str]:

@@ -37,6 +37,29 @@ def _one(error: BaseException) -> str:
     return f"{type(error).__name__}: {one_line(error)}"
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch.device that this machine has; ValueError naming it otherwise (a name torch does
+    not know, such as "gpu0", or a CUDA/MPS/XPU device that is absent), so a run fails before any work."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"--device {device!r} is not a torch device; use e.g. cpu, cuda, cuda:1 or mps"
+        ) from None
+    if dev.type in ("cpu", "meta"):
+        return dev
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+    if not available:
+        raise ValueError(
+            f"--device {device}: this machine has no {dev.type.upper()} device (use --device cpu)"
+        )
+    count = getattr(backend, "device_count", lambda: 1)()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"--device {device}: this machine has {count} {dev.type.upper()} device(s)")
+    return dev
+
+
 def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
@@ -88,29 +111,59 @@ def quiet_library(verbose: bool = False) -> Iterator[None]:
             transformers.utils.logging.enable_progress_bar()
 
 
+def hub_problem(url: str) -> str | None:
+    """Why the hub cannot give `url` ("HF_HUB_OFFLINE is set", or the error of one HEAD request without
+    retries, so an offline machine answers at once), or None when it can."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    with quiet_library():
+        try:
+            response = get_session().head(
+                url, headers=build_hf_headers(), follow_redirects=True, timeout=constants.HF_HUB_ETAG_TIMEOUT
+            )
+            hf_raise_for_status(response)
+            return None
+        except Exception as error:  # noqa: BLE001  network and hub errors come in many types
+            return _one(error)
+
+
+@contextmanager
+def hub_dataset(name: str, what: str, fix: str) -> Iterator[None]:
+    """Read hub dataset `name` inside the block, or fail at once in one line (FileNotFoundError: "`what`
+    not found locally and the hub is unreachable (why): `fix`") instead of after ``datasets``' retries.
+
+    The hub is asked once first; with HF_HUB_OFFLINE set the block runs (``datasets`` reads its cache) and a
+    dataset missing from the cache fails the same way.
+    """
+    from huggingface_hub import constants
+
+    problem = (
+        None if constants.is_offline_mode() else hub_problem(f"{constants.ENDPOINT}/api/datasets/{name}")
+    )
+    if problem is None:
+        try:
+            yield
+            return
+        except ConnectionError as error:  # datasets: "Couldn't reach NAME on the Hub (...)"
+            problem = one_line(error)
+    raise FileNotFoundError(f"{what} not found locally and the hub is unreachable ({problem}): {fix}")
+
+
 def _hub_offline(repo_id: str) -> bool:
     """Whether hub model `repo_id` must be read from the local hub cache (True) or can be downloaded (False).
 
     The hub is asked once, without retries, so an offline machine fails at once; FileNotFoundError
     naming both readings of `repo_id` when it is neither reachable nor cached.
     """
-    from huggingface_hub import constants, hf_hub_download, hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    from huggingface_hub import hf_hub_download, hf_hub_url
 
+    problem = hub_problem(hf_hub_url(repo_id, "config.json"))
+    if problem is None:
+        return False
     with quiet_library():
-        problem = "HF_HUB_OFFLINE is set"
-        if not constants.is_offline_mode():
-            try:
-                response = get_session().head(
-                    hf_hub_url(repo_id, "config.json"),
-                    headers=build_hf_headers(),
-                    follow_redirects=True,
-                    timeout=constants.HF_HUB_ETAG_TIMEOUT,
-                )
-                hf_raise_for_status(response)
-                return False
-            except Exception as error:  # noqa: BLE001  network and hub errors come in many types
-                problem = _one(error)
         try:
             hf_hub_download(repo_id, "config.json", local_files_only=True)
             return True
@@ -188,8 +241,8 @@ def load(
         FileNotFoundError: "checkpoint not found: PATH" when `ckpt` is a path that does not exist
             (including "owner/name" whose "owner" is a local folder), or reads as a hub id but is
             neither a local folder nor a hub model that is cached or reachable (asked once, no retries).
-        ValueError: not a checkpoint, unreadable or corrupt weights, no tokenizer, or an
-            architecture without an extraction adapter.
+        ValueError: not a checkpoint, unreadable or corrupt weights, no tokenizer, an architecture
+            without an extraction adapter, or a device this machine lacks (`check_device`).
     """
     import transformers as tf
 
@@ -197,6 +250,7 @@ def load(
 
     ckpt = os.fspath(ckpt)
     dtype = _resolve_dtype(dtype)
+    device = check_device(device)
     hub = _is_hub_id(ckpt)
     # an unreachable hub model that is in the local hub cache is read from there, with no network retries
     cached = {"local_files_only": True} if hub and _hub_offline(ckpt) else {}

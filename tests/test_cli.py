@@ -227,6 +227,18 @@ def _corrupt_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _digits_checkpoint(directory: Path) -> Path:
+    """A tiny LLaMA whose tokenizer knows digits and arithmetic only: English is mostly its unknown token."""
+    from helpers import tiny_model
+
+    from lime_model.tokenization import char_tokenizer
+
+    tok = char_tokenizer("0123456789+-*/()= ")
+    tiny_model("llama", tok).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
 @pytest.mark.parametrize(
     "case, match",
     [
@@ -236,10 +248,21 @@ def _corrupt_copy(src: Path, dst: Path) -> Path:
         ("no_tokenizer", "has no tokenizer"),
         ("empty_data", "no text"),
         ("missing_data", "data not found"),
+        ("non_utf8", "latin1.txt is not UTF-8 text"),
+        ("unknown_tokens", "the data does not fit the tokenizer"),
+        ("device_name", "--device 'gpu0' is not a torch device"),
+        ("device_absent", "--device cuda: this machine has no CUDA device"),
+        ("cache_unwritable", "--cache"),
+        (
+            "hf_unreachable",
+            "--data hf:wikitext:wikitext-2-raw-v1 not found locally and the hub is unreachable",
+        ),
+        ("hf_offline", "--data hf:wikitext:wikitext-2-raw-v1 not found locally and the hub is unreachable"),
+        ("blimp_unreachable", "BLiMP data (nyu-mll/blimp) not found locally and the hub is unreachable"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, case, match):
-    ckpt, data = ckpts["llama"], text_file
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, monkeypatch, case, match):
+    ckpt, data, command, extra = ckpts["llama"], text_file, "entropy", []
     if case == "missing":
         ckpt = tmp_path / "nope"
     elif case == "not_ckpt":
@@ -255,13 +278,56 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, ca
         data.write_text("\n\n  \n")
     elif case == "missing_data":
         data = tmp_path / "nothing.txt"
+    elif case == "non_utf8":  # named even inside a folder
+        data = tmp_path / "folder"
+        data.mkdir()
+        (data / "latin1.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    elif case == "unknown_tokens":
+        ckpt = _digits_checkpoint(tmp_path / "digits")
+        extra = ["--num-windows", 2]
+    elif case == "device_name":
+        extra = ["--device", "gpu0"]
+    elif case == "device_absent":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a CUDA device")
+        extra = ["--device", "cuda"]
+    elif case == "cache_unwritable":  # under a file: no folder can be made there
+        (tmp_path / "a-file").write_text("x")
+        extra = ["--cache", tmp_path / "a-file" / "cache"]
+    elif case == "hf_unreachable":  # nothing listens there: the one request fails at once
+        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
+        data = "hf:wikitext:wikitext-2-raw-v1"
+    elif case == "hf_offline":  # HF_HUB_OFFLINE: datasets reads its cache, which lacks the dataset
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+        monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True)
+        monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty-cache"))
+        data = "hf:wikitext:wikitext-2-raw-v1"
+    elif case == "blimp_unreachable":  # blimp without --data reads the hub
+        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
+        command = "blimp"
     out = tmp_path / "out"
-    code, _, err = run_cli(capsys, "entropy", "--ckpt", ckpt, "--data", data, "--out", out, "--no-cache")
-    assert code == 2
+    argv = [command, "--ckpt", ckpt, *(["--data", data] if command != "blimp" else []), "--out", out, *extra]
+    if "--cache" not in extra:
+        argv.append("--no-cache")
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2, err
     lines = [ln for ln in err.splitlines() if ln.startswith("lime-probe")]
-    assert len(lines) == 1 and lines[0].startswith("lime-probe entropy: error: ") and match in lines[0], err
+    assert len(lines) == 1 and lines[0].startswith(f"lime-probe {command}: error: ") and match in lines[0], (
+        err
+    )
     assert "Traceback" not in err
     assert not out.exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_unknown_tokens_can_be_allowed_with_a_one_line_warning(capsys, tmp_path, text_file):
+    ckpt = _digits_checkpoint(tmp_path / "digits")
+    argv = ["entropy", "--ckpt", ckpt, "--data", text_file, "--unit", "documents", "--no-cache"]
+    code, _, err = run_cli(capsys, *argv, "--allow-unknown-tokens", "--out", tmp_path / "o")
+    warned = [ln for ln in err.splitlines() if "unknown token" in ln]
+    assert code == 0 and len(warned) == 1, err
+    assert warned[0].startswith("lime-probe entropy: warning: ") and "of the" in warned[0]
 
 
 def test_unknown_site_is_a_usage_error(capsys, ckpts, text_file, tmp_path):
