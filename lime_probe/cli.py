@@ -352,10 +352,15 @@ def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args, params) -> tuple[
 
 
 def cmd_demo(args, out: Path) -> None:
-    """Train tiny LIMe and LLaMA models on arithmetic and run every analysis (``lime_probe.demo``)."""
+    """Train tiny LIMe and LLaMA models on arithmetic, run every analysis (``lime_probe.demo``) and print
+    what it measured and where it is."""
     from lime_probe.demo import run_demo
 
-    run_demo(out, quick=args.quick, seed=args.seed, device=args.device, runs=args.runs)
+    runs = args.runs or os.path.join(args.out, "runs")
+    _, headline = run_demo(out, quick=args.quick, seed=args.seed, device=args.device, runs=runs)
+    print(format_table(headline))
+    print(f"report: {os.path.join(args.out, 'report.html')}; figures (PNG, PDF), JSON and CSV: {args.out}")
+    print(f"checkpoints: {runs} (a rerun reuses them)")
 
 
 # --------------------------------------------------------------------------- parser
@@ -389,7 +394,8 @@ COMMANDS = {
     ),
     "demo": (
         "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
-        "lime-probe demo                 # a few minutes on 2 CPU cores (README: measured time), writes figures/\n"
+        "lime-probe demo                 # a few minutes on 2 CPU cores (README: measured time), writes "
+        "lime-probe-out/demo/\n"
         "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
     ),
     "reproduce": (
@@ -661,7 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = add("demo", *COMMANDS["demo"], cmd_demo)
-    _run_options(p, out="figures")
+    _run_options(p, out="lime-probe-out/demo")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of training, sampling and probes (default: %(default)s)"
     )
@@ -672,7 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs",
         default=None,
         metavar="DIR",
-        help="keep the two training runs here and reuse finished ones (default: a temporary folder)",
+        help="keep the two training runs here and reuse finished ones (default: runs/ inside --out)",
     )
 
     p = add("reproduce", *COMMANDS["reproduce"], cmd_reproduce)
