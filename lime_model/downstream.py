@@ -41,7 +41,7 @@ PRESETS: dict[str, Preset] = {
     "paper": Preset(
         _TABLE1,
         3,
-        "paper Table 1 (Sec. 5.1): MultiRC, WiC, QNLI, ARC-E, ARC-C, BIG-bench Key-Value Maps and "
+        "the paper's Table 1 (Sec. 5.1): MultiRC, WiC, QNLI, ARC-E, ARC-C, BIG-bench Key-Value Maps and "
         "Mathematical Induction, 3-shot",
     ),
     "paper-appendix": Preset(
@@ -49,7 +49,7 @@ PRESETS: dict[str, Preset] = {
         + _TABLE1[5:]
         + tuple(_BIGBENCH.format(t) for t in ("implicit_relations", "reasoning_about_colored_objects")),
         3,
-        "paper App. C Tables 7-9 (Table 1's tasks plus COPA, WNLI, HellaSwag, OpenBookQA, BIG-bench "
+        "the paper's App. C, Tables 7-9 (Table 1's tasks plus COPA, WNLI, HellaSwag, OpenBookQA, BIG-bench "
         "Implicit Relations and Reasoning About Colored Objects), 3-shot",
     ),
     "official-readme": Preset(
