@@ -14,7 +14,8 @@ Key meanings (batch sizes count sequences):
 * ``task``: ``"lm"`` (packed text from ``data``) or ``"arithmetic"`` (generated expressions).
 * ``data``, ``split``, ``max_texts``: the text spec of :func:`lime_model.data.load_texts`.
 * ``one_pass``: read (stream) exactly the ``steps x batch_size`` sequences the run consumes, so
-  training makes one pass over fresh data, as the paper's runs do; ``max_texts`` then only caps.
+  training makes one pass over fresh data (ours: Sec. 5.1's FineWeb-Edu subset of about 50B tokens
+  holds more than the 42B a 1B run reads, so no token need be seen twice); ``max_texts`` then only caps.
 * ``tokenizer``: a tokenizer directory or hub name; ``null`` trains a byte-level BPE of
   ``model.vocab_size`` entries on the data (lm) or uses the task's characters (arithmetic).
 * ``batch_size``: sequences per optimizer step, over all processes; ``micro_batch_size``:
