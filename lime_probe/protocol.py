@@ -241,7 +241,19 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             "Sec. 5.3",
             ("train a binary logistic-regression probe",),
         ),
-        Setting("task_score", "mean over the layer range", "ours", (), "then mean +- std over tasks"),
+        Setting(
+            "table",
+            "per block: mean +- std over tasks",
+            "reading",
+            ("one number: each task's mean over the blocks, then mean +- std over tasks (ours)",),
+            "both tables list one accuracy +- a spread per layer without saying what the spread is over; we "
+            "read it as over the ten tasks (`blimp.blimp_layer_table`)",
+            "Table 2, Table 11",
+            (
+                "BLiMP probing accuracy (5-fold CV) at selected layers",
+                "probing accuracy (5-fold CV) across layers 10–16",
+            ),
+        ),
         Setting("too_long", "skip and count per paradigm", "ours", (), "an all-skipped paradigm is an error"),
     ),
 }

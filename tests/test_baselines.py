@@ -392,7 +392,9 @@ def test_router_draws_every_mixing_weight_next_to_lime(capsys, tmp_path, ckpts):
     }
 
 
-@pytest.mark.parametrize(("command", "extra"), [("entropy", ["--unit", "documents"]), ("separability", [])])
+@pytest.mark.parametrize(
+    ("command", "extra"), [("entropy", ["--unit", "documents"]), ("separability", ["--allow-small-samples"])]
+)
 def test_probes_compare_lime_llama_and_baselines(capsys, tmp_path, ckpts, command, extra):
     data = tmp_path / "t.txt"
     data.write_text("\n\n".join(CORPUS * 3) + "\n")

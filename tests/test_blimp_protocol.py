@@ -5,7 +5,7 @@ import pytest
 from helpers import PAIRS, tiny_tokenizer
 
 import lime_probe.blimp as blimp
-from lime_probe.blimp import blimp_probe, blimp_table, fit_pairs, paper_layers
+from lime_probe.blimp import blimp_layer_table, blimp_probe, blimp_table, fit_pairs, paper_layers
 from lime_probe.separability import ProbeResult
 
 
@@ -76,6 +76,27 @@ def test_blimp_table_mean_and_std_over_tasks():
     assert rows[1]["n_tasks"] == 3 and rows[1]["accuracy_std"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
     with pytest.raises(ValueError, match="different layers"):
         blimp_table({("m", "values"): {"a": result([0.5], [1]), "b": result([0.5], [2])}})
+
+
+def test_blimp_layer_table_is_one_row_per_block_over_tasks():
+    """Tables 2/11 list layers: per (model, site, layer), mean and std over tasks; blocks numbered from 1."""
+    res = {
+        ("LIMe", "values"): {"a": result([0.9, 0.8], [9, 10]), "b": result([0.6, 0.7], [9, 10])},
+        ("LIMe", "hidden"): {"a": result([0.5, 0.6], [10, 11]), "b": result([0.7, 0.9], [10, 11])},
+    }
+    rows = blimp_layer_table(res)
+    got = {
+        (r["site"], r["block"]): (r["layer"], r["accuracy_mean"], r["accuracy_std"], r["n_tasks"])
+        for r in rows
+    }
+    assert got == {
+        ("values", 10): (9, pytest.approx(0.75), pytest.approx(0.15), 2),
+        ("values", 11): (10, pytest.approx(0.75), pytest.approx(0.05), 2),
+        ("hidden", 10): (10, pytest.approx(0.6), pytest.approx(0.1), 2),
+        ("hidden", 11): (11, pytest.approx(0.75), pytest.approx(0.15), 2),
+    }
+    with pytest.raises(ValueError, match="different layers"):
+        blimp_layer_table({("m", "values"): {"a": result([0.5], [1]), "b": result([0.5], [2])}})
 
 
 def test_grouped_folds_keep_both_sentences_of_a_pair_together(monkeypatch):

@@ -259,6 +259,9 @@ def _digits_checkpoint(directory: Path) -> Path:
         ),
         ("hf_offline", "--data hf:wikitext:wikitext-2-raw-v1 not found locally and the hub is unreachable"),
         ("blimp_unreachable", "BLiMP data (nyu-mll/blimp) not found locally and the hub is unreachable"),
+        ("one_word", "--words needs at least two distinct words"),
+        ("repeated_word", "--words repeats ' is'"),
+        ("small_sample", "per word in each of the 5 test folds (fewer than 10)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, monkeypatch, case, match):
@@ -307,6 +310,11 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, mo
     elif case == "blimp_unreachable":  # blimp without --data reads the hub
         monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
         command = "blimp"
+    elif case in ("one_word", "repeated_word"):  # refused before any data or model is read
+        monkeypatch.setattr("lime_probe.cli.load_checkpoints", lambda *a, **k: pytest.fail("loaded"))
+        command, extra = "separability", ["--words", " is", *([" is"] if case == "repeated_word" else [])]
+    elif case == "small_sample":  # 6 occurrences of each word: 1.2 per word per test fold
+        command = "separability"
     out = tmp_path / "out"
     argv = [command, "--ckpt", ckpt, *(["--data", data] if command != "blimp" else []), "--out", out, *extra]
     if "--cache" not in extra:
@@ -319,6 +327,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, mo
     )
     assert "Traceback" not in err
     assert not out.exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_tsne_says_when_it_has_fewer_points_than_asked(capsys, tmp_path, ckpts, text_file):
+    argv = ["tsne", "--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32, "--no-cache"]
+    code, _, err = run_cli(capsys, *argv, "--per-word", 150, "--perplexity", 2, "--out", tmp_path / "o")
+    warned = [ln for ln in err.splitlines() if "points per word" in ln]
+    assert code == 0 and len(warned) == 1, err
+    assert warned[0].startswith("lime-probe tsne: warning: llama: ") and "not 150" in warned[0]
 
 
 def test_unknown_tokens_can_be_allowed_with_a_one_line_warning(capsys, tmp_path, text_file):
@@ -481,6 +497,7 @@ def test_separability_matches_the_library(capsys, tmp_path, ckpts, text_file):
         "--no-cache",
         "--seed",
         1,
+        "--allow-small-samples",
     )
     doc = _read_json(tmp_path / "o" / "separability_values.json")
     for label in ("lime", "bert"):

@@ -51,7 +51,8 @@ def test_computing_an_analysis_draws_nothing(tmp_path):
         f"texts = {CORPUS * 3!r}\n"
         "kw = {'max_length': 32, 'cache_dir': None}\n"
         "assert ANALYSES['entropy'].run(cks, texts, kw, unit='documents').rows\n"
-        "for name in ('separability', 'cka', 'router'):\n"
+        "assert ANALYSES['separability'].run(cks, texts, kw, allow_small_samples=True).rows\n"
+        "for name in ('cka', 'router'):\n"
         "    assert ANALYSES[name].run(cks, texts, kw).rows"
     )
     assert imported_after(code, ("matplotlib", "seaborn")) == []

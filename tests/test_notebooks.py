@@ -55,6 +55,7 @@ def env(tmp_path_factory) -> dict[str, str]:
         "LIME_WINDOW": "16",
         "LIME_NUM_WINDOWS": "4",
         "LIME_PER_WORD": "8",
+        "LIME_ALLOW_SMALL_SAMPLES": "1",  # the tiny text has a few occurrences of each word
         "LIME_PERPLEXITY": "3",
         "LIME_BLIMP": blimp.name,
         "LIME_PARADIGMS": "agreement_a,agreement_b",

@@ -173,7 +173,7 @@ def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_pat
 
     cks = load_checkpoints([str(ckpts["lime"]), str(ckpts["llama"])], ["LIMe", "LLaMA"], "cpu")
     kw = {"max_length": 32, "cache_dir": None}
-    sep = ANALYSES["separability"].run(cks, DOCS, kw, seed=1)
+    sep = ANALYSES["separability"].run(cks, DOCS, kw, seed=1, allow_small_samples=True)
     for label, ck in (("LIMe", ckpts["lime"]), ("LLaMA", ckpts["llama"])):
         model, tok = load(ck)
         sites = ["values", "routed_values"] if label == "LIMe" else ["values"]
@@ -242,6 +242,7 @@ def test_separability_of_multi_token_words_against_sklearn(capsys, tmp_path, ckp
     run_ok(
         capsys, "separability", "--ckpt", ckpts["lime"], "--data", text_file, "--words", *MULTI,
         "--subtoken", how, "--max-length", 32, "--no-cache", "--seed", 1, "--method", "logreg", "--out", out,
+        "--allow-small-samples",
     )  # fmt: skip
     rows = [r for r in read_rows(out / "separability_values.json") if r["site"] == "values"]
     feats, y = hand_pooled(*load(ckpts["lime"]), "values", how)
@@ -346,6 +347,17 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
         np.testing.assert_allclose([t["accuracy_mean"], t["accuracy_std"]], [np.mean(tasks), np.std(tasks)])
         assert t["n_tasks"] == 2
     assert {t["site"] for t in table} == {"values", "hidden"}
+    # Tables 2/11 layout: per block (values of block b: index b-1), mean and std over the two tasks
+    for t in json.loads((out / "blimp_table2_layers.json").read_text())["rows"]:
+        per_task = [
+            r["probe_accuracy_mean"] for r in rows if (r["site"], r["layer"]) == (t["site"], t["layer"])
+        ]
+        assert (
+            t["block"] == (t["layer"] if t["site"] == "hidden" else t["layer"] + 1) and 10 <= t["block"] <= 16
+        )
+        np.testing.assert_allclose(
+            [t["accuracy_mean"], t["accuracy_std"]], [np.mean(per_task), np.std(per_task)]
+        )
 
 
 def test_blimp_all_pairs_too_long_names_the_paradigm(capsys, tmp_path):
@@ -420,9 +432,10 @@ def test_report_keeps_working_sections_and_lists_the_skipped(capsys, tmp_path, c
         )]
     )  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 0, err
+    assert code == 3, err  # written, and the exit status says a section is missing
     # ' is' occurs once in the first two documents: separability is skipped, the rest is written
     assert "skipped separability" in err and "too rare" in err
+    assert err.strip().splitlines()[-1].startswith("lime-probe report: incomplete: 1 of 3 sections skipped")
     html = (out / "report.html").read_text()
     assert "Skipped sections" in html and "too rare in the data" in html
     assert "Matrix entropy of values" in html and "BLiMP probes and minimal pairs" in html

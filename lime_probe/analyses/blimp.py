@@ -4,8 +4,9 @@ scoring (lm-evaluation-harness's rule).
 The Table 2 protocol by default: ``tasks="table2"`` (`protocol.TABLE2_TASKS`, Appendix D's ten paradigms),
 every pair of each (1,000; App. D: "full datasets"), mean-pooled values and hidden states (and, for a model
 that routes, the routed values its heads attend to, the official analysis's values), the paper's layer range
-(`blimp.paper_layers`), a logistic regression with 5-fold CV grouped by pair; a task's accuracy is its mean
-over those layers, reported as mean +- std over tasks per model and site (`blimp.blimp_table`). Pairs with a
+(`blimp.paper_layers`), a logistic regression with 5-fold CV grouped by pair; reported per block as the
+paper's Tables 2 and 11 (mean +- std over tasks, `blimp.blimp_layer_table`) and as one number per model and
+site (each task's mean over those blocks, then mean +- std over tasks, `blimp.blimp_table`). Pairs with a
 sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`). All
 sites of a paradigm's good and bad sentences come from one extraction pass.
 """
@@ -121,7 +122,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     ``load_blimp`` dataset."""
     import numpy as np
 
-    from lime_probe.blimp import blimp_probe, blimp_table, fit_pairs, score_minimal_pairs
+    from lime_probe.blimp import blimp_layer_table, blimp_probe, blimp_table, fit_pairs, score_minimal_pairs
     from lime_probe.windows import max_positions
 
     from .base import extract_site
@@ -202,6 +203,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
         {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
         for r in blimp_table(probes)
     ]
+    table2_layers = blimp_layer_table(probes)
     chosen = "given paradigms" if p.paradigms is not None else f"tasks {p.tasks!r}"
     pairs = "every pair" if p.max_pairs is None else f"at most {p.max_pairs} pairs each"
     probe = {"logreg": "logistic regression", "adam-linear": "one-epoch linear"}[p.method]
@@ -214,14 +216,14 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
             f"Per paradigm ({len(paradigms)}, {chosen}; {pairs}, pairs longer than the model's positions "
             f"skipped and counted): a {probe} probe ({p.method}) telling the mean-pooled representation of the "
             f"good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of {sites_text(rows)}; "
-            "a task's accuracy is its mean over those layers. Table 2: mean +- std over "
-            "tasks per model and site. For causal LMs also minimal-pair accuracy (summed log-probabilities "
+            "Tables 2 and 11 layout (blimp_table2_layers): per block, mean +- std over tasks; blimp_table2: "
+            "each task's mean over those blocks, then mean +- std over tasks per model and site. For causal LMs also minimal-pair accuracy (summed log-probabilities "
             "after the BOS token, good > bad, as lm-evaluation-harness; means over paradigms and phenomena in "
             "the JSON)." + routing_note(rows, p.sites is None)
         ),
         extra={"blimp": extra},
         summary=summary,
-        tables={"blimp_table2": table2},
+        tables={"blimp_table2_layers": table2_layers, "blimp_table2": table2},
     )
 
 

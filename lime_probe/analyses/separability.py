@@ -25,6 +25,8 @@ from .base import (
     Result,
     Spec,
     check_class_counts,
+    check_probe_sample,
+    check_words,
     extract_site,
     option,
     routing_note,
@@ -38,6 +40,7 @@ from .base import (
 METHODS = ("logreg", "adam-linear")
 SUBTOKENS = ("last", "mean")
 PROTOCOL = defaults("separability")
+N_SPLITS = 5  # the folds of token_separability's cross-validation
 # What each probe's accuracy is, for the result's text and the figure's title.
 PROBES = {
     "adam-linear": "a one-epoch linear probe (the official code's: a linear layer on the raw features, one "
@@ -77,6 +80,14 @@ class SeparabilityParams:
     )
     subtoken: str = subtoken_option()
     seed: int = seed_option()
+    allow_small_samples: bool = option(
+        False,
+        "probe even when the balanced sample holds fewer than 10 occurrences per word in each of the 5 test "
+        "folds (default: refused, as such accuracies mean little)",
+    )
+
+    def __post_init__(self):
+        check_words(self.words)
 
 
 def word_features(
@@ -125,7 +136,9 @@ def separability_rows(
 
     rows = []
     for label, (per_layer, y) in features.items():
-        res = token_separability(per_layer, y, method=method, seed=seed, classes=list(classes))
+        res = token_separability(
+            per_layer, y, method=method, seed=seed, classes=list(classes), n_splits=N_SPLITS
+        )
         for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
             rows.append(
                 {
@@ -204,6 +217,7 @@ def compute(
     for ck in cks:
         sites = value_sites(ck, p.site)
         features = word_features(ck, texts, sites, p.words, extract_kw, subtoken=p.subtoken)
+        check_probe_sample(features[sites[0]][1], N_SPLITS, p.allow_small_samples, ck.label)
         for site in sites:
             rows += separability_rows(
                 {ck.label: features[site]},

@@ -17,6 +17,7 @@ from .base import (
     Checkpoint,
     Result,
     Spec,
+    check_words,
     group,
     option,
     routing_note,
@@ -49,6 +50,9 @@ class TsneParams:
     subtoken: str = subtoken_option()
     seed: int = seed_option()
 
+    def __post_init__(self):
+        check_words(self.words)
+
 
 def tsne_rows(
     features: dict[str, tuple[dict, object]],
@@ -62,15 +66,26 @@ def tsne_rows(
     """t-SNE maps per model and layer from {label: ({layer: (n, d)}, labels (n,))} at ``site``, at most
     ``per_class`` points of each class (seeded subsample, the same rows at every layer): (one row per point,
     one summary row per model)."""
+    import warnings
+
     import numpy as np
 
     from lime_probe.separability import balance_classes
     from lime_probe.tsne import tsne_layers
+    from lime_probe.windows import DataWarning
 
     rows, summary = [], []
     for label, (per_layer, y) in features.items():
         y = np.asarray(y)
-        n = min(per_class, int(np.unique(y, return_counts=True)[1].min()))
+        classes, counts = np.unique(y, return_counts=True)
+        n = min(per_class, int(counts.min()))
+        if n < per_class:  # fewer points than asked: said, not silent
+            warnings.warn(
+                f"{label}: {classes[counts.argmin()]!r} occurs {n} times, so each map has {n} points per word, "
+                f"not {per_class}; give more data (--data, --max-sequences) for more",
+                DataWarning,
+                stacklevel=2,
+            )
         keep = balance_classes(y, seed=seed, n_per_class=n)
         emb = tsne_layers(
             {layer: X[keep] for layer, X in per_layer.items()},
