@@ -3,7 +3,7 @@
 Layout of one cached extraction (``<cache_dir>/<model_type>-<key hash>/``)::
 
     manifest.json            {"key": {...}, "shards": [{"file", "n_sequences", "n_rows", "n_tokens"}, ...],
-                              "complete": bool}
+                              "complete": bool, "uses": [str, ...], "about": str}
     shard-00000.safetensors  tensors "<site>/<layer>" (rows, dim), "offsets" (n_seq+1,), "token_ids" (rows,)
 
 The key holds everything that decides the result: the checkpoint's identity (its path, a
@@ -13,6 +13,8 @@ the tokenizer with the truncation limits, the extraction settings and the librar
 A second run with the same key reuses the shards; a run that was interrupted resumes after the last
 shard listed in the manifest. Every file is written to a temporary name and moved into place with
 `os.replace`, shard first and manifest second, so a crash never leaves a listed shard half-written.
+``uses`` (what wrote or reused the entry: `lime_probe.cachedir.cache_use` labels, e.g. "blimp") and
+``about`` (the start of its data) only name the entry in ``lime-probe cache``; they are not part of the key.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from safetensors.torch import save_file
 from lime_model.digests import texts_hash, tokenizer_hash
 from lime_model.files import atomic_path, atomic_write
 from lime_probe import results
-from lime_probe.cachedir import MANIFEST
+from lime_probe.cachedir import CACHE_USE, MANIFEST
 
 
 def fingerprint(obj: Any) -> str:
@@ -95,14 +97,27 @@ def read_tensor(shard: Path, name: str) -> torch.Tensor:
         return f.get_tensor(name)
 
 
+def describe_texts(texts: Sequence[str] | Sequence[Sequence[int]], width: int = 48) -> str:
+    """A short human description of an extraction's data for the cache listing: the start of its first
+    text (at most `width` characters, whitespace collapsed), or the token count of pre-tokenised input."""
+    if not texts:
+        return ""
+    first = texts[0]
+    if not isinstance(first, str):
+        return f"{len(first)} token ids"
+    text = " ".join(first.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 class ShardCache:
     """The shards and manifest of one extraction, identified by `key`, under `root`.
 
     Attributes: directory, shards (paths of the complete shards, in order), done_sequences (how
-    many sequences those shards hold), complete (whether the extraction finished).
+    many sequences those shards hold), complete (whether the extraction finished), uses (what wrote or
+    reused it: the `cachedir.cache_use` labels active when it was opened), about (its data, for people).
     """
 
-    def __init__(self, root: str | Path, key: dict[str, Any], prefix: str = "acts"):
+    def __init__(self, root: str | Path, key: dict[str, Any], prefix: str = "acts", about: str = ""):
         self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
         self.directory = Path(root) / f"{prefix}-{fingerprint(self.key)[:16]}"
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -110,6 +125,8 @@ class ShardCache:
             stale.unlink(missing_ok=True)
         self._entries: list[dict[str, Any]] = []
         self.complete = False
+        self.uses: list[str] = []
+        self.about = about
         manifest = self.directory / MANIFEST
         if manifest.is_file():
             try:
@@ -120,6 +137,12 @@ class ShardCache:
             if stored.get("key") == self.key and all((self.directory / e["file"]).is_file() for e in entries):
                 self._entries = entries
                 self.complete = bool(stored.get("complete"))
+                self.uses = list(stored.get("uses", []))
+        use = CACHE_USE.get()
+        if use and use not in self.uses:
+            self.uses.append(use)
+            if self._entries:  # a reused entry records its new use at once; a new one with its first shard
+                self._write_manifest()
 
     @property
     def shards(self) -> list[Path]:
@@ -130,7 +153,16 @@ class ShardCache:
         return sum(e["n_sequences"] for e in self._entries)
 
     def _write_manifest(self) -> None:
-        text = json.dumps({"key": self.key, "shards": self._entries, "complete": self.complete}, indent=1)
+        text = json.dumps(
+            {
+                "key": self.key,
+                "shards": self._entries,
+                "complete": self.complete,
+                "uses": self.uses,
+                "about": self.about,
+            },
+            indent=1,
+        )
         atomic_write(self.directory / MANIFEST, text)
 
     @property

@@ -1,9 +1,10 @@
 """The activation cache folder as a whole: list its entries with their sizes, clear them, report growth.
 
-``lime-probe cache`` is `cache_report`; the analysis commands wrap their work in `report_growth`.
-This module needs no torch, so listing or clearing the cache starts at once. The entries are the
-folders `lime_probe.cache.ShardCache` writes (``<prefix>-<16 hex digits>/`` with a manifest); nothing
-else under the cache root is listed or removed.
+``lime-probe cache`` is `cache_report`; the analysis commands wrap their work in `report_growth`, and
+each analysis in `cache_use`, so the entries it writes or reuses record what they were for. This module
+needs no torch, so listing or clearing the cache starts at once. The entries are the folders
+`lime_probe.cache.ShardCache` writes (``<prefix>-<16 hex digits>/`` with a manifest); nothing else under
+the cache root is listed or removed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import stat
 import sys
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,6 +26,22 @@ from typing import Any, TextIO
 MANIFEST = "manifest.json"
 
 _ENTRY_NAME = re.compile(r"^[\w.-]+-[0-9a-f]{16}$")  # "<prefix>-<key hash>", as ShardCache names its folders
+
+# What the cache entries written or reused in a block are for (an analysis, "blimp"); set by `cache_use`,
+# recorded by `lime_probe.cache.ShardCache` in the entry's manifest, shown by `cache_report`.
+CACHE_USE: ContextVar[str] = ContextVar("lime_probe_cache_use", default="")
+
+
+@contextlib.contextmanager
+def cache_use(label: str) -> Iterator[None]:
+    """Inside the block, cache entries written or reused are recorded as used by ``label`` (nested labels
+    are joined with " / ")."""
+    outer = CACHE_USE.get()
+    token = CACHE_USE.set(f"{outer} / {label}" if outer else label)
+    try:
+        yield
+    finally:
+        CACHE_USE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,8 @@ class CacheEntry:
     directory: Path
     checkpoint: str  # the checkpoint's path or hub id, or "in-memory model <hash>"
     sites: str  # e.g. "hidden, values"
+    uses: tuple[str, ...]  # what wrote or reused it (`cache_use`), e.g. ("blimp",); () for older entries
+    about: str  # the data, e.g. the start of its first text
     n_sequences: int
     complete: bool
     size: int  # bytes
@@ -84,8 +104,19 @@ def cache_entries(root: str | os.PathLike) -> list[CacheEntry]:
         checkpoint, sites = _describe_key(stored.get("key", {}))
         size, modified = _folder_size(folder)
         n_sequences = sum(int(s.get("n_sequences", 0)) for s in stored.get("shards", []))
+        uses, about = tuple(stored.get("uses", ())), str(stored.get("about", ""))
         entries.append(
-            CacheEntry(folder, checkpoint, sites, n_sequences, bool(stored.get("complete")), size, modified)
+            CacheEntry(
+                folder,
+                checkpoint,
+                sites,
+                uses,
+                about,
+                n_sequences,
+                bool(stored.get("complete")),
+                size,
+                modified,
+            )
         )
     return sorted(entries, key=lambda e: (e.modified, e.directory.name))
 
@@ -95,18 +126,48 @@ def cache_size(root: str | os.PathLike | None) -> int:
     return sum(e.size for e in cache_entries(root)) if root is not None else 0
 
 
-def clear_cache(root: str | os.PathLike, older_than_days: float | None = None) -> list[CacheEntry]:
-    """Remove the cache entries under `root` (only those last written more than `older_than_days` days
-    ago, if given); return the removed entries. Files that are not cache entries are left alone."""
+def selected_entries(
+    root: str | os.PathLike, older_than_days: float | None = None, checkpoint: str | None = None
+) -> list[CacheEntry]:
+    """The entries under `root` last written more than `older_than_days` days ago (all if None) and of
+    `checkpoint` (a path, matched as given or resolved, or a hub id; all if None). ValueError for a
+    negative age."""
     if older_than_days is not None and older_than_days < 0:
         raise ValueError(f"--older-than must be a number of days >= 0, got {older_than_days}")
     now = time.time()
-    removed = []
-    for entry in cache_entries(root):
-        if older_than_days is None or entry.age_days(now) > older_than_days:
-            shutil.rmtree(entry.directory)
-            removed.append(entry)
+    names = None if checkpoint is None else {checkpoint, str(Path(checkpoint).expanduser().resolve())}
+    return [
+        e
+        for e in cache_entries(root)
+        if (names is None or e.checkpoint in names)
+        and (older_than_days is None or e.age_days(now) > older_than_days)
+    ]
+
+
+def clear_cache(
+    root: str | os.PathLike, older_than_days: float | None = None, checkpoint: str | None = None
+) -> list[CacheEntry]:
+    """Remove the cache entries under `root` that `selected_entries` selects; return them. Files that are
+    not cache entries are left alone."""
+    removed = selected_entries(root, older_than_days, checkpoint)
+    for entry in removed:
+        shutil.rmtree(entry.directory)
     return removed
+
+
+NO_TERMINAL = "--clear asks before removing and stdin is not a terminal: add --yes to clear anyway"
+
+
+def confirm_on_terminal(question: str) -> bool:
+    """Ask ``question`` on the terminal, yes only for "y"/"yes"; ValueError when stdin is not a terminal
+    (a script, a pipe): nobody could answer, so nothing is removed without ``--yes``."""
+    if not sys.stdin.isatty():
+        raise ValueError(NO_TERMINAL)
+    try:
+        answer = input(f"{question} [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def format_size(n_bytes: float) -> str:
@@ -118,35 +179,66 @@ def format_size(n_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _entries_text(n: int) -> str:
+    return f"{n} cache entr{'y' if n == 1 else 'ies'}"
+
+
 def cache_report(
-    root: str | os.PathLike, *, clear: bool = False, older_than_days: float | None = None
+    root: str | os.PathLike,
+    *,
+    clear: bool = False,
+    older_than_days: float | None = None,
+    checkpoint: str | None = None,
+    yes: bool = False,
 ) -> str:
-    """What ``lime-probe cache`` prints: one line per entry (size, age, sequences, sites, checkpoint)
-    and the total, or, with `clear`, what was removed. `older_than_days` limits both to older entries."""
+    """What ``lime-probe cache`` prints: the entries grouped by checkpoint, one line each (size, age,
+    sequences, what used it, sites, the start of its data) and the total; or, with `clear`, what was
+    removed. `older_than_days` and `checkpoint` select entries as `selected_entries` does. `clear` asks
+    first (`confirm_on_terminal`) unless `yes`; with neither a terminal nor `yes` it refuses (ValueError)
+    before looking at anything."""
     root = Path(root).expanduser()
-    if clear:
-        removed = clear_cache(root, older_than_days)
-        left = cache_size(root)
-        return (
-            f"removed {len(removed)} cache entr{'y' if len(removed) == 1 else 'ies'} "
-            f"({format_size(sum(e.size for e in removed))}) from {root}; {format_size(left)} left"
-        )
-    if older_than_days is not None and older_than_days < 0:
-        raise ValueError(f"--older-than must be a number of days >= 0, got {older_than_days}")
-    now = time.time()
-    entries = [e for e in cache_entries(root) if older_than_days is None or e.age_days(now) > older_than_days]
+    if clear and not yes and not sys.stdin.isatty():  # refused before anything else, empty cache or not
+        raise ValueError(NO_TERMINAL)
+    entries = selected_entries(root, older_than_days, checkpoint)
+    which = "" if older_than_days is None else f" older than {older_than_days:g} days"
     if not entries:
-        return f"no cache entries in {root}" + (
-            "" if older_than_days is None else f" older than {older_than_days:g} days"
+        if checkpoint is None:
+            return f"no cache entries in {root}{which}"
+        held = sorted({e.checkpoint for e in cache_entries(root)})  # so a mistyped --ckpt shows
+        return f"no cache entries of {checkpoint} in {root}{which}" + (
+            f"; it holds entries of: {', '.join(held)}" if held else ""
         )
-    lines = [f"{'size':>9}  {'age':>6}  {'seqs':>6}  sites / checkpoint"]
+    total = format_size(sum(e.size for e in entries))
+    if clear:
+        if not yes and not confirm_on_terminal(
+            f"remove {_entries_text(len(entries))} ({total}) from {root}?"
+        ):
+            return "nothing removed"
+        removed = clear_cache(root, older_than_days, checkpoint)
+        return (
+            f"removed {_entries_text(len(removed))} ({format_size(sum(e.size for e in removed))}) from {root}; "
+            f"{format_size(cache_size(root))} left"
+        )
+    now = time.time()
+    lines = []
+    by_checkpoint: dict[str, list[CacheEntry]] = {}
     for e in entries:
-        flag = "" if e.complete else "  (partial)"
-        lines.append(
-            f"{format_size(e.size):>9}  {e.age_days(now):5.1f}d  {e.n_sequences:>6}  {e.sites} / {e.checkpoint}{flag}"
-        )
-    total = sum(e.size for e in entries)
-    lines.append(f"{format_size(total):>9}  total in {len(entries)} entries under {root}")
+        by_checkpoint.setdefault(e.checkpoint, []).append(e)
+    for name, mine in by_checkpoint.items():
+        lines.append(f"{name}  ({format_size(sum(e.size for e in mine))})")
+        for e in mine:
+            what = ", ".join(e.uses) or "?"
+            about = f"  {e.about!r}" if e.about else ""
+            flag = "" if e.complete else "  (partial)"
+            lines.append(
+                f"  {format_size(e.size):>9}  {e.age_days(now):5.1f}d  {e.n_sequences:>6} seqs  "
+                f"{what}: {e.sites}{about}{flag}"
+            )
+    lines.append(
+        f"{total:>11}  total in {len(entries)} entries of {len(by_checkpoint)} checkpoint"
+        f"{'' if len(by_checkpoint) == 1 else 's'} under {root}{which} "
+        "('lime-probe cache --clear [--ckpt DIR]' removes them)"
+    )
     return "\n".join(lines)
 
 

@@ -214,9 +214,12 @@ def _field_value(v):
 
 def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
     """``spec.compute`` with the parameters and extraction settings of ``args``."""
+    from lime_probe.cachedir import cache_use
+
     own_layers = "layers" in {f.name for f in dataclasses.fields(spec.params)}
     extract_kw = extract_options(args, own_layers) if spec.data_kind != "none" else None
-    return spec.compute(cks, data, params_of(spec, args), extract_kw)
+    with cache_use(spec.name):  # its cache entries are listed under its name
+        return spec.compute(cks, data, params_of(spec, args), extract_kw)
 
 
 def _meta(command: str, args, cks: Sequence[Checkpoint], settings: dict | None = None) -> dict:
@@ -347,7 +350,10 @@ def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args, params) -> tuple[
     layers = "paper" if args.layers in (None, "all") else args.layers
     params = dataclasses.replace(params, layers=layers)
     data = _blimp(args.blimp, params, "--blimp")
-    result = spec.compute(cks, data, params, extract_options(args, own_layers=True))
+    from lime_probe.cachedir import cache_use
+
+    with cache_use(spec.name):
+        result = spec.compute(cks, data, params, extract_options(args, own_layers=True))
     return result, dataclasses.asdict(params)
 
 
@@ -410,9 +416,10 @@ COMMANDS = {
         "   # not run in tests: about 30 min at one thread",
     ),
     "cache": (
-        "list the activation cache's entries and sizes, or clear them",
+        "list the activation cache's entries by checkpoint and analysis with their sizes, or clear them",
         "lime-probe cache                        # size per entry and the total\n"
-        "lime-probe cache --clear --older-than 30   # remove entries last written over 30 days ago",
+        "lime-probe cache --clear --older-than 30 --yes   # remove entries last written over 30 days ago\n"
+        "lime-probe cache --clear --ckpt runs/lime --yes   # remove one checkpoint's entries",
     ),
 }
 
@@ -734,9 +741,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-dir", default=_default_cache(), metavar="DIR", help="the cache (default: %(default)s)"
     )
-    p.add_argument("--clear", action="store_true", help="remove the entries (all, or those --older-than)")
+    p.add_argument(
+        "--clear",
+        action="store_true",
+        help="remove the entries (all, or those --older-than / of --ckpt), after asking on the terminal",
+    )
     p.add_argument(
         "--older-than", type=float, default=None, metavar="DAYS", help="only entries older than this"
+    )
+    p.add_argument(
+        "--ckpt",
+        default=None,
+        metavar="PATH|HUB_ID",
+        help="only the entries of this checkpoint (list or clear)",
+    )
+    p.add_argument(
+        "--yes", action="store_true", help="clear without asking (needed where stdin is not a terminal)"
     )
     p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
     p.set_defaults(out=None)
@@ -782,7 +802,15 @@ def cmd_cache(args, out: None) -> None:
     """List or clear the activation cache (``lime_probe.cachedir.cache_report``)."""
     from lime_probe.cachedir import cache_report
 
-    print(cache_report(args.cache_dir, clear=args.clear, older_than_days=args.older_than))
+    print(
+        cache_report(
+            args.cache_dir,
+            clear=args.clear,
+            older_than_days=args.older_than,
+            checkpoint=args.ckpt,
+            yes=args.yes,
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

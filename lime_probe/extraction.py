@@ -42,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .adapters import Adapter, Take, first, get_adapter, head_shape
-from .cache import ShardCache, extraction_key, read_tensor
+from .cache import ShardCache, describe_texts, extraction_key, read_tensor
 from .loading import wrap
 from .sites import SITES
 from .windows import check_unknown_tokens
@@ -467,7 +467,7 @@ def extract(
         key = extraction_key(
             hf, tokenizer, texts, max_length=max_length, max_tokens=max_tokens, settings=settings
         )
-        cache = ShardCache(cache_dir, key, prefix=hf.config.model_type)
+        cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=describe_texts(texts))
         if cache.complete:
             return Activations(cache.shards, plan.site_layers, plan.heads)
 

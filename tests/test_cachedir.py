@@ -67,8 +67,8 @@ def test_entries_and_sizes_match_the_files_on_disk(filled, ckpt):
     assert sorted(e.sites for e in entries) == ["hidden", "values"]
     assert cache_size(filled) == sum(du(d) for d in entry_dirs)  # notes.txt and photos/ are not counted
     text = cache_report(filled)
-    assert f"{format_size(cache_size(filled))}  total in 2 entries under {filled}" in text
-    assert text.count(str(ckpt.resolve())) == 2
+    assert f"{format_size(cache_size(filled))}  total in 2 entries of 1 checkpoint under {filled}" in text
+    assert text.splitlines()[0] == f"{ckpt.resolve()}  ({format_size(cache_size(filled))})"  # grouped
 
 
 def test_clear_older_than_and_all_leave_other_files_alone(filled):
@@ -81,7 +81,7 @@ def test_clear_older_than_and_all_leave_other_files_alone(filled):
     removed = clear_cache(filled, older_than_days=30)
     assert [e.directory for e in removed] == [old.directory]
     assert not old.directory.exists() and new.directory.exists()
-    text = cache_report(filled, clear=True)
+    text = cache_report(filled, clear=True, yes=True)
     assert text.startswith(f"removed 1 cache entry ({format_size(new.size)}) from {filled}; 0 B left")
     assert not new.directory.exists()
     assert (filled / "notes.txt").read_text() == "mine, keep" and (filled / "photos" / "a.jpg").is_file()
@@ -123,7 +123,7 @@ def test_cli_cache_lists_and_clears(filled, capsys):
     total = cache_size(filled)
     assert cli.main(["cache", "--cache-dir", str(filled)]) == 0
     assert f"{format_size(total)}  total in 2 entries" in capsys.readouterr().out
-    assert cli.main(["cache", "--cache-dir", str(filled), "--clear"]) == 0
+    assert cli.main(["cache", "--cache-dir", str(filled), "--clear", "--yes"]) == 0
     assert capsys.readouterr().out.startswith(f"removed 2 cache entries ({format_size(total)})")
     assert cache_entries(filled) == [] and (filled / "notes.txt").is_file()
     assert cli.main(["cache", "--cache-dir", str(filled), "--older-than", "-2"]) == 2
@@ -146,3 +146,92 @@ def test_commands_report_cache_growth_and_record_threads(tmp_path, ckpt, capsys)
     assert f"cache: +{format_size(du(cache))} in {cache} " in err
     (doc,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
     assert doc["meta"]["settings"]["threads"] == 1
+
+
+class _Terminal:
+    """A stand-in stdin that is a terminal and answers `answer`."""
+
+    def __init__(self, answer: str):
+        self.answer = answer
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        return self.answer + "\n"
+
+
+class _Pipe(_Terminal):
+    def isatty(self) -> bool:
+        return False
+
+
+def test_clear_asks_on_a_terminal_and_refuses_without_one(filled, capsys, monkeypatch):
+    before = [e.directory for e in cache_entries(filled)]
+    argv = ["cache", "--cache-dir", str(filled), "--clear"]
+    monkeypatch.setattr("sys.stdin", _Pipe("y"))  # a script: nobody to ask
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "stdin is not a terminal: add --yes" in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setattr("sys.stdin", _Terminal("n"))
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"remove 2 cache entries ({format_size(cache_size(filled))}) from {filled}? [y/N]" in out
+    assert "nothing removed" in out
+    assert [e.directory for e in cache_entries(filled)] == before  # untouched by both
+    monkeypatch.setattr("sys.stdin", _Terminal("y"))
+    assert cli.main(argv) == 0
+    assert "removed 2 cache entries" in capsys.readouterr().out and cache_entries(filled) == []
+
+
+def test_entries_are_named_by_checkpoint_and_analysis_and_cleared_per_checkpoint(tmp_path, ckpt, capsys):
+    """Two BLiMP-like extractions (same checkpoint, site and settings, different sentences) are told apart
+    by their data; a second analysis reusing an entry is recorded; --ckpt lists and clears one checkpoint."""
+    from lime_probe.cachedir import cache_use
+    from lime_probe.extraction import extract
+    from lime_probe.loading import load
+
+    other = save_tiny_checkpoint(tmp_path / "lime", "lime")
+    cache = tmp_path / "cache"
+    model, tok = load(ckpt)
+    good, bad = ["The cats are here.", "A dog barks."], ["The cats is here.", "A dog bark."]
+    with cache_use("blimp"):
+        for texts in (good, bad):
+            extract(model, tok, texts, sites=["hidden"], pool="mean", cache_dir=cache, progress=False)
+    with cache_use("cka"):  # the same extraction again: reused, and recorded as used by cka too
+        extract(model, tok, good, sites=["hidden"], pool="mean", cache_dir=cache, progress=False)
+    lime, lime_tok = load(other)
+    with cache_use("entropy"):
+        extract(lime, lime_tok, CORPUS[:2], sites=["values"], cache_dir=cache, progress=False)
+    entries = cache_entries(cache)
+    assert len(entries) == 3
+    uses = {e.about: e.uses for e in entries}
+    assert uses["The cats are here."] == ("blimp", "cka") and uses["The cats is here."] == ("blimp",)
+    assert uses[" ".join(CORPUS[0].split())[:45] + "..."] == ("entropy",)
+
+    assert cli.main(["cache", "--cache-dir", str(cache)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("  (")[0] for ln in lines if not ln.startswith(" ")] == [
+        str(ckpt.resolve()),
+        str(other.resolve()),
+    ]
+    assert any("blimp, cka: hidden  'The cats are here.'" in ln for ln in lines)
+    assert any("blimp: hidden  'The cats is here.'" in ln for ln in lines)
+    assert "total in 3 entries of 2 checkpoints" in lines[-1]
+
+    assert cli.main(["cache", "--cache-dir", str(cache), "--ckpt", str(other)]) == 0
+    listed = capsys.readouterr().out
+    assert str(other.resolve()) in listed and str(ckpt.resolve()) not in listed
+    kept = du(next(e.directory for e in entries if e.checkpoint == str(other.resolve())))
+    assert cli.main(["cache", "--cache-dir", str(cache), "--clear", "--yes", "--ckpt", str(ckpt)]) == 0
+    assert capsys.readouterr().out.startswith("removed 2 cache entries ")
+    assert [e.checkpoint for e in cache_entries(cache)] == [str(other.resolve())] and cache_size(
+        cache
+    ) == kept
+    assert (
+        cli.main(["cache", "--cache-dir", str(cache), "--clear", "--yes", "--ckpt", str(tmp_path / "nope")])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith(f"no cache entries of {tmp_path / 'nope'}") and str(other.resolve()) in out
+    assert len(cache_entries(cache)) == 1
