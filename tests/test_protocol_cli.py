@@ -198,6 +198,18 @@ def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_pat
     assert [(r["model"], r["site"]) for r in tsne.summary] == [
         ("LIMe", "values"), ("LIMe", "routed_values"), ("LLaMA", "values")
     ]  # fmt: skip
+    from helpers import write_blimp_dir
+
+    from lime_probe.blimp import load_blimp
+
+    pairs = load_blimp(write_blimp_dir(tmp_path / "blimp"))
+    bl = ANALYSES["blimp"].run(cks, pairs, kw, tasks="all", layers="all")
+    assert list(dict.fromkeys((r["model"], r["site"]) for r in bl.summary)) == [
+        ("LIMe", "values"), ("LIMe", "routed_values"), ("LIMe", "hidden"), ("LLaMA", "values"), ("LLaMA", "hidden")
+    ]  # fmt: skip
+    assert "No routing in LLaMA" in bl.text
+    bars = ANALYSES["blimp"].plot(bl)["blimp_table2"].axes[0].get_legend_handles_labels()[1]
+    assert "routed values (what LIMe's heads attend to)" in bars
     # an explicit site is that site alone
     only = ANALYSES["entropy"].run(cks[:1], DOCS, {**kw, "max_length": 16}, site="values", unit="documents")
     assert {r["site"] for r in only.rows} == {"values"} and "No routing" not in only.text
