@@ -69,7 +69,10 @@ def check_unknown_tokens(sequences: Sequence[Sequence[int]], tokenizer: Any, all
             f"the data does not fit the tokenizer: {what} (over {UNKNOWN_REFUSE:.0%}); give text in the "
             "tokenizer's language, or --allow-unknown-tokens to measure it anyway"
         )
-    warnings.warn(f"{what}; the numbers partly describe that token, not the text", DataWarning, stacklevel=3)
+    note = (
+        "; the numbers partly describe that token, not the text (text that spells the token out counts too)"
+    )
+    warnings.warn(what + note, DataWarning, stacklevel=3)
 
 
 def max_positions(model_or_config: Any) -> int | None:
