@@ -41,13 +41,14 @@ METHODS = ("logreg", "adam-linear")
 SUBTOKENS = ("last", "mean")
 PROTOCOL = defaults("separability")
 N_SPLITS = 5  # the folds of token_separability's cross-validation
-# What each probe's accuracy is, for the result's text and the figure's title.
+# What each probe's accuracy is, for the result's text.
 PROBES = {
     "adam-linear": "a one-epoch linear probe (the official code's: a linear layer on the raw features, one "
     "epoch of Adam, lr 1e-2, batch 64; 5 shuffled folds; accuracy averaged over test batches)",
     "logreg": "a standardised logistic regression fitted to convergence (5 stratified folds)",
 }
-PROBE_TITLES = {
+# Its short name, for the printed table's "probe" column and the figure's title.
+PROBE_NAMES = {
     "adam-linear": "one-epoch linear probe (official code's)",
     "logreg": "converged logistic regression",
 }
@@ -150,6 +151,7 @@ def separability_rows(
                     "majority_baseline": res.majority_baseline,
                     "n_rows": res.n_rows,
                     "method": res.method,
+                    "probe": PROBE_NAMES[res.method],
                     **({"subtoken": subtoken} if subtoken else {}),
                 }
             )
@@ -184,7 +186,7 @@ def _result(
             + routing_note(rows, default)
         ),
         context={"classes": shown},
-        columns=("model", "site", "layer", "accuracy_mean", "accuracy_std", "majority_baseline"),
+        columns=("model", "site", "layer", "probe", "accuracy_mean", "accuracy_std", "majority_baseline"),
     )
 
 
@@ -250,7 +252,7 @@ def plot(result: Result) -> dict:
     )
     ax = fig.axes[0]
     with F.style():  # the probe in the title: its accuracy is that probe's
-        ax.set_title(f"{ax.get_title()}\n{PROBE_TITLES[rows[0]['method']]}")
+        ax.set_title(f"{ax.get_title()}\n{PROBE_NAMES[rows[0]['method']]}")
     return {result.name: fig}
 
 
