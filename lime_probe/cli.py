@@ -131,17 +131,17 @@ def staged_output(out: str | os.PathLike):
 
 
 def check_writable_dir(path: str | os.PathLike, option: str) -> None:
-    """Create the folder ``path`` (``option``'s value, e.g. the cache) if needed and check that a file can be
-    written in it, so a run fails before its work rather than after; PermissionError or ValueError naming
-    ``option`` otherwise."""
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{option} {path} exists and is not a directory")
+    """Check, creating nothing, that the folder ``path`` (``option``'s value, e.g. the cache) can be written:
+    a file can be made in it or, where it does not exist yet, in its nearest existing parent. A run thus
+    fails before its work rather than after; PermissionError or ValueError naming ``option`` otherwise."""
+    folder = Path(path).expanduser().absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path}: {existing} exists and is not a directory")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
+        tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:
-        raise PermissionError(f"{option} {path} is not a writable folder ({e.strerror})") from None
+        raise PermissionError(f"{option} {path} is not writable ({existing}: {e.strerror})") from None
 
 
 @contextmanager
@@ -763,6 +763,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_reproduce_outputs(run_dir: str, results: str | None) -> None:
+    """The runs folder and ``--results`` (written at the end, after the training) checked before any work."""
+    check_writable_dir(run_dir, "--out")
+    if results is not None:
+        check_writable_dir(results, "--results")
+
+
 def cmd_reproduce(args, out: None) -> None:
     """Train or reuse the runs, measure, compare (``lime_probe.reproduce``, ``lime_probe.reproduce_arithmetic``);
     writes in place, resumable."""
@@ -773,6 +780,7 @@ def cmd_reproduce(args, out: None) -> None:
             raise ValueError("--study arithmetic generates its data; leave out --data")
         if args.baselines:
             raise ValueError("--baselines applies to --study lm")
+        _check_reproduce_outputs(args.run_dir or "runs/arithmetic-seeds", args.results)
         results = run_arithmetic_study(
             args.run_dir or "runs/arithmetic-seeds",
             size=args.size,
@@ -787,6 +795,7 @@ def cmd_reproduce(args, out: None) -> None:
             raise ValueError("--study lm needs --data (the folder holding wikitext-2/ and blimp/)")
         if args.seeds is not None:
             raise ValueError("--seeds applies to --study arithmetic; the lm study's seeds are its protocol's")
+        _check_reproduce_outputs(args.run_dir or "runs/lm-cpu", args.results)
         results = run_reproduction(
             args.run_dir or "runs/lm-cpu",
             args.data,

@@ -329,6 +329,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, mo
     assert not out.exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
 
+def test_reproduce_checks_its_output_folders_before_training(capsys, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    argv = ["reproduce", "--study", "arithmetic", "--out", tmp_path / "runs"]
+    code, _, err = run_cli(capsys, *argv, "--results", tmp_path / "a-file" / "results")
+    assert code == 2 and err.count("\n") == 1 and "--results" in err and "not a directory" in err, err
+    assert not (tmp_path / "runs").exists()  # nothing created, nothing trained
+
+
 def test_tsne_says_when_it_has_fewer_points_than_asked(capsys, tmp_path, ckpts, text_file):
     argv = ["tsne", "--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32, "--no-cache"]
     code, _, err = run_cli(capsys, *argv, "--per-word", 150, "--perplexity", 2, "--out", tmp_path / "o")
