@@ -71,20 +71,21 @@ def _local_files(source: Path, paradigms: Sequence[str] | None) -> list[Path]:
 def _read_jsonl(path: Path) -> list[dict]:
     """The records of one BLiMP JSONL file, each checked for `REQUIRED_FIELDS`."""
     records = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"could not read BLiMP JSONL {path}:{n}: not a JSON line ({e.msg})"
-                ) from None
-            if not isinstance(record, dict):
-                raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON object")
-            _check_fields(list(record), f"{path}:{n}")
-            records.append(record)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"could not read BLiMP JSONL {path}: not UTF-8 text ({e.reason})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON line ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON object")
+        _check_fields(list(record), f"{path}:{n}")
+        records.append(record)
     if not records:
         raise ValueError(f"{path}: empty file")
     return records

@@ -259,6 +259,7 @@ def _digits_checkpoint(directory: Path) -> Path:
         ),
         ("hf_offline", "--data hf:wikitext:wikitext-2-raw-v1 not found locally and the hub is unreachable"),
         ("blimp_unreachable", "BLiMP data (nyu-mll/blimp) not found locally and the hub is unreachable"),
+        ("blimp_non_utf8", "latin1.jsonl: not UTF-8 text"),
         ("one_word", "--words needs at least two distinct words"),
         ("repeated_word", "--words repeats ' is'"),
         ("small_sample", "per word in each of the 5 test folds (fewer than 10)"),
@@ -309,14 +310,18 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, mo
         data = "hf:wikitext:wikitext-2-raw-v1"
     elif case == "blimp_unreachable":  # blimp without --data reads the hub
         monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
-        command = "blimp"
+        command, data = "blimp", None
+    elif case == "blimp_non_utf8":
+        command, data, extra = "blimp", tmp_path / "blimp", ["--tasks", "all"]
+        data.mkdir()
+        (data / "latin1.jsonl").write_bytes('{"sentence_good": "caf\u00e9"}\n'.encode("latin-1"))
     elif case in ("one_word", "repeated_word"):  # refused before any data or model is read
         monkeypatch.setattr("lime_probe.cli.load_checkpoints", lambda *a, **k: pytest.fail("loaded"))
         command, extra = "separability", ["--words", " is", *([" is"] if case == "repeated_word" else [])]
     elif case == "small_sample":  # 6 occurrences of each word: 1.2 per word per test fold
         command = "separability"
     out = tmp_path / "out"
-    argv = [command, "--ckpt", ckpt, *(["--data", data] if command != "blimp" else []), "--out", out, *extra]
+    argv = [command, "--ckpt", ckpt, *(["--data", data] if data is not None else []), "--out", out, *extra]
     if "--cache" not in extra:
         argv.append("--no-cache")
     code, _, err = run_cli(capsys, *argv)
