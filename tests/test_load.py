@@ -8,7 +8,7 @@ import transformers as tf
 from helpers import save_tiny_checkpoint
 
 from lime_probe.extraction import extract
-from lime_probe.loading import _is_hub_id, load
+from lime_probe.loading import _is_hub_id, check_device, hub_dataset, load
 
 
 @pytest.mark.parametrize("arch", ["llama", "lime", "gpt2", "gpt_neox", "bert"])
@@ -135,6 +135,49 @@ def test_unreachable_hub_id_fails_at_once_naming_both_readings(tmp_path, monkeyp
     )
     assert "\n" not in message
     assert ("HF_HUB_OFFLINE is set" in message) == offline
+
+
+@pytest.mark.parametrize(
+    "device, match",
+    [
+        ("gpu0", "--device 'gpu0' is not a torch device"),
+        ("cuda:x", "--device 'cuda:x' is not a torch device"),
+        ("cuda", "--device cuda: this machine has no CUDA device"),
+        ("mps", "--device mps: this machine has no MPS device"),
+    ],
+)
+def test_a_device_the_machine_lacks_fails_before_loading(tmp_path, monkeypatch, device, match):
+    if (
+        device == "cuda"
+        and torch.cuda.is_available()
+        or device == "mps"
+        and torch.backends.mps.is_available()
+    ):
+        pytest.skip(f"this machine has {device}")
+    assert check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=match):
+        check_device(device)
+    opened = []
+    monkeypatch.setattr(tf.AutoConfig, "from_pretrained", lambda *a, **k: opened.append(a))
+    with pytest.raises(ValueError, match=match):
+        load(tmp_path / "not-even-read", device=device)
+    assert opened == []
+
+
+def test_an_unreachable_hub_dataset_fails_at_once_in_one_line(monkeypatch):
+    import time
+
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    ran = []
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError) as info, hub_dataset("org/data", "the data", "pass a local file"):
+        ran.append(1)
+    assert time.monotonic() - start < 10 and ran == []  # one request, the block never runs
+    message = str(info.value)
+    assert (
+        message.startswith("the data not found locally and the hub is unreachable (") and "\n" not in message
+    )
+    assert message.endswith("): pass a local file")
 
 
 def _save_bert_base(directory: Path) -> Path:
