@@ -147,17 +147,20 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> None:
 @contextmanager
 def one_line_warnings(where: str):
     """Inside the block a ``lime_probe.windows.DataWarning`` (the data weakens the result) prints as one
-    line, ``WHERE: warning: MESSAGE``, on stderr; other warnings as Python shows them."""
+    line, ``WHERE: warning: MESSAGE``, on stderr, each message once; other warnings as Python shows them."""
     import warnings
 
     from lime_probe.windows import DataWarning
 
+    shown: set[str] = set()
     with warnings.catch_warnings():
         default = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
             if issubclass(category, DataWarning):
-                print(f"{where}: warning: {message}", file=sys.stderr)
+                if str(message) not in shown:
+                    shown.add(str(message))
+                    print(f"{where}: warning: {message}", file=sys.stderr)
             else:
                 default(message, category, filename, lineno, file, line)
 
