@@ -145,6 +145,12 @@ def test_adam_linear_is_bit_identical_to_the_official_loop():
     assert 0.3 < got.accuracy_mean.mean() < 0.99
 
 
+def test_classes_must_cover_the_labels():
+    X = np.random.default_rng(0).standard_normal((10, 3))
+    with pytest.raises(ValueError, match=r"labels \['b'\] are not among the classes \['a'\]"):
+        token_separability({0: X}, ["a", "b"] * 5, classes=["a"], progress=False)
+
+
 def test_balance_classes():
     y = np.array(["a"] * 10 + ["b"] * 3 + ["c"] * 7)
     keep = balance_classes(y, seed=1)
