@@ -9,17 +9,30 @@ nothing heavy: torch and safetensors are imported inside the checks that need th
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
 
-__all__ = ["BAD_INPUT", "check_device", "check_weights", "one_line"]
+__all__ = ["BAD_INPUT", "OneLineParser", "check_device", "check_weights", "one_line"]
 
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
 # one: the libraries raise ValueError for a wrong name, so a KeyError is a bug.
 BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (the usage itself stays one ``--help`` away) and no abbreviated
+    options (``--ckp`` is an error, not ``--ckpt``). Pass it on as ``add_subparsers(parser_class=...)``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def one_line(error: BaseException) -> str:

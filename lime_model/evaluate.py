@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .files import atomic_write
+from .checks import check_device, check_weights
+from .files import atomic_write, check_writable
 from .tokenization import load_tokenizer
 
 
@@ -74,17 +75,25 @@ def perplexity(
         data: a data spec (see :mod:`lime_model.data`).
         window: tokens per window; default the model's ``max_position_embeddings`` (the training
             ``seq_len`` of a ``lime-model`` run).
+        device: where the model runs (``cpu``, ``cuda``, ``cuda:1``, ``mps``).
         out: also write the result there as JSON.
 
     Returns:
         ``{"checkpoint", "data", "window", "windows", "tokens", "loss", "perplexity"}`` with ``tokens``
         the number of predicted tokens and ``loss`` their mean NLL (nats).
+
+    The checkpoint's files, the data source, ``device`` and ``out`` are checked before the model is
+    loaded (ValueError, FileNotFoundError or PermissionError naming the problem).
     """
     from transformers import AutoModelForCausalLM  # any of lime_model's registered archs
 
     ckpt = Path(ckpt)
     if not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
+    check_weights(ckpt)
+    check_device(str(device))
+    if out is not None:
+        check_writable(out)
     source = data_mod.TextSource(data, split)
     source.key()  # a missing or unreadable data source fails here, before the model is loaded
     model = AutoModelForCausalLM.from_pretrained(ckpt).to(device)

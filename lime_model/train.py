@@ -27,17 +27,20 @@ on evaluation steps (every ``eval_every`` and the last, when there are held-out 
 second pass over its data.
 
 A checkpoint directory is written under a dot-name, fsynced and renamed into place when complete,
-so any ``step-N`` directory is whole. Nothing in it needs unpickling.
+so any ``step-N`` directory is whole (an old one is renamed away before it is deleted). Nothing in it
+needs unpickling. A new run's folder appears with its recipe, tokenizer and run info at once, and the
+final model's weights are published last, so a run stopped at any moment (Ctrl-C, a crash) leaves a
+folder that the same command continues: from the last checkpoint, or from the start before the first.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
 import platform
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Mapping
@@ -55,9 +58,10 @@ from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
 from .architectures import config_for
+from .checks import check_device, check_weights
 from .config import LimeConfig
 from .evaluate import default_cache_dir, token_loss_sum, token_nll
-from .files import atomic_dir, atomic_write
+from .files import atomic_dir, atomic_write, check_writable
 from .flops import forward_flops
 from .optim import param_groups
 from .recipes import Recipe, identity, load_recipe
@@ -274,6 +278,8 @@ def _save_checkpoint(
     if accelerator.is_main_process:
         root = out_dir / CHECKPOINTS
         root.mkdir(exist_ok=True)
+        for stale in root.glob(".step-*"):  # left by a process killed while writing or deleting one
+            shutil.rmtree(stale, ignore_errors=True)
         # the same step saved again (a resumed run) is swapped out whole
         with atomic_dir(root / f"step-{step:08d}") as tmp:
             with _quiet_hf_progress():
@@ -299,8 +305,10 @@ def _save_checkpoint(
                 "scheduler": scheduler.state_dict(),
             }
             (tmp / STATE_JSON).write_text(json.dumps(state, indent=1))
-        for old in checkpoints(out_dir)[: -recipe.keep_last]:
-            shutil.rmtree(old)
+        for old in checkpoints(out_dir)[: -recipe.keep_last]:  # renamed first: never a half-deleted step-N
+            gone = old.with_name(f".{old.name}.deleted")
+            os.replace(old, gone)
+            shutil.rmtree(gone)
     accelerator.wait_for_everyone()
 
 
@@ -345,26 +353,33 @@ def _load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) -
 
 
 def _publish_final(out_dir: Path, ckpt: Path) -> None:
-    """Copy the last checkpoint's HF files into ``out_dir`` (each file replaced atomically)."""
-    for f in sorted(ckpt.iterdir()):
+    """Copy the last checkpoint's HF files into ``out_dir`` (each file replaced atomically), the weights
+    last: a folder with weights holds the whole final model (see :func:`_finished`)."""
+    for f in sorted(ckpt.iterdir(), key=lambda f: ("safetensors" in f.name, f.suffix == ".json", f.name)):
         if f.name in (STATE_JSON, STATE_TENSORS):
             continue
         with open(f, "rb") as src:
             atomic_write(out_dir / f.name, lambda dst, src=src: shutil.copyfileobj(src, dst))
 
 
-def _check_out_dir(out_dir: Path, recipe: Recipe, resume: bool) -> Path | None:
-    """Validate ``out_dir`` for a new or resumed run before anything is written; the checkpoint to resume."""
-    if not resume:
-        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-            raise ValueError(
-                f"{out_dir} is not empty: pass --resume to continue its run, or choose a new --out"
-            )
-        _check_creatable(out_dir)
-        return None
+def _check_out_dir(out_dir: Path, recipe: Recipe, resume: bool) -> tuple[bool, Path | None]:
+    """Validate ``out_dir`` before anything is written: ``(continuing, checkpoint to resume from)``.
+
+    An absent or empty folder starts a new run. A folder holding an unfinished run of the same recipe
+    (stopped by Ctrl-C, a crash or ``stop_after``) is continued, with or without ``resume``: from its
+    last checkpoint, or from the start when it has none. A finished run is continued (republished) only
+    with ``resume``; another recipe, another length or a folder of other files is refused.
+    """
     saved = out_dir / "recipe.json"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"--out {out_dir} exists and is not a folder: choose a new --out")
     if not saved.is_file():
-        raise FileNotFoundError(f"nothing to resume in {out_dir}: no recipe.json")
+        if resume:
+            raise FileNotFoundError(f"nothing to resume in {out_dir}: no recipe.json")
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise ValueError(f"{out_dir} is not empty and holds no lime-model run: choose a new --out")
+        check_writable(out_dir, folder=True)
+        return False, None
     old = identity(json.loads(saved.read_text()))
     new = recipe.identity()
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
@@ -376,22 +391,21 @@ def _check_out_dir(out_dir: Path, recipe: Recipe, resume: bool) -> Path | None:
         )
     if changed:
         raise ValueError(
-            f"cannot resume {out_dir}: it was trained with another config (differs in: {', '.join(changed)})"
+            f"cannot resume {out_dir}: it was trained with another config (differs in: {', '.join(changed)}); "
+            "choose a new --out for this one"
         )
+    if not resume and _finished(out_dir, recipe):
+        raise ValueError(f"{out_dir} already holds this recipe's finished run: train into a new --out")
+    check_writable(out_dir, folder=True)
     found = checkpoints(out_dir)
-    return found[-1] if found else None
+    return True, found[-1] if found else None
 
 
-def _check_creatable(out_dir: Path) -> None:
-    """Fail before any data work if ``out_dir`` cannot be created: its nearest existing ancestor
-    must be a folder we can write into."""
-    parent = out_dir.absolute()
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "not a folder, cannot hold the run directory", str(parent))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, "permission denied, cannot create the run directory", str(parent))
+def _finished(out_dir: Path, recipe: Recipe) -> bool:
+    """Whether ``out_dir`` holds its run's final model (published weights; the arithmetic task's
+    evaluation too), as opposed to a run that stopped before the end."""
+    weights = any((out_dir / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json"))
+    return weights and (recipe.task != "arithmetic" or (out_dir / "arithmetic_eval.json").is_file())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,8 +484,9 @@ def train(
 
     Args:
         recipe: a shipped recipe name, a JSON path, or a dict (see :mod:`lime_model.recipes`).
-        out_dir: the run directory; must be empty or absent unless ``resume``.
-        resume: continue from the last checkpoint in ``out_dir`` (same recipe required).
+        out_dir: the run directory: absent or empty for a new run; a folder holding an unfinished run
+            of the same recipe is continued from its last checkpoint (see :func:`_check_out_dir`).
+        resume: require a run in ``out_dir`` to continue (a finished one is republished).
         progress: show tqdm progress bars.
         stop_after: end this invocation after that global step (with a checkpoint) so that a later
             ``resume`` continues it; the schedule still spans the recipe's full length.
@@ -486,20 +501,27 @@ def train(
             f"batch_size {recipe.batch_size} is not a multiple of {world} processes x "
             f"micro_batch_size {recipe.micro_batch_size}"
         )
-    ckpt = _check_out_dir(out_dir, recipe, resume)
+    resume, ckpt = _check_out_dir(out_dir, recipe, resume)
+    saved_tokenizer = resume and (out_dir / "tokenizer_config.json").exists()
     with accelerator.main_process_first():  # rank 0 fills the tokenization cache first
-        tokenizer = (
-            load_tokenizer(str(out_dir)) if resume and (out_dir / "tokenizer_config.json").exists() else None
-        )
+        tokenizer = load_tokenizer(str(out_dir)) if saved_tokenizer else None
         data = prepare_data(recipe, tokenizer, progress=progress and main)
     config = model_config(recipe, data.tokenizer)
     accelerator.wait_for_everyone()  # every rank validated the output dir before rank 0 writes to it
 
-    if main:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    if main and resume:
+        where = f"step {int(ckpt.name[5:])}" if ckpt is not None else "the start (no checkpoint yet)"
+        print(f"lime-model: continuing the run in {out_dir} from {where}", file=sys.stderr)
         atomic_write(out_dir / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
-        data.tokenizer.save_pretrained(out_dir)  # resume reads the same tokenizer back
-        _record_run_info(out_dir, accelerator, resume)
+        if not saved_tokenizer:
+            data.tokenizer.save_pretrained(out_dir)
+        _record_run_info(out_dir, accelerator)
+    elif main:  # a new run's folder appears whole: recipe, tokenizer (read back on resume), run info
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_dir(out_dir) as tmp:
+            atomic_write(tmp / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
+            data.tokenizer.save_pretrained(tmp)
+            _record_run_info(tmp, accelerator)
     torch.manual_seed(recipe.seed)
     model = AutoModelForCausalLM.from_config(config)  # the arch's class (registered by lime_model)
     steps = total_steps(recipe, len(data.input_ids))
@@ -520,7 +542,7 @@ def train(
     metrics_path = out_dir / "metrics.jsonl"
     if main and resume:  # drop lines logged after the checkpoint by an interrupted run
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        atomic_write(metrics_path, "".join(f"{ln}\n" for ln in lines if json.loads(ln)["step"] <= start))
+        atomic_write(metrics_path, "".join(f"{ln}\n" for ln in lines if _logged_step(ln) <= start))
     seq_flops = 3 * forward_flops(config, recipe.seq_len)
     last = steps if stop_after is None else min(steps, stop_after)
     bar = tqdm(total=last, initial=start, desc="train", disable=not (progress and main), unit="step")
@@ -570,6 +592,14 @@ def train(
     return out_dir
 
 
+def _logged_step(line: str) -> float:
+    """The step of a ``metrics.jsonl`` line; infinity for a line a killed process cut short."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
 def _held_out(model, data: TrainingData, recipe: Recipe) -> dict[str, float]:
     """``val_loss`` (mean token NLL of the held-out rows) and ``val_perplexity`` (its exp)."""
     total, count = token_nll(model, data.eval_input_ids, data.eval_labels, recipe.micro_batch_size)
@@ -613,17 +643,19 @@ def run_info(accelerator) -> dict[str, Any]:
     }
 
 
-def _record_run_info(out_dir: Path, accelerator, resume: bool) -> None:
+def _record_run_info(out_dir: Path, accelerator) -> None:
     """Append this invocation's :func:`run_info` to ``run_info.json`` (a list: one entry per start)."""
     path = out_dir / "run_info.json"
-    runs = json.loads(path.read_text()) if resume and path.is_file() else []
+    runs = json.loads(path.read_text()) if path.is_file() else []
     atomic_write(path, json.dumps([*runs, run_info(accelerator)], indent=1))
 
 
 def evaluate_arithmetic(
     run_dir: str | os.PathLike, progress: bool = False, device: str | torch.device = "cpu"
 ) -> dict[int, float]:
-    """Evaluate a finished arithmetic run on its (regenerated) test set; (re)writes arithmetic_eval.json."""
+    """Evaluate a finished arithmetic run on its (regenerated) test set; (re)writes arithmetic_eval.json.
+
+    The run's files, ``device`` and the output are checked before the model is loaded."""
     run_dir = Path(run_dir)
     if not (run_dir / "recipe.json").is_file() or not (run_dir / "model.safetensors").is_file():
         raise FileNotFoundError(
@@ -632,6 +664,9 @@ def evaluate_arithmetic(
     recipe = load_recipe(json.loads((run_dir / "recipe.json").read_text()))
     if recipe.task != "arithmetic":
         raise ValueError(f"{run_dir} was trained on task {recipe.task!r}, not arithmetic")
+    check_weights(run_dir)
+    check_device(str(device))
+    check_writable(run_dir / "arithmetic_eval.json", option="--ckpt")
     model = AutoModelForCausalLM.from_pretrained(run_dir).to(device)
     _, test = arithmetic.recipe_splits(recipe, with_train=False)
     acc = arithmetic.evaluate(
