@@ -325,17 +325,40 @@ def measure_blimp(model, tokenizer, data: Data, pairs: int, seed: int) -> dict:
 # --------------------------------------------------------------------------- comparisons over seeds
 
 
-def differences(per_seed: Mapping[str, Sequence[float]], what: str, paper_sign: int | None, **row) -> dict:
-    """A model minus LLaMA paired by seed (t-interval); ``per_seed`` holds "LLaMA" and that one model.
+ENDPOINTS = ("primary", "secondary", "exploratory")
 
-    The verdict is against the paper's sign (+1: the model higher) when the paper states one (its LIMe
-    claims); for the baselines (``paper_sign`` None) it only says which way a resolved difference goes.
-    The row names the model by its column (e.g. "LIMe": its mean)."""
+
+def differences(
+    per_seed: Mapping[str, Sequence[float]],
+    what: str,
+    paper_sign: int | None,
+    endpoint: str = "primary",
+    reference: str = "LLaMA",
+    **row,
+) -> dict:
+    """A model minus ``reference`` (LLaMA) paired by seed; ``per_seed`` holds the reference and that
+    one model.
+
+    Every row carries the paired t-interval (``ci_low``, ``ci_high``), the t-test's ``p_t``, the exact
+    sign-flip ``p_sign_flip`` and the minimum detectable effect ``mde`` at this many seeds (two-sided
+    5 %, 80 % power, the observed paired std; see `stats.paired_difference`).
+
+    ``endpoint``: "primary" (the one pre-registered endpoint of a claim) and "secondary" rows get a
+    verdict from the t-interval: against the paper's sign (+1: the model higher) when the paper states
+    one (its LIMe claims), else (``paper_sign`` None, the baselines) only which way a resolved
+    difference goes. "exploratory" rows (one per layer) get none: their verdict is "exploratory", and
+    `adjust_exploratory` adds Holm-adjusted p and BH q over their family. The row names the model in
+    ``model`` and ``reference`` and gives their means in the columns of their labels (e.g. "LIMe",
+    "LLaMA")."""
     from lime_probe.stats import paired_difference
 
-    label = next(k for k in per_seed if k != "LLaMA")
-    d = paired_difference(per_seed[label], per_seed["LLaMA"])
-    if d.verdict == "not resolved":
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    label = next(k for k in per_seed if k != reference)
+    d = paired_difference(per_seed[label], per_seed[reference])
+    if endpoint == "exploratory":
+        verdict = "exploratory"
+    elif d.verdict == "not resolved":
         verdict = "not resolved"
     elif paper_sign is None:
         verdict = "higher" if d.mean > 0 else "lower"
@@ -344,16 +367,39 @@ def differences(per_seed: Mapping[str, Sequence[float]], what: str, paper_sign: 
     return {
         "measure": what,
         **row,
+        "model": label,
+        "reference": reference,
+        "endpoint": endpoint,
         label: float(np.mean(per_seed[label])),
-        "LLaMA": float(np.mean(per_seed["LLaMA"])),
+        reference: float(np.mean(per_seed[reference])),
         "diff_mean": d.mean,
         "diff_std": d.std,
         "ci_low": d.ci_low,
         "ci_high": d.ci_high,
         "n_seeds": d.n,
         "per_seed_diff": list(d.pairs),
+        "p_t": d.p,
+        "p_sign_flip": d.p_sign_flip,
+        "mde": d.mde,
         "verdict": verdict,
     }
+
+
+def adjust_exploratory(rows: list[dict]) -> list[dict]:
+    """Add ``p_holm`` and ``q_bh`` (of ``p_t``) to the exploratory rows, one family per model, reference
+    and measure (e.g. LIMe's 16 per-layer value-entropy differences from LLaMA), in place; returns
+    ``rows``."""
+    from lime_probe.stats import benjamini_hochberg, holm
+
+    families: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if r["endpoint"] == "exploratory":
+            families.setdefault((r["model"], r["reference"], r["measure"]), []).append(r)
+    for family in families.values():
+        p = [r["p_t"] for r in family]
+        for r, ph, q in zip(family, holm(p), benjamini_hochberg(p), strict=True):
+            r["p_holm"], r["q_bh"] = float(ph), float(q)
+    return rows
 
 
 def _by_model(
@@ -365,34 +411,56 @@ def _by_model(
     return {label: [get(measured[label, s]) for s in seeds] for label in labels}
 
 
-def compare(m: dict, seeds: Sequence[int], labels: Sequence[str] = ("LIMe",)) -> list[dict]:
-    """Every comparison of the protocol for each of ``labels`` minus LLaMA, one row each, model by model.
+def compare(
+    m: dict, seeds: Sequence[int], labels: Sequence[str] = ("LIMe",), reference: str = "LLaMA"
+) -> list[dict]:
+    """Every comparison of the protocol for each of ``labels`` minus ``reference`` (LLaMA), one row
+    each, model by model.
 
-    Only LIMe's rows carry a verdict against the paper's sign (the paper's claims are about LIMe)."""
-    from lime_probe.stats import paired_bootstrap_ci
+    Each claim of `CLAIMS` has one primary endpoint (perplexity; value entropy averaged over layers;
+    separability averaged over the upper half; BLiMP on values; BLiMP on hidden states); the per-layer
+    rows of entropy and separability are exploratory, with Holm and BH over the layers. Only LIMe's
+    rows against LLaMA carry a verdict against the paper's sign (the paper's claims are about LIMe). The seeds x
+    windows bootstrap of the per-layer entropy difference is added from `stats.MIN_BOOTSTRAP_SEEDS`
+    seeds on (fewer resample too few distinct seed sets)."""
+    from lime_probe.stats import MIN_BOOTSTRAP_SEEDS, paired_bootstrap_ci
 
     rows = []
     for label in labels:
 
         def diff(kind, get, what, paper_sign, label=label, **row):
-            per = _by_model(m[kind], seeds, get, (label, "LLaMA"))
-            return differences(per, what, paper_sign if label == "LIMe" else None, **row)
+            per = _by_model(m[kind], seeds, get, (label, reference))
+            claim = label == "LIMe" and reference == "LLaMA"
+            return differences(per, what, paper_sign if claim else None, reference=reference, **row)
 
         rows.append(diff("perplexity", lambda r: r["perplexity"], "perplexity", -1))
         ent = m["entropy"]
         for i, layer in enumerate(ent[label, seeds[0]]["layers"]):
             row = diff(
-                "entropy", lambda r, i=i: float(np.mean(r["values"][i])), "value entropy", +1, layer=layer
+                "entropy",
+                lambda r, i=i: float(np.mean(r["values"][i])),
+                "value entropy",
+                +1,
+                endpoint="exploratory",
+                layer=layer,
             )
-            a = np.array([ent[label, s]["values"][i] for s in seeds])
-            b = np.array([ent["LLaMA", s]["values"][i] for s in seeds])
-            row["ci_low_seeds_x_windows"], row["ci_high_seeds_x_windows"] = paired_bootstrap_ci(a, b)
+            if len(seeds) >= MIN_BOOTSTRAP_SEEDS:
+                a = np.array([ent[label, s]["values"][i] for s in seeds])
+                b = np.array([ent[reference, s]["values"][i] for s in seeds])
+                row["ci_low_seeds_x_windows"], row["ci_high_seeds_x_windows"] = paired_bootstrap_ci(a, b)
             rows.append(row)
         rows.append(diff("entropy", lambda r: float(np.mean(r["values"])), "value entropy", +1, layer="mean"))
         layers = m["separability"][label, seeds[0]]["layers"]
         for i, layer in enumerate(layers):
             rows.append(
-                diff("separability", lambda r, i=i: r["accuracy"][i], "separability", +1, layer=layer)
+                diff(
+                    "separability",
+                    lambda r, i=i: r["accuracy"][i],
+                    "separability",
+                    +1,
+                    endpoint="exploratory",
+                    layer=layer,
+                )
             )
         upper = len(layers) // 2
         rows.append(
@@ -416,7 +484,7 @@ def compare(m: dict, seeds: Sequence[int], labels: Sequence[str] = ("LIMe",)) ->
                     site=site,
                 )
             )
-    return rows
+    return adjust_exploratory(rows)
 
 
 # --------------------------------------------------------------------------- the command
@@ -648,6 +716,112 @@ def tsne_embeddings(features: Mapping[str, tuple[dict, np.ndarray]], cfg: Size) 
     return out
 
 
+def seed_bands(m: dict, kind: str, get: Callable[[dict], Sequence[float]], seeds, labels) -> dict:
+    """Per model: the per-layer ``get(measurement)`` (layers,) averaged over seeds, with its min-max over
+    seeds as the band: {label: {"layers", "mean", "low", "high"}}."""
+    out = {}
+    for label in labels:
+        per = np.array([get(m[kind][label, s]) for s in seeds])  # (seeds, layers)
+        out[label] = {
+            "layers": m[kind][label, seeds[0]]["layers"],
+            "mean": per.mean(0),
+            "low": per.min(0),
+            "high": per.max(0),
+        }
+    return out
+
+
+def difference_series(diff: Sequence[dict], what: str, key: str = "layer") -> dict:
+    """Per compared pair: its per-``key`` paired differences with their t-intervals,
+    {"<model> - <reference>": {"layers", "mean", "low", "high"}} (the rows of `differences`)."""
+    series = {}
+    for pair in dict.fromkeys((r["model"], r["reference"]) for r in diff):
+        rs = [
+            r
+            for r in diff
+            if (r["model"], r["reference"]) == pair and r["measure"] == what and isinstance(r.get(key), int)
+        ]
+        if rs:
+            series[" - ".join(pair)] = {
+                "layers": [r[key] for r in rs],
+                "mean": [r["diff_mean"] for r in rs],
+                "low": [r["ci_low"] for r in rs],
+                "high": [r["ci_high"] for r in rs],
+            }
+    return series
+
+
+def interval_label(n_seeds: int) -> str:
+    """What every difference figure's band is, in words."""
+    return f"band: 95 % paired t-interval over {n_seeds} seeds"
+
+
+def entropy_figure(m: dict, diff: Sequence[dict], seeds, labels) -> Any:
+    """Value entropy per layer: each model's mean over seeds with its min-max band (left), and each
+    model minus LLaMA per layer, paired by seed, with its 95 % paired t-interval (right)."""
+    from matplotlib.figure import Figure
+
+    from lime_probe import figures as F
+    from lime_probe.entropy import entropy_config
+
+    with F.style():
+        fig = Figure(figsize=(9.0, 3.6), layout="constrained")
+        left, right = fig.subplots(1, 2)
+    alpha = entropy_config(ENTROPY_PRESET).alpha
+    # LLaMA last, so each model keeps its colour in the difference panel (colours follow the order)
+    order = [label for label in labels if label != "LLaMA"] + ["LLaMA"]
+    F.plot_layer_curves(
+        seed_bands(m, "entropy", lambda r: np.mean(r["values"], axis=1), seeds, order),
+        ylabel=f"matrix entropy (α={alpha:g}) [nats]",
+        xlabel=F.layer_axis_label("values"),
+        title=f"Value entropy per layer\n(mean, band: min-max over {len(seeds)} seeds)",
+        ax=left,
+    )
+    F.plot_layer_curves(
+        difference_series(diff, "value entropy"),
+        ylabel="difference [nats]",
+        xlabel=F.layer_axis_label("values"),
+        baseline=0.0,
+        baseline_label="no difference",
+        title=f"Paired difference from LLaMA per layer\n(mean, {interval_label(len(seeds))})",
+        ax=right,
+    )
+    return fig
+
+
+def draw_per_layer(results: Path, m: dict, diff: Sequence[dict], seeds, labels: Sequence[str]) -> None:
+    """The per-layer figures, each band labelled with what it is: value entropy (min-max over seeds)
+    beside each model's paired difference from LLaMA (95 % paired t-interval); separability (min-max
+    over seeds); both differences alone (95 % paired t-intervals). Needs only the per-run, per-layer
+    means of ``m`` (so the committed per-run tables redraw them: figures/reanalysis.py)."""
+    from lime_probe import figures as F
+
+    F.save_figure(entropy_figure(m, diff, seeds, labels), results / "entropy_values")
+    fig = F.plot_separability(
+        seed_bands(m, "separability", lambda r: r["accuracy"], seeds, labels),
+        site="values",
+        words=WORDS,
+        chance=0.25,
+    )
+    words = ", ".join(repr(w) for w in WORDS)
+    fig.axes[0].set_title(f"Separability of {words}\n(values, mean, band: min-max over {len(seeds)} seeds)")
+    F.save_figure(fig, results / "separability_values")
+    for what, stem, ylabel, title in (
+        ("value entropy", "entropy_difference", "entropy difference (nats)", "Value entropy"),
+        ("separability", "separability_difference", "accuracy difference", "is/are/was/were separability"),
+    ):
+        series = difference_series(diff, what)
+        minus = "LIMe - LLaMA" if len(series) == 1 else "model - LLaMA"
+        fig = F.plot_layer_curves(
+            series,
+            ylabel=ylabel,
+            baseline=0.0,
+            baseline_label="no difference",
+            title=f"{title}, {minus} per layer\n(mean, {interval_label(len(seeds))})",
+        )
+        F.save_figure(fig, results / stem)
+
+
 def draw(
     results: Path,
     m: dict,
@@ -658,60 +832,11 @@ def draw(
     router,
     labels: Sequence[str] = tuple(MODELS),
 ) -> None:
-    """The figures: entropy and separability per layer (mean over seeds, min-max band), their differences
-    from LLaMA with 95 % CIs (one line per model), loss vs FLOPs, t-SNE, router heatmaps."""
+    """The figures: the per-layer ones (`draw_per_layer`), loss vs FLOPs, t-SNE, router heatmaps."""
     from lime_probe import figures as F
     from lime_probe.analyses import ANALYSES
-    from lime_probe.entropy import entropy_config
 
-    def band(kind: str, get) -> dict:
-        out = {}
-        for label in labels:
-            per = np.array([get(m[kind][label, s]) for s in seeds])  # (seeds, layers)
-            out[label] = {
-                "layers": m[kind][label, seeds[0]]["layers"],
-                "mean": per.mean(0),
-                "low": per.min(0),
-                "high": per.max(0),
-            }
-        return out
-
-    ent = band("entropy", lambda r: np.mean(r["values"], axis=1))
-    F.save_figure(
-        F.plot_entropy(
-            ent,
-            site="values",
-            alpha=entropy_config(ENTROPY_PRESET).alpha,
-            band=f"min-max over {len(seeds)} seeds",
-        ),
-        results / "entropy_values",
-    )
-    sep = band("separability", lambda r: r["accuracy"])
-    F.save_figure(
-        F.plot_separability(sep, site="values", words=WORDS, chance=0.25), results / "separability_values"
-    )
-    for what, stem, ylabel, title in (
-        ("value entropy", "entropy_difference", "entropy difference (nats)", "Value entropy"),
-        ("separability", "separability_difference", "accuracy difference", "is/are/was/were separability"),
-    ):
-        series = {}
-        for label in [la for la in labels if la != "LLaMA"]:
-            rs = [r for r in diff if label in r and r["measure"] == what and isinstance(r["layer"], int)]
-            series[f"{label} - LLaMA"] = {
-                "layers": [r["layer"] for r in rs],
-                "mean": [r["diff_mean"] for r in rs],
-                "low": [r["ci_low"] for r in rs],
-                "high": [r["ci_high"] for r in rs],
-            }
-        minus = "LIMe - LLaMA" if len(series) == 1 else "model - LLaMA"
-        fig = F.plot_layer_curves(
-            series,
-            ylabel=ylabel,
-            baseline=0.0,
-            baseline_label="no difference",
-            title=f"{title}, {minus} (95% t-interval over {len(seeds)} seeds)",
-        )
-        F.save_figure(fig, results / stem)
+    draw_per_layer(results, m, diff, seeds, labels)
     F.save_figure(F.plot_training_curves(curves), results / "loss_vs_flops")
     if tsne:
         F.save_figure(
@@ -737,38 +862,105 @@ CLAIMS = (
 )
 
 
+def format_p(p: float) -> str:
+    """A p-value for a table: three significant digits, "<0.001" below that."""
+    return "<0.001" if p < 0.001 else f"{p:.3g}"
+
+
+def statistics_note(seeds: Sequence[int]) -> str:
+    """The sentence every findings.md gives on the sign-flip p and the MDE at this many seeds."""
+    n = len(seeds)
+    return (
+        f"Beside each interval: the t-test's p, the exact sign-flip permutation p (two-sided, all 2^{n} "
+        f"sign patterns; its smallest possible value at {n} seeds is {format_p(2 / 2**n)}) and the minimum "
+        f"detectable effect (MDE: the true difference a paired t-test at {n} seeds detects with 80 % power at "
+        "5 %, given the observed paired std). A 'not resolved' difference smaller than its MDE says little "
+        "either way."
+    )
+
+
+def exploratory_table(diff: Sequence[dict], measures: Sequence[str], alpha: float = 0.05) -> list[str]:
+    """Markdown lines: per compared pair and measure, the layers whose exploratory difference has
+    p < ``alpha`` unadjusted, after Holm and after BH, each split by sign."""
+
+    def layers(rows: list[dict], key: str) -> str:
+        hit = [r for r in rows if r[key] < alpha]
+        parts = [
+            f"{name}: {', '.join(str(r['layer']) for r in hit if (r['diff_mean'] > 0) == up)}"
+            for name, up in (("higher", True), ("lower", False))
+            if any((r["diff_mean"] > 0) == up for r in hit)
+        ]
+        return "; ".join(parts) or "none"
+
+    lines = [
+        f"| measure | difference | layers | p < {alpha:g}, unadjusted | Holm p < {alpha:g} | BH q < {alpha:g} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for measure in measures:
+        for pair in dict.fromkeys((r["model"], r["reference"]) for r in diff):
+            rows = [
+                r
+                for r in diff
+                if (r["model"], r["reference"]) == pair
+                and r["measure"] == measure
+                and r["endpoint"] == "exploratory"
+            ]
+            if rows:
+                lines.append(
+                    f"| {measure} | {' - '.join(pair)} | {len(rows)} | {layers(rows, 'p_t')} | "
+                    f"{layers(rows, 'p_holm')} | {layers(rows, 'q_bh')} |"
+                )
+    return lines
+
+
+def _interval(r: dict) -> str:
+    return f"{r['diff_mean']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]"
+
+
+def _tests(r: dict) -> str:
+    return f"{format_p(r['p_t'])} | {format_p(r['p_sign_flip'])} | {r['mde']:.3g}"
+
+
 def findings(
     diff: Sequence[dict],
     seeds: Sequence[int],
     compared: Sequence[str] = ("LIMe",),
     protocol: str | None = None,
 ) -> str:
-    """findings.md: each of the paper's claims with the measured difference, its interval and verdict;
-    then, for the baselines among ``compared``, the same measures as baseline minus LLaMA. ``protocol``
-    names where the study's protocol is written (default: the repository's cpu-size study's)."""
+    """findings.md: each of the paper's claims on its one primary endpoint (`CLAIMS`) with the measured
+    difference, its paired t-interval, the t-test's and the sign-flip p, the MDE and the verdict; then,
+    for the other models among ``compared``, the same endpoints as model minus LLaMA; then the per-layer
+    differences as exploratory results, Holm- and BH-adjusted over layers. ``protocol`` names where the
+    study's protocol is written (default: the repository's cpu-size study's)."""
 
     def row(label: str, measure: str, where: str | None) -> dict:
         return next(
             r
             for r in diff
-            if label in r and r["measure"] == measure and where in (None, r.get("layer"), r.get("site"))
+            if r["model"] == label
+            and r["measure"] == measure
+            and r["endpoint"] != "exploratory"
+            and where in (None, r.get("layer"), r.get("site"))
         )
 
     lines = [
         "# LIMe vs LLaMA at CPU scale: the paper's language-model findings",
         "",
-        f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}); 95 % t-interval "
-        "over seeds. Verdict: 'holds' when the interval excludes 0 with the paper's sign, 'reversed' when it "
-        f"excludes 0 with the other sign, else 'not resolved'. Protocol: {protocol or 'figures/lm-cpu/PROTOCOL.md'}.",
+        f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}). Each claim has "
+        "one primary endpoint (the study's claim list, committed before its results: perplexity; value entropy "
+        "averaged over all layers; separability averaged over the upper half of the layers; BLiMP probes on "
+        "values; on hidden states), and its verdict comes from the 95 % paired t-interval over seeds: 'holds' "
+        "when it excludes 0 with the paper's sign, 'reversed' when it excludes 0 with the other sign, else "
+        f"'not resolved'. {statistics_note(seeds)} Protocol: {protocol or 'figures/lm-cpu/PROTOCOL.md'}.",
         "",
-        "| claim | LIMe | LLaMA | difference [95 % CI] | verdict |",
-        "|---|---|---|---|---|",
+        "| claim (primary endpoint) | LIMe | LLaMA | difference [95 % paired t-interval] | p (t) | p (sign-flip) "
+        "| MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for measure, where, claim in CLAIMS:
         r = row("LIMe", measure, where)
         lines.append(
-            f"| {claim} | {r['LIMe']:.4g} | {r['LLaMA']:.4g} | {r['diff_mean']:+.4g} "
-            f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}] | {r['verdict']} |"
+            f"| {claim} | {r['LIMe']:.4g} | {r['LLaMA']:.4g} | {_interval(r)} | {_tests(r)} | {r['verdict']} |"
         )
     baselines = [label for label in compared if label != "LIMe"]
     if baselines:
@@ -776,22 +968,29 @@ def findings(
             "",
             "## The other models vs LLaMA (cross-layer baselines, ablations)",
             "",
-            "Each model minus LLaMA on the same measures, paired by seed, 95 % t-interval over seeds. "
+            "Each model minus LLaMA on the same endpoints, paired by seed, 95 % paired t-interval over seeds. "
             "The paper states no sign for these, so the verdict only says which way a resolved difference goes.",
             "",
-            "| measure | model | mean | LLaMA | difference [95 % CI] | verdict |",
-            "|---|---|---|---|---|---|",
+            "| measure | model | mean | LLaMA | difference [95 % paired t-interval] | p (t) | p (sign-flip) | MDE "
+            "| verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for measure, where, _ in CLAIMS:
             for label in baselines:
                 r = row(label, measure, where)
                 lines.append(
                     f"| {measure}{f' ({where})' if where else ''} | {label} | {r[label]:.4g} | "
-                    f"{r['LLaMA']:.4g} | {r['diff_mean']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}] "
-                    f"| {r['verdict']} |"
+                    f"{r['LLaMA']:.4g} | {_interval(r)} | {_tests(r)} | {r['verdict']} |"
                 )
     lines += [
         "",
-        "Per layer (value entropy and separability): see differences.csv and the *_difference figures.",
+        "## Per layer (exploratory)",
+        "",
+        "The per-layer differences were not pre-registered endpoints: one t-test per layer, adjusted over the "
+        "layers of each model and measure with Holm (family-wise error 5 %) and Benjamini-Hochberg (false "
+        "discovery rate 5 %). They carry no verdict. Every value (p_t, p_holm, q_bh, p_sign_flip, mde): "
+        "differences.csv; the intervals: the *_difference figures.",
+        "",
+        *exploratory_table(diff, ("value entropy", "separability")),
     ]
     return "\n".join(lines) + "\n"

@@ -3,7 +3,10 @@
 The demo trains one LIMe/LLaMA pair on ``arithmetic-cpu`` with one seed; a one-seed gap moves by several
 points across machines. This study trains the pair for every seed (same recipe, the models differ only
 in ``routing``), measures each run on the task's held-out test expressions and reports LIMe - LLaMA
-paired by seed with a 95 % t-interval, whatever its sign:
+paired by seed with a 95 % paired t-interval, the t-test's and the exact sign-flip p and the minimum
+detectable effect, whatever its sign. The primary endpoint is the accuracy at the hardest tier (the most
+operators); the other tiers and the mean value entropy are secondary, the per-layer entropies exploratory
+(Holm and BH over layers):
 
 ==============  ==========================================================================  ==========
 measurement     what                                                                        paper
@@ -38,10 +41,17 @@ from lime_probe.reproduce import (
     _by_model,
     _mean_curve,
     _threads,
+    adjust_exploratory,
     cached,
+    difference_series,
     differences,
+    entropy_figure,
     entropy_rows,
+    exploratory_table,
+    format_p,
+    interval_label,
     run_name,
+    statistics_note,
     train_runs,
 )
 
@@ -126,21 +136,29 @@ def measure_entropy(model, tokenizer, recipe, test, n_texts: int) -> dict:
 
 
 def compare(m: dict, seeds: Sequence[int]) -> list[dict]:
-    """LIMe - LLaMA per tier (accuracy) and per layer and mean (value entropy), one row each."""
+    """LIMe - LLaMA per tier (accuracy) and per layer and mean (value entropy), one row each.
+
+    The hardest tier's accuracy is the primary endpoint; the other tiers and the mean value entropy
+    are secondary; the per-layer entropies exploratory (Holm and BH over the layers)."""
     acc = m["accuracy"]
+    tiers = sorted(acc["LIMe", seeds[0]]["accuracy"], key=int)
     rows = [
         differences(
-            _by_model(acc, seeds, lambda r, t=tier: r["accuracy"][t]), "accuracy", +1, operators=int(tier)
+            _by_model(acc, seeds, lambda r, t=tier: r["accuracy"][t]),
+            "accuracy",
+            +1,
+            endpoint="primary" if tier == tiers[-1] else "secondary",
+            operators=int(tier),
         )
-        for tier in acc["LIMe", seeds[0]]["accuracy"]
+        for tier in tiers
     ]
     ent = m["entropy"]
     for i, layer in enumerate(ent["LIMe", seeds[0]]["layers"]):
         per = _by_model(ent, seeds, lambda r, i=i: float(np.mean(r["values"][i])))
-        rows.append(differences(per, "value entropy", +1, layer=layer))
+        rows.append(differences(per, "value entropy", +1, endpoint="exploratory", layer=layer))
     per = _by_model(ent, seeds, lambda r: float(np.mean(r["values"])))
-    rows.append(differences(per, "value entropy", +1, layer="mean"))
-    return rows
+    rows.append(differences(per, "value entropy", +1, endpoint="secondary", layer="mean"))
+    return adjust_exploratory(rows)
 
 
 def per_run_rows(m: dict) -> dict[str, list[dict]]:
@@ -162,38 +180,75 @@ def per_run_rows(m: dict) -> dict[str, list[dict]]:
 
 
 def findings(diff: Sequence[dict], seeds: Sequence[int], recipe: str, size: str) -> str:
-    """findings.md: the accuracy per tier and the mean value entropy, with intervals and per-seed values."""
+    """findings.md: the primary endpoint (accuracy at the hardest tier), the secondary ones (the other
+    tiers, the mean value entropy) with intervals, p-values, MDEs and per-seed values; then the
+    per-layer value entropy as exploratory results."""
     lines = [
         f"# LIMe vs LLaMA on the Arithmetic Expression Task ({recipe}, size {size}), over seeds",
         "",
-        f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}); 95 % "
-        "t-interval over seeds. Verdict: 'holds' when the interval excludes 0 with the paper's sign (LIMe "
-        "higher), 'reversed' when it excludes 0 with the other sign, else 'not resolved'.",
+        f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}). The primary "
+        "endpoint is the accuracy at the hardest tier (the most operators); the other tiers and the mean value "
+        "entropy are secondary. Verdict from the 95 % paired t-interval over seeds: 'holds' when it excludes 0 "
+        "with the paper's sign (LIMe higher), 'reversed' when it excludes 0 with the other sign, else 'not "
+        f"resolved'. {statistics_note(seeds)}",
         "",
-        "| measure | LIMe | LLaMA | difference [95 % CI] | per seed | verdict |",
-        "|---|---|---|---|---|---|",
+        "| endpoint | measure | LIMe | LLaMA | difference [95 % paired t-interval] | per seed | p (t) "
+        "| p (sign-flip) | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in diff:
+    ordered = sorted(
+        (r for r in diff if r["endpoint"] != "exploratory"), key=lambda r: r["endpoint"] != "primary"
+    )
+    for r in ordered:
         if r["measure"] == "accuracy":
             what, scale, fmt = f"accuracy, {r['operators']} operators (points)", 100, "+.1f"
-        elif r["layer"] == "mean":
-            what, scale, fmt = "value entropy, mean over layers (nats)", 1, "+.3f"
         else:
-            continue
+            what, scale, fmt = "value entropy, mean over layers (nats)", 1, "+.3f"
         per_seed = ", ".join(f"{scale * d:{fmt}}" for d in r["per_seed_diff"])
+        mean, low, high = (scale * r[k] for k in ("diff_mean", "ci_low", "ci_high"))
         lines.append(
-            f"| {what} | {scale * r['LIMe']:{fmt[1:]}} | {scale * r['LLaMA']:{fmt[1:]}} | {scale * r['diff_mean']:{fmt}} "
-            f"[{scale * r['ci_low']:{fmt}}, {scale * r['ci_high']:{fmt}}] | {per_seed} | {r['verdict']} |"
+            f"| {r['endpoint']} | {what} | {scale * r['LIMe']:{fmt[1:]}} | {scale * r['LLaMA']:{fmt[1:]}} | "
+            f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}] | {per_seed} | {format_p(r['p_t'])} | "
+            f"{format_p(r['p_sign_flip'])} | {scale * r['mde']:{fmt[1:]}} | {r['verdict']} |"
         )
-    lines += ["", "Value entropy per layer: differences.csv and entropy_difference.png."]
+    lines += [
+        "",
+        "## Value entropy per layer (exploratory)",
+        "",
+        "One t-test per layer, adjusted over the layers with Holm (family-wise error 5 %) and "
+        "Benjamini-Hochberg (false discovery rate 5 %); no verdict. Every value: differences.csv; the "
+        "intervals: entropy_values.png, entropy_difference.png.",
+        "",
+        *exploratory_table(diff, ("value entropy",)),
+    ]
     return "\n".join(lines) + "\n"
 
 
-def draw(results: Path, m: dict, diff: list[dict], seeds: Sequence[int], curves: dict) -> None:
-    """Accuracy per tier (mean over seeds), its difference per tier and the value-entropy difference
-    per layer (95 % t-intervals), value entropy per layer (min-max band over seeds), loss vs FLOPs."""
+def draw_tables(results: Path, m: dict, diff: Sequence[dict], seeds: Sequence[int]) -> None:
+    """The interval figures, drawn from the per-run numbers alone: the accuracy difference per tier and
+    the value-entropy difference per layer (95 % paired t-intervals), value entropy per layer (min-max
+    band over seeds) beside its paired difference."""
     from lime_probe import figures as F
-    from lime_probe.entropy import entropy_config
+
+    for what, key, stem, xlabel, ylabel in (
+        ("accuracy", "operators", "accuracy_difference", "operators", "accuracy difference (fraction)"),
+        ("value entropy", "layer", "entropy_difference", "layer", "entropy difference (nats)"),
+    ):
+        fig = F.plot_layer_curves(
+            difference_series(diff, what, key),
+            xlabel=xlabel,
+            ylabel=ylabel,
+            baseline=0.0,
+            baseline_label="no difference",
+            title=f"{what.capitalize()}, LIMe - LLaMA\n(mean, {interval_label(len(seeds))})",
+        )
+        F.save_figure(fig, results / stem)
+    F.save_figure(entropy_figure(m, diff, seeds, tuple(MODELS)), results / "entropy_values")
+
+
+def draw(results: Path, m: dict, diff: list[dict], seeds: Sequence[int], curves: dict) -> None:
+    """Accuracy per tier (mean over seeds), `draw_tables`' figures and loss vs FLOPs."""
+    from lime_probe import figures as F
 
     acc = {
         label: {
@@ -204,46 +259,7 @@ def draw(results: Path, m: dict, diff: list[dict], seeds: Sequence[int], curves:
     }
     title = f"mean over {len(seeds)} seeds"
     F.save_figure(F.plot_accuracy_by_operators(acc, title=title), results / "accuracy")
-    for what, key, stem, xlabel, ylabel in (
-        ("accuracy", "operators", "accuracy_difference", "operators", "accuracy difference (fraction)"),
-        ("value entropy", "layer", "entropy_difference", "layer", "entropy difference (nats)"),
-    ):
-        rs = [r for r in diff if r["measure"] == what and isinstance(r[key], int)]
-        series = {
-            "LIMe - LLaMA": {
-                "layers": [r[key] for r in rs],
-                "mean": [r["diff_mean"] for r in rs],
-                "low": [r["ci_low"] for r in rs],
-                "high": [r["ci_high"] for r in rs],
-            }
-        }
-        fig = F.plot_layer_curves(
-            series,
-            xlabel=xlabel,
-            ylabel=ylabel,
-            baseline=0.0,
-            baseline_label="no difference",
-            title=f"{what.capitalize()}, LIMe - LLaMA (95% t-interval over {len(seeds)} seeds)",
-        )
-        F.save_figure(fig, results / stem)
-    band = {}
-    for label in MODELS:
-        per = np.array([np.mean(m["entropy"][label, s]["values"], axis=1) for s in seeds])  # (seeds, layers)
-        band[label] = {
-            "layers": m["entropy"][label, seeds[0]]["layers"],
-            "mean": per.mean(0),
-            "low": per.min(0),
-            "high": per.max(0),
-        }
-    F.save_figure(
-        F.plot_entropy(
-            band,
-            site="values",
-            alpha=entropy_config(ENTROPY_PRESET).alpha,
-            band=f"min-max over {len(seeds)} seeds",
-        ),
-        results / "entropy_values",
-    )
+    draw_tables(results, m, diff, seeds)
     F.save_figure(F.plot_training_curves(curves), results / "loss_vs_flops")
 
 

@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import shutil
+from itertools import product
 
 import numpy as np
 import pytest
@@ -77,6 +78,60 @@ def test_differences_match_a_recomputation_from_the_per_run_tables(repro):
     assert float(layer0["diff_mean"]) == pytest.approx(expected)
 
 
+def hand_sign_flip_p(d):
+    """Share of the 2^n sign patterns whose |sum| reaches the observed |sum|, by enumeration."""
+    d = list(d)
+    sums = [
+        abs(sum(s * x for s, x in zip(signs, d, strict=True))) for signs in product((1, -1), repeat=len(d))
+    ]
+    return np.mean([v >= abs(sum(d)) - 1e-12 for v in sums])
+
+
+def hand_holm(p):
+    order = np.argsort(p)
+    out, running = np.empty(len(p)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def test_primary_endpoints_carry_p_values_and_mde_and_layers_are_exploratory(repro):
+    res = repro / "results"
+    rows = read_csv(res / "differences.csv")
+    ppl = {(r["model"], int(r["seed"])): float(r["perplexity"]) for r in read_csv(res / "perplexity.csv")}
+    a, b = (np.array([ppl[m, s] for s in (0, 1)]) for m in ("LIMe", "LLaMA"))
+    row = next(r for r in rows if r["measure"] == "perplexity")
+    assert row["endpoint"] == "primary" and row["model"] == "LIMe" and row["reference"] == "LLaMA"
+    assert float(row["p_t"]) == pytest.approx(sps.ttest_rel(a, b).pvalue)
+    assert float(row["p_sign_flip"]) == hand_sign_flip_p(a - b)
+    # the MDE: the effect a paired t-test at 2 seeds detects with 80 % power (scipy's noncentral t)
+    mde, sd = float(row["mde"]), (a - b).std(ddof=1)
+    crit, nc = sps.t.ppf(0.975, 1), float(row["mde"]) * np.sqrt(2) / sd
+    assert sps.nct.sf(crit, 1, nc) == pytest.approx(0.8, abs=1e-6) and mde > 0  # lower tail ~0 here
+    # per layer: exploratory, no verdict, Holm and BH over the layers of the measure
+    ent = {
+        (r["model"], int(r["seed"]), int(r["layer"])): float(r["entropy_mean"])
+        for r in read_csv(res / "entropy.csv")
+    }
+    layers = [r for r in rows if r["measure"] == "value entropy" and r["layer"] != "mean"]
+    assert [r["layer"] for r in layers] == ["0", "1"]
+    assert {r["endpoint"] for r in layers} == {"exploratory"} and {r["verdict"] for r in layers} == {
+        "exploratory"
+    }
+    p = np.array(
+        [sps.ttest_rel(*([ent[m, s, la] for s in (0, 1)] for m in ("LIMe", "LLaMA"))).pvalue for la in (0, 1)]
+    )
+    assert [float(r["p_t"]) for r in layers] == pytest.approx(list(p))
+    assert [float(r["p_holm"]) for r in layers] == pytest.approx(list(hand_holm(p)))
+    assert [float(r["q_bh"]) for r in layers] == pytest.approx(list(sps.false_discovery_control(p)))
+    # two seeds are below the bootstrap's minimum: no seeds x windows column
+    assert "ci_low_seeds_x_windows" not in rows[0]
+    text = (res / "findings.md").read_text()
+    assert "sign-flip" in text and "MDE" in text and "## Per layer (exploratory)" in text
+    assert "holds" not in text.split("## Per layer")[1]
+
+
 def test_a_rerun_reuses_everything_and_an_interrupted_one_redoes_only_what_is_missing(repro, shared_data):
     measure = repro / "measure"
     files = sorted(measure.rglob("*.json"))
@@ -113,7 +168,7 @@ def with_baseline(repro, shared_data, tmp_path_factory):
 
 def test_baseline_rows_are_the_paired_difference_vs_llama_from_the_per_run_files(with_baseline):
     rows = read_csv(with_baseline / "results" / "differences.csv")
-    mine = [r for r in rows if r["DenseFormer"]]
+    mine = [r for r in rows if r["model"] == "DenseFormer"]
     measure = with_baseline / "measure"
 
     def per_seed(kind, label, get):
@@ -130,7 +185,9 @@ def test_baseline_rows_are_the_paired_difference_vs_llama_from_the_per_run_files
         if np.ptp(a - b) > 0:  # a constant difference has a zero-width interval scipy reports as nan
             ci = sps.ttest_rel(a, b).confidence_interval(0.95)
             assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx((ci.low, ci.high))
-        assert row["verdict"] in ("not resolved", "higher", "lower")
+        exploratory = isinstance(where, str) and where.isdigit()
+        assert row["endpoint"] == ("exploratory" if exploratory else "primary")
+        assert row["verdict"] in (("exploratory",) if exploratory else ("not resolved", "higher", "lower"))
 
     check("perplexity", "", "perplexity", lambda r: r["perplexity"])
     check("value entropy", "1", "entropy", lambda r: np.mean(r["values"][1]))
@@ -142,7 +199,7 @@ def test_baseline_rows_are_the_paired_difference_vs_llama_from_the_per_run_files
         "blimp",
         lambda r: np.mean([np.mean(t["values"]["accuracy"]) for t in r["tasks"].values()]),
     )
-    assert len(mine) == len([r for r in rows if r["LIMe"]])  # the same measures as LIMe's
+    assert len(mine) == len([r for r in rows if r["model"] == "LIMe"])  # the same measures as LIMe's
     assert (with_baseline / "train" / "denseformer-s1" / "model.safetensors").is_file()
     assert json.loads((with_baseline / "train" / "denseformer-s0" / "config.json").read_text())[
         "model_type"
@@ -153,7 +210,7 @@ def test_baseline_rows_are_the_paired_difference_vs_llama_from_the_per_run_files
 
 
 def test_lime_and_llama_rows_do_not_change_with_baselines(repro, with_baseline):
-    lime = [r for r in read_csv(with_baseline / "results" / "differences.csv") if r["LIMe"]]
+    lime = [r for r in read_csv(with_baseline / "results" / "differences.csv") if r["model"] == "LIMe"]
     alone = read_csv(repro / "results" / "differences.csv")
     keys = list(alone[0])
     assert [{k: r[k] for k in keys} for r in lime] == alone

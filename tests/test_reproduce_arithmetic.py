@@ -99,6 +99,50 @@ def test_entropy_differences_match_a_hand_t_interval(study):
         )
 
 
+def test_the_hardest_tier_is_the_primary_endpoint_with_p_values_and_layers_are_exploratory(study):
+    acc, ent = {}, {}
+    for path in (study / "measure" / "accuracy").glob("*.json"):
+        model, seed = path.stem.split("-s")
+        acc[model, int(seed)] = json.loads(path.read_text())["accuracy"]["2"]
+    for path in (study / "measure" / "entropy").glob("*.json"):
+        model, seed = path.stem.split("-s")
+        ent[model, int(seed)] = np.array(json.loads(path.read_text())["values"])
+    rows = read_csv(study / "results" / "differences.csv")
+    primary = [r for r in rows if r["endpoint"] == "primary"]
+    assert [(r["measure"], r["operators"]) for r in primary] == [("accuracy", "2")]
+    d = np.array([acc["lime", s] - acc["llama", s] for s in (0, 1, 2)])
+    if np.ptp(d) > 0:
+        assert float(primary[0]["p_t"]) == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue)
+    # the sign-flip p by enumerating the 8 sign patterns by hand
+    flips = [abs(s0 * d[0] + s1 * d[1] + s2 * d[2]) for s0 in (1, -1) for s1 in (1, -1) for s2 in (1, -1)]
+    assert float(primary[0]["p_sign_flip"]) == pytest.approx(
+        np.mean([f >= abs(d.sum()) - 1e-12 for f in flips])
+    )
+    secondary = {(r["measure"], r["operators"] or r["layer"]) for r in rows if r["endpoint"] == "secondary"}
+    assert secondary == {("accuracy", "1"), ("value entropy", "mean")}
+    layers = [r for r in rows if r["endpoint"] == "exploratory"]
+    assert [r["layer"] for r in layers] == ["0", "1"] and {r["verdict"] for r in layers} == {"exploratory"}
+    p = np.array(
+        [
+            sps.ttest_rel(*([ent[m, s][la].mean() for s in (0, 1, 2)] for m in ("lime", "llama"))).pvalue
+            for la in (0, 1)
+        ]
+    )
+    assert [float(r["p_holm"]) for r in layers] == pytest.approx(list(_holm2(p)))
+    assert [float(r["q_bh"]) for r in layers] == pytest.approx(list(sps.false_discovery_control(p)))
+    text = (study / "results" / "findings.md").read_text()
+    assert "| primary | accuracy, 2 operators" in text and "(exploratory)" in text
+
+
+def _holm2(p):
+    """Holm for two p-values, written out: the smaller times 2, the larger times 1, kept monotone."""
+    lo, hi = (0, 1) if p[0] <= p[1] else (1, 0)
+    out = np.empty(2)
+    out[lo] = min(1.0, 2 * p[lo])
+    out[hi] = max(out[lo], min(1.0, p[hi]))
+    return out
+
+
 def test_a_rerun_recomputes_only_the_missing_measurement_bit_identically(study):
     measure = study / "measure"
     before = {p: p.stat().st_mtime_ns for p in measure.rglob("*.json")}
