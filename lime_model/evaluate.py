@@ -113,5 +113,6 @@ def perplexity(
         "perplexity": math.exp(total / count),
     }
     if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(Path(out), json.dumps(result, indent=1))
     return result

@@ -68,7 +68,7 @@ def test_eval_cli_perplexity_is_exp_mean_nll_over_fixed_windows(docs, tmp_path, 
     run = T.train(
         "cpu-tiny", tmp_path / "run", progress=False, data=str(path), cache_dir=str(tmp_path / "c"), **TINY
     )
-    out = tmp_path / "ppl.json"
+    out = tmp_path / "new" / "ppl.json"  # missing folders are created
     assert main(["eval", "--ckpt", str(run), "--data", str(path), "--window", "12", "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == printed
