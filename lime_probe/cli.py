@@ -398,8 +398,9 @@ COMMANDS = {
     "report": (
         "run several analyses and write one self-contained HTML report",
         "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-        "    --data ../shared/data/wikitext-2/valid.txt --max-sequences 256 --blimp ../shared/data/blimp \\\n"
-        "    --out out/report   # then open out/report/report.html",
+        "    --data ../shared/data/wikitext-2/valid.txt --blimp ../shared/data/blimp --allow-skips \\\n"
+        "    --out out/report   # then open out/report/report.html (--allow-skips: the cpu-tiny runs' 64-token "
+        "documents hold too few ' are' for separability)",
     ),
     "demo": (
         "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
