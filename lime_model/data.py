@@ -180,7 +180,10 @@ def tokenize_and_pack(
     """(n_sequences, seq_len) int32 token ids of ``texts`` packed with eos between documents."""
     token_lists: list[list[int]] = []
     for start in tqdm(range(0, len(texts), chunk), desc="tokenize", disable=not progress, unit="chunk"):
-        token_lists += tokenizer(list(texts[start : start + chunk]), add_special_tokens=False)["input_ids"]
+        # whole documents, cut into rows afterwards: transformers' "longer than the maximum sequence length"
+        # warning does not apply (verbose=False skips it)
+        batch = list(texts[start : start + chunk])
+        token_lists += tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
     return pack(token_lists, tokenizer.eos_token_id, seq_len)
 
 
@@ -196,7 +199,7 @@ def stream_pack(
         batch = list(islice(docs, chunk))
         if not batch:
             break
-        ids = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]  # rows cut them
         carry = np.concatenate([carry, *(np.array([*t, eos], dtype=np.int32) for t in ids)])
         n = min(len(carry) // seq_len, len(out) - filled)
         out[filled : filled + n] = carry[: n * seq_len].reshape(n, seq_len)

@@ -181,8 +181,9 @@ def fit_pairs(data: Any, tokenizer: Any, max_positions: int | None) -> tuple[np.
     if max_positions is not None:
         for column in ("sentence_good", "sentence_bad"):
             sentences = list(data[column])
-            with_special = tokenizer(sentences)["input_ids"]
-            plain = tokenizer(sentences, add_special_tokens=False)["input_ids"]
+            # measured here, so no "longer than the maximum sequence length" warning (verbose=False)
+            with_special = tokenizer(sentences, verbose=False)["input_ids"]
+            plain = tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]
             lengths = [max(len(a), len(b) + 1) for a, b in zip(with_special, plain, strict=True)]
             keep &= np.array(lengths) <= max_positions
     skipped = {p: int((~keep[uids == p]).sum()) for p in sorted(set(uids))}

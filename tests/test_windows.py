@@ -143,6 +143,10 @@ def test_packing_whole_documents_does_not_warn_about_the_model_length(caplog):
     windows = token_windows(texts, short, window=16)
     assert len(windows) > 4
     assert "indexing errors" not in caplog.text
+    from lime_model.data import tokenize_and_pack  # the trainer's packing into rows, likewise
+
+    assert tokenize_and_pack(texts, short, seq_len=16).shape[1] == 16
+    assert "indexing errors" not in caplog.text
     short("the cat is on the mat " * 20)  # the tokenizer itself still warns where it applies
     assert "indexing errors" in caplog.text
 
