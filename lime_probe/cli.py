@@ -274,7 +274,7 @@ def _analysis_command(spec: Spec) -> Callable:
     def handler(args, out: Path) -> None:
         from lime_probe.report import write_analysis
 
-        params = params_of(spec, args)  # invalid parameters fail before any data or model is read
+        params = params_of(spec, args)
         if spec.data_kind == "blimp":
             data = _blimp(args.data, params, "--data")
         else:
@@ -298,8 +298,8 @@ def cmd_report(args, out: Path) -> str | None:
     probe table; minimal-pair scores for causal LMs), over the paper's layer range unless ``--layers``."""
     from lime_probe.report import Section, Table, write_analysis, write_report
 
-    names = list(args.analyses) + (["blimp"] if args.blimp else [])
-    params = {name: params_of(ANALYSES[name], args) for name in names}  # bad options fail before any work
+    names = _analyses_of(args)
+    params = {name: params_of(ANALYSES[name], args) for name in names}
     sizes = {
         n: args.max_sequences or ANALYSES[n].max_sequences
         for n in names
@@ -839,6 +839,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _analyses_of(args: argparse.Namespace) -> list[str]:
+    """The analyses a parsed command line runs: its own, or report's chosen ones."""
+    if args.command in ANALYSES:
+        return [args.command]
+    if args.command == "report":
+        return list(args.analyses) + (["blimp"] if args.blimp else [])
+    return []
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
@@ -849,6 +858,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         if getattr(args, "label", None):  # checked before any import or output
             labels_for(args.ckpt, args.label)
+        for name in _analyses_of(args):  # parameters check themselves (e.g. --words): no import needed
+            params_of(ANALYSES[name], args)
     except ValueError as e:
         print(f"{where}: error: {e}", file=sys.stderr)
         return 2

@@ -317,6 +317,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, mo
         (data / "latin1.jsonl").write_bytes('{"sentence_good": "caf\u00e9"}\n'.encode("latin-1"))
     elif case in ("one_word", "repeated_word"):  # refused before any data or model is read
         monkeypatch.setattr("lime_probe.cli.load_checkpoints", lambda *a, **k: pytest.fail("loaded"))
+        monkeypatch.setattr("lime_probe.cli._texts", lambda *a, **k: pytest.fail("read"))
         command, extra = "separability", ["--words", " is", *([" is"] if case == "repeated_word" else [])]
     elif case == "small_sample":  # 6 occurrences of each word: 1.2 per word per test fold
         command = "separability"

@@ -69,6 +69,15 @@ def test_a_usage_error_imports_nothing_heavy():
     assert imported_after(code, HEAVY) == []
 
 
+def test_bad_parameters_fail_before_anything_heavy_is_imported():
+    code = (
+        "from lime_probe import cli\n"
+        "assert cli.main(['separability', '--ckpt', 'x', '--data', 'y', '--words', ' is']) == 2\n"
+        "assert cli.main(['report', '--ckpt', 'x', '--data', 'y', '--words', ' is', ' is']) == 2"
+    )
+    assert imported_after(code, HEAVY) == []
+
+
 def test_abbreviated_options_are_rejected(capsys, tmp_path):
     code = cli.main(["entropy", "--ckp", "x", "--data", "t.txt", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
