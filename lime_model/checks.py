@@ -13,14 +13,16 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BAD_INPUT", "OneLineParser", "check_device", "check_weights", "one_line"]
 
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
 # one: the libraries raise ValueError for a wrong name, so a KeyError is a bug.
 BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
-
-DEVICE_KINDS = ("cpu", "cuda", "mps")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -45,27 +47,29 @@ def one_line(error: BaseException) -> str:
     return " ".join(lines[0].split()) if lines else type(error).__name__
 
 
-def check_device(device: str, option: str = "--device") -> None:
-    """Raise ValueError unless ``device`` names a torch device this machine has: ``cpu``, ``cuda``,
-    ``cuda:N`` (N below the number of GPUs) or ``mps``."""
+def check_device(device: str | torch.device, option: str = "--device") -> torch.device:
+    """``device`` as a torch.device that this machine has; ValueError naming it otherwise (a name torch
+    does not know, such as "gpu0", or a CUDA/MPS/XPU device that is absent), so a run fails before any
+    work. ``cpu`` and ``meta`` are always there."""
     import torch
 
     try:
-        parsed = torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError):
-        parsed = None
-    if parsed is None or parsed.type not in DEVICE_KINDS:
-        raise ValueError(f"{option} {device!r} is not a device: use cpu, cuda, cuda:N or mps")
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"{option} {device}: CUDA is not available on this machine (use --device cpu)")
-        if parsed.index is not None and parsed.index >= count:
-            raise ValueError(
-                f"{option} {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-            )
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"{option} {device}: MPS is not available on this machine (use --device cpu)")
+        raise ValueError(
+            f"{option} {device!r} is not a torch device; use e.g. cpu, cuda, cuda:1 or mps"
+        ) from None
+    if dev.type in ("cpu", "meta"):
+        return dev
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    if not (backend is not None and hasattr(backend, "is_available") and backend.is_available()):
+        raise ValueError(
+            f"{option} {device}: this machine has no {dev.type.upper()} device (use --device cpu)"
+        )
+    count = getattr(backend, "device_count", lambda: 1)()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{option} {device}: this machine has {count} {dev.type.upper()} device(s)")
+    return dev
 
 
 def weight_files(ckpt: str | os.PathLike) -> list[Path]:

@@ -91,7 +91,7 @@ def perplexity(
     if not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
     check_weights(ckpt)
-    check_device(str(device))
+    check_device(device)
     if out is not None:
         check_writable(out)
     source = data_mod.TextSource(data, split)

@@ -665,7 +665,7 @@ def evaluate_arithmetic(
     if recipe.task != "arithmetic":
         raise ValueError(f"{run_dir} was trained on task {recipe.task!r}, not arithmetic")
     check_weights(run_dir)
-    check_device(str(device))
+    check_device(device)
     check_writable(run_dir / "arithmetic_eval.json", option="--ckpt")
     model = AutoModelForCausalLM.from_pretrained(run_dir).to(device)
     _, test = arithmetic.recipe_splits(recipe, with_train=False)
