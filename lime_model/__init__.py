@@ -4,9 +4,9 @@
 ``AutoModelForCausalLM.from_pretrained(DIR)`` loads LIMe checkpoints (``model_type="lime"``) and the
 baselines' ("denseformer", "resformer", "hyperconnections"; :mod:`lime_model.architectures`).
 
-The ``lime-model`` program itself (its console script, or ``python -m lime_model.cli``) skips that
-import, so its ``--help`` and usage errors take no time: its commands register the model types after
-parsing (:func:`lime_model.cli.main`). The names below are imported on first use either way.
+The two programs, ``lime-model`` and ``lime-probe`` (console scripts, or ``python -m lime_model.cli`` /
+``lime_probe.cli``), skip that import, so their ``--help`` and usage errors take no time: their commands
+register the model types after parsing (:func:`lime_model.cli.main`, :func:`lime_probe.loading.load`). The names below are imported on first use either way.
 """
 
 import os
@@ -59,7 +59,17 @@ def _exit_interrupted(signum, frame) -> None:
     os._exit(130)
 
 
-if os.path.basename(sys.argv[0]) == "lime-model" or ("-m", "lime_model.cli") in pairwise(sys.orig_argv):
+# The program running, if it is one of the two (console script or ``python -m ...cli``): each registers the
+# model types after parsing, so that ``lime-probe``, which imports this package's light checks, stays quick too.
+_PROGRAM = next(
+    (
+        name
+        for name, module in (("lime-model", "lime_model.cli"), ("lime-probe", "lime_probe.cli"))
+        if os.path.basename(sys.argv[0]) == name or ("-m", module) in pairwise(sys.orig_argv)
+    ),
+    None,
+)
+if _PROGRAM == "lime-model":  # lime-probe installs its own handler (lime_probe/__init__.py)
     signal.signal(signal.SIGINT, _exit_interrupted)
-else:  # a library user: ``import lime_model`` makes the Auto classes load our checkpoints
+elif _PROGRAM is None:  # a library user: ``import lime_model`` makes the Auto classes load our checkpoints
     register_models()

@@ -109,7 +109,7 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False, option: str
         NotADirectoryError: a file on the way is not a folder.
         PermissionError: the folder that would hold ``path`` cannot be written (the reason in brackets).
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     if not folder and path.is_dir():
         raise IsADirectoryError(f"{option} {path} is a folder: give a file name")
     base = path if folder else path.parent

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from lime_model.checks import BAD_INPUT, OneLineParser, check_device, one_line
+from lime_model.files import check_writable, umask
 from lime_probe.analyses import (
     ANALYSES,
     Checkpoint,
@@ -46,9 +48,6 @@ from lime_probe.analyses import (
 )
 
 PROG = "lime-probe"
-# Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
-# one: the library raises ValueError for a wrong name, so a KeyError is a bug.
-BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 # --------------------------------------------------------------------------- options
@@ -86,14 +85,11 @@ def staged_output(out: str | os.PathLike):
     Missing parent folders are created (as ``mkdir -p``) and removed again if the command fails.
     On any exception (including KeyboardInterrupt) the temp folder is removed and ``out`` is
     left as it was. A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not
-    mkdtemp's private 0o700. Raises ValueError if ``out`` is a file and PermissionError if it cannot be
-    written.
+    mkdtemp's private 0o700. ``out`` is checked first, creating nothing (``lime_model.files.check_writable``):
+    NotADirectoryError if it or a folder on its way is a file, PermissionError if it cannot be written.
     """
-    from lime_model.files import umask
-
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
+    check_writable(out, folder=True, option="--out")  # before any folder is made
     parent = out.resolve().parent
     created = [p for p in (parent, *parent.parents) if not p.exists()]  # innermost first
     try:
@@ -102,8 +98,6 @@ def staged_output(out: str | os.PathLike):
         raise PermissionError(f"--out {out}: cannot create {parent} ({e.strerror})") from None
     published = False
     try:
-        if not os.access(out if out.exists() else parent, os.W_OK | os.X_OK):
-            raise PermissionError(f"--out {out} is not writable")
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
         except OSError as e:
@@ -128,20 +122,6 @@ def staged_output(out: str | os.PathLike):
             for folder in created:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
-
-
-def check_writable_dir(path: str | os.PathLike, option: str) -> None:
-    """Check, creating nothing, that the folder ``path`` (``option``'s value, e.g. the cache) can be written:
-    a file can be made in it or, where it does not exist yet, in its nearest existing parent. A run thus
-    fails before its work rather than after; PermissionError or ValueError naming ``option`` otherwise."""
-    folder = Path(path).expanduser().absolute()
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"{option} {path}: {existing} exists and is not a directory")
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as e:
-        raise PermissionError(f"{option} {path} is not writable ({existing}: {e.strerror})") from None
 
 
 @contextmanager
@@ -322,8 +302,6 @@ def cmd_report(args, out: Path) -> str | None:
                 data = texts[: sizes[name]] if name in sizes else None
                 result = run_analysis(spec, chosen, data, args)
         except BAD_INPUT as e:
-            from lime_probe.loading import one_line
-
             skipped.append({"analysis": name, "reason": one_line(e)})
             print(f"{PROG} report: skipped {name}: {one_line(e)}", file=sys.stderr)
             continue
@@ -417,7 +395,10 @@ COMMANDS = {
         "lime-probe reproduce --data ../shared/data --out runs/lm-cpu-baselines --results figures/lm-cpu-baselines"
         " --baselines denseformer,resformer,hyperconnections   # not run in tests: about an hour (15 trainings)\n"
         "lime-probe reproduce --study arithmetic --out runs/arithmetic-seeds --results figures/arithmetic-seeds"
-        "   # not run in tests: about 30 min at one thread",
+        "   # not run in tests: about 30 min at one thread\n"
+        "lime-probe reproduce --study arithmetic --baselines lime-llama-kv-init,llama-torch-kv-init --seeds "
+        "0,1,2,3,4,5,6,7,8,9 --out runs/arithmetic-kv-init --results figures/arithmetic-kv-init"
+        "   # the k/v init x routing 2 x 2; not run in tests: about 2 hours at one thread",
     ),
     "cache": (
         "list the activation cache's entries by checkpoint and analysis with their sizes, or clear them",
@@ -604,26 +585,14 @@ def add_param_options(
     return added
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (the usage itself stays one ``--help`` away) and no abbreviated
-    options (``--ckp`` is an error, not ``--ckpt``)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs["allow_abbrev"] = False
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``lime-probe`` argument parser: one subcommand per analysis of the registry, plus report and demo."""
-    parser = _Parser(
+    parser = OneLineParser(
         prog=PROG,
         description="The LIMe paper's analyses of representation collapse.",
         epilog="Run 'lime-probe COMMAND --help' for a command's options and an example.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
 
     def add(name: str, help: str, example: str, handler: Callable) -> argparse.ArgumentParser:
         p = sub.add_parser(
@@ -728,7 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="--study lm: also train the paper's cross-layer baselines (denseformer, resformer, "
         "hyperconnections) or k/v-init ablations (lime-llama-kv-init: LIMe with LLaMA's k/v init; "
         "llama-torch-kv-init: LLaMA with LIMe's) and "
-        "compare each with LLaMA as extra rows (default: none)",
+        "compare each with LLaMA as extra rows; --study arithmetic: both k/v-init ablations or none, "
+        "the 2 x 2 of k/v init x routing, each contrast against the cell that differs in one factor "
+        "(default: none)",
     )
     p.add_argument("--results", default=None, metavar="DIR", help="tables and figures (default: OUT/results)")
     p.add_argument(
@@ -769,9 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_reproduce_outputs(run_dir: str, results: str | None) -> None:
     """The runs folder and ``--results`` (written at the end, after the training) checked before any work."""
-    check_writable_dir(run_dir, "--out")
+    check_writable(run_dir, folder=True, option="--out")
     if results is not None:
-        check_writable_dir(results, "--results")
+        check_writable(results, folder=True, option="--results")
 
 
 def cmd_reproduce(args, out: None) -> None:
@@ -782,8 +753,6 @@ def cmd_reproduce(args, out: None) -> None:
 
         if args.data is not None:
             raise ValueError("--study arithmetic generates its data; leave out --data")
-        if args.baselines:
-            raise ValueError("--baselines applies to --study lm")
         _check_reproduce_outputs(args.run_dir or "runs/arithmetic-seeds", args.results)
         results = run_arithmetic_study(
             args.run_dir or "runs/arithmetic-seeds",
@@ -791,6 +760,7 @@ def cmd_reproduce(args, out: None) -> None:
             seeds=args.seeds,
             results=args.results,
             device=args.device,
+            baselines=args.baselines,
         )
     else:
         from lime_probe.reproduce import run_reproduction
@@ -867,15 +837,16 @@ def _main(argv: Sequence[str] | None) -> int:
         if hasattr(args, "threads"):  # a torch command: set before any work, record the effective count
             import torch
 
+            import lime_model
+
+            lime_model.register_models()  # what `import lime_model` does for a library user (see there)
             if args.threads is not None:
                 torch.set_num_threads(args.threads)
             args.threads = torch.get_num_threads()
         if getattr(args, "device", None) is not None:  # a device this machine lacks fails before any work
-            from lime_probe.loading import check_device
-
             check_device(args.device)
         if getattr(args, "cache", None) is not None:  # the activation cache, written during the work
-            check_writable_dir(args.cache, "--cache")
+            check_writable(args.cache, folder=True, option="--cache")
         from lime_probe.cachedir import report_growth
 
         with (
@@ -891,15 +862,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except BAD_INPUT as e:
         if args.debug:
             raise
-        from lime_probe.loading import one_line
-
         print(f"{where}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:
         if args.debug:
             raise
-        from lime_probe.loading import one_line
-
         print(
             f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
             file=sys.stderr,

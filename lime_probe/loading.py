@@ -26,38 +26,10 @@ TOKENIZER_FILES = (
 )
 
 
-def one_line(error: BaseException) -> str:
-    """``error`` as one line: its first line of text (a KeyError's key unquoted), or its type name."""
-    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-    lines = text.strip().splitlines()
-    return " ".join(lines[0].split()) if lines else type(error).__name__
-
-
 def _one(error: BaseException) -> str:
+    from lime_model.checks import one_line  # imported where used: `import lime_model` registers the models
+
     return f"{type(error).__name__}: {one_line(error)}"
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch.device that this machine has; ValueError naming it otherwise (a name torch does
-    not know, such as "gpu0", or a CUDA/MPS/XPU device that is absent), so a run fails before any work."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(
-            f"--device {device!r} is not a torch device; use e.g. cpu, cuda, cuda:1 or mps"
-        ) from None
-    if dev.type in ("cpu", "meta"):
-        return dev
-    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
-    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
-    if not available:
-        raise ValueError(
-            f"--device {device}: this machine has no {dev.type.upper()} device (use --device cpu)"
-        )
-    count = getattr(backend, "device_count", lambda: 1)()
-    if dev.index is not None and dev.index >= count:
-        raise ValueError(f"--device {device}: this machine has {count} {dev.type.upper()} device(s)")
-    return dev
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -148,6 +120,8 @@ def hub_dataset(name: str, what: str, fix: str) -> Iterator[None]:
             yield
             return
         except ConnectionError as error:  # datasets: "Couldn't reach NAME on the Hub (...)"
+            from lime_model.checks import one_line
+
             problem = one_line(error)
     raise FileNotFoundError(f"{what} not found locally and the hub is unreachable ({problem}): {fix}")
 
@@ -241,13 +215,16 @@ def load(
         FileNotFoundError: "checkpoint not found: PATH" when `ckpt` is a path that does not exist
             (including "owner/name" whose "owner" is a local folder), or reads as a hub id but is
             neither a local folder nor a hub model that is cached or reachable (asked once, no retries).
-        ValueError: not a checkpoint, unreadable or corrupt weights, no tokenizer, an architecture
-            without an extraction adapter, or a device this machine lacks (`check_device`).
+        ValueError: not a checkpoint, unreadable or corrupt weights (a local safetensors file named by
+            `lime_model.checks.check_weights`), no tokenizer, an architecture without an extraction
+            adapter, or a device this machine lacks (`lime_model.checks.check_device`).
     """
     import transformers as tf
 
-    import lime_model  # noqa: F401  (registers the "lime" model type with the Auto classes)
+    import lime_model
+    from lime_model.checks import check_device, check_weights
 
+    lime_model.register_models()  # the "lime" model types with the Auto classes (a no-op once done)
     ckpt = os.fspath(ckpt)
     dtype = _resolve_dtype(dtype)
     device = check_device(device)
@@ -257,6 +234,7 @@ def load(
     if not hub:
         ckpt = str(Path(ckpt).expanduser())
         _check_local(Path(ckpt))
+        check_weights(ckpt)  # a corrupt weights file named in milliseconds, not after the config and model
     where = f"hub checkpoint {ckpt!r}" if hub else f"checkpoint {ckpt}"
     with quiet_library(verbose):
         try:

@@ -86,7 +86,7 @@ def test_label_count_must_match(capsys, tmp_path):
 def test_out_that_is_a_file_is_rejected(capsys, tmp_path):
     (tmp_path / "f").write_text("")
     code, _, err = run_cli(capsys, "entropy", "--ckpt", "a", "--data", "x", "--out", tmp_path / "f")
-    assert code == 2 and "exists and is not a directory" in err
+    assert code == 2 and f"--out {tmp_path / 'f'}: {tmp_path / 'f'} is not a folder" in err
 
 
 def test_unwritable_out_is_rejected(capsys, tmp_path):
@@ -102,7 +102,7 @@ def test_unwritable_out_is_rejected(capsys, tmp_path):
     finally:
         if os.geteuid() != 0:
             locked.chmod(0o700)
-    assert code == 2 and "is not writable" in err and err.count("\n") == 1
+    assert code == 2 and f"--out {out}: cannot write in" in err and err.count("\n") == 1
     assert not out.exists()
 
 
@@ -244,7 +244,7 @@ def _digits_checkpoint(directory: Path) -> Path:
     [
         ("missing", "checkpoint not found"),
         ("not_ckpt", "not a checkpoint"),
-        ("corrupt", "cannot load the weights"),
+        ("corrupt", "cannot read the weights file {tmp_path}/corrupt/model.safetensors"),
         ("no_tokenizer", "has no tokenizer"),
         ("empty_data", "no text"),
         ("missing_data", "data not found"),
@@ -328,6 +328,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, mo
     code, _, err = run_cli(capsys, *argv)
     assert code == 2, err
     lines = [ln for ln in err.splitlines() if ln.startswith("lime-probe")]
+    match = match.format(tmp_path=tmp_path)
     assert len(lines) == 1 and lines[0].startswith(f"lime-probe {command}: error: ") and match in lines[0], (
         err
     )
@@ -339,7 +340,7 @@ def test_reproduce_checks_its_output_folders_before_training(capsys, tmp_path):
     (tmp_path / "a-file").write_text("x")
     argv = ["reproduce", "--study", "arithmetic", "--out", tmp_path / "runs"]
     code, _, err = run_cli(capsys, *argv, "--results", tmp_path / "a-file" / "results")
-    assert code == 2 and err.count("\n") == 1 and "--results" in err and "not a directory" in err, err
+    assert code == 2 and err.count("\n") == 1 and "--results" in err and "not a folder" in err, err
     assert not (tmp_path / "runs").exists()  # nothing created, nothing trained
 
 

@@ -8,7 +8,8 @@ import transformers as tf
 from helpers import save_tiny_checkpoint
 
 from lime_probe.extraction import extract
-from lime_probe.loading import _is_hub_id, check_device, hub_dataset, load
+from lime_model.checks import check_device
+from lime_probe.loading import _is_hub_id, hub_dataset, load
 
 
 @pytest.mark.parametrize("arch", ["llama", "lime", "gpt2", "gpt_neox", "bert"])
