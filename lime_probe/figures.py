@@ -174,20 +174,21 @@ def plot_entropy(
     *,
     site: str,
     alpha: float | None = None,
-    band: str = "95% CI",
+    band: str | None = None,
 ) -> Figure:
     """Matrix entropy per layer for several models (paper Figures 2a, 4a, 7a); see ``plot_layer_curves``.
+    ``band`` says in the title what the series' bands are (e.g. "95 % bootstrap CI over sequences").
 
     Entropies of different models often differ by a few percent of their size, so the automatic
     y-axis starts far above zero and makes small gaps look large. When the axis shows less than
     half of the range from zero, a note under the plot says where it starts and gives the largest
-    gap between the first two models with its 95 % CI (see `gap_note`).
+    gap between the first two models, with an interval only where seeds pair them (see `gap_note`).
     """
     order = f" (α={alpha:g})" if alpha is not None else ""
     fig = plot_layer_curves(
         series,
         ylabel=f"matrix entropy{order} [nats]",
-        title=f"Entropy of {site} per layer, band: {band}",
+        title=f"Entropy of {site} per layer" + (f", band: {band}" if band else ""),
         xlabel=layer_axis_label(site),
     )
     ax = fig.axes[0]
@@ -200,9 +201,14 @@ def plot_entropy(
 
 def gap_note(series: Mapping[str, Mapping[str, Sequence[float]]], bottom: float) -> str:
     """ "y-axis starts at `bottom`, not 0" and, for two or more series, the largest gap between the
-    first two at a shared layer: ``A − B = d nats (x % of B)``, with a 95 % CI when both give
-    ``low``/``high`` bands. The CI combines the two half-widths in quadrature, i.e. treats the two
-    means as independent (our choice; paired per-sequence differences would be tighter)."""
+    first two at a shared layer: ``A − B = d nats (x % of B)``.
+
+    The gap gets an interval only where both series give ``"seeds"`` ``(n_seeds, n_layers)``, the
+    per-seed values of the same n >= 2 seeds in the same order: the 95 % paired t-interval over seeds
+    (`lime_probe.stats.paired_difference`), labelled so. Otherwise (single runs, or seeds that do not
+    pair) the note says there is none: the two models' own bands (over sequences, or min-max over
+    seeds) are no interval for their difference.
+    """
     note = f"y-axis starts at {bottom:.3g}, not 0"
     if len(series) < 2:
         return note
@@ -219,12 +225,13 @@ def gap_note(series: Mapping[str, Mapping[str, Sequence[float]]], bottom: float)
     i, j = ia[k], ib[k]
     text = f"{note}; largest gap at layer {shared[k]:g}: {name_a} − {name_b} = {diff[k]:+.3g} nats"
     text += f" ({diff[k] / mean_b[j]:+.1%} of {name_b})"
-    if all("low" in s and "high" in s for s in (a, b)):
-        half = np.hypot(
-            (float(a["high"][i]) - float(a["low"][i])) / 2, (float(b["high"][j]) - float(b["low"][j])) / 2
-        )
-        text += f", 95% CI [{diff[k] - half:+.3g}, {diff[k] + half:+.3g}]"
-    return text
+    seeds_a, seeds_b = (np.asarray(s["seeds"], float) if "seeds" in s else None for s in (a, b))
+    if seeds_a is None or seeds_b is None or seeds_a.shape[0] != seeds_b.shape[0] or seeds_a.shape[0] < 2:
+        return text + "; no interval (not paired over two or more seeds)"
+    from lime_probe.stats import paired_difference
+
+    d = paired_difference(seeds_a[:, i], seeds_b[:, j])
+    return text + f", 95 % paired t-interval over {d.n} seeds [{d.ci_low:+.3g}, {d.ci_high:+.3g}]"
 
 
 def plot_separability(

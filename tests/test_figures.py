@@ -175,27 +175,53 @@ def test_layer_axes_name_their_indexing_convention():
     assert "X_0 = embeddings" in blimp.axes[0].get_xlabel()
 
 
-def test_entropy_far_above_zero_notes_where_the_axis_starts_and_the_gap_with_its_ci():
+def test_entropy_far_above_zero_notes_where_the_axis_starts_and_the_gap_without_an_unpaired_interval():
     lime = np.array([5.00, 5.10, 5.20, 5.30])
     llama = np.array([5.00, 5.05, 5.08, 5.11])
     series = {
         "LIMe": {"mean": lime, "low": lime - 0.02, "high": lime + 0.02},
         "LLaMA": {"mean": llama, "low": llama - 0.03, "high": llama + 0.05},
     }
-    fig = F.plot_entropy(series, site="values")
+    fig = F.plot_entropy(series, site="values", band="95 % bootstrap CI of the mean over sequences")
+    assert (
+        fig.axes[0].get_title()
+        == "Entropy of values per layer, band: 95 % bootstrap CI of the mean over sequences"
+    )
     bottom = fig.axes[0].get_ylim()[0]
     assert bottom > 4  # the automatic axis zooms in ...
     note = " ".join(fig._supxlabel.get_text().split())  # ... so the figure says so (wrapped)
-    # the largest gap by hand: layer 3, 5.30 - 5.11 = 0.19; half-widths 0.02 and 0.04 in quadrature
-    half = (0.02**2 + 0.04**2) ** 0.5
+    # the largest gap by hand: layer 3, 5.30 - 5.11 = 0.19; one run per model: the bands over sequences
+    # are no interval for the difference, so none is given
     assert note == (
         f"y-axis starts at {bottom:.3g}, not 0; largest gap at layer 3: LIMe − LLaMA = +0.19 nats "
-        f"(+3.7% of LLaMA), 95% CI [{0.19 - half:+.3g}, {0.19 + half:+.3g}]"
+        "(+3.7% of LLaMA); no interval (not paired over two or more seeds)"
     )
     near_zero = F.plot_entropy(
         {"A": {"mean": [0.5, 2.0, 4.0]}, "B": {"mean": [0.4, 1.0, 3.0]}}, site="hidden"
     )
     assert near_zero._supxlabel is None  # an axis that starts near zero needs no note
+    assert near_zero.axes[0].get_title() == "Entropy of hidden per layer"  # no band, none named
+
+
+def test_entropy_gap_over_paired_seeds_has_the_paired_t_interval():
+    from scipy.stats import t
+
+    # three seeds x four layers; layer 3 has the largest mean gap
+    lime = np.array([[5.0, 5.1, 5.2, 5.30], [5.0, 5.1, 5.2, 5.36], [5.0, 5.1, 5.2, 5.27]])
+    llama = np.array([[5.0, 5.05, 5.08, 5.10], [5.0, 5.05, 5.08, 5.12], [5.0, 5.05, 5.08, 5.11]])
+    series = {name: {"mean": v.mean(0), "seeds": v} for name, v in (("LIMe", lime), ("LLaMA", llama))}
+    note = " ".join(F.gap_note(series, 4.9).split())
+    d = [0.30 - 0.10, 0.36 - 0.12, 0.27 - 0.11]  # per seed at layer 3, by hand
+    mean = sum(d) / 3
+    sd = (sum((x - mean) ** 2 for x in d) / 2) ** 0.5
+    half = t.ppf(0.975, 2) * sd / 3**0.5
+    assert note.endswith(
+        f"LIMe − LLaMA = {mean:+.3g} nats ({mean / llama[:, 3].mean():+.1%} of LLaMA), "
+        f"95 % paired t-interval over 3 seeds [{mean - half:+.3g}, {mean + half:+.3g}]"
+    )
+    # the seeds must pair up: three against two is no paired interval
+    series["LLaMA"]["seeds"] = llama[:2]
+    assert F.gap_note(series, 4.9).endswith("; no interval (not paired over two or more seeds)")
 
 
 def test_separability_legend_sits_below_the_axes_not_over_the_lines():

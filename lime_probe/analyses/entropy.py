@@ -153,7 +153,8 @@ def plot(result: Result) -> dict:
 
     rows = result.rows
     curves = site_curves(rows, "entropy_mean", low="ci_low", high="ci_high")
-    return {result.name: F.plot_entropy(curves, site=rows[0]["site"], alpha=rows[0]["alpha"])}
+    band = "95 % bootstrap CI of the mean over sequences"
+    return {result.name: F.plot_entropy(curves, site=rows[0]["site"], alpha=rows[0]["alpha"], band=band)}
 
 
 SPEC = Spec(
