@@ -263,7 +263,8 @@ def word_features(model, tokenizer, data: Data, window: int) -> tuple[dict, np.n
 def measure_separability(features: dict, words: np.ndarray, seed: int) -> dict:
     from lime_probe.separability import token_separability
 
-    res = token_separability(features, words, seed=seed, progress=False)
+    # classes in WORDS' order: the official probe lays rows out class by class in the words' given order
+    res = token_separability(features, words, seed=seed, progress=False, classes=WORDS)
     return {
         "layers": list(res.layers),
         "accuracy": res.accuracy_mean.tolist(),

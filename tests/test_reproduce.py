@@ -251,3 +251,21 @@ def test_kv_init_ablations_change_only_the_kv_init(name, model, kv_proj_init):
     assert ablation.to_dict() == {**plain.to_dict(), "kv_proj_init": kv_proj_init}
     assert ablation.kv_proj_torch_init == (not plain.kv_proj_torch_init) == (kv_proj_init == "torch")
     assert label not in MODELS
+
+
+def test_the_separability_probe_orders_its_classes_as_the_words_are_declared(monkeypatch):
+    """The official probe lays rows out class by class in its words' order (is, are, was, were), not sorted."""
+    from lime_probe import reproduce, separability
+
+    seen = {}
+    real = separability.token_separability
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(separability, "token_separability", spy)
+    rng = np.random.default_rng(0)
+    words = np.array([" is", " are", " was", " were"] * 10, dtype=object)
+    out = reproduce.measure_separability({0: rng.normal(size=(40, 3))}, words, seed=42)
+    assert seen["classes"] == (" is", " are", " was", " were") and out["layers"] == [0]
