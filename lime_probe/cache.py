@@ -165,10 +165,6 @@ class ShardCache:
         )
         atomic_write(self.directory / MANIFEST, text)
 
-    @property
-    def done_tokens(self) -> int:
-        return sum(e["n_tokens"] for e in self._entries)
-
     def add_shard(self, tensors: dict[str, torch.Tensor]) -> Path:
         """Write one shard and list it in the manifest. `tensors` as in the module docstring, plus
         "n_tokens" (a 1-element tensor: tokens run through the model), which goes to the manifest."""

@@ -110,7 +110,7 @@ def test_corrupt_manifest_or_missing_shard_starts_over(tmp_path):
     cache.add_shard(
         {"offsets": torch.tensor([0, 2]), "token_ids": torch.tensor([4, 5]), "n_tokens": torch.tensor([2])}
     )
-    assert (ShardCache(tmp_path, key).done_sequences, ShardCache(tmp_path, key).done_tokens) == (1, 2)
+    assert ShardCache(tmp_path, key).done_sequences == 1
     cache.shards[0].unlink()
     assert ShardCache(tmp_path, key).done_sequences == 0
     (cache.directory / "manifest.json").write_text("{not json")
