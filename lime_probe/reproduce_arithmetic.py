@@ -16,8 +16,17 @@ value entropy   per layer, ``values`` site, one test expression per sequence (``
 loss vs FLOPs   training loss, mean over seeds                                              Fig. 1
 ==============  ==========================================================================  ==========
 
+With ``baselines`` = the two k/v-init cells (:data:`KV_INIT_2X2`) it is a 2 x 2 study, k/v init x
+routing (protocol: ``figures/arithmetic-kv-init/PROTOCOL.md``): each contrast changes one factor against
+the cell that differs from it only there (:data:`CONTRASTS_2X2`), plus the interaction (the routing
+effect at PyTorch's init minus the one at LLaMA's). The primary endpoints are then the hardest tier of
+routing at LLaMA's init and of PyTorch's init without routing; everything else is secondary or
+exploratory.
+
 It shares ``lime_probe.reproduce``'s machinery and layout (``train/``, ``measure/{kind}/{run}.json``,
 ``results/``): finished runs are reused, interrupted ones resumed, each measurement is cached per run.
+Training is seed-major (every model of seed 0, then seed 1, ...) and each seed's runs are measured as
+soon as they are trained, so a study stopped early holds whole seeds, measured.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from lime_probe.reproduce import (
+    BASELINES,
     ENTROPY_PRESET,
     MODELS,
     Progress,
@@ -54,6 +64,27 @@ from lime_probe.reproduce import (
     statistics_note,
     train_runs,
 )
+
+# --baselines of the k/v-init 2 x 2: LIMe with LLaMA's k/v init, LLaMA with LIMe's (PyTorch's default)
+KV_INIT_2X2 = ("lime-llama-kv-init", "llama-torch-kv-init")
+# (model, reference, endpoint of the hardest tier): each contrast changes one factor (or both, the last)
+CONTRASTS_2X2 = (
+    ("LIMe-LLaMA-kv-init", "LLaMA", "primary"),  # routing, at LLaMA's k/v init
+    ("LLaMA-torch-kv-init", "LLaMA", "primary"),  # PyTorch's k/v init, without routing
+    ("LIMe", "LLaMA-torch-kv-init", "secondary"),  # routing, at PyTorch's k/v init
+    ("LIMe", "LIMe-LLaMA-kv-init", "secondary"),  # PyTorch's k/v init, with routing
+    ("LIMe", "LLaMA", "secondary"),  # both: the LIMe vs LLaMA study's contrast
+)
+# the interaction's two sides: the routing effect at each init, (model, reference) of each
+INTERACTION = {
+    "routing at torch init": ("LIMe", "LLaMA-torch-kv-init"),
+    "routing at LLaMA init": ("LIMe-LLaMA-kv-init", "LLaMA"),
+}
+
+
+def contrasts(labels: Sequence[str]) -> tuple[tuple[str, str, str], ...]:
+    """The study's (model, reference, endpoint of the hardest tier): LIMe - LLaMA, primary, or the 2 x 2."""
+    return CONTRASTS_2X2 if len(labels) > len(MODELS) else (("LIMe", "LLaMA", "primary"),)
 
 
 @dataclass(frozen=True)
@@ -135,29 +166,49 @@ def measure_entropy(model, tokenizer, recipe, test, n_texts: int) -> dict:
 # --------------------------------------------------------------------------- comparisons over seeds
 
 
-def compare(m: dict, seeds: Sequence[int]) -> list[dict]:
-    """LIMe - LLaMA per tier (accuracy) and per layer and mean (value entropy), one row each.
+def compare(
+    m: dict, seeds: Sequence[int], pairs: Sequence[tuple[str, str, str]] = contrasts(MODELS)
+) -> list[dict]:
+    """Each (model, reference, endpoint) of ``pairs``: model - reference per tier (accuracy) and per
+    layer and mean (value entropy), one row each, paired by seed.
 
-    The hardest tier's accuracy is the primary endpoint; the other tiers and the mean value entropy
-    are secondary; the per-layer entropies exploratory (Holm and BH over the layers)."""
-    acc = m["accuracy"]
+    The hardest tier's accuracy has the pair's ``endpoint`` (primary for a claim); the other tiers and
+    the mean value entropy are secondary; the per-layer entropies exploratory (Holm and BH over the
+    layers of each pair). With the 2 x 2's pairs, a secondary row adds the interaction at the hardest
+    tier: the routing effect at PyTorch's k/v init minus the one at LLaMA's (`INTERACTION`)."""
+    acc, ent = m["accuracy"], m["entropy"]
     tiers = sorted(acc["LIMe", seeds[0]]["accuracy"], key=int)
-    rows = [
-        differences(
-            _by_model(acc, seeds, lambda r, t=tier: r["accuracy"][t]),
-            "accuracy",
-            +1,
-            endpoint="primary" if tier == tiers[-1] else "secondary",
-            operators=int(tier),
+    rows = []
+    for model, ref, endpoint in pairs:
+        for tier in tiers:
+            rows.append(
+                differences(
+                    _by_model(acc, seeds, lambda r, t=tier: r["accuracy"][t], (model, ref)),
+                    "accuracy",
+                    +1,
+                    endpoint=endpoint if tier == tiers[-1] else "secondary",
+                    reference=ref,
+                    operators=int(tier),
+                )
+            )
+        for i, layer in enumerate(ent[model, seeds[0]]["layers"]):
+            per = _by_model(ent, seeds, lambda r, i=i: float(np.mean(r["values"][i])), (model, ref))
+            rows.append(
+                differences(per, "value entropy", +1, endpoint="exploratory", reference=ref, layer=layer)
+            )
+        per = _by_model(ent, seeds, lambda r: float(np.mean(r["values"])), (model, ref))
+        rows.append(differences(per, "value entropy", +1, endpoint="secondary", reference=ref, layer="mean"))
+    if pairs == CONTRASTS_2X2:
+        effect = {}
+        for side, (model, ref) in INTERACTION.items():
+            per = _by_model(acc, seeds, lambda r: r["accuracy"][tiers[-1]], (model, ref))
+            effect[side] = np.subtract(per[model], per[ref]).tolist()
+        sides = list(INTERACTION)
+        rows.append(
+            differences(
+                effect, "accuracy", +1, endpoint="secondary", reference=sides[1], operators=int(tiers[-1])
+            )
         )
-        for tier in tiers
-    ]
-    ent = m["entropy"]
-    for i, layer in enumerate(ent["LIMe", seeds[0]]["layers"]):
-        per = _by_model(ent, seeds, lambda r, i=i: float(np.mean(r["values"][i])))
-        rows.append(differences(per, "value entropy", +1, endpoint="exploratory", layer=layer))
-    per = _by_model(ent, seeds, lambda r: float(np.mean(r["values"])))
-    rows.append(differences(per, "value entropy", +1, endpoint="secondary", layer="mean"))
     return adjust_exploratory(rows)
 
 
@@ -179,22 +230,33 @@ def per_run_rows(m: dict) -> dict[str, list[dict]]:
     return out
 
 
-def findings(diff: Sequence[dict], seeds: Sequence[int], recipe: str, size: str) -> str:
-    """findings.md: the primary endpoint (accuracy at the hardest tier), the secondary ones (the other
-    tiers, the mean value entropy) with intervals, p-values, MDEs and per-seed values; then the
-    per-layer value entropy as exploratory results."""
+def findings(
+    diff: Sequence[dict], seeds: Sequence[int], recipe: str, size: str, protocol: str | None = None
+) -> str:
+    """findings.md: the primary endpoints (accuracy at the hardest tier), the secondary ones (the other
+    tiers, the mean value entropy, the 2 x 2's other contrasts) with intervals, p-values, MDEs and
+    per-seed values; then the per-layer value entropy as exploratory results. ``protocol`` names where
+    the study's protocol is written."""
+    two_by_two = any(r["reference"] != "LLaMA" for r in diff)
+    title = "k/v init x routing (2 x 2)" if two_by_two else "LIMe vs LLaMA"
+    what = (
+        "Each model minus its reference (the cell that differs from it in one factor; the interaction: "
+        "the routing effect at PyTorch's k/v init minus the one at LLaMA's), paired by seed"
+        if two_by_two
+        else "LIMe minus LLaMA, paired by seed"
+    )
     lines = [
-        f"# LIMe vs LLaMA on the Arithmetic Expression Task ({recipe}, size {size}), over seeds",
+        f"# {title} on the Arithmetic Expression Task ({recipe}, size {size}), over seeds",
         "",
-        f"LIMe minus LLaMA, paired by seed over {len(seeds)} seeds ({', '.join(map(str, seeds))}). The primary "
-        "endpoint is the accuracy at the hardest tier (the most operators); the other tiers and the mean value "
-        "entropy are secondary. Verdict from the 95 % paired t-interval over seeds: 'holds' when it excludes 0 "
-        "with the paper's sign (LIMe higher), 'reversed' when it excludes 0 with the other sign, else 'not "
-        f"resolved'. {statistics_note(seeds)}",
+        f"{what}, over {len(seeds)} seeds ({', '.join(map(str, seeds))}). The primary endpoint of each claim "
+        "is the accuracy at the hardest tier (the most operators); the other tiers and the mean value entropy "
+        "are secondary. Verdict from the 95 % paired t-interval over seeds: 'holds' when it excludes 0 with "
+        "the model higher, 'reversed' when it excludes 0 with the other sign, else 'not resolved'. "
+        f"{statistics_note(seeds)}" + (f" Protocol: {protocol}." if protocol else ""),
         "",
-        "| endpoint | measure | LIMe | LLaMA | difference [95 % paired t-interval] | per seed | p (t) "
-        "| p (sign-flip) | MDE | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| endpoint | measure | model - reference | model | reference | difference [95 % paired t-interval] "
+        "| per seed | p (t) | p (sign-flip) | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ordered = sorted(
         (r for r in diff if r["endpoint"] != "exploratory"), key=lambda r: r["endpoint"] != "primary"
@@ -207,7 +269,8 @@ def findings(diff: Sequence[dict], seeds: Sequence[int], recipe: str, size: str)
         per_seed = ", ".join(f"{scale * d:{fmt}}" for d in r["per_seed_diff"])
         mean, low, high = (scale * r[k] for k in ("diff_mean", "ci_low", "ci_high"))
         lines.append(
-            f"| {r['endpoint']} | {what} | {scale * r['LIMe']:{fmt[1:]}} | {scale * r['LLaMA']:{fmt[1:]}} | "
+            f"| {r['endpoint']} | {what} | {r['model']} - {r['reference']} | {scale * r[r['model']]:{fmt[1:]}} | "
+            f"{scale * r[r['reference']]:{fmt[1:]}} | "
             f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}] | {per_seed} | {format_p(r['p_t'])} | "
             f"{format_p(r['p_sign_flip'])} | {scale * r['mde']:{fmt[1:]}} | {r['verdict']} |"
         )
@@ -224,12 +287,15 @@ def findings(diff: Sequence[dict], seeds: Sequence[int], recipe: str, size: str)
     return "\n".join(lines) + "\n"
 
 
-def draw_tables(results: Path, m: dict, diff: Sequence[dict], seeds: Sequence[int]) -> None:
+def draw_tables(
+    results: Path, m: dict, diff: Sequence[dict], seeds: Sequence[int], labels: Sequence[str] = tuple(MODELS)
+) -> None:
     """The interval figures, drawn from the per-run numbers alone: the accuracy difference per tier and
     the value-entropy difference per layer (95 % paired t-intervals), value entropy per layer (min-max
     band over seeds) beside its paired difference."""
     from lime_probe import figures as F
 
+    minus = "LIMe - LLaMA" if len(labels) == len(MODELS) else "model - reference"
     for what, key, stem, xlabel, ylabel in (
         ("accuracy", "operators", "accuracy_difference", "operators", "accuracy difference (fraction)"),
         ("value entropy", "layer", "entropy_difference", "layer", "entropy difference (nats)"),
@@ -240,13 +306,23 @@ def draw_tables(results: Path, m: dict, diff: Sequence[dict], seeds: Sequence[in
             ylabel=ylabel,
             baseline=0.0,
             baseline_label="no difference",
-            title=f"{what.capitalize()}, LIMe - LLaMA\n(mean, {interval_label(len(seeds))})",
+            title=f"{what.capitalize()}, {minus}\n(mean, {interval_label(len(seeds))})",
         )
         F.save_figure(fig, results / stem)
-    F.save_figure(entropy_figure(m, diff, seeds, tuple(MODELS)), results / "entropy_values")
+    fig = entropy_figure(m, diff, seeds, labels)
+    if minus != "LIMe - LLaMA":  # the 2 x 2's references are not all LLaMA
+        fig.axes[1].set_title(f"Paired difference per layer\n(mean, {interval_label(len(seeds))})")
+    F.save_figure(fig, results / "entropy_values")
 
 
-def draw(results: Path, m: dict, diff: list[dict], seeds: Sequence[int], curves: dict) -> None:
+def draw(
+    results: Path,
+    m: dict,
+    diff: list[dict],
+    seeds: Sequence[int],
+    curves: dict,
+    labels: Sequence[str] = tuple(MODELS),
+) -> None:
     """Accuracy per tier (mean over seeds), `draw_tables`' figures and loss vs FLOPs."""
     from lime_probe import figures as F
 
@@ -255,11 +331,11 @@ def draw(results: Path, m: dict, diff: list[dict], seeds: Sequence[int], curves:
             int(t): float(np.mean([m["accuracy"][label, s]["accuracy"][t] for s in seeds]))
             for t in m["accuracy"][label, seeds[0]]["accuracy"]
         }
-        for label in MODELS
+        for label in labels
     }
     title = f"mean over {len(seeds)} seeds"
     F.save_figure(F.plot_accuracy_by_operators(acc, title=title), results / "accuracy")
-    draw_tables(results, m, diff, seeds)
+    draw_tables(results, m, diff, seeds, labels)
     F.save_figure(F.plot_training_curves(curves), results / "loss_vs_flops")
 
 
@@ -273,11 +349,13 @@ def run_arithmetic_study(
     seeds: Sequence[int] | None = None,
     results: str | os.PathLike | None = None,
     device: str = "cpu",
+    baselines: Sequence[str] = (),
 ) -> Path:
     """Train or reuse the runs, measure them, compare, and write ``results`` (default ``out/results``).
 
-    ``seeds`` replaces the size's seeds (at least two: the interval needs a spread). Returns the
-    results folder.
+    ``seeds`` replaces the size's seeds (at least two: the interval needs a spread). ``baselines``:
+    none (LIMe vs LLaMA) or the two k/v-init cells (`KV_INIT_2X2`, the 2 x 2). Seed-major: each seed's
+    runs are trained, then measured, before the next seed's. Returns the results folder.
     """
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
@@ -285,56 +363,77 @@ def run_arithmetic_study(
     seeds = tuple(cfg.seeds if seeds is None else seeds)
     if len(set(seeds)) < 2 or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be at least two distinct integers, got {list(seeds)}")
+    if set(baselines) not in (set(), set(KV_INIT_2X2)):
+        raise ValueError(
+            f"--study arithmetic takes --baselines {','.join(KV_INIT_2X2)} (the k/v-init 2 x 2) or none, "
+            f"got {','.join(baselines)}"
+        )
     from lime_model.train import SecondEpochWarning
 
     out = Path(out)
     results = Path(results) if results is not None else out / "results"
-    progress = Progress(2 * len(seeds) * len(MODELS) + 1)
-    with warnings.catch_warnings():  # arithmetic-cpu repeats its 10,000 expressions by design
-        warnings.simplefilter("ignore", SecondEpochWarning)
-        runs = train_runs(out, cfg.recipe, seeds, cfg.overrides, progress)
-
+    models = {**MODELS, **dict(BASELINES[b] for b in KV_INIT_2X2 if b in baselines)}
+    progress = Progress(2 * len(seeds) * len(models) + 1)
+    runs: dict[tuple[str, int], Path] = {}
     m: dict[str, dict] = {"accuracy": {}, "entropy": {}}
-    for (label, seed), run in runs.items():
-        paths = {kind: out / "measure" / kind / f"{run_name(label, seed)}.json" for kind in m}
-        progress.step(
-            f"measuring {label} seed {seed}: accuracy, value entropy",
-            reused=all(p.is_file() for p in paths.values()),
-        )
-        opened = functools.cache(lambda run=run: open_run(run, device))  # loaded only if something is missing
-        m["accuracy"][label, seed] = cached(paths["accuracy"], lambda o=opened: measure_accuracy(*o()))
-        m["entropy"][label, seed] = cached(
-            paths["entropy"], lambda o=opened: measure_entropy(*o(), cfg.entropy_texts)
-        )
+    for seed in seeds:
+        with warnings.catch_warnings():  # arithmetic-cpu repeats its 10,000 expressions by design
+            warnings.simplefilter("ignore", SecondEpochWarning)
+            trained = train_runs(out, cfg.recipe, [seed], cfg.overrides, progress, models=models)
+        runs.update(trained)
+        for (label, _), run in trained.items():
+            paths = {kind: out / "measure" / kind / f"{run_name(label, seed)}.json" for kind in m}
+            progress.step(
+                f"measuring {label} seed {seed}: accuracy, value entropy",
+                reused=all(p.is_file() for p in paths.values()),
+            )
+            opened = functools.cache(lambda run=run: open_run(run, device))  # loaded only if one is missing
+            m["accuracy"][label, seed] = cached(paths["accuracy"], lambda o=opened: measure_accuracy(*o()))
+            m["entropy"][label, seed] = cached(
+                paths["entropy"], lambda o=opened: measure_entropy(*o(), cfg.entropy_texts)
+            )
     progress.step("comparing and writing the results")
-    write_results_folder(results, m, seeds, cfg, runs, size)
+    write_results_folder(results, m, seeds, cfg, runs, size, list(models))
     return results
 
 
-def write_results_folder(results: Path, m: dict, seeds, cfg: ArithmeticSize, runs, size: str) -> None:
-    """differences, accuracy and entropy tables (CSV, JSON), the figures, findings.md and summary.json."""
+def write_results_folder(
+    results: Path,
+    m: dict,
+    seeds,
+    cfg: ArithmeticSize,
+    runs,
+    size: str,
+    labels: Sequence[str] = tuple(MODELS),
+) -> None:
+    """differences, accuracy and entropy tables (CSV, JSON), the figures, findings.md and summary.json
+    for the ``labels`` models (LIMe and LLaMA, or the 2 x 2's four)."""
     from lime_probe.results import atomic_write_text, read_metrics, rows_to_csv, run_metadata, write_results
 
     meta = run_metadata(
         "reproduce --study arithmetic",
-        settings={"size": size, **asdict(cfg), "seeds": list(seeds)},
+        settings={"size": size, **asdict(cfg), "seeds": list(seeds), "models": list(labels)},
         checkpoints={run_name(label, s): str(p) for (label, s), p in runs.items()},
     )
     meta["threads"] = _threads()
-    diff = compare(m, seeds)
+    diff = compare(m, seeds, contrasts(labels))
     write_results(results / "differences", diff, meta=meta)
     for kind, rows in per_run_rows(m).items():
         write_results(results / kind, rows, meta=meta)
-    curves = {label: _mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in MODELS}
-    draw(results, m, diff, seeds, curves)
-    atomic_write_text(results / "findings.md", findings(diff, seeds, cfg.recipe, size))
+    curves = {label: _mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in labels}
+    draw(results, m, diff, seeds, curves, labels)
+    protocol = "PROTOCOL.md in this folder" if (results / "PROTOCOL.md").is_file() else None
+    atomic_write_text(results / "findings.md", findings(diff, seeds, cfg.recipe, size, protocol))
     atomic_write_text(
         results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)
     )
     print(
         rows_to_csv(
             [
-                {k: r[k] for k in ("measure", "LIMe", "LLaMA", "diff_mean", "ci_low", "ci_high", "verdict")}
+                {
+                    k: r[k]
+                    for k in ("measure", "model", "reference", "diff_mean", "ci_low", "ci_high", "verdict")
+                }
                 | {"where": r.get("operators", r.get("layer", ""))}
                 for r in diff
             ]

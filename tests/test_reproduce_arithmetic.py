@@ -177,3 +177,92 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, extra
 def test_seeds_that_are_not_integers_are_a_usage_error(tmp_path, capsys):
     code = cli.main(["reproduce", "--study", "arithmetic", "--seeds", "0,x", "--out", str(tmp_path / "o")])
     assert code == 2 and "expected comma-separated integers" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the k/v-init 2 x 2
+
+KV = ["--baselines", "lime-llama-kv-init,llama-torch-kv-init"]
+RUN = {"LIMe": "lime", "LLaMA": "llama", "LIMe-LLaMA-kv-init": "lime-llama-kv-init"}
+RUN["LLaMA-torch-kv-init"] = "llama-torch-kv-init"
+
+
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kv")
+    argv = ["reproduce", "--study", "arithmetic", "--size", "tiny", "--seeds", "0,1", *KV]
+    assert cli.main([*argv, "--out", str(out), "--threads", "1"]) == 0
+    return out
+
+
+def test_2x2_trains_the_four_cells_seed_major_and_measures_each_seed_before_the_next(two_by_two):
+    train, measure = two_by_two / "train", two_by_two / "measure"
+    # "auto" is the official code's choice: PyTorch's default with routing, HF's normal(0, 0.02) without
+    cells = {
+        "lime": ("full", "auto"),
+        "llama": ("none", "auto"),
+        "lime-llama-kv-init": ("full", "normal"),
+        "llama-torch-kv-init": ("none", "torch"),
+    }
+    for name, cell in cells.items():
+        cfg = json.loads((train / f"{name}-s0" / "config.json").read_text())
+        assert (cfg["routing"], cfg["kv_proj_init"]) == cell
+    started_s1 = min((train / f"{n}-s1" / "recipe.json").stat().st_mtime_ns for n in RUN.values())
+    for name in RUN.values():  # seed 0: trained and measured before any seed-1 training began
+        assert (train / f"{name}-s0" / "metrics.jsonl").stat().st_mtime_ns < started_s1
+        for kind in ("accuracy", "entropy"):
+            assert (measure / kind / f"{name}-s0.json").stat().st_mtime_ns < started_s1
+
+
+def test_2x2_contrasts_each_against_the_cell_that_differs_in_one_factor(two_by_two):
+    acc = {}
+    for path in (two_by_two / "measure" / "accuracy").glob("*.json"):
+        name, seed = path.stem.rsplit("-s", 1)
+        acc[name, int(seed)] = json.loads(path.read_text())["accuracy"]["2"]
+
+    def hard(label):
+        return np.array([acc[RUN[label], s] for s in (0, 1)])
+
+    rows = [r for r in read_csv(two_by_two / "results" / "differences.csv") if r["measure"] == "accuracy"]
+    hardest = {(r["model"], r["reference"]): r for r in rows if r["operators"] == "2"}
+    expected = {
+        ("LIMe-LLaMA-kv-init", "LLaMA"): "primary",
+        ("LLaMA-torch-kv-init", "LLaMA"): "primary",
+        ("LIMe", "LLaMA-torch-kv-init"): "secondary",
+        ("LIMe", "LIMe-LLaMA-kv-init"): "secondary",
+        ("LIMe", "LLaMA"): "secondary",
+        ("routing at torch init", "routing at LLaMA init"): "secondary",
+    }
+    assert {pair: r["endpoint"] for pair, r in hardest.items()} == expected
+    for (model, ref), r in hardest.items():
+        if model.startswith("routing"):  # (LIMe - LLaMA-torch) - (LIMe-LLaMA-kv-init - LLaMA), per seed
+            d = hard("LIMe") - hard("LLaMA-torch-kv-init") - hard("LIMe-LLaMA-kv-init") + hard("LLaMA")
+        else:
+            d = hard(model) - hard(ref)
+        assert json.loads(r["per_seed_diff"]) == pytest.approx(list(d), abs=1e-12)
+        assert (float(r["ci_low"]), float(r["ci_high"])) == pytest.approx(hand_t_interval(d), nan_ok=True)
+    text = (two_by_two / "results" / "findings.md").read_text()
+    assert "| primary | accuracy, 2 operators (points) | LIMe-LLaMA-kv-init - LLaMA |" in text
+    assert "| primary | accuracy, 2 operators (points) | LLaMA-torch-kv-init - LLaMA |" in text
+    assert "k/v init x routing" in text
+
+
+def test_2x2_exploratory_layers_are_adjusted_within_each_contrast(two_by_two):
+    rows = [r for r in read_csv(two_by_two / "results" / "differences.csv") if r["endpoint"] == "exploratory"]
+    families = {}
+    for r in rows:
+        families.setdefault((r["model"], r["reference"]), []).append(r)
+    assert len(families) == 5 and all(len(f) == 2 for f in families.values())  # 2 layers per contrast
+    for family in families.values():
+        p = np.array([float(r["p_t"]) for r in family])
+        if np.isfinite(p).all():
+            assert [float(r["p_holm"]) for r in family] == pytest.approx(list(_holm2(p)))
+
+
+@pytest.mark.parametrize("baselines", ["lime-llama-kv-init", "denseformer", "lime-llama-kv-init,denseformer"])
+def test_arithmetic_baselines_other_than_the_2x2_are_one_line_exit_2(tmp_path, capsys, baselines):
+    out = tmp_path / "o"
+    argv = ["reproduce", "--study", "arithmetic", "--size", "tiny", "--baselines", baselines]
+    code = cli.main([*argv, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--baselines lime-llama-kv-init,llama-torch-kv-init" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and not out.exists()
