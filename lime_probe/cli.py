@@ -46,6 +46,7 @@ from lime_probe.analyses import (
     load_checkpoints,
     named_checkpoints,
 )
+from lime_probe.analyses.base import THREADS_HELP, configure_threads
 
 PROG = "lime-probe"
 
@@ -510,9 +511,7 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
         "--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)"
     )
     r.add_argument("--debug", action="store_true", help="show the full traceback on failure")
-    r.add_argument(
-        "--threads", type=_positive, default=None, metavar="N", help="torch CPU threads (default: torch's)"
-    )
+    r.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
     r.add_argument(
         "--verbose", action="store_true", help="show the libraries' own loading messages and warnings"
     )
@@ -707,9 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
-    p.add_argument(
-        "--threads", type=_positive, default=None, metavar="N", help="torch CPU threads (default: torch's)"
-    )
+    p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
     p.set_defaults(out=None)
 
     p = add("cache", *COMMANDS["cache"], cmd_cache)
@@ -835,14 +832,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     try:
         if hasattr(args, "threads"):  # a torch command: set before any work, record the effective count
-            import torch
-
+            args.threads = configure_threads(args.threads)  # first: before anything imports torch
             import lime_model
 
             lime_model.register_models()  # what `import lime_model` does for a library user (see there)
-            if args.threads is not None:
-                torch.set_num_threads(args.threads)
-            args.threads = torch.get_num_threads()
         if getattr(args, "device", None) is not None:  # a device this machine lacks fails before any work
             check_device(args.device)
         if getattr(args, "cache", None) is not None:  # the activation cache, written during the work

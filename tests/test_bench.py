@@ -157,3 +157,53 @@ def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
     rows = [line for line in out.splitlines() if line.split()[:1] in (["full"], ["per-dim"], ["dynamic"])]
     assert len(rows) == 3
     assert all("values bit-identical" in r and "max rel diff 0.0e+00" in r for r in rows)
+
+
+# --------------------------------------------------------------------------- the thread default
+
+
+@pytest.mark.parametrize(
+    "cores, load, threads",
+    [
+        (1, 0.0, 1),
+        (2, 0.0, 1),
+        (3, 0.0, 1),
+        (2, 5.0, 1),
+        (4, 0.0, 4),
+        (4, 0.2, 3),
+        (8, 2.5, 5),
+        (8, 7.9, 1),
+        (8, 30.0, 1),
+        (16, 0.0, 16),
+    ],
+)
+def test_default_threads_is_one_on_few_cores_else_the_cores_the_load_leaves_free(cores, load, threads):
+    from lime_probe.analyses.base import default_threads
+
+    assert default_threads(cores, load) == threads
+
+
+def run_threads(env_policy: str | None) -> list[str]:
+    """``configure_threads(None)`` in a fresh process: [OMP_WAIT_POLICY it leaves, threads in effect]."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    if env_policy is not None:
+        env["OMP_WAIT_POLICY"] = env_policy
+    code = (
+        "import os; from lime_probe.analyses.base import configure_threads; n = configure_threads(None); "
+        "import torch; assert torch.get_num_threads() == n; print(os.environ['OMP_WAIT_POLICY'], n)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_configure_threads_waits_passively_unless_told_and_picks_the_default():
+    import os
+
+    policy, n = run_threads(None)
+    assert policy == "PASSIVE"
+    cores = len(os.sched_getaffinity(0))
+    assert int(n) == 1 if cores < 4 else 1 <= int(n) <= cores
+    assert run_threads("ACTIVE")[0] == "ACTIVE"  # the user's policy stands

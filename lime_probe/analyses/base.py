@@ -11,6 +11,7 @@ stays cheap; each analysis imports what it uses when it runs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -21,6 +22,47 @@ from lime_probe.sites import SITES
 # What an analysis's --data holds: texts (required or optional), a BLiMP dataset, or nothing (the
 # analysis reads the checkpoints' own run folders).
 DataKind = Literal["texts", "optional-texts", "blimp", "none"]
+
+
+# The torch thread default (ours), measured on the 2-core machine (bench/RESULTS.md, "Thread default"):
+# with OpenMP's default ACTIVE wait policy, 2 threads beside any other busy process ran an extraction at
+# 10-105 seq/s against 234-936 at 1 thread (idle threads spin and steal the core the working one needs);
+# with the PASSIVE policy 2 threads ran at 218-775, about as fast as 1.
+FEW_CORES = 4
+
+THREADS_HELP = (
+    "torch CPU threads (default: 1 on a machine with fewer than 4 usable cores, else the cores the load "
+    "average leaves free, at least 1; OpenMP's threads wait passively unless OMP_WAIT_POLICY is set: "
+    "on 2 cores, 2 spinning threads beside one busy process ran 10-30x slower than 1 thread)"
+)
+
+
+def default_threads(cores: int, load: float) -> int:
+    """The torch thread count for a machine with ``cores`` usable cores and a 1-minute load average of
+    ``load`` (ours; see `THREADS_HELP`): 1 below `FEW_CORES` cores (a second thread there gains little
+    and costs much when anything else runs), else the cores the load leaves free, at least 1."""
+    if cores < FEW_CORES:
+        return 1
+    return max(1, min(cores, cores - math.ceil(load)))
+
+
+def configure_threads(requested: int | None) -> int:
+    """Set torch's CPU threads to ``requested``, or to `default_threads` of this machine, and return the
+    count in effect. Before torch is first imported it also sets ``OMP_WAIT_POLICY=PASSIVE`` unless the
+    environment sets a policy (OpenMP reads it once, when torch loads it)."""
+    import os
+    import sys
+
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    if requested is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        requested = min(torch.get_num_threads(), default_threads(cores, load))
+    torch.set_num_threads(requested)
+    return torch.get_num_threads()
 
 
 def option(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
