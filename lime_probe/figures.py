@@ -555,7 +555,8 @@ def plot_accuracy_by_operators(
 def plot_blimp_layers(
     curves: Mapping[str, Mapping[str, Sequence[float]]], *, model: str, site: str
 ) -> Figure:
-    """BLiMP probe accuracy per layer, one line per paradigm, for one model (paper Table 2/11 as curves).
+    """BLiMP probe accuracy per layer, one line per paradigm, for one model (the curves that Tables 2/11
+    average over tasks per block).
 
     ``curves[paradigm]`` is a ``plot_layer_curves`` series (``"mean"``, optional ``"std"``).
     The legend (one entry per paradigm, names of up to ~50 characters) sits right of the plot, never
@@ -586,7 +587,9 @@ LEGEND_ROWS = 14
 
 
 def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:
-    """Paper Table 2 as bars: BLiMP probe accuracy per model, one bar per site, error bars = std over tasks.
+    """BLiMP probes as one number per model and site (bars; error bars = std over tasks): each task's mean
+    over the probed layers, then mean +- std over tasks. A summary, not the paper's Table 2 layout, which
+    is per block (`lime_probe.blimp.blimp_layer_table`, the analysis's ``blimp_table2_layers`` table).
 
     ``rows`` are ``blimp.blimp_table`` rows (``model``, ``site``, ``accuracy_mean``, ``accuracy_std``,
     ``n_tasks``); chance (0.5) is drawn as a dashed line and each bar is labelled with its value.
@@ -608,6 +611,9 @@ def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("probe accuracy (mean ± std over tasks)")
     n_tasks = sorted({r["n_tasks"] for r in rows})
-    ax.set_title(f"BLiMP probes, Table 2 layout ({'/'.join(map(str, n_tasks))} tasks)")
+    ax.set_title(
+        "BLiMP probes, one number per model and site\n"
+        f"(each task's mean over the probed layers; mean ± std over {'/'.join(map(str, n_tasks))} tasks)"
+    )
     ax.legend(fontsize=8, loc="lower right")
     return fig

@@ -340,3 +340,16 @@ def test_line_styles_differ_for_the_first_64_lines():
 )
 def test_every_figure_lays_out_without_warnings(tmp_path, make):
     _drawn(make(), tmp_path)
+
+
+def test_blimp_one_number_chart_says_what_it_is_not_the_per_block_table_2_layout():
+    rows = [
+        {"model": m, "site": "values", "accuracy_mean": 0.7, "accuracy_std": 0.1, "n_tasks": 10}
+        for m in ("LIMe", "LLaMA")
+    ]
+    title = F.plot_blimp_table2(rows).axes[0].get_title()
+    assert "Table 2" not in title  # the paper's Table 2 is per block: the blimp_table2_layers table
+    assert title == (
+        "BLiMP probes, one number per model and site\n"
+        "(each task's mean over the probed layers; mean ± std over 10 tasks)"
+    )
