@@ -8,6 +8,7 @@ import pytest
 from matplotlib.collections import PathCollection, PolyCollection, QuadMesh
 
 from lime_probe import figures as F
+from lime_probe.protocol import TABLE2_TASKS
 
 rng = np.random.default_rng(0)
 
@@ -246,18 +247,7 @@ def test_tsne_with_few_points_says_why():
 
 
 # The paper's Table 2 paradigms (Appendix D): long names, ten lines in one figure.
-TEN_PARADIGMS = [
-    "determiner_noun_agreement_with_adj_irregular_1",
-    "complex_NP_island",
-    "regular_plural_subject_verb_agreement_2",
-    "determiner_noun_agreement_with_adj_2",
-    "determiner_noun_agreement_1",
-    "determiner_noun_agreement_2",
-    "irregular_plural_subject_verb_agreement_1",
-    "irregular_plural_subject_verb_agreement_2",
-    "distractor_agreement_relational_noun",
-    "determiner_noun_agreement_with_adjective_1",
-]
+TEN_PARADIGMS = list(TABLE2_TASKS)
 
 
 def _drawn(fig, tmp_path):
