@@ -108,3 +108,23 @@ def test_import_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+STALE = re.compile(
+    r"could not be (re-?)?(read|checked)|(read|checked) offline|paper('s text)? (is|was) not available"
+)
+
+
+def test_nothing_says_the_paper_could_not_be_read():
+    """The paper's text is read and quoted now: no document or help text says it could not be read or checked
+    (pre-registered protocol text keeps its words where the same line marks them as annotated later)."""
+    paths = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *(ROOT / "docs").rglob("*.md")]
+    paths += [*(ROOT / "figures").rglob("*.md"), *(ROOT / "lime_model").rglob("*.py")]
+    paths += [*(ROOT / "lime_model").rglob("*.json"), *(ROOT / "lime_probe").rglob("*.py")]
+    stale = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in paths
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if STALE.search(line) and "[added later" not in line
+    ]
+    assert stale == []
