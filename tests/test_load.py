@@ -1,5 +1,6 @@
 """`load`: local checkpoints of every supported architecture, and clear errors for bad ones."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -7,8 +8,8 @@ import torch
 import transformers as tf
 from helpers import save_tiny_checkpoint
 
-from lime_probe.extraction import extract
 from lime_model.checks import check_device
+from lime_probe.extraction import extract
 from lime_probe.loading import _is_hub_id, hub_dataset, load
 
 
@@ -53,12 +54,15 @@ def test_not_a_checkpoint(tmp_path):
         load(tmp_path / "file.txt")
 
 
-def test_corrupt_weights(tmp_path):
+def test_corrupt_weights_are_named_before_loading(tmp_path, monkeypatch):
     ckpt = save_tiny_checkpoint(tmp_path / "m", "llama")
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    with pytest.raises(ValueError, match="cannot load the weights of checkpoint"):
+    opened = []
+    monkeypatch.setattr(tf.AutoConfig, "from_pretrained", lambda *a, **k: opened.append(a))
+    with pytest.raises(ValueError, match=f"cannot read the weights file {re.escape(str(weights))}: "):
         load(ckpt)
+    assert opened == []  # named from its header, before the config or the model is read
 
 
 def test_missing_weights(tmp_path):
