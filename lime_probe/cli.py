@@ -481,9 +481,10 @@ def _checkpoint_options(
     g.add_argument(
         "--batch-size",
         type=_positive,
-        default=8,
+        default=None,
         metavar="B",
-        help="sequences per forward pass (default: %(default)s)",
+        help="sequences per forward pass (default: as many as fit 4096 tokens, padding included; either way "
+        "sequences run sorted by length and results come back in order)",
     )
     g.add_argument(
         "--cache",

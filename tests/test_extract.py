@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from lime_probe.extraction import extract, pad_batch
+from lime_probe.extraction import extract, pad_batch, plan_batches
 
 TEXTS = [
     "The cat is on the mat and the dogs are in the garden.",
@@ -25,13 +25,14 @@ def tok():
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "bert", "lime"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_batched_equals_one_at_a_time(tok, arch, side):
+@pytest.mark.parametrize("batching", [dict(batch_size=3), dict(batch_tokens=40)])
+def test_batched_equals_one_at_a_time(tok, arch, side, batching):
     if arch == "lime":
         pytest.importorskip("lime_model")
     model = tiny_model(arch, tok)
     tok.padding_side = side
     sites = ["hidden", "final", "values", "keys"] + (["routed_values"] if arch == "lime" else [])
-    batched = extract(model, tok, TEXTS, sites=sites, batch_size=3, progress=False)
+    batched = extract(model, tok, TEXTS, sites=sites, progress=False, **batching)  # sorted, order restored
     alone = extract(model, tok, TEXTS, sites=sites, batch_size=1, progress=False)  # no padding at all
     lengths = [len(tok(t)["input_ids"]) for t in TEXTS]
     assert batched.offsets.diff().tolist() == lengths
@@ -219,3 +220,95 @@ def test_works_from_python_dash_c(tmp_path):
         out.stdout.strip().splitlines()[-1]
         == f"({len(tiny_tokenizer()('The cat is here')['input_ids'])}, 32)"
     )
+
+
+# --------------------------------------------------------------------------- token-budget batches
+
+
+def test_plan_batches_sorts_by_length_and_keeps_each_padded_batch_within_the_budget():
+    lengths = [3, 9, 1, 9, 4, 4, 20, 2]
+    batches = plan_batches(lengths, None, 18)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # each sequence once
+    flat = [i for b in batches for i in b]
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)  # longest first
+    assert flat[1:3] == [1, 3]  # ties keep the input order
+    assert batches[0] == [6]  # over the budget alone: a batch of its own
+    for b in batches[1:]:
+        assert len(b) * max(lengths[i] for i in b) <= 18
+    assert [len(b) for b in batches] == [1, 2, 4, 1]  # greedy: 9+9, then 4,4,3,2 (4x4=16), then 1
+    assert [len(b) for b in plan_batches(lengths, 3, 18)] == [3, 3, 2]  # batch_size counts sequences
+
+
+def test_token_budget_restores_the_input_order_across_blocks(tok, monkeypatch):
+    import lime_probe.extraction as ex
+
+    monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # blocks of one batch: order restored block by block too
+    model = tiny_model("llama", tok)
+    texts = TEXTS * 3
+    got = extract(model, tok, texts, sites=["hidden"], batch_tokens=30, progress=False)
+    alone = [extract(model, tok, [t], sites=["hidden"], progress=False) for t in texts]
+    assert got.offsets.diff().tolist() == [len(a.token_ids) for a in alone]
+    for k, a in enumerate(alone):
+        for layer in got.layers("hidden"):
+            torch.testing.assert_close(
+                got.sequences("hidden", layer)[k], a["hidden"][layer], atol=1e-5, rtol=1e-5
+            )
+
+
+# --------------------------------------------------------------------------- log-probabilities
+
+
+def plain_logprob(model, ids: list[int]) -> float:
+    """sum_{i>=1} log p(t_i | t_<i) of one unpadded sequence from a plain Hugging Face forward."""
+    with torch.no_grad():
+        logp = model(input_ids=torch.tensor([ids])).logits[0].double().log_softmax(-1)
+    return float(sum(logp[i - 1, ids[i]] for i in range(1, len(ids))))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "lime"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_logprobs_equal_a_plain_forward(tok, arch, side, tmp_path):
+    if arch == "lime":
+        pytest.importorskip("lime_model")
+    model = tiny_model(arch, tok)
+    tok.padding_side = side
+    texts = TEXTS * 2
+    acts = extract(
+        model, tok, texts, sites=["hidden"], pool="mean", batch_tokens=40, logprobs=True, progress=False
+    )
+    want = [plain_logprob(model, tok(t)["input_ids"]) for t in texts]
+    assert acts.logprobs.dtype == torch.float64 and acts.logprobs.shape == (len(texts),)
+    torch.testing.assert_close(acts.logprobs, torch.tensor(want, dtype=torch.float64), atol=1e-4, rtol=1e-6)
+    cached = extract(
+        model,
+        tok,
+        texts,
+        sites=["hidden"],
+        pool="mean",
+        batch_tokens=40,
+        logprobs=True,
+        progress=False,
+        cache_dir=tmp_path,
+    )
+    again = extract(
+        model,
+        tok,
+        texts,
+        sites=["hidden"],
+        pool="mean",
+        batch_tokens=40,
+        logprobs=True,
+        progress=False,
+        cache_dir=tmp_path,
+    )
+    assert again.shards and torch.equal(again.logprobs, cached.logprobs)
+    assert extract(model, tok, texts, sites=["hidden"], progress=False).logprobs is None
+
+
+def test_the_batch_size_help_names_the_default_token_budget():
+    from lime_probe.cli import build_parser
+    from lime_probe.extraction import DEFAULT_BATCH_TOKENS
+
+    entropy = build_parser()._subparsers._group_actions[0].choices["entropy"]
+    (action,) = [a for a in entropy._actions if a.dest == "batch_size"]
+    assert action.default is None and f"fit {DEFAULT_BATCH_TOKENS} tokens" in action.help
