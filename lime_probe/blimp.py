@@ -10,6 +10,11 @@ ungrammatical sentence differing minimally). Two uses, both per paradigm:
   token where it has no BOS, as the harness does), and a pair is correct when good > bad (strictly; an
   exact tie, practically only for identical token sequences, counts as wrong).
 
+For a causal LM both come from one forward pass over the scored sequences (`scoring_sequences`: the prefix,
+then the sentence's tokens): the probe mean-pools every position of that sequence (ours; for a tokenizer
+that adds BOS itself this is the sentence as it tokenizes, for one that adds nothing the prefix is an extra
+first token), and `extract(..., logprobs=True)` returns the scores (`minimal_pair_scores`).
+
 The paper's Table 2 protocol (`paper_layers`, `fit_pairs`, `blimp_layer_table`, `blimp_table`): probes on
 mean-pooled values and hidden states of the upper blocks (10-16 of 16; the same upper fraction, 7/16, for
 other depths), reported as the paper's Tables 2 and 11 list them, per block: mean +- std over tasks (our
@@ -325,6 +330,17 @@ def prefix_token_id(tokenizer: Any) -> int:
     raise ValueError("the tokenizer has neither a BOS nor an EOS token to use as the scoring prefix")
 
 
+def scoring_sequences(tokenizer: Any, sentences: Sequence[str]) -> list[list[int]]:
+    """The token ids each sentence is scored as: `prefix_token_id`, then the sentence encoded without
+    special tokens -> one list per sentence. ValueError for a sentence with no tokens."""
+    prefix = prefix_token_id(tokenizer)
+    encoded = tokenizer(list(sentences), add_special_tokens=False, verbose=False)["input_ids"]
+    for s, ids in zip(sentences, encoded, strict=True):
+        if not ids:
+            raise ValueError(f"sentence {s!r} has no tokens")
+    return [[prefix, *ids] for ids in encoded]
+
+
 def sentence_logprobs(
     model: Any, tokenizer: Any, sentences: Sequence[str], batch_size: int = 32, progress: bool = True
 ) -> np.ndarray:
@@ -337,20 +353,17 @@ def sentence_logprobs(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not sentences:
         raise ValueError("sentence_logprobs: no sentences given")
+    from .extraction import token_logprobs
+
     module = unwrap_model(model)
-    prefix = prefix_token_id(tokenizer)
-    encoded = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
-    for s, ids in zip(sentences, encoded, strict=True):
-        if not ids:
-            raise ValueError(f"sentence {s!r} has no tokens")
-    seqs = [[prefix, *ids] for ids in encoded]
+    seqs = scoring_sequences(tokenizer, sentences)
     limit = getattr(getattr(module, "config", None), "max_position_embeddings", None)
     longest = max(len(s) for s in seqs)
     if limit is not None and longest > limit:
         raise ValueError(
             f"a sentence has {longest} tokens with the prefix, over the model's {limit} positions"
         )
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prefix
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else seqs[0][0]
     device = next(module.parameters()).device
     order = np.argsort([len(s) for s in seqs], kind="stable")
     out = np.empty(len(seqs))
@@ -369,9 +382,8 @@ def sentence_logprobs(
                     ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
                     mask[row, : len(seqs[i])] = 1
                 ids, mask = ids.to(device), mask.to(device)
-                logits = module(input_ids=ids, attention_mask=mask).logits.float()
-                logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-                out[idx] = (logp * mask[:, 1:]).sum(-1).double().cpu().numpy()
+                logits = module(input_ids=ids, attention_mask=mask).logits
+                out[idx] = token_logprobs(logits, ids, mask).cpu().numpy()
     finally:
         module.train(was_training)
     return out
@@ -406,7 +418,18 @@ def score_minimal_pairs(
     if not good:
         raise ValueError("score_minimal_pairs: no pairs given")
     scores = sentence_logprobs(model, tokenizer, good + bad, batch_size=batch_size, progress=progress)
-    lp_good, lp_bad = scores[: len(good)], scores[len(good) :]
+    return minimal_pair_scores(scores[: len(good)], scores[len(good) :], data)
+
+
+def minimal_pair_scores(lp_good: np.ndarray, lp_bad: np.ndarray, data: Any) -> BlimpScores:
+    """`BlimpScores` from each pair's summed log-probabilities (n,) of its good and bad sentence (as
+    `sentence_logprobs` or ``extract(..., logprobs=True)`` on `scoring_sequences` give them) and the pairs'
+    data (``UID`` and ``linguistics_term`` columns, row k = pair k)."""
+    lp_good, lp_bad = np.asarray(lp_good, dtype=np.float64), np.asarray(lp_bad, dtype=np.float64)
+    if lp_good.shape != lp_bad.shape or lp_good.shape != (len(data["UID"]),):
+        raise ValueError(
+            f"minimal_pair_scores: {lp_good.shape} good and {lp_bad.shape} bad scores for {len(data['UID'])} pairs"
+        )
     correct = lp_good > lp_bad
     paradigm = np.array(list(data["UID"]), dtype=object)
     phenomenon = np.array(list(data["linguistics_term"]), dtype=object)

@@ -280,3 +280,36 @@ def test_load_blimp_hub_code_path(monkeypatch):
     calls.clear()
     assert len(load_blimp("nyu-mll/blimp", paradigms=["isl_c"])) == 2
     assert calls == [("nyu-mll/blimp", "isl_c", "train")]
+
+
+@pytest.mark.parametrize("bos", [True, False])
+def test_blimp_analysis_scores_and_probes_in_one_pass_with_the_loops_scores(bos):
+    import datasets
+
+    from lime_probe.analyses import ANALYSES, Checkpoint
+
+    rows = [r for r in ROWS for _ in range(3)]  # at least 5 pairs per paradigm for 5-fold CV
+    tok = make_tokenizer(words_of(rows), bos=bos)
+    model = make_model(len(tok), seed=2)
+    prefix = tok.convert_tokens_to_ids("<s>" if bos else "</s>")
+    seen = []  # sentences through the model: each once, no second scoring pass
+    model.model.embed_tokens.register_forward_hook(lambda mod, args, out: seen.append(len(args[0])))
+    result = ANALYSES["blimp"].run(
+        [Checkpoint("m", "m", model, tok)],
+        datasets.Dataset.from_dict(as_columns(rows)),
+        {"batch_tokens": 16},
+        tasks="all",
+        layers="all",
+        sites=("hidden",),
+    )
+    assert sum(seen) == 2 * len(rows)
+    correct = [
+        loop_logprob(model, tok, g, prefix) > loop_logprob(model, tok, b, prefix) for _, _, g, b in rows
+    ]
+    want = {
+        u: np.mean([c for (uu, *_), c in zip(rows, correct, strict=True) if uu == u])
+        for u in ("agr_a", "agr_b", "isl_c")
+    }
+    got = result.extra["blimp"]["m"]["minimal_pairs"]["per_paradigm"]
+    assert got == pytest.approx(want)
+    assert {r["paradigm"]: r["minimal_pair_accuracy"] for r in result.summary} == pytest.approx(want)

@@ -652,7 +652,7 @@ def blimp_dir(tmp_path_factory) -> Path:
 
 
 def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
-    from lime_probe.blimp import blimp_probe, load_blimp, score_minimal_pairs
+    from lime_probe.blimp import blimp_probe, load_blimp, score_minimal_pairs, scoring_sequences
     from lime_probe.extraction import extract
     from lime_probe.loading import load
 
@@ -680,9 +680,11 @@ def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
     doc = _read_json(tmp_path / "o" / "blimp.json")
     data = load_blimp(blimp_dir)
     model, tok = load(ckpts["llama"])
-    part = data.select(range(10))  # the first paradigm's first 10 pairs
-    good = extract(model, tok, list(part["sentence_good"]), sites=["hidden"], pool="mean", progress=False)
-    bad = extract(model, tok, list(part["sentence_bad"]), sites=["hidden"], pool="mean", progress=False)
+    part = data.select(range(10))  # the first paradigm's first 10 pairs, as scored: prefix, then the sentence
+    good, bad = (
+        extract(model, tok, scoring_sequences(tok, part[c]), sites=["hidden"], pool="mean", pretokenized=True)
+        for c in ("sentence_good", "sentence_bad")
+    )
     want = blimp_probe(
         {la: good["hidden"][la] for la in good["hidden"]},
         {la: bad["hidden"][la] for la in bad["hidden"]},

@@ -8,7 +8,9 @@ that routes, the routed values its heads attend to, the official analysis's valu
 paper's Tables 2 and 11 (mean +- std over tasks, `blimp.blimp_layer_table`) and as one number per model and
 site (each task's mean over those blocks, then mean +- std over tasks, `blimp.blimp_table`). Pairs with a
 sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`). All
-sites of a paradigm's good and bad sentences come from one extraction pass.
+sites of a paradigm's good and bad sentences and, for a causal LM, their minimal-pair scores come from one
+extraction pass over the scored sequences (`blimp.scoring_sequences`: the BOS token, else EOS, then the
+sentence; ours).
 """
 
 from __future__ import annotations
@@ -122,7 +124,14 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     ``load_blimp`` dataset."""
     import numpy as np
 
-    from lime_probe.blimp import blimp_layer_table, blimp_probe, blimp_table, fit_pairs, score_minimal_pairs
+    from lime_probe.blimp import (
+        blimp_layer_table,
+        blimp_probe,
+        blimp_table,
+        fit_pairs,
+        minimal_pair_scores,
+        scoring_sequences,
+    )
     from lime_probe.windows import max_positions
 
     from .base import extract_site
@@ -141,28 +150,20 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     for ck in cks:
         kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model))
         picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
-        scores = None
-        if _is_causal_lm(ck):
-            scores = score_minimal_pairs(
-                ck.model, ck.tokenizer, data.select(np.concatenate(list(picked.values()))), progress=False
-            )
-            extra[ck.label] = {
-                "minimal_pairs": {
-                    "per_paradigm": scores.per_paradigm,
-                    "per_phenomenon": scores.per_phenomenon,
-                    "mean_over_paradigms": scores.mean_over_paradigms,
-                    "mean_over_phenomena": scores.mean_over_phenomena,
-                }
-            }
-        extra.setdefault(ck.label, {})["skipped_pairs"] = skipped
+        causal = _is_causal_lm(ck)
         sites = probed_sites(ck, p)
         kw = {**(extract_kw or {}), "layers": probed_layers(ck, p.layers)}
+        if causal:  # the scored sequences, probed and scored in the same pass
+            kw |= {"pretokenized": True, "logprobs": True}
+        logprobs = {}
         for q in paradigms:
             part = data.select(picked[q])
             n = len(part)  # good and bad sentences in one pass: rows [:n] good, [n:] bad
-            acts = extract_site(
-                ck, list(part["sentence_good"]) + list(part["sentence_bad"]), sites, kw, pool="mean"
-            )
+            sentences = list(part["sentence_good"]) + list(part["sentence_bad"])
+            texts = scoring_sequences(ck.tokenizer, sentences) if causal else sentences
+            acts = extract_site(ck, texts, sites, kw, pool="mean")
+            if causal:
+                logprobs[q] = acts.logprobs.numpy()
             for site in sites:
                 res = blimp_probe(
                     {la: acts[site][la][:n] for la in acts[site]},
@@ -196,9 +197,27 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
                         "best_layer": res.layers[best],
                         "n_pairs": n,
                         "n_skipped": skipped[q],
-                        "minimal_pair_accuracy": scores.per_paradigm[q] if scores else None,
+                        "minimal_pair_accuracy": None,  # filled in below for causal LMs
                     }
                 )
+        if causal:
+            scores = minimal_pair_scores(
+                np.concatenate([lp[: len(lp) // 2] for lp in logprobs.values()]),
+                np.concatenate([lp[len(lp) // 2 :] for lp in logprobs.values()]),
+                data.select(np.concatenate([picked[q] for q in logprobs])),
+            )
+            extra[ck.label] = {
+                "minimal_pairs": {
+                    "per_paradigm": scores.per_paradigm,
+                    "per_phenomenon": scores.per_phenomenon,
+                    "mean_over_paradigms": scores.mean_over_paradigms,
+                    "mean_over_phenomena": scores.mean_over_phenomena,
+                }
+            }
+            for row in summary:
+                if row["model"] == ck.label:
+                    row["minimal_pair_accuracy"] = scores.per_paradigm[row["paradigm"]]
+        extra.setdefault(ck.label, {})["skipped_pairs"] = skipped
     table2 = [
         {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
         for r in blimp_table(probes)
