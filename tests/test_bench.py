@@ -207,3 +207,34 @@ def test_configure_threads_waits_passively_unless_told_and_picks_the_default():
     cores = len(os.sched_getaffinity(0))
     assert int(n) == 1 if cores < 4 else 1 <= int(n) <= cores
     assert run_threads("ACTIVE")[0] == "ACTIVE"  # the user's policy stands
+
+
+def test_probe_speed_prints_old_new_and_plain_for_every_command_and_model():
+    toy = ["--threads", "1", "--pairs", "6", "--paradigms", "2", "--windows", "2", "--window", "32"]
+    toy += [
+        "--documents",
+        "12",
+        "--rounds",
+        "1",
+        "--vocab",
+        "300",
+        "--gpt2-layers",
+        "2",
+        "--gpt2-hidden",
+        "32",
+    ]
+    toy += ["--gpt2-heads", "2", "--lime-layers", "2"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "probe_speed.py"), *toy],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in __import__("os").environ.items() if k != "LIME_PROBE_DATA"},  # synthetic data
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("LIMe", "GPT-2"))]
+    assert [(r[0], r[2]) for r in rows] == [
+        (m, c) for m in ("LIMe", "GPT-2") for c in ("blimp", "blimp", "entropy", "separability")
+    ]
+    assert "(probes" in rows[1]  # the whole command, beside its probes' own time
+    assert all(float(r[-1]) > 0 and float(r[-3]) > 0 for r in rows if r[2] != "blimp")  # new x, old x
