@@ -288,7 +288,7 @@ def test_parsing_rules(tmp_path):
         ["lime-model", "b"],
     ]
     parsers = _parsers()
-    shrunk = _shrink(["lime-probe", "separability", "--max-sequences", "2000"], parsers)
+    shrunk = _shrink(["lime-probe", "separability", "--max-sequences", "9000"], parsers)
     assert shrunk[2:4] == ["--max-sequences", str(WORD_SEQUENCES)] and shrunk[-2:] == ["--threads", "1"]
     shrunk = _shrink(["lime-probe", "entropy"], parsers)
     assert shrunk[2:] == ["--max-sequences", "200", "--threads", "1"]
