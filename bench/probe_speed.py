@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+COMMANDS = ("blimp", "entropy", "separability")
+
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -51,6 +53,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpt2-heads", type=int, default=12)
     p.add_argument("--lime-layers", type=int, default=None, help="override the recipe's 16 layers")
     p.add_argument("--no-command", action="store_true", help="skip timing the whole BLiMP command")
+    p.add_argument("--commands", nargs="+", default=list(COMMANDS), choices=COMMANDS, help="commands to time")
     return p.parse_args(argv)
 
 
@@ -220,12 +223,19 @@ def cases(model, tok, args, data: Path | None) -> list[tuple[str, str, dict[str,
                 "plain": plain(model, plain_batches(windows, per_batch, pad)),
                 "old": lambda: [
                     extract(
-                        nn_model, tok, windows, sites=[s], pretokenized=True, batch_size=8, progress=False
+                        nn_model,
+                        tok,
+                        windows,
+                        sites=[s],
+                        pretokenized=True,
+                        batch_size=8,
+                        max_length=window,
+                        progress=False,
                     )
                     for s in values
                 ],
                 "new": lambda: extract(
-                    nn_model, tok, windows, sites=values, pretokenized=True, progress=False
+                    nn_model, tok, windows, sites=values, pretokenized=True, max_length=window, progress=False
                 ),
             },
         )
@@ -299,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, model in build_models(args, tok).items():
         for command, inputs, paths in cases(model, tok, args, data):
+            if command not in args.commands:
+                continue
             command_fn = paths.pop("_command", None)
             times: dict[str, list[float]] = {k: [] for k in paths}
             rng = random.Random(0)

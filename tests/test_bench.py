@@ -210,7 +210,18 @@ def test_configure_threads_waits_passively_unless_told_and_picks_the_default():
 
 
 def test_probe_speed_prints_old_new_and_plain_for_every_command_and_model():
-    toy = ["--threads", "1", "--pairs", "6", "--paradigms", "2", "--windows", "2", "--window", "32"]
+    toy = [
+        "--threads",
+        "1",
+        "--pairs",
+        "6",
+        "--paradigms",
+        "2",
+        "--windows",
+        "2",
+        "--window",
+        "600",
+    ]  # over extract's 512
     toy += [
         "--documents",
         "12",
