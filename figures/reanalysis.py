@@ -7,7 +7,8 @@ comes out again, and writes ``reanalysis.md`` and ``reanalysis.csv`` into the fo
 primary endpoint with its paired t-interval, the t-test's and the exact sign-flip p and the minimum
 detectable effect; the per-layer differences as exploratory, Holm- and BH-adjusted over layers. It
 also redraws the figures those tables determine (`reproduce.draw_per_layer`,
-`reproduce_arithmetic.draw_tables`), each interval labelled with what it is.
+`reproduce_arithmetic.draw_accuracy` and `draw_tables`), each interval labelled with what it is. The
+training curves are not among them: the folders hold no per-run loss curves (the runs' metrics.jsonl).
 
     python figures/reanalysis.py                      # every study below
     python figures/reanalysis.py figures/lm-cpu       # one
@@ -150,7 +151,8 @@ def pair_table(rows: Sequence[dict]) -> list[str]:
 def reanalyse(folder: Path, redraw: bool = True) -> Path:
     """Write ``folder/reanalysis.md`` and ``reanalysis.csv``; returns the markdown's path. ``redraw``:
     also redraw the figures the per-run tables determine (per-layer entropy and separability with their
-    bands labelled, the differences with their paired t-intervals)."""
+    bands labelled, the differences with their paired t-intervals, the arithmetic accuracy with its
+    t-intervals over seeds)."""
     from lime_probe import reproduce, reproduce_arithmetic
     from lime_probe.results import atomic_write_text, rows_to_csv
 
@@ -204,6 +206,7 @@ def reanalyse(folder: Path, redraw: bool = True) -> Path:
     text = f"{title} (re-analysis)\n\n{intro.format(checked=checked)}\n{rest}"
     if redraw:
         if name in ARITHMETIC_STUDIES:
+            reproduce_arithmetic.draw_accuracy(folder, m, seeds)
             reproduce_arithmetic.draw_tables(folder, m, diff, seeds)
         else:
             against_llama = [r for r in diff if r["reference"] == "LLaMA"]

@@ -273,6 +273,7 @@ def plot_heatmap(
     vmin: float | None = None,
     vmax: float | None = None,
     ax=None,
+    cmap: str = SEQUENTIAL_CMAP,
 ) -> Figure:
     """A labelled heatmap of ``matrix`` (n_rows, n_cols); NaN cells are left blank.
 
@@ -296,7 +297,7 @@ def plot_heatmap(
         sns.heatmap(
             m,
             ax=ax,
-            cmap=SEQUENTIAL_CMAP,
+            cmap=cmap,
             vmin=vmin,
             vmax=vmax,
             annot=annotate,
@@ -331,6 +332,58 @@ def plot_router(weights, *, label: str, sources_label: str = "buffered layer (me
         title=f"{label}: where each layer reads its keys/values",
         vmin=0.0,
     )
+
+
+# A diverging map for signed changes, centred on zero (blue below, red above; reads in colour-blind vision).
+DIVERGING_CMAP = "RdBu_r"
+
+
+def plot_router_beside_initial(weights, initial, *, label: str, initial_label: str) -> Figure:
+    """Router weights after training | at initialisation | the change (trained - initial), layer x
+    buffered layer, each ``(n_layers, n_sources)`` as in `plot_router` (NaN cells blank).
+
+    ``initial_label`` says what the initial map is (the run's own step 0, or the init's expected map);
+    the change is drawn on a diverging scale symmetric about 0."""
+    trained, start = np.asarray(weights, dtype=float), np.asarray(initial, dtype=float)
+    if trained.ndim != 2 or trained.shape != start.shape:
+        raise ValueError(
+            f"router weights {trained.shape} and initial weights {start.shape} must be the same 2-D shape"
+        )
+    change = trained - start
+    reach = float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 1.0
+    vmax = float(np.nanmax([np.nanmax(trained), np.nanmax(start)]))
+    n, k = trained.shape
+    with style():
+        fig, axes = _new_figure(3, size=(3 * max(3.6, 0.3 * k + 2.2), max(3.0, 0.3 * n + 1.6)))
+        common = {
+            "row_labels": range(n),
+            "col_labels": range(k),
+            "xlabel": "buffered layer",
+            "annotate": False,
+        }
+        for ax, m, title, extra in (
+            (
+                axes[0, 0],
+                trained,
+                "trained",
+                {"vmin": 0.0, "vmax": vmax, "cbar_label": "share of |R| (row sums to 1)"},
+            ),
+            (
+                axes[0, 1],
+                start,
+                initial_label,
+                {"vmin": 0.0, "vmax": vmax, "cbar_label": "share of |R| (row sums to 1)"},
+            ),
+            (
+                axes[0, 2],
+                change,
+                "trained - initial",
+                {"vmin": -reach, "vmax": reach, "cmap": DIVERGING_CMAP, "cbar_label": "change in share"},
+            ),
+        ):
+            plot_heatmap(m, **common, ylabel="layer (reader)", title=textwrap.fill(title, 40), ax=ax, **extra)
+        fig.suptitle(f"{label}: where each layer reads its keys/values, trained beside initial")
+    return fig
 
 
 def plot_mixing_weights(weights, *, label: str, title: str) -> Figure:
@@ -474,49 +527,75 @@ def _natural(word: str) -> tuple:
     return (0, int(w), word) if w.isdigit() else (1, 0, word)
 
 
-def plot_training_curves(runs: Mapping[str, Mapping[str, Sequence[float]]], *, smooth: int = 1) -> Figure:
+def _trailing_mean(values: np.ndarray, smooth: int) -> np.ndarray:
+    """Trailing moving average of ``smooth`` records (the first ones average what precedes them)."""
+    if smooth <= 1 or len(values) < smooth:
+        return values
+    head = np.cumsum(values[: smooth - 1]) / np.arange(1, smooth)
+    return np.concatenate([head, np.convolve(values, np.ones(smooth) / smooth, mode="valid")])
+
+
+def plot_training_curves(
+    runs: Mapping[str, Mapping[str, Sequence[float]]], *, smooth: int = 1, band: str | None = None
+) -> Figure:
     """Training loss against cumulative FLOPs and against tokens (paper Figures 1, 10).
 
     ``runs[label]`` holds ``"flops"``, ``"tokens"`` and ``"loss"`` (n_records,), e.g. the columns of
-    a run's metrics.jsonl. ``smooth`` > 1 applies a trailing moving average of that many records.
+    a run's metrics.jsonl, or a mean over seeds with ``"low"``/``"high"`` (n_records,) around it, shaded
+    and named by ``band`` in the titles (e.g. ``"mean, band: min-max over 3 seeds"``; required when a
+    run has a band, so no band goes unlabelled). ``smooth`` > 1 applies a trailing moving average of that
+    many records (to the band's edges as well).
     """
     if not runs:
         raise ValueError("plot_training_curves needs at least one run")
     if smooth < 1:
         raise ValueError(f"smooth must be >= 1, got {smooth}")
+    banded = [label for label, run in runs.items() if "low" in run or "high" in run]
+    if banded and band is None:
+        raise ValueError(f"{banded[0]} has a band (low/high): say what it is with band=")
     with style():
         fig, axes = _new_figure(2, 1, sharey=True)
         for i, (label, run) in enumerate(runs.items()):
-            loss = _as_1d(f"{label} loss", run["loss"])
-            if smooth > 1 and len(loss) >= smooth:
-                kernel = np.ones(smooth) / smooth
-                head = np.cumsum(loss[: smooth - 1]) / np.arange(1, smooth)
-                loss = np.concatenate([head, np.convolve(loss, kernel, mode="valid")])
+            loss = _trailing_mean(_as_1d(f"{label} loss", run["loss"]), smooth)
             for ax, key in zip(axes[0], ("flops", "tokens"), strict=True):
                 x = _as_1d(f"{label} {key}", run[key])
                 ax.plot(x, loss, color=color(i), linestyle=LINESTYLES[i % len(LINESTYLES)], label=label)
+                if label in banded:
+                    low, high = (
+                        _trailing_mean(_as_1d(f"{label} {k}", run[k]), smooth) for k in ("low", "high")
+                    )
+                    ax.fill_between(x, low, high, color=color(i), alpha=0.2, linewidth=0)
+        note = f"\n({band})" if band else ""
         axes[0, 0].set(
             xlabel="training FLOPs",
             ylabel="training loss [nats/token]",
             xscale="log",
-            title="Loss vs compute",
+            title=f"Loss vs compute{note}",
         )
         axes[0, 0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no clutter
-        axes[0, 1].set(xlabel="training tokens", title="Loss vs data")
+        axes[0, 1].set(xlabel="training tokens", title=f"Loss vs data{note}")
         axes[0, 1].ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
         axes[0, 0].legend()
     return fig
 
 
 def plot_accuracy_by_operators(
-    accuracy: Mapping[str, Mapping[int, float]], *, title: str | None = None
+    accuracy: Mapping[str, Mapping[int, float]],
+    *,
+    title: str | None = None,
+    intervals: Mapping[str, Mapping[int, tuple[float, float]]] | None = None,
+    interval_label: str | None = None,
 ) -> Figure:
     """Arithmetic-task accuracy per operator count, grouped bars per model (paper Figure 4b).
 
-    ``accuracy[label][n_operators]`` is a fraction in [0, 1].
+    ``accuracy[label][n_operators]`` is a fraction in [0, 1]. ``intervals[label][n_operators]`` =
+    (low, high) draws an error bar from low to high on that bar, named by ``interval_label`` in the
+    title (e.g. ``"error bars: 95 % t-interval of the mean over 5 seeds"``; required with intervals).
     """
     if not accuracy:
         raise ValueError("plot_accuracy_by_operators needs at least one model")
+    if intervals is not None and not interval_label:
+        raise ValueError("plot_accuracy_by_operators: say what the error bars are with interval_label=")
     counts = sorted({int(n) for acc in accuracy.values() for n in acc})
     width = 0.8 / len(accuracy)
     with style():
@@ -525,11 +604,19 @@ def plot_accuracy_by_operators(
         for i, (label, acc) in enumerate(accuracy.items()):
             acc = {int(k): float(v) for k, v in acc.items()}
             xs = np.arange(len(counts)) + (i - (len(accuracy) - 1) / 2) * width
-            ys = [acc.get(n, np.nan) for n in counts]
+            ys = np.array([acc.get(n, np.nan) for n in counts])
+            yerr = None
+            if intervals is not None and label in intervals:
+                ci = {int(k): v for k, v in intervals[label].items()}
+                low, high = (np.array([ci.get(n, (np.nan, np.nan))[j] for n in counts]) for j in (0, 1))
+                yerr = np.vstack([ys - low, high - ys])  # (2, tiers): distances below and above the bar
             bars = ax.bar(
                 xs,
                 ys,
                 width=width,
+                yerr=yerr,
+                capsize=3 if yerr is not None else 0,
+                error_kw={"elinewidth": 1, "ecolor": "0.2"},
                 color=color(i),
                 label=label,
                 hatch=["", "//", "..", "xx"][i % 4],
@@ -544,7 +631,8 @@ def plot_accuracy_by_operators(
             xlabel="operators in expression (tier)",
             ylabel="exact-answer accuracy",
             ylim=(0, 1.08),
-            title=title or "Arithmetic expressions: accuracy by operator count",
+            title=(title or "Arithmetic expressions: accuracy by operator count")
+            + (f"\n({interval_label})" if intervals is not None else ""),
         )
         ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.grid(axis="x", visible=False)

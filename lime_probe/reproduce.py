@@ -14,9 +14,9 @@ perplexity             exp(mean token NLL) over all non-overlapping windows of `
 value entropy          per layer, ``values`` site, fixed-length windows (same for all models)   Fig. 2a
 separability           is/are/was/were per layer on ``values`` (every window of ``test.txt``)   Fig. 2b
 BLiMP (Table 2)        probe accuracy over the upper layers, mean-pooled values and hidden      Table 2
-t-SNE                  is/are/was/were values, the first seed's models                          Fig. 3
-router                 the LIMe routers, mean over seeds                                        Fig. 5
-loss vs FLOPs          training loss, mean over seeds                                           Fig. 1
+t-SNE                  is/are/was/were values, LIMe and LLaMA, one row per model and seed       Fig. 3
+router                 each seed's LIMe routers beside their step 0 (rebuilt) and the change    Fig. 5
+loss vs FLOPs          training loss, mean over seeds, band: min-max over seeds                 Fig. 1
 =====================  =====================================================================  ==========
 
 The protocols are fixed in ``figures/lm-cpu/PROTOCOL.md`` and, for the baselines and the k/v-init
@@ -492,13 +492,13 @@ def compare(
 
 
 def measure_run(
-    run: Path, seed: int, data: Data, cfg: Size, where: Path, device: str = "cpu", first_seed: bool = False
+    run: Path, seed: int, data: Data, cfg: Size, where: Path, device: str = "cpu", with_features: bool = False
 ) -> tuple[dict[str, dict], tuple[dict, np.ndarray] | None]:
     """Perplexity, entropy, separability and BLiMP of one finished run (trained with ``seed``), each
     cached as ``where/{kind}/{run name}.json``: a rerun, or a second process measuring other runs,
     reuses them.
 
-    ``first_seed``: also return the is/are/was/were features (they feed the t-SNE); otherwise None."""
+    ``with_features``: also return the is/are/was/were features (they feed the t-SNE); otherwise None."""
     from lime_probe.loading import load
 
     name = run.name
@@ -512,7 +512,7 @@ def measure_run(
         ),
     }
     sep_path, features = where / "separability" / f"{name}.json", None
-    if first_seed or not sep_path.is_file():
+    if with_features or not sep_path.is_file():
         features = word_features(model, tok, data, window)
         measured["separability"] = cached(sep_path, measure_separability, *features, seed)
     else:
@@ -520,7 +520,7 @@ def measure_run(
     measured["blimp"] = cached(
         where / "blimp" / f"{name}.json", measure_blimp, hf, tok, data, cfg.blimp_pairs, seed
     )
-    return measured, features if first_seed else None
+    return measured, features if with_features else None
 
 
 def run_reproduction(
@@ -560,12 +560,12 @@ def run_reproduction(
     for (label, seed), run in runs.items():
         progress.step(f"measuring {label} seed {seed}: perplexity, entropy, separability, BLiMP")
         measured, features = measure_run(
-            run, seed, data, cfg, out / "measure", device, first_seed=seed == seeds[0]
-        )
+            run, seed, data, cfg, out / "measure", device, with_features=label in MODELS
+        )  # Fig. 3 maps LIMe and LLaMA
         for kind, value in measured.items():
             m[kind][label, seed] = value
-        if features is not None and label in MODELS:  # Fig. 3 maps LIMe and LLaMA
-            tsne_features[label] = features
+        if features is not None:
+            tsne_features[label, seed] = features
     progress.step("comparing and writing the results")
     lime_runs = [
         Checkpoint(f"LIMe s{s}", str(runs["LIMe", s]), *load(runs["LIMe", s], device=device)) for s in seeds
@@ -691,24 +691,35 @@ def per_run_rows(m: dict) -> dict[str, list[dict]]:
 
 
 def _mean_curve(metrics: Sequence[dict]) -> dict:
-    """Loss vs FLOPs and tokens averaged over seeds (the seeds share one step grid)."""
+    """Loss vs FLOPs and tokens averaged over seeds (the seeds share one step grid), with the loss's
+    min and max over seeds at each record as ``"low"``/``"high"`` (n_records,): the band
+    `curve_band` names."""
     n = min(len(x["loss"]) for x in metrics)
-    return {k: np.mean([x[k][:n] for x in metrics], axis=0) for k in ("flops", "tokens", "loss")}
+    out = {k: np.mean([x[k][:n] for x in metrics], axis=0) for k in ("flops", "tokens", "loss")}
+    losses = np.array([x["loss"][:n] for x in metrics])  # (seeds, records)
+    return out | {"low": losses.min(0), "high": losses.max(0)}
 
 
-def tsne_embeddings(features: Mapping[str, tuple[dict, np.ndarray]], cfg: Size) -> dict:
-    """t-SNE of a balanced sample of is/are/was/were values at four layers, first seed's models."""
+def curve_band(n_seeds: int) -> str:
+    """What the training-curve figures draw, in words (`_mean_curve`'s mean and band)."""
+    return f"mean over {n_seeds} seeds, band: min-max over {n_seeds} seeds"
+
+
+def tsne_embeddings(features: Mapping[tuple[str, int], tuple[dict, np.ndarray]], cfg: Size) -> dict:
+    """t-SNE of a balanced sample of is/are/was/were values at four layers, for every (model, seed) of
+    ``features`` ({(label, seed): ({layer: (n_tokens, dim)}, words (n_tokens,))}): {"<label>, seed <s>":
+    ({layer: (n_points, 2)}, words (n_points,))}, ordered by seed, then model (one figure row each)."""
     from lime_probe.separability import balance_classes
     from lime_probe.tsne import tsne_layers
 
     out = {}
-    for label, (feats, words) in features.items():
+    for (label, seed), (feats, words) in sorted(features.items(), key=lambda kv: kv[0][1]):  # stable
         keep = balance_classes(
             words, seed=0, n_per_class=min(cfg.tsne_per_word, min(np.unique(words, return_counts=True)[1]))
         )
         layers = sorted(feats)
         picked = sorted({layers[0], layers[len(layers) // 3], layers[2 * len(layers) // 3], layers[-1]})
-        out[label] = (
+        out[f"{label}, seed {seed}"] = (
             tsne_layers(
                 {la: feats[la][keep] for la in picked}, perplexity=min(30.0, len(keep) / 4), progress=False
             ),
@@ -838,7 +849,7 @@ def draw(
     from lime_probe.analyses import ANALYSES
 
     draw_per_layer(results, m, diff, seeds, labels)
-    F.save_figure(F.plot_training_curves(curves), results / "loss_vs_flops")
+    F.save_figure(F.plot_training_curves(curves, band=curve_band(len(seeds))), results / "loss_vs_flops")
     if tsne:
         F.save_figure(
             F.plot_tsne_grid(

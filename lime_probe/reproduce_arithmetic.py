@@ -13,7 +13,7 @@ measurement     what                                                            
 ==============  ==========================================================================  ==========
 accuracy        exact final answer by greedy generation, per operator count (tier)          Fig. 4b
 value entropy   per layer, ``values`` site, one test expression per sequence (``lime``)      Fig. 4a
-loss vs FLOPs   training loss, mean over seeds                                              Fig. 1
+loss vs FLOPs   training loss, mean over seeds, band: min-max over seeds                    Fig. 1
 ==============  ==========================================================================  ==========
 
 With ``baselines`` = the two k/v-init cells (:data:`KV_INIT_2X2`) it is a 2 x 2 study, k/v init x
@@ -53,6 +53,7 @@ from lime_probe.reproduce import (
     _threads,
     adjust_exploratory,
     cached,
+    curve_band,
     difference_series,
     differences,
     entropy_figure,
@@ -315,6 +316,37 @@ def draw_tables(
     F.save_figure(fig, results / "entropy_values")
 
 
+def accuracy_intervals(m: dict, seeds: Sequence[int], labels: Sequence[str]) -> tuple[dict, dict]:
+    """Per model and tier: the accuracy's mean over seeds and its 95 % t-interval over seeds
+    (mean +- t_{0.975, n-1} * std / sqrt(n)), ``({label: {tier: mean}}, {label: {tier: (low, high)}})``."""
+    from lime_probe.stats import paired_difference
+
+    means, intervals = {}, {}
+    for label in labels:
+        means[label], intervals[label] = {}, {}
+        for t in m["accuracy"][label, seeds[0]]["accuracy"]:
+            per_seed = [m["accuracy"][label, s]["accuracy"][t] for s in seeds]
+            d = paired_difference(per_seed, np.zeros(len(seeds)))  # against 0: the one-sample t-interval
+            means[label][int(t)], intervals[label][int(t)] = d.mean, (d.ci_low, d.ci_high)
+    return means, intervals
+
+
+def draw_accuracy(
+    results: Path, m: dict, seeds: Sequence[int], labels: Sequence[str] = tuple(MODELS)
+) -> None:
+    """Accuracy per tier: each model's mean over seeds, error bars its 95 % t-interval over seeds."""
+    from lime_probe import figures as F
+
+    means, intervals = accuracy_intervals(m, seeds, labels)
+    fig = F.plot_accuracy_by_operators(
+        means,
+        title=f"Arithmetic expressions: accuracy by operator count, mean over {len(seeds)} seeds",
+        intervals=intervals,
+        interval_label=f"error bars: 95 % t-interval of the mean over {len(seeds)} seeds",
+    )
+    F.save_figure(fig, results / "accuracy")
+
+
 def draw(
     results: Path,
     m: dict,
@@ -323,20 +355,13 @@ def draw(
     curves: dict,
     labels: Sequence[str] = tuple(MODELS),
 ) -> None:
-    """Accuracy per tier (mean over seeds), `draw_tables`' figures and loss vs FLOPs."""
+    """Accuracy per tier (`draw_accuracy`), `draw_tables`' figures and loss vs FLOPs (mean over seeds,
+    min-max band)."""
     from lime_probe import figures as F
 
-    acc = {
-        label: {
-            int(t): float(np.mean([m["accuracy"][label, s]["accuracy"][t] for s in seeds]))
-            for t in m["accuracy"][label, seeds[0]]["accuracy"]
-        }
-        for label in labels
-    }
-    title = f"mean over {len(seeds)} seeds"
-    F.save_figure(F.plot_accuracy_by_operators(acc, title=title), results / "accuracy")
+    draw_accuracy(results, m, seeds, labels)
     draw_tables(results, m, diff, seeds, labels)
-    F.save_figure(F.plot_training_curves(curves), results / "loss_vs_flops")
+    F.save_figure(F.plot_training_curves(curves, band=curve_band(len(seeds))), results / "loss_vs_flops")
 
 
 # --------------------------------------------------------------------------- the command

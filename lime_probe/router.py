@@ -18,12 +18,22 @@ n and features F. So no variant is special-cased here:
 - input-dependent routers (dynamic) have one C per token of their attention input x_t, so A is the mean
   over the given tokens of |C(x_t)|; `hidden_states` must be given (else ValueError);
 - a layer whose only source is itself (layer 0) reads its own heads unchanged: A = identity.
+
+A trained map alone misleads: at initialisation every router is identity on its own heads and uniform
+elsewhere, so a layer already reads much of its |R| from earlier layers before any training.
+`initial_weights` gives the same numbers at step 0: exactly, for a lime-model run folder (its
+recipe.json seed rebuilds the initial weights, as `lime_model.train` built them), else as the expected
+map of the init (mean |R| over draws of each router's own initialisation).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import copy
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -117,7 +127,16 @@ def router_weights(
     entering layer i for some tokens, (n_tokens, hidden_size); that is the extraction site "hidden" at
     index i (`acts["hidden"][i]`). The layer's input_layernorm is applied here to get the router's input.
     """
-    module = unwrap_model(model)
+    return _weights(unwrap_model(model), hidden_states, _abs_coefficients)
+
+
+def _weights(
+    module: torch.nn.Module,
+    hidden_states: Mapping[int, torch.Tensor] | Sequence[torch.Tensor] | None,
+    abs_coefficients: Callable[[torch.nn.Module, int, torch.Tensor | None], torch.Tensor],
+) -> RouterAnalysis:
+    """`router_weights` with A [kv, |S|, kv] of each layer's router from ``abs_coefficients(router,
+    layer, x)``."""
     spec = _routing_spec(module)
     layers = _layers(module)
     if spec.input_dependent and hidden_states is None:
@@ -140,7 +159,7 @@ def router_weights(
             if router.input_dependent and len(src) > 1
             else None
         )
-        A = _abs_coefficients(router, i, x).double()  # [kv, |S|, kv]
+        A = abs_coefficients(router, i, x).double()  # [kv, |S|, kv]
         head = A.sum(-1)  # [kv, |S|]
         if not bool((head.sum(-1) > 0).all()):
             raise ValueError(f"layer {i}: a head's router weights are all zero, so they cannot be normalised")
@@ -148,3 +167,62 @@ def router_weights(
         per_layer[i, src] = (head.sum(0) / head.sum()).numpy()
         sources.append(src)
     return RouterAnalysis(per_layer=per_layer, per_head=per_head, sources=sources, routing=str(spec))
+
+
+def run_seed(source: str | os.PathLike) -> int | None:
+    """The training seed of a lime-model run folder (its recipe.json), or None (not such a folder)."""
+    recipe = Path(source) / "recipe.json"
+    if not recipe.is_file():
+        return None
+    seed = json.loads(recipe.read_text()).get("seed")
+    return seed if isinstance(seed, int) else None
+
+
+def step0_model(model: Any, seed: int) -> torch.nn.Module:
+    """The model at step 0 of a lime-model run trained with ``seed``: `lime_model.train` seeds torch
+    (``torch.manual_seed(recipe.seed)``) right before it builds the model from its config, so the same
+    seed and the checkpoint's config rebuild the initial weights exactly. The global RNG is left as
+    it was."""
+    module = unwrap_model(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = type(module)._from_config(copy.deepcopy(module.config))  # AutoModel.from_config's path
+    return fresh.eval()
+
+
+INIT_DRAWS = 64  # draws of each router's init averaged into the expected step-0 map (ours)
+
+
+def _expected_abs_coefficients(router: torch.nn.Module, layer: int, x: torch.Tensor | None) -> torch.Tensor:
+    """A [kv, |S|, kv] of ``router``'s init: |coefficients| averaged over `INIT_DRAWS` draws of its
+    ``reset_parameters`` (seeds 0..INIT_DRAWS-1), on a copy (the model is untouched)."""
+    fresh = copy.deepcopy(router)
+    total = 0
+    with torch.random.fork_rng(devices=[]):
+        for k in range(INIT_DRAWS):
+            torch.manual_seed(k)
+            fresh.reset_parameters()
+            total = total + _abs_coefficients(fresh, layer, x)
+    return total / INIT_DRAWS
+
+
+def initial_weights(
+    model: Any,
+    source: str | os.PathLike | None = None,
+    hidden_states: Mapping[int, torch.Tensor] | Sequence[torch.Tensor] | None = None,
+) -> tuple[RouterAnalysis, str]:
+    """`router_weights` at initialisation, and what they are in words.
+
+    ``source`` a lime-model run folder (recipe.json with its seed): the run's own step 0, rebuilt
+    (`step0_model`). Otherwise the expected step-0 map of the model's init: A averaged over
+    `INIT_DRAWS` draws of each router's initialisation (the ratio of those means, not the mean of the
+    ratios). ``hidden_states`` as for `router_weights` (dynamic routing)."""
+    seed = run_seed(source) if source is not None else None
+    if seed is not None:
+        return router_weights(
+            step0_model(model, seed), hidden_states
+        ), f"step 0, rebuilt from the run's seed {seed}"
+    return (
+        _weights(unwrap_model(model), hidden_states, _expected_abs_coefficients),
+        f"expected step 0 of the init (mean |R| over {INIT_DRAWS} draws)",
+    )

@@ -126,6 +126,80 @@ def test_accuracy_bars_have_the_given_heights():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "5", "6"]
 
 
+def _band_edges(ax):
+    """(x, lower edge, upper edge) of the one fill_between band on ``ax``, read from its polygon."""
+    (poly,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    v = poly.get_paths()[0].vertices
+    # fill_between's path: a start vertex, x forward along the lower edge, back along the upper, closing
+    n = (len(v) - 3) // 2
+    lower, upper = v[1 : n + 1], v[n + 2 : 2 * n + 2][::-1]
+    return lower[:, 0], lower[:, 1], upper[:, 1]
+
+
+def test_training_curves_shade_the_given_band_and_name_it():
+    loss = rng.random(20) + 2
+    low, high = loss - rng.random(20), loss + rng.random(20)
+    run = {
+        "flops": np.arange(1, 21) * 1e6,
+        "tokens": np.arange(1, 21) * 100,
+        "loss": loss,
+        "low": low,
+        "high": high,
+    }
+    fig = F.plot_training_curves({"LIMe": run}, band="mean over 3 seeds, band: min-max over 3 seeds")
+    for ax, key in zip(fig.axes, ("flops", "tokens"), strict=True):
+        x, lo, hi = _band_edges(ax)
+        np.testing.assert_allclose(x, run[key])
+        np.testing.assert_allclose(lo, low)
+        np.testing.assert_allclose(hi, high)
+        assert ax.get_title().endswith("\n(mean over 3 seeds, band: min-max over 3 seeds)")
+
+
+def test_training_curves_refuse_an_unnamed_band():
+    run = {"flops": [1, 2], "tokens": [1, 2], "loss": [2, 1], "low": [1, 0], "high": [3, 2]}
+    with pytest.raises(ValueError, match="say what it is"):
+        F.plot_training_curves({"LIMe": run})
+
+
+def test_accuracy_error_bars_span_the_given_intervals():
+    acc = {"LIMe": {1: 0.9, 2: 0.5}, "LLaMA": {1: 0.8, 2: 0.2}}
+    ci = {"LIMe": {1: (0.85, 0.97), 2: (0.3, 0.6)}, "LLaMA": {1: (0.7, 0.81), 2: (0.0, 0.45)}}
+    fig = F.plot_accuracy_by_operators(
+        acc, intervals=ci, interval_label="error bars: 95 % t-interval over 5 seeds"
+    )
+    ax = fig.axes[0]
+    assert ax.get_title().endswith("\n(error bars: 95 % t-interval over 5 seeds)")
+    spans = sorted(
+        (round(float(seg[0, 1]), 9), round(float(seg[1, 1]), 9))
+        for c in ax.collections
+        for seg in c.get_segments()
+    )
+    assert spans == sorted(v for per in ci.values() for v in per.values())
+    with pytest.raises(ValueError, match="interval_label"):
+        F.plot_accuracy_by_operators(acc, intervals=ci)
+
+
+def test_router_beside_initial_draws_trained_initial_and_their_difference():
+    trained, initial = rng.random((4, 4)), rng.random((4, 4))
+    trained[np.triu_indices(4, 1)] = initial[np.triu_indices(4, 1)] = np.nan
+    fig = F.plot_router_beside_initial(
+        trained, initial, label="LIMe", initial_label="initial: step 0, rebuilt"
+    )
+    drawn = [
+        ax.collections[0].get_array().reshape(4, 4) for ax in fig.axes if ax.collections and ax.get_title()
+    ]
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == [
+        "trained",
+        "initial: step 0, rebuilt",
+        "trained - initial",
+    ]
+    low = np.tril_indices(4)
+    for got, want in zip(drawn, (trained, initial, trained - initial), strict=True):
+        np.testing.assert_allclose(np.asarray(got)[low], want[low])
+    with pytest.raises(ValueError, match="same 2-D shape"):
+        F.plot_router_beside_initial(trained, initial[:3], label="LIMe", initial_label="x")
+
+
 def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
     fig = F.plot_entropy(_series(), site="hidden")
     paths = F.save_figure(fig, tmp_path / "sub" / "entropy")
@@ -307,6 +381,12 @@ def test_line_styles_differ_for_the_first_64_lines():
         ),
         lambda: F.plot_router(rng.random((16, 16)), label="LIMe"),
         lambda: F.plot_router_heads(rng.random((16, 4, 16)), label="LIMe"),
+        lambda: F.plot_router_beside_initial(
+            rng.random((16, 16)),
+            rng.random((16, 16)),
+            label="LIMe s0 (full)",
+            initial_label="initial: expected step 0 of the init (mean |R| over 64 draws)",
+        ),
         lambda: F.plot_tsne_grid(
             {m: {la: rng.random((12, 2)) for la in range(17)} for m in "AB"},
             list("123412341234"),
@@ -319,6 +399,20 @@ def test_line_styles_differ_for_the_first_64_lines():
             }
         ),
         lambda: F.plot_accuracy_by_operators({m: {4: 0.5, 5: 0.4, 6: 0.3} for m in "ABCDE"}),
+        lambda: F.plot_training_curves(
+            {
+                m: {"flops": np.arange(1, 50) * 1e9, "tokens": np.arange(1, 50) * 1e3, "loss": np.ones(49)}
+                | {"low": np.zeros(49), "high": np.full(49, 2.0)}
+                for m in "ABC"
+            },
+            band="mean over 3 seeds, band: min-max over 3 seeds",
+        ),
+        lambda: F.plot_accuracy_by_operators(
+            {m: {1: 0.5, 2: 0.4, 3: 0.3} for m in "ABCD"},
+            title="Arithmetic expressions: accuracy by operator count, mean over 10 seeds",
+            intervals={m: {1: (0.4, 0.6), 2: (0.3, 0.5), 3: (0.1, 0.5)} for m in "ABCD"},
+            interval_label="error bars: 95 % t-interval of the mean over 10 seeds",
+        ),
         lambda: F.plot_blimp_table2(
             [
                 {"model": m, "site": s, "accuracy_mean": 0.7, "accuracy_std": 0.1, "n_tasks": 10}

@@ -269,3 +269,24 @@ def test_the_separability_probe_orders_its_classes_as_the_words_are_declared(mon
     words = np.array([" is", " are", " was", " were"] * 10, dtype=object)
     out = reproduce.measure_separability({0: rng.normal(size=(40, 3))}, words, seed=42)
     assert seen["classes"] == (" is", " are", " was", " were") and out["layers"] == [0]
+
+
+def test_tsne_has_one_row_per_model_and_seed_each_from_its_own_features():
+    from lime_probe.reproduce import SIZES, tsne_embeddings
+    from lime_probe.tsne import tsne_layers
+
+    gen = np.random.default_rng(0)
+    words = np.array(["is", "are", "was", "were"] * 6)
+    features = {
+        (label, seed): ({la: gen.normal(size=(len(words), 8)) for la in range(4)}, words)
+        for seed in (0, 1)
+        for label in ("LIMe", "LLaMA")
+    }
+    out = tsne_embeddings(features, SIZES["tiny"])
+    assert list(out) == ["LIMe, seed 0", "LLaMA, seed 0", "LIMe, seed 1", "LLaMA, seed 1"]
+    for (label, seed), (feats, w) in features.items():
+        emb, kept = out[f"{label}, seed {seed}"]
+        assert list(kept) == list(w)  # 6 of each word: all kept, in order
+        alone = tsne_layers({la: feats[la] for la in emb}, perplexity=len(w) / 4, progress=False)
+        for la in emb:
+            np.testing.assert_allclose(emb[la], alone[la])

@@ -31,6 +31,37 @@ def hand_t_interval(d):
     return d.mean() - half, d.mean() + half
 
 
+def test_accuracy_bars_are_the_mean_over_seeds_with_a_hand_t_interval():
+    from lime_probe.reproduce_arithmetic import accuracy_intervals
+
+    seeds = [0, 1, 2, 3]
+    per = {("A", s): [0.9, 0.5, 0.7, 0.8][s] for s in seeds} | {
+        ("B", s): [0.2, 0.2, 0.4, 0.1][s] for s in seeds
+    }
+    m = {"accuracy": {k: {"accuracy": {"3": v, "1": 1.0}} for k, v in per.items()}}
+    means, intervals = accuracy_intervals(m, seeds, ["A", "B"])
+    for label in "AB":
+        values = [per[label, s] for s in seeds]
+        assert means[label][3] == pytest.approx(np.mean(values))
+        np.testing.assert_allclose(intervals[label][3], hand_t_interval(values))
+        assert intervals[label][1] == (1.0, 1.0)  # no spread over seeds: a zero-width interval
+
+
+def test_training_curve_band_is_the_min_and_max_over_seeds_at_each_record():
+    from lime_probe.reproduce import _mean_curve
+
+    runs = [
+        {"flops": [1, 2, 3], "tokens": [4, 5, 6], "loss": loss}
+        for loss in ([3, 2, 1], [4, 1, 2], [2, 3, 0.5])
+    ]
+    curve = _mean_curve(runs)
+    for i in range(3):
+        at = [r["loss"][i] for r in runs]
+        assert (curve["loss"][i], curve["low"][i], curve["high"][i]) == pytest.approx(
+            (sum(at) / 3, min(at), max(at))
+        )
+
+
 def test_writes_tables_figures_and_findings(study):
     res = study / "results"
     for stem in ("differences", "accuracy", "entropy"):

@@ -96,6 +96,7 @@ def test_arithmetic_reanalysis_makes_the_hardest_tier_primary(tmp_path):
     assert float(primary[0]["p_sign_flip"]) == 2 / 32  # LIMe ahead in all five seeds
     assert "secondary" in {r["endpoint"] for r in rows}
     assert "a choice made after its results were seen" in (folder / "reanalysis.md").read_text()
+    assert (folder / "accuracy.png").stat().st_size > 1000  # redrawn with its error bars over seeds
 
 
 def test_a_folder_that_is_no_study_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):

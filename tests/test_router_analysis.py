@@ -202,3 +202,59 @@ def test_nnsight_wrapped_model():
     model = tiny_lime("last-2", layers=3)
     wrapped = router_weights(wrap(model, tok))
     np.testing.assert_array_equal(wrapped.per_layer, router_weights(model).per_layer)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from lime_model import train as T
+
+    arith = {"operators": [1], "train_per_tier": 16, "test_per_tier": 4}
+    out = tmp_path_factory.mktemp("router") / "run"
+    return T.train("arithmetic", out, progress=False, steps=2, batch_size=8, micro_batch_size=8, seq_len=24,
+                   warmup_steps=1, seed=3, arithmetic=arith)  # fmt: skip
+
+
+def test_the_rebuilt_step_0_equals_a_freshly_built_model_with_the_runs_seed(trained_run):
+    from transformers import AutoModelForCausalLM
+
+    from lime_model.recipes import load_recipe
+    from lime_model.tokenization import load_tokenizer
+    from lime_model.train import model_config
+    from lime_probe.router import initial_weights, router_weights, run_seed, step0_model
+
+    trained = lime_model.LimeForCausalLM.from_pretrained(trained_run).eval()
+    assert run_seed(trained_run) == 3
+    rebuilt = step0_model(trained, 3).state_dict()
+    config = model_config(load_recipe(str(trained_run / "recipe.json")), load_tokenizer(str(trained_run)))
+
+    def fresh(seed):
+        torch.manual_seed(seed)  # as lime-model train does right before building its model
+        return AutoModelForCausalLM.from_config(config).eval()
+
+    same, other = fresh(3).state_dict(), fresh(4).state_dict()
+    assert rebuilt.keys() == same.keys()
+    for name, w in rebuilt.items():
+        assert torch.equal(w, same[name]), name
+    routers = [n for n in rebuilt if ".router." in n]
+    assert routers and any(not torch.equal(rebuilt[n], other[n]) for n in routers)  # the seed matters
+    assert any(not torch.equal(rebuilt[n], trained.state_dict()[n]) for n in routers)  # training moved them
+    init, what = initial_weights(trained, trained_run)
+    assert what == "step 0, rebuilt from the run's seed 3"
+    np.testing.assert_array_equal(init.per_layer, router_weights(fresh(3)).per_layer)
+
+
+def test_without_a_run_folder_the_initial_map_is_the_inits_expected_map():
+    from lime_probe.router import initial_weights
+
+    L = 4
+    init, what = initial_weights(tiny_lime("full", layers=L), source=None)
+    assert what.startswith("expected step 0 of the init")
+    for i in range(1, L):
+        # identity on the own heads (sum kv per layer), |U(-b, b)| of mean b / 2 on each of kv*kv others
+        S = i + 1
+        b = (3.0 / (S * KV)) ** 0.5
+        others = KV * KV * b / 2
+        total = KV + (S - 1) * others
+        np.testing.assert_allclose(init.per_layer[i, :i], others / total, rtol=0.08)
+        assert init.per_layer[i, i] == pytest.approx(KV / total, rel=0.08)
+        assert np.isnan(init.per_layer[i, S:]).all()

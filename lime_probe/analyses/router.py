@@ -48,7 +48,7 @@ def compute(
     ``texts`` are needed only for routing "dynamic", whose weights depend on the token. Checkpoints with
     neither (LLaMA) are skipped with a note, unless no checkpoint has any (ValueError).
     """
-    from lime_probe.router import router_weights
+    from lime_probe.router import initial_weights, router_weights
 
     rows, extra, mixing, skipped = [], {}, {}, []
     for ck in cks:
@@ -67,6 +67,7 @@ def compute(
             acts = extract_site(ck, texts, "hidden", {**(extract_kw or {}), "layers": None})
             hidden = {layer: acts["hidden"][layer] for layer in acts["hidden"]}
         res = router_weights(ck.model, hidden)
+        init, init_what = initial_weights(ck.model, ck.source, hidden)
         for i, src in enumerate(res.sources):
             for j in src:
                 rows.append(
@@ -76,6 +77,7 @@ def compute(
                         "layer": i,
                         "source_layer": j,
                         "weight_share": float(res.per_layer[i, j]),
+                        "weight_share_initial": float(init.per_layer[i, j]),
                     }
                 )
         extra[ck.label] = {
@@ -83,6 +85,8 @@ def compute(
             "per_layer": res.per_layer,
             "per_head": res.per_head,
             "sources": res.sources,
+            "initial_per_layer": init.per_layer,
+            "initial": init_what,
         }
     if len(skipped) == len(cks):
         ck = skipped[0]
@@ -108,12 +112,15 @@ def compute(
         rows,
         text=(
             "Normalised |router weight| of each layer over the buffered layers it reads (rows sum to 1), averaged "
-            "over heads (first figure per model) and per KV head. Mass off the diagonal means the layer reads "
-            "keys/values of earlier layers. Baselines: their learned mixing weights as they are (rows: "
+            "over heads (first figure per model: trained, initial, and the change) and per KV head. Mass off the "
+            "diagonal means the layer reads keys/values of earlier layers; the router starts with much of it "
+            "(identity on its own heads, uniform elsewhere), so the change from the initial map (weight_share_initial: "
+            "the run's own step 0, rebuilt from its seed, where the checkpoint is a lime-model run folder; else the "
+            "init's expected map) is what training did. Baselines: their learned mixing weights as they are (rows: "
             "destination layer, columns: source; table router_mixing_weights)." + note
         ),
         extra={"routers": extra, "mixing_weights": mixing},
-        columns=("model", "layer", "source_layer", "weight_share"),
+        columns=("model", "layer", "source_layer", "weight_share", "weight_share_initial"),
         tables={"router_mixing_weights": mixing_rows} if mixing_rows else {},
         summary=_summary(rows, mixing_rows) if mixing_rows else None,
     )
@@ -135,7 +142,9 @@ def plot(result: Result) -> dict:
     figures = {}
     for label, r in result.extra["routers"].items():
         name = f"{label} ({r['routing']})"
-        figures[f"router_{slug(label)}"] = F.plot_router(r["per_layer"], label=name)
+        figures[f"router_{slug(label)}"] = F.plot_router_beside_initial(
+            r["per_layer"], r["initial_per_layer"], label=name, initial_label=f"initial: {r['initial']}"
+        )
         figures[f"router_heads_{slug(label)}"] = F.plot_router_heads(r["per_head"], label=name)
     for label, matrices in result.extra.get("mixing_weights", {}).items():
         for title, w in matrices.items():
