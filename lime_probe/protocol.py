@@ -255,6 +255,14 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             ),
         ),
         Setting("too_long", "skip and count per paradigm", "ours", (), "an all-skipped paradigm is an error"),
+        Setting(
+            "tokens",
+            "prefix token + sentence",
+            "ours",
+            ("sentence as the tokenizer encodes it",),
+            "the probe pools the same sequence the minimal-pair score reads (BOS, else EOS, then the sentence "
+            "without special tokens), so one forward pass gives both; unchanged for a tokenizer that adds BOS",
+        ),
     ),
 }
 
