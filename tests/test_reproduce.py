@@ -51,6 +51,11 @@ def test_writes_every_table_and_figure(repro):
     assert "perplexity" in text and text.count("| ") > 5
     meta = json.loads((res / "differences.json").read_text())["meta"]
     assert meta["threads"]["torch_threads"] >= 1 and "deterministic" in meta["threads"]
+    routers = json.loads((res / "router.json").read_text())["routers"]
+    assert {label: r["initial"] for label, r in routers.items()} == {
+        f"LIMe s{s}": f"step 0, rebuilt from the run's seed {s}" for s in (0, 1)
+    }  # each run's own step 0 beside its trained routers
+    assert all((res / f"router_LIMe_s{s}.png").is_file() for s in (0, 1))
 
 
 def test_differences_match_a_recomputation_from_the_per_run_tables(repro):
