@@ -543,7 +543,7 @@ def plot_training_curves(
     ``runs[label]`` holds ``"flops"``, ``"tokens"`` and ``"loss"`` (n_records,), e.g. the columns of
     a run's metrics.jsonl, or a mean over seeds with ``"low"``/``"high"`` (n_records,) around it, shaded
     and named by ``band`` in the titles (e.g. ``"mean, band: min-max over 3 seeds"``; required when a
-    run has a band, so no band goes unlabelled). ``smooth`` > 1 applies a trailing moving average of that
+    run has a band, so no band goes unlabelled; it is the figure's subtitle). ``smooth`` > 1 applies a trailing moving average of that
     many records (to the band's edges as well).
     """
     if not runs:
@@ -565,17 +565,18 @@ def plot_training_curves(
                         _trailing_mean(_as_1d(f"{label} {k}", run[k]), smooth) for k in ("low", "high")
                     )
                     ax.fill_between(x, low, high, color=color(i), alpha=0.2, linewidth=0)
-        note = f"\n({band})" if band else ""
         axes[0, 0].set(
             xlabel="training FLOPs",
             ylabel="training loss [nats/token]",
             xscale="log",
-            title=f"Loss vs compute{note}",
+            title="Loss vs compute",
         )
         axes[0, 0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no clutter
-        axes[0, 1].set(xlabel="training tokens", title=f"Loss vs data{note}")
+        axes[0, 1].set(xlabel="training tokens", title="Loss vs data")
         axes[0, 1].ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
         axes[0, 0].legend()
+        if band:
+            fig.suptitle(f"Training loss ({band})")
     return fig
 
 
@@ -599,18 +600,20 @@ def plot_accuracy_by_operators(
     counts = sorted({int(n) for acc in accuracy.values() for n in acc})
     width = 0.8 / len(accuracy)
     with style():
-        fig, axes = _new_figure()
+        # wide enough for every bar's value label; the legend goes below, never over bars or the title
+        fig, axes = _new_figure(size=(max(4.2, 1.6 + 0.5 * len(counts) * len(accuracy)), 3.8))
         ax = axes[0, 0]
         for i, (label, acc) in enumerate(accuracy.items()):
             acc = {int(k): float(v) for k, v in acc.items()}
             xs = np.arange(len(counts)) + (i - (len(accuracy) - 1) / 2) * width
             ys = np.array([acc.get(n, np.nan) for n in counts])
-            yerr = None
+            yerr, tops = None, ys
             if intervals is not None and label in intervals:
                 ci = {int(k): v for k, v in intervals[label].items()}
                 low, high = (np.array([ci.get(n, (np.nan, np.nan))[j] for n in counts]) for j in (0, 1))
                 yerr = np.vstack([ys - low, high - ys])  # (2, tiers): distances below and above the bar
-            bars = ax.bar(
+                tops = np.fmax(ys, high)  # each value written above its error bar
+            ax.bar(
                 xs,
                 ys,
                 width=width,
@@ -623,9 +626,16 @@ def plot_accuracy_by_operators(
                 edgecolor="white",
                 linewidth=0.5,
             )
-            ax.bar_label(
-                bars, labels=[f"{y:.0%}" if np.isfinite(y) else "" for y in ys], fontsize=7, padding=1
-            )
+            for x, y, top in zip(xs, ys, tops, strict=True):
+                if np.isfinite(y):
+                    ax.annotate(
+                        f"{y:.0%}",
+                        (x, top),
+                        xytext=(0, 1),
+                        textcoords="offset points",
+                        ha="center",
+                        fontsize=7,
+                    )
         ax.set_xticks(range(len(counts)), [str(n) for n in counts])
         ax.set(
             xlabel="operators in expression (tier)",
@@ -636,7 +646,7 @@ def plot_accuracy_by_operators(
         )
         ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.grid(axis="x", visible=False)
-        ax.legend(loc="upper right")
+        fig.legend(loc="outside lower center", ncols=min(len(accuracy), 2))
     return fig
 
 

@@ -152,7 +152,7 @@ def test_training_curves_shade_the_given_band_and_name_it():
         np.testing.assert_allclose(x, run[key])
         np.testing.assert_allclose(lo, low)
         np.testing.assert_allclose(hi, high)
-        assert ax.get_title().endswith("\n(mean over 3 seeds, band: min-max over 3 seeds)")
+    assert fig.get_suptitle() == "Training loss (mean over 3 seeds, band: min-max over 3 seeds)"
 
 
 def test_training_curves_refuse_an_unnamed_band():
