@@ -631,7 +631,7 @@ def plot_accuracy_by_operators(
                     ax.annotate(
                         f"{y:.0%}",
                         (x, top),
-                        xytext=(0, 1),
+                        xytext=(0, 2.5),
                         textcoords="offset points",
                         ha="center",
                         fontsize=7,
