@@ -38,7 +38,7 @@ in fresh subprocesses (peak RSS cannot be reset reliably inside one process), me
     python bench/step_overhead.py --threads 1 --clock cpu    # every row, memory too (bench/RESULTS.md)
     python bench/step_overhead.py --rounds 3 --no-memory --variants full   # quick check
     python bench/step_overhead.py --threads 1 --clock cpu --rounds 80 --processes 8 --scopes stack \
-        --no-memory --variants per-dim   # a long run, as in the README's table of targets
+        --no-memory --variants per-dim   # a long run, as in bench/RESULTS.md's table of targets
     python bench/step_overhead.py --threads 1 --clock cpu --rounds 30 --scopes stack --no-memory \
         --variants first-4 last-1   # a tighter interval for two rows (last-1: the buffer, no mixing)
     python bench/step_overhead.py --device cuda --dtype bfloat16 --compile  # on a GPU
