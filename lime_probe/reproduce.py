@@ -75,7 +75,7 @@ class Size:
     seeds: tuple[int, ...] = (0, 1, 2)
     overrides: Mapping[str, Any] = field(default_factory=dict)
     num_windows: int = 256  # entropy windows drawn from test.txt
-    blimp_pairs: int = 200  # per BLiMP task (BLiMP has 1,000; 200 keeps six models within a session)
+    blimp_pairs: int = 1000  # per BLiMP task: all of them, as App. D (1-2 CPU-min per 16 x 64 model)
     tsne_per_word: int = 150
     probe_layers_every: int = 1  # separability/t-SNE on every k-th layer
 
@@ -518,7 +518,14 @@ def measure_run(
     else:
         measured["separability"] = cached(sep_path, measure_separability)
     measured["blimp"] = cached(
-        where / "blimp" / f"{name}.json", measure_blimp, hf, tok, data, cfg.blimp_pairs, seed
+        # the pair count is in the name, so a measurement at another size is never reused for this one
+        where / "blimp" / f"{name}-{cfg.blimp_pairs}-pairs.json",
+        measure_blimp,
+        hf,
+        tok,
+        data,
+        cfg.blimp_pairs,
+        seed,
     )
     return measured, features if with_features else None
 
