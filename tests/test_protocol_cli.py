@@ -339,8 +339,20 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
     )
     # one task, one layer: hand-extracted mean-pooled values, standardised logreg, 5 folds grouped by pair
     part = data.select([i for i in range(len(data)) if fits[i] and uids[i] == "agreement_a"])
-    good = extract(model, tok, list(part["sentence_good"]), sites=["values"], pool="mean", progress=False)
-    bad = extract(model, tok, list(part["sentence_bad"]), sites=["values"], pool="mean", progress=False)
+    # each sentence as the minimal-pair score reads it (ours): BOS (else EOS), then its tokens
+    prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    good, bad = (
+        extract(
+            model,
+            tok,
+            [[prefix, *tok(s, add_special_tokens=False)["input_ids"]] for s in part[column]],
+            sites=["values"],
+            pool="mean",
+            pretokenized=True,
+            progress=False,
+        )
+        for column in ("sentence_good", "sentence_bad")
+    )
     X = np.concatenate([good["values"][12].numpy(), bad["values"][12].numpy()])
     y = np.repeat([1, 0], len(part))
     groups = np.tile(np.array(part["pairID"]), 2)
