@@ -13,6 +13,7 @@ from scipy import stats as sps
 
 from lime_probe import cli
 from lime_probe.protocol import TABLE2_TASKS
+from lime_probe.reproduce import SIZES
 
 
 def read_csv(path):
@@ -177,8 +178,10 @@ def test_baseline_rows_are_the_paired_difference_vs_llama_from_the_per_run_files
     measure = with_baseline / "measure"
 
     def per_seed(kind, label, get):
+        # BLiMP's measurement names its pair count (the tiny size's)
+        tail = f"-{SIZES['tiny'].blimp_pairs}-pairs" if kind == "blimp" else ""
         return np.array(
-            [get(json.loads((measure / kind / f"{label}-s{s}.json").read_text())) for s in (0, 1)]
+            [get(json.loads((measure / kind / f"{label}-s{s}{tail}.json").read_text())) for s in (0, 1)]
         )
 
     def check(measure_name, where, kind, get):
