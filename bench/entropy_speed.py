@@ -2,7 +2,7 @@
 
 The baseline is written here from the official analysis code (src/analysis/entropy.py): global per-feature
 z-score in float64, then for every sequence K = Z Z^T (t x t), eigvalsh, negative eigenvalues clamped,
-p = eig / trace, log(sum p^alpha) / (1 - alpha). Ours is `lime_probe.entropy.stream_entropy`, the code
+p = eig / trace, log(sum p^alpha) / (1 - alpha). Ours is `lime_probe.probes.entropy.stream_entropy`, the code
 `lime-probe entropy` runs (two streamed passes: feature moments, then entropies through the smaller Gram,
 batched), fed the sequences as one batch. Both see the same float32 data in the same process.
 
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from lime_probe.entropy import stream_entropy
+from lime_probe.probes.entropy import stream_entropy
 
 ALPHA, EPS = 0.5, 1e-5
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract_overhead import make_texts  # noqa: E402
 from helpers import tiny_tokenizer  # noqa: E402
 
-import lime_probe.extraction as ex  # noqa: E402
+import lime_probe.extraction.tracing as ex  # noqa: E402
 
 SEQ = 128
 

@@ -30,8 +30,8 @@ import transformers as tf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import tiny_tokenizer  # noqa: E402
 
-from lime_probe.extraction import extract, pad_batch  # noqa: E402
-from lime_probe.loading import wrap  # noqa: E402
+from lime_probe.extraction.loading import wrap  # noqa: E402
+from lime_probe.extraction.tracing import extract, pad_batch  # noqa: E402
 
 
 def make_texts(tok, n: int, n_tokens: int, seed: int = 0) -> list[str]:

@@ -29,7 +29,7 @@ import torch
 import lime_model.kv_buffer as current
 from lime_model import config_for
 from lime_model.router import buffer_layout, build_router
-from lime_probe.stats import median_ci, median_ci_rank
+from lime_probe.probes.stats import median_ci, median_ci_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -91,7 +91,7 @@ def blimp_data(data: Path | None, n_paradigms: int, pairs: int):
     """A BLiMP dataset of Table 2's first `n_paradigms` paradigms: the real files, or synthetic pairs."""
     import datasets
 
-    from lime_probe.blimp import load_blimp
+    from lime_probe.probes.blimp import load_blimp
     from lime_probe.protocol import TABLE2_TASKS
 
     names = list(TABLE2_TASKS)[:n_paradigms]
@@ -145,7 +145,7 @@ def build_models(args, tok) -> dict:
 
 
 def plain_batches(seqs: list[list[int]], per_batch: int, pad: int) -> list[dict]:
-    from lime_probe.extraction import pad_batch
+    from lime_probe.extraction.tracing import pad_batch
 
     return [pad_batch(seqs[i : i + per_batch], pad, "right") for i in range(0, len(seqs), per_batch)]
 
@@ -165,13 +165,13 @@ def cases(model, tok, args, data: Path | None) -> list[tuple[str, str, dict[str,
     """(command, inputs in words, {path: callable}) for each command."""
     import numpy as np
 
-    from lime_probe.analyses.base import Checkpoint, value_sites
-    from lime_probe.analyses.blimp import probed_layers
-    from lime_probe.blimp import fit_pairs, scoring_sequences, sentence_logprobs
-    from lime_probe.extraction import DEFAULT_BATCH_TOKENS, extract
-    from lime_probe.loading import wrap
-    from lime_probe.sites import DEFAULT_WORDS
-    from lime_probe.windows import token_windows
+    from lime_probe.extraction.loading import wrap
+    from lime_probe.extraction.sites import DEFAULT_WORDS
+    from lime_probe.extraction.tracing import DEFAULT_BATCH_TOKENS, extract
+    from lime_probe.extraction.windows import token_windows
+    from lime_probe.probes.blimp import fit_pairs, scoring_sequences, sentence_logprobs
+    from lime_probe.specs.base import Checkpoint, value_sites
+    from lime_probe.specs.blimp import probed_layers
 
     nn_model = wrap(model, tok)
     ck = Checkpoint("bench", "bench", nn_model, tok)
@@ -275,7 +275,7 @@ def cases(model, tok, args, data: Path | None) -> list[tuple[str, str, dict[str,
 
 def blimp_command(ck, ds, pairs: int):
     """The whole BLiMP analysis (extraction, scores, probes) as ``lime-probe blimp`` runs it, no cache."""
-    from lime_probe.analyses import ANALYSES
+    from lime_probe.specs import ANALYSES
 
     paradigms = tuple(dict.fromkeys(ds["UID"]))
     return ANALYSES["blimp"].run(

@@ -14,7 +14,7 @@ Each routing variant runs in its own process next to its own LLaMA, interleaved:
 both once, and the reported ratio is the median over rounds of (variant time / LLaMA time in the same
 round), so a load spike that hits one round moves one sample, not the statistic; min-max over rounds
 is printed too, and the median's distribution-free confidence interval (order statistics,
-:func:`lime_probe.stats.median_ci`), against which each row's time target (:data:`TIME_TARGETS`) is
+:func:`lime_probe.probes.stats.median_ci`), against which each row's time target (:data:`TIME_TARGETS`) is
 called met, missed or not resolved (then with the rounds that might resolve it,
 :func:`rounds_to_resolve`): on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a median of a
 few rounds alone says little about a target a few points away. ``best x`` is the fastest variant step
@@ -70,7 +70,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lime_model import ARCHITECTURES, config_for
-from lime_probe.stats import median_ci, median_ci_rank
+from lime_probe.probes.stats import median_ci, median_ci_rank
 
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
 SCOPES = ("stack", "model")

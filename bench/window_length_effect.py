@@ -24,9 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import CORPUS, tiny_model, tiny_tokenizer  # noqa: E402
 
-from lime_probe.entropy import layer_entropy  # noqa: E402
-from lime_probe.extraction import extract  # noqa: E402
-from lime_probe.windows import token_windows  # noqa: E402
+from lime_probe.extraction.tracing import extract  # noqa: E402
+from lime_probe.extraction.windows import token_windows  # noqa: E402
+from lime_probe.probes.entropy import layer_entropy  # noqa: E402
 
 
 def synthetic(n: int, sentences: int, seed: int) -> list[str]:

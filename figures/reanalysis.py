@@ -1,7 +1,7 @@
 """Re-analysis of the committed seed studies from their per-run tables, with the current statistics.
 
 Each study folder holds per-run CSVs (one row per model, seed and layer, tier or task). This script
-rebuilds the measurements `lime_probe.reproduce.compare` (or `reproduce_arithmetic.compare`) takes
+rebuilds the measurements `lime_probe.studies.lm.compare` (or `reproduce_arithmetic.compare`) takes
 from them, checks that every paired mean and t-interval of the folder's committed differences.csv
 comes out again, and writes ``reanalysis.md`` and ``reanalysis.csv`` into the folder: each claim's one
 primary endpoint with its paired t-interval, the t-test's and the exact sign-flip p and the minimum
@@ -125,7 +125,7 @@ def check_against_committed(folder: Path, diff: Sequence[dict]) -> int:
 
 def pair_table(rows: Sequence[dict]) -> list[str]:
     """Markdown lines: the primary endpoints of comparisons that are not against LLaMA."""
-    from lime_probe.reproduce import CLAIMS, format_p
+    from lime_probe.studies.lm import CLAIMS, format_p
 
     lines = [
         "| measure | difference | model's mean | reference's mean | difference [95 % paired t-interval] | p (t) "
@@ -153,8 +153,9 @@ def reanalyse(folder: Path, redraw: bool = True) -> Path:
     also redraw the figures the per-run tables determine (per-layer entropy and separability with their
     bands labelled, the differences with their paired t-intervals, the arithmetic accuracy with its
     t-intervals over seeds)."""
-    from lime_probe import reproduce, reproduce_arithmetic
-    from lime_probe.results import atomic_write_text, rows_to_csv
+    from lime_probe.output.results import atomic_write_text, rows_to_csv
+    from lime_probe.studies import arithmetic as reproduce_arithmetic
+    from lime_probe.studies import lm as reproduce
 
     name = folder.name
     intro = (

@@ -6,7 +6,7 @@ baselines' ("denseformer", "resformer", "hyperconnections"; :mod:`lime_model.arc
 
 The two programs, ``lime-model`` and ``lime-probe`` (console scripts, or ``python -m lime_model.cli`` /
 ``lime_probe.cli``), skip that import, so their ``--help`` and usage errors take no time: their commands
-register the model types after parsing (:func:`lime_model.cli.main`, :func:`lime_probe.loading.load`). The names below are imported on first use either way.
+register the model types after parsing (:func:`lime_model.cli.main`, :func:`lime_probe.extraction.loading.load`). The names below are imported on first use either way.
 """
 
 import os

@@ -1,6 +1,6 @@
 """Content digests that key caches: of texts (or token id lists) and of tokenizers.
 
-Both the training data cache (`lime_model.data`) and the activation cache (`lime_probe.cache`) key on
+Both the training data cache (`lime_model.data`) and the activation cache (`lime_probe.extraction.cache`) key on
 these, so one definition serves both. Imports nothing heavy.
 """
 

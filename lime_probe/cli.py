@@ -4,7 +4,7 @@
 
 Every command compares one or more ``--ckpt`` side by side (named by ``--label``), writes
 results as JSON and CSV (settings, checkpoint identity and versions recorded; see
-``lime_probe.results``) and figures as PNG and PDF into ``--out``, and prints a compact table.
+``lime_probe.output.results``) and figures as PNG and PDF into ``--out``, and prints a compact table.
 
 Output is staged in a hidden temporary folder beside ``--out`` and moved in only when the
 command succeeds, so a failure or Ctrl-C never leaves half-written files there. Exit codes:
@@ -12,7 +12,7 @@ command succeeds, so a failure or Ctrl-C never leaves half-written files there. 
 section for its input, one line naming them; ``--allow-skips`` makes that 0), 1 an unexpected failure,
 130 interrupted.
 
-The analyses are the registry ``lime_probe.analyses.ANALYSES``: one subcommand per analysis, its options
+The analyses are the registry ``lime_probe.specs.ANALYSES``: one subcommand per analysis, its options
 generated from the analysis's parameter dataclass. This module parses arguments, stages the output, prints
 tables and turns errors into exit codes. It imports nothing heavy (torch, transformers, matplotlib) before
 the arguments are parsed, so ``--help`` and usage errors are instant; Ctrl-C at any point, imports
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from lime_model.checks import BAD_INPUT, OneLineParser, check_device, one_line
 from lime_model.files import check_writable, umask
-from lime_probe.analyses import (
+from lime_probe.specs import (
     ANALYSES,
     Checkpoint,
     Result,
@@ -46,7 +46,7 @@ from lime_probe.analyses import (
     load_checkpoints,
     named_checkpoints,
 )
-from lime_probe.analyses.base import THREADS_HELP, configure_threads
+from lime_probe.specs.base import THREADS_HELP, configure_threads
 
 PROG = "lime-probe"
 
@@ -127,11 +127,11 @@ def staged_output(out: str | os.PathLike):
 
 @contextmanager
 def one_line_warnings(where: str):
-    """Inside the block a ``lime_probe.windows.DataWarning`` (the data weakens the result) prints as one
+    """Inside the block a ``lime_probe.extraction.windows.DataWarning`` (the data weakens the result) prints as one
     line, ``WHERE: warning: MESSAGE``, on stderr, each message once; other warnings as Python shows them."""
     import warnings
 
-    from lime_probe.windows import DataWarning
+    from lime_probe.extraction.windows import DataWarning
 
     shown: set[str] = set()
     with warnings.catch_warnings():
@@ -198,7 +198,7 @@ def _field_value(v):
 
 def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
     """``spec.compute`` with the parameters and extraction settings of ``args``."""
-    from lime_probe.cachedir import cache_use
+    from lime_probe.extraction.cachedir import cache_use
 
     own_layers = "layers" in {f.name for f in dataclasses.fields(spec.params)}
     extract_kw = extract_options(args, own_layers) if spec.data_kind != "none" else None
@@ -208,7 +208,7 @@ def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Nam
 
 def _meta(command: str, args, cks: Sequence[Checkpoint], settings: dict | None = None) -> dict:
     """The results' header: the command line's settings (``settings`` added) and the checkpoints."""
-    from lime_probe.results import run_metadata
+    from lime_probe.output.results import run_metadata
 
     settings = {k: v for k, v in vars(args).items() if k not in ("handler", "debug")} | (settings or {})
     return run_metadata(command, settings=settings, checkpoints={c.label: c.source for c in cks})
@@ -225,7 +225,7 @@ def _texts(args, max_texts: int | None = None) -> list[str] | None:
     """The first ``max_texts`` (default ``--max-sequences``) documents of ``--data``; an ``hf:`` spec the hub
     cannot give fails at once in one line."""
     from lime_model.data import load_texts
-    from lime_probe.loading import hub_dataset
+    from lime_probe.extraction.loading import hub_dataset
 
     if args.data is None:
         return None
@@ -240,9 +240,9 @@ def _texts(args, max_texts: int | None = None) -> list[str] | None:
 def _blimp(source: str, params, option: str):
     """The BLiMP data of ``source`` (``option``'s value) for ``params``; the hub id fails at once in one
     line when the hub cannot give it."""
-    from lime_probe.analyses.blimp import chosen_paradigms
-    from lime_probe.blimp import HUB_ID, load_blimp
-    from lime_probe.loading import hub_dataset
+    from lime_probe.extraction.loading import hub_dataset
+    from lime_probe.probes.blimp import HUB_ID, load_blimp
+    from lime_probe.specs.blimp import chosen_paradigms
 
     if str(source) != HUB_ID or Path(source).exists():
         return load_blimp(source, chosen_paradigms(params))
@@ -253,7 +253,7 @@ def _blimp(source: str, params, option: str):
 
 def _analysis_command(spec: Spec) -> Callable:
     def handler(args, out: Path) -> None:
-        from lime_probe.report import write_analysis
+        from lime_probe.specs import write_analysis
 
         params = params_of(spec, args)
         if spec.data_kind == "blimp":
@@ -277,7 +277,8 @@ def cmd_report(args, out: Path) -> str | None:
     worked and lists the skipped ones with the reason (on stderr too), and the command returns a one-line
     summary of them (exit 3) unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (its
     probe table; minimal-pair scores for causal LMs), over the paper's layer range unless ``--layers``."""
-    from lime_probe.report import Section, Table, write_analysis, write_report
+    from lime_probe.output.report import Section, Table, write_report
+    from lime_probe.specs import write_analysis
 
     names = _analyses_of(args)
     params = {name: params_of(ANALYSES[name], args) for name in names}
@@ -332,7 +333,7 @@ def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args, params) -> tuple[
     layers = "paper" if args.layers in (None, "all") else args.layers
     params = dataclasses.replace(params, layers=layers)
     data = _blimp(args.blimp, params, "--blimp")
-    from lime_probe.cachedir import cache_use
+    from lime_probe.extraction.cachedir import cache_use
 
     with cache_use(spec.name):
         result = spec.compute(cks, data, params, extract_options(args, own_layers=True))
@@ -340,9 +341,9 @@ def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args, params) -> tuple[
 
 
 def cmd_demo(args, out: Path) -> None:
-    """Train tiny LIMe and LLaMA models on arithmetic, run every analysis (``lime_probe.demo``) and print
+    """Train tiny LIMe and LLaMA models on arithmetic, run every analysis (``lime_probe.studies.demo``) and print
     what it measured and where it is."""
-    from lime_probe.demo import run_demo
+    from lime_probe.studies.demo import run_demo
 
     runs = args.runs or os.path.join(args.out, "runs")
     _, headline = run_demo(out, quick=args.quick, seed=args.seed, device=args.device, runs=runs)
@@ -744,10 +745,10 @@ def _check_reproduce_outputs(run_dir: str, results: str | None) -> None:
 
 
 def cmd_reproduce(args, out: None) -> None:
-    """Train or reuse the runs, measure, compare (``lime_probe.reproduce``, ``lime_probe.reproduce_arithmetic``);
+    """Train or reuse the runs, measure, compare (``lime_probe.studies.lm``, ``lime_probe.studies.arithmetic``);
     writes in place, resumable."""
     if args.study == "arithmetic":
-        from lime_probe.reproduce_arithmetic import run_arithmetic_study
+        from lime_probe.studies.arithmetic import run_arithmetic_study
 
         if args.data is not None:
             raise ValueError("--study arithmetic generates its data; leave out --data")
@@ -761,7 +762,7 @@ def cmd_reproduce(args, out: None) -> None:
             baselines=args.baselines,
         )
     else:
-        from lime_probe.reproduce import run_reproduction
+        from lime_probe.studies.lm import run_reproduction
 
         if args.data is None:
             raise ValueError("--study lm needs --data (the folder holding wikitext-2/ and blimp/)")
@@ -780,8 +781,8 @@ def cmd_reproduce(args, out: None) -> None:
 
 
 def cmd_cache(args, out: None) -> None:
-    """List or clear the activation cache (``lime_probe.cachedir.cache_report``)."""
-    from lime_probe.cachedir import cache_report
+    """List or clear the activation cache (``lime_probe.extraction.cachedir.cache_report``)."""
+    from lime_probe.extraction.cachedir import cache_report
 
     print(
         cache_report(
@@ -841,7 +842,7 @@ def _main(argv: Sequence[str] | None) -> int:
             check_device(args.device)
         if getattr(args, "cache", None) is not None:  # the activation cache, written during the work
             check_writable(args.cache, folder=True, option="--cache")
-        from lime_probe.cachedir import report_growth
+        from lime_probe.extraction.cachedir import report_growth
 
         with (
             staged_output(args.out) if args.out else contextlib.nullcontext() as tmp,

@@ -57,8 +57,8 @@ def command_defaults(command: str) -> dict[str, Any]:
     """Every option default of ``lime-probe COMMAND``, read from the command-line parser itself (the size
     limits such as ``max_sequences`` and ``max_length``, and the analysis's parameters), so a notebook
     measures what the command measures: ``{option dest: default}``."""
-    from lime_probe.analyses import ANALYSES
     from lime_probe.cli import build_parser
+    from lime_probe.specs import ANALYSES
 
     if command not in ANALYSES:
         raise ValueError(f"unknown analysis {command!r}; choose one of {', '.join(ANALYSES)}")

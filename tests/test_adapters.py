@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from helpers import tiny_config, tiny_model, tiny_tokenizer
 from transformers import AutoModel
 
-from lime_probe.adapters import ADAPTERS, Adapter, get_adapter, proj_sites, register_adapter
-from lime_probe.extraction import extract
+from lime_probe.extraction.adapters import ADAPTERS, Adapter, get_adapter, proj_sites, register_adapter
+from lime_probe.extraction.tracing import extract
 
 TEXTS = ["The cat is on the mat and the dogs are in the garden.", "It was", "A model is a function."]
 

@@ -321,8 +321,8 @@ def ckpts(tmp_path_factory):
 
 def test_resformer_mixed_values_site(ckpts):
     """``mixed_values`` = lambda_1 * values[0] + lambda_2 * values[n] (values[0] itself in layer 0)."""
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
 
     model, tok = load(ckpts["resformer"])
     acts = extract(model, tok, CORPUS[:3], sites=["values", "mixed_values"], progress=False)

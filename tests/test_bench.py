@@ -178,7 +178,7 @@ def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
     ],
 )
 def test_default_threads_is_one_on_few_cores_else_the_cores_the_load_leaves_free(cores, load, threads):
-    from lime_probe.analyses.base import default_threads
+    from lime_probe.specs.base import default_threads
 
     assert default_threads(cores, load) == threads
 
@@ -191,7 +191,7 @@ def run_threads(env_policy: str | None) -> list[str]:
     if env_policy is not None:
         env["OMP_WAIT_POLICY"] = env_policy
     code = (
-        "import os; from lime_probe.analyses.base import configure_threads; n = configure_threads(None); "
+        "import os; from lime_probe.specs.base import configure_threads; n = configure_threads(None); "
         "import torch; assert torch.get_num_threads() == n; print(os.environ['OMP_WAIT_POLICY'], n)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)

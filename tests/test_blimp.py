@@ -12,7 +12,13 @@ from sklearn.preprocessing import StandardScaler
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from lime_probe.blimp import blimp_probe, load_blimp, prefix_token_id, score_minimal_pairs, sentence_logprobs
+from lime_probe.probes.blimp import (
+    blimp_probe,
+    load_blimp,
+    prefix_token_id,
+    score_minimal_pairs,
+    sentence_logprobs,
+)
 
 ROWS = [  # (UID, linguistics_term, good, bad)
     ("agr_a", "agreement", "the cat is here .", "the cat are here ."),
@@ -286,7 +292,7 @@ def test_load_blimp_hub_code_path(monkeypatch):
 def test_blimp_analysis_scores_and_probes_in_one_pass_with_the_loops_scores(bos):
     import datasets
 
-    from lime_probe.analyses import ANALYSES, Checkpoint
+    from lime_probe.specs import ANALYSES, Checkpoint
 
     rows = [r for r in ROWS for _ in range(3)]  # at least 5 pairs per paradigm for 5-fold CV
     tok = make_tokenizer(words_of(rows), bos=bos)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from helpers import PAIRS, tiny_tokenizer
 
-import lime_probe.blimp as blimp
-from lime_probe.blimp import blimp_layer_table, blimp_probe, blimp_table, fit_pairs, paper_layers
-from lime_probe.separability import ProbeResult
+import lime_probe.probes.blimp as blimp
+from lime_probe.probes.blimp import blimp_layer_table, blimp_probe, blimp_table, fit_pairs, paper_layers
+from lime_probe.probes.separability import ProbeResult
 
 
 def test_paper_layers_are_blocks_10_to_16_of_16():

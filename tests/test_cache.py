@@ -8,10 +8,10 @@ import pytest
 import torch
 from helpers import save_tiny_checkpoint, tiny_model, tiny_tokenizer
 
-import lime_probe.extraction as ex
-from lime_probe.cache import ShardCache, checkpoint_identity
-from lime_probe.extraction import extract
-from lime_probe.loading import load
+import lime_probe.extraction.tracing as ex
+from lime_probe.extraction.cache import ShardCache, checkpoint_identity
+from lime_probe.extraction.loading import load
+from lime_probe.extraction.tracing import extract
 
 TEXTS = [f"The cat {i} is on the mat and the dogs were in garden {i}." for i in range(7)]
 SITES = ["hidden", "values"]

@@ -13,7 +13,7 @@ import torch
 from helpers import CORPUS, save_tiny_checkpoint
 
 from lime_probe import cli
-from lime_probe.cachedir import (
+from lime_probe.extraction.cachedir import (
     cache_entries,
     cache_report,
     cache_size,
@@ -36,8 +36,8 @@ def ckpt(tmp_path_factory) -> Path:
 @pytest.fixture
 def filled(tmp_path, ckpt) -> Path:
     """A cache with two real extractions of `ckpt` (two sites) and two things that are not entries."""
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
 
     cache = tmp_path / "cache"
     model, tok = load(ckpt)
@@ -187,9 +187,9 @@ def test_clear_asks_on_a_terminal_and_refuses_without_one(filled, capsys, monkey
 def test_entries_are_named_by_checkpoint_and_analysis_and_cleared_per_checkpoint(tmp_path, ckpt, capsys):
     """Two BLiMP-like extractions (same checkpoint, site and settings, different sentences) are told apart
     by their data; a second analysis reusing an entry is recorded; --ckpt lists and clears one checkpoint."""
-    from lime_probe.cachedir import cache_use
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.cachedir import cache_use
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
 
     other = save_tiny_checkpoint(tmp_path / "lime", "lime")
     cache = tmp_path / "cache"

@@ -15,8 +15,8 @@ import transformers as tf
 from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
 from lime_probe import cli
-from lime_probe.analyses import ANALYSES
-from lime_probe.sites import DEFAULT_WORDS
+from lime_probe.extraction.sites import DEFAULT_WORDS
+from lime_probe.specs import ANALYSES
 
 COMMANDS = [*ANALYSES, "report", "demo"]
 TEXTS = CORPUS
@@ -152,11 +152,11 @@ def test_format_table_aligns_columns():
 def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeypatch):
     import importlib
 
-    from lime_probe.entropy import layer_entropy
-    from lime_probe.extraction import Activations, extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import Activations, extract
+    from lime_probe.probes.entropy import layer_entropy
 
-    extract_mod = importlib.import_module("lime_probe.extraction")
+    extract_mod = importlib.import_module("lime_probe.extraction.tracing")
     monkeypatch.setattr(extract_mod, "SHARD_BYTES", 1)  # a cache shard per batch: the command streams them
 
     def whole_layer(*a, **k):
@@ -479,9 +479,9 @@ def _ok(capsys, *argv) -> str:
 
 
 def _word_features(ckpt, site, words=DEFAULT_WORDS):
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
-    from lime_probe.separability import word_rows, word_token_ids
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.separability import word_rows, word_token_ids
 
     model, tok = load(ckpt)
     ids = word_token_ids(tok, words)
@@ -493,7 +493,7 @@ def _word_features(ckpt, site, words=DEFAULT_WORDS):
 
 
 def test_separability_matches_the_library(capsys, tmp_path, ckpts, text_file):
-    from lime_probe.separability import token_separability
+    from lime_probe.probes.separability import token_separability
 
     _ok(
         capsys,
@@ -565,8 +565,8 @@ def test_missing_words_are_named(capsys, tmp_path, ckpts, text_file):
 
 
 def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
-    from lime_probe.separability import balance_classes
-    from lime_probe.tsne import tsne_layers
+    from lime_probe.probes.separability import balance_classes
+    from lime_probe.probes.tsne import tsne_layers
 
     _ok(
         capsys,
@@ -603,9 +603,9 @@ def test_tsne_matches_the_library(capsys, tmp_path, ckpts, text_file):
 
 
 def test_cka_matches_the_library(capsys, tmp_path, ckpts, text_file):
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
-    from lime_probe.similarity import cka_matrix, effective_ranks
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.similarity import cka_matrix, effective_ranks
 
     _ok(
         capsys,
@@ -631,8 +631,8 @@ def test_cka_matches_the_library(capsys, tmp_path, ckpts, text_file):
 
 
 def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
-    from lime_probe.loading import load
-    from lime_probe.router import router_weights
+    from lime_probe.extraction.loading import load
+    from lime_probe.probes.router_weights import router_weights
 
     _ok(capsys, "router", "--ckpt", ckpts["lime"], "--label", "LIMe", "--out", tmp_path / "o")
     doc = _read_json(tmp_path / "o" / "router.json")
@@ -652,9 +652,9 @@ def blimp_dir(tmp_path_factory) -> Path:
 
 
 def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
-    from lime_probe.blimp import blimp_probe, load_blimp, score_minimal_pairs, scoring_sequences
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.blimp import blimp_probe, load_blimp, score_minimal_pairs, scoring_sequences
 
     _ok(
         capsys,
@@ -776,7 +776,7 @@ def test_report_with_a_skipped_section_exits_3_unless_allowed(capsys, tmp_path, 
 def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, text_file, monkeypatch):
     import importlib
 
-    extract_mod = importlib.import_module("lime_probe.extraction")
+    extract_mod = importlib.import_module("lime_probe.extraction.tracing")
 
     monkeypatch.setattr(extract_mod, "SHARD_BYTES", 1)  # a cache shard after every batch
     real_forward, calls = extract_mod._forward, []

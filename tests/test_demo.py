@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lime_probe.demo import number_positions, number_rows
+from lime_probe.studies.demo import number_positions, number_rows
 
 
 def _scan(text: str, numbers) -> list[tuple[int, int]]:
@@ -57,11 +57,11 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     from lime_model.recipes import load_recipe
     from lime_model.tasks.arithmetic import recipe_splits
     from lime_probe import cli
-    from lime_probe.demo import NUMBER_SETS, QUICK, probe_samples, sample_text
-    from lime_probe.entropy import layer_entropies
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
-    from lime_probe.router import router_weights
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.entropy import layer_entropies
+    from lime_probe.probes.router_weights import router_weights
+    from lime_probe.studies.demo import NUMBER_SETS, QUICK, probe_samples, sample_text
 
     out = tmp_path / "demo"
     runs = out / "runs"  # the checkpoints are kept inside the output folder by default

@@ -5,7 +5,7 @@ import pytest
 import scipy.stats
 import torch
 
-from lime_probe.entropy import (
+from lime_probe.probes.entropy import (
     EntropyAccumulator,
     EntropyConfig,
     FeatureMoments,
@@ -15,7 +15,7 @@ from lime_probe.entropy import (
     matrix_entropy,
     stream_entropy,
 )
-from lime_probe.stats import bootstrap_ci, summarize
+from lime_probe.probes.stats import bootstrap_ci, summarize
 
 ALPHAS = [0.5, 1.0, 2.0, 3.0]
 CENTER_L2 = EntropyConfig(alpha=1.0, normalize="center-l2")  # "layer-by-layer" without its Gram clamp

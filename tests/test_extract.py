@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from lime_probe.extraction import extract, pad_batch, plan_batches
+from lime_probe.extraction.tracing import extract, pad_batch, plan_batches
 
 TEXTS = [
     "The cat is on the mat and the dogs are in the garden.",
@@ -139,7 +139,7 @@ def test_activations_views(tok):
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_iter_sequences_streams_the_same_sequences(tok, tmp_path, monkeypatch, cached):
-    import lime_probe.extraction as ex
+    import lime_probe.extraction.tracing as ex
 
     monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # a cache shard per batch
     model = tiny_model("llama", tok)
@@ -205,7 +205,7 @@ def test_works_from_python_dash_c(tmp_path):
 
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from helpers import tiny_tokenizer, tiny_model; "
-        "from lime_probe.extraction import extract; tok = tiny_tokenizer(); "
+        "from lime_probe.extraction.tracing import extract; tok = tiny_tokenizer(); "
         "acts = extract(tiny_model('gpt2', tok), tok, ['The cat is here'], sites=['values'], progress=False); "
         "print(tuple(acts['values'][1].shape))"
     )
@@ -240,7 +240,7 @@ def test_plan_batches_sorts_by_length_and_keeps_each_padded_batch_within_the_bud
 
 
 def test_token_budget_restores_the_input_order_across_blocks(tok, monkeypatch):
-    import lime_probe.extraction as ex
+    import lime_probe.extraction.tracing as ex
 
     monkeypatch.setattr(ex, "SHARD_BYTES", 1)  # blocks of one batch: order restored block by block too
     model = tiny_model("llama", tok)
@@ -300,7 +300,7 @@ def test_logprobs_equal_a_plain_forward(tok, arch, side, tmp_path):
 
 def test_the_batch_size_help_names_the_default_token_budget():
     from lime_probe.cli import build_parser
-    from lime_probe.extraction import DEFAULT_BATCH_TOKENS
+    from lime_probe.extraction.tracing import DEFAULT_BATCH_TOKENS
 
     entropy = build_parser()._subparsers._group_actions[0].choices["entropy"]
     (action,) = [a for a in entropy._actions if a.dest == "batch_size"]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PathCollection, PolyCollection, QuadMesh
 
-from lime_probe import figures as F
+from lime_probe.output import plots as F
 from lime_probe.protocol import TABLE2_TASKS
 
 rng = np.random.default_rng(0)

@@ -17,7 +17,7 @@ from lime_model import (
     forward_flops,
     param_groups,
 )
-from lime_probe.extraction import extract
+from lime_probe.extraction.tracing import extract
 
 DIMS = dict(
     vocab_size=61,

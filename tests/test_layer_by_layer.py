@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lime_probe.entropy import EntropyAccumulator, entropy_config, layer_entropy
+from lime_probe.probes.entropy import EntropyAccumulator, entropy_config, layer_entropy
 
 
 def skean_prompt_entropy(Z: np.ndarray, alpha: float = 1.0, max_normalize: bool = False) -> float:

@@ -4,6 +4,7 @@ arguments; Ctrl-C at any moment is one line and exit 130."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
@@ -15,11 +16,10 @@ import pytest
 from helpers import CORPUS, save_tiny_checkpoint
 
 from lime_probe import cli
-from lime_probe.analyses import ANALYSES
+from lime_probe.specs import ANALYSES
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-PROBES = ("extraction", "cache", "entropy", "separability", "blimp", "tsne", "router", "similarity", "stats")
 HEAVY = ("torch", "transformers", "matplotlib", "nnsight", "sklearn")
 # The program as its console script starts it (argv[0] .../bin/lime-probe): `import lime_model`, which the
 # command line makes for its shared checks, then leaves the model types to be registered after parsing.
@@ -37,19 +37,124 @@ def imported_after(code: str, watched: tuple[str, ...]) -> list[str]:
 
 
 def test_extraction_and_probes_import_no_plotting_and_no_training():
-    code = "\n".join(f"import lime_probe.{m}" for m in PROBES)
+    code = "\n".join(f"import {m}" for m in modules_of(("extraction", "probes")))
     assert imported_after(code, ("matplotlib", "seaborn", "lime_model.train", "lime_model.data")) == []
 
 
+# The package's layers, bottom to top: a module may import its own layer and those below, never above.
+# protocol.py is data every layer reads; cli.py, notebook.py and __init__.py sit on top of everything.
+LAYERS = ("protocol", "extraction", "probes", "output", "specs", "studies", "cli notebook __init__")
+PACKAGE = ROOT / "lime_probe"
+
+
+def layer_of(module: str) -> int:
+    first = module.removeprefix("lime_probe.").split(".")[0] if module != "lime_probe" else "__init__"
+    return next(i for i, names in enumerate(LAYERS) if first in names.split())
+
+
+def modules_of(packages: tuple[str, ...]) -> list[str]:
+    return [
+        "lime_probe." + ".".join(f.relative_to(PACKAGE).with_suffix("").parts)
+        for pkg in packages
+        for f in sorted((PACKAGE / pkg).rglob("*.py"))
+        if f.name != "__init__.py"
+    ]
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``lime_probe`` module ``path`` imports, at module level or inside a function."""
+    module = "lime_probe." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = package.removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            found |= {
+                f"{base}.{a.name}"
+                if (PACKAGE / Path(*f"{base}.{a.name}".split(".")[1:])).with_suffix(".py").exists()
+                or (PACKAGE / Path(*f"{base}.{a.name}".split(".")[1:])).is_dir()
+                else base
+                for a in node.names
+            }
+    return {m for m in found if m == "lime_probe" or m.startswith("lime_probe.")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {}
+    for f in PACKAGE.rglob("*.py"):
+        name = "lime_probe." + ".".join(f.relative_to(PACKAGE).with_suffix("").parts)
+        graph[name.removesuffix(".__init__")] = imports_of(f) - {name.removesuffix(".__init__")}
+    return graph
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [
+        f"{m} ({LAYERS[layer_of(m)]}) imports {i} ({LAYERS[layer_of(i)]})"
+        for m, deps in import_graph().items()
+        for i in deps
+        if i != "lime_probe" and layer_of(i) > layer_of(m)
+    ]
+    assert upward == []
+
+
+def test_the_import_graph_has_no_cycles():
+    """Module by module, lazy (in-function) imports included; a package's __init__ counts as a module."""
+    graph = import_graph()
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for dep in sorted(graph.get(m, ())):
+            if dep == "lime_probe":
+                continue
+            if state.get(dep) == 1:
+                return [*path, m, dep]
+            if dep not in state and (cycle := visit(dep, [*path, m])):
+                return cycle
+        state[m] = 2
+        return None
+
+    cycles = [c for m in sorted(graph) if m not in state and (c := visit(m, []))]
+    assert cycles == []
+
+
+def test_lime_model_never_imports_lime_probe():
+    model = ROOT / "lime_model"
+    hits = [
+        str(f.relative_to(ROOT))
+        for f in model.rglob("*.py")
+        if re.search(r"^\s*(from|import) lime_probe", f.read_text(), re.M)
+    ]
+    assert hits == []
+
+
+def test_a_module_name_repeats_only_as_a_probe_and_the_analysis_that_runs_it():
+    """``probes/entropy.py`` computes, ``specs/entropy.py`` declares the ``entropy`` command; no other
+    name appears twice in the package."""
+    by_name: dict[str, list[str]] = {}
+    for f in PACKAGE.rglob("*.py"):
+        if f.name != "__init__.py":
+            by_name.setdefault(f.name, []).append(f.parent.name)
+    repeated = {n: sorted(dirs) for n, dirs in by_name.items() if len(dirs) > 1}
+    assert all(dirs == ["probes", "specs"] for dirs in repeated.values()), repeated
+
+
 def test_the_registry_imports_nothing_heavy():
-    assert imported_after("import lime_probe.analyses", HEAVY) == []
+    assert imported_after("import lime_probe.specs", HEAVY) == []
 
 
 def test_computing_an_analysis_draws_nothing(tmp_path):
     """``compute`` returns numbers only: running analyses on a checkpoint never imports matplotlib."""
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
     code = (
-        "from lime_probe.analyses import ANALYSES, load_checkpoints\n"
+        "from lime_probe.specs import ANALYSES, load_checkpoints\n"
         f"cks = load_checkpoints([{str(ckpt)!r}], None, 'cpu')\n"
         f"texts = {CORPUS * 3!r}\n"
         "kw = {'max_length': 32, 'cache_dir': None}\n"
@@ -116,7 +221,7 @@ def slow_run(tmp_path_factory) -> list[str]:
 
 # Where to press Ctrl-C, found on stderr: -X importtime reports each module as it finishes importing.
 MOMENTS = {
-    "our imports": "lime_probe.analyses.base",  # the registry, before main() runs
+    "our imports": "lime_probe.specs.base",  # the registry, before main() runs
     "torch's import": "torch._utils",  # a heavy import inside the command
     "extraction": "extract:",  # the progress bar of the forward passes
 }

@@ -9,8 +9,8 @@ import transformers as tf
 from helpers import save_tiny_checkpoint
 
 from lime_model.checks import check_device
-from lime_probe.extraction import extract
-from lime_probe.loading import _is_hub_id, hub_dataset, load
+from lime_probe.extraction.loading import _is_hub_id, hub_dataset, load
+from lime_probe.extraction.tracing import extract
 
 
 @pytest.mark.parametrize("arch", ["llama", "lime", "gpt2", "gpt_neox", "bert"])
@@ -107,7 +107,7 @@ def test_hub_ids_versus_paths(tmp_path):
 
 @pytest.mark.parametrize("spec", ["./nope", "~/lime-probe-no-such-run", "runs/nope", "runs/deeper/nope"])
 def test_missing_local_path_says_not_found_without_asking_the_hub(tmp_path, monkeypatch, spec):
-    import lime_probe.loading as loading
+    import lime_probe.extraction.loading as loading
 
     def no_hub(repo_id):
         raise AssertionError(f"asked the hub for {repo_id!r}")

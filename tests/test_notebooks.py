@@ -12,7 +12,7 @@ import pytest
 from helpers import CORPUS, save_tiny_checkpoint, write_blimp_dir
 
 from lime_probe import cli
-from lime_probe.analyses import ANALYSES
+from lime_probe.specs import ANALYSES
 
 nbclient = pytest.importorskip("nbclient")
 
@@ -180,7 +180,7 @@ def test_notebook_is_valid_and_uses_the_registry(path):
     nbformat.validate(book)
     code = "\n".join(c.source for c in book.cells if c.cell_type == "code")
     for step in ("word_rows(", "balance_classes(", "np.flatnonzero(", "acts.sequences(", "extract("):
-        assert step not in code, f"{path.name} re-implements {step!r}: run lime_probe.analyses"
+        assert step not in code, f"{path.name} re-implements {step!r}: run lime_probe.specs"
     for spec in ANALYSES.values():
         if spec.notebook == path.stem:
             assert f'ANALYSES["{spec.name}"]' in code, f"{path.name} does not run the {spec.name} analysis"

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lime_probe import blimp, entropy, separability, tsne, windows
-from lime_probe.analyses import ANALYSES
+from lime_probe.extraction import windows
+from lime_probe.probes import blimp, entropy, separability, tsne
 from lime_probe.protocol import PROTOCOL, SOURCES, defaults, markdown_table, protocol_rows
+from lime_probe.specs import ANALYSES
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- generated from lime_probe.protocol: begin -->"

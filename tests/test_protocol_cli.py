@@ -67,8 +67,8 @@ def manual_windows(tok, texts, window: int, count: int, seed: int) -> list[list[
 
 
 def test_entropy_windows_equal_hand_built_windows(capsys, tmp_path, ckpts, text_file):
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
 
     out = tmp_path / "o"
     common = ["--data", text_file, "--site", "values", "--no-cache", "--seed", 2]
@@ -90,7 +90,9 @@ def test_entropy_windows_equal_hand_built_windows(capsys, tmp_path, ckpts, text_
             assert [len(s) for s in seqs] == [16] * 6
             want = numpy_lime_entropy(seqs)
             np.testing.assert_allclose(r["entropy_mean"], want.mean(), rtol=1e-6)
-            np.testing.assert_allclose(r["entropy_std"], want.std(), rtol=1e-5)  # ddof=0, as lime_probe.stats
+            np.testing.assert_allclose(
+                r["entropy_std"], want.std(), rtol=1e-5
+            )  # ddof=0, as lime_probe.probes.stats
             assert (r["unit"], r["window"], r["window_source"], r["num_windows"]) == (
                 "windows",
                 16,
@@ -110,7 +112,7 @@ def test_entropy_default_window_is_capped_by_max_positions(capsys, tmp_path, ckp
     )  # fmt: skip
     rows = read_rows(out / "entropy_values.json")
     assert {(r["window"], r["window_source"], r["num_windows"]) for r in rows} == {(128, "max_positions", 2)}
-    from lime_probe.analyses import ANALYSES, load_checkpoints
+    from lime_probe.specs import ANALYSES, load_checkpoints
 
     result = ANALYSES["entropy"].run(
         load_checkpoints([str(ckpts["llama"])], None, "cpu"), DOCS, {"cache_dir": None}, num_windows=2
@@ -119,8 +121,8 @@ def test_entropy_default_window_is_capped_by_max_positions(capsys, tmp_path, ckp
 
 
 def test_entropy_documents_mode_and_max_normalize(capsys, tmp_path, ckpts, text_file):
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
 
     out = tmp_path / "o"
     run_ok(
@@ -148,10 +150,10 @@ def test_entropy_documents_mode_and_max_normalize(capsys, tmp_path, ckpts, text_
 def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_path, ckpts, text_file):
     """Default site: the W_V output for both models and, for LIMe (it routes), the routed values too, each
     measured as written here; LLaMA has no routed values and the text says so; the legend names both."""
-    from lime_probe.analyses import ANALYSES, load_checkpoints
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
-    from lime_probe.separability import token_separability
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.separability import token_separability
+    from lime_probe.specs import ANALYSES, load_checkpoints
 
     out = tmp_path / "o"
     run_ok(
@@ -203,7 +205,7 @@ def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_pat
     ]  # fmt: skip
     from helpers import write_blimp_dir
 
-    from lime_probe.blimp import load_blimp
+    from lime_probe.probes.blimp import load_blimp
 
     pairs = load_blimp(write_blimp_dir(tmp_path / "blimp"))
     bl = ANALYSES["blimp"].run(cks, pairs, kw, tasks="all", layers="all")
@@ -223,7 +225,7 @@ MULTI = (" garden", " happy", " clean", " rivers")  # 4-6 tokens each under the 
 
 def hand_pooled(model, tok, site: str, how: str) -> tuple[dict, np.ndarray]:
     """Every occurrence of MULTI found by scanning the token ids, pooled by hand ({layer: (n, d)}, labels)."""
-    from lime_probe.extraction import extract
+    from lime_probe.extraction.tracing import extract
 
     acts = extract(model, tok, DOCS, sites=[site], max_length=32, progress=False)
     ids = acts.token_ids.tolist()
@@ -251,7 +253,7 @@ def test_separability_of_multi_token_words_against_sklearn(capsys, tmp_path, ckp
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
 
     out = tmp_path / "o"
     run_ok(
@@ -274,7 +276,7 @@ def test_separability_of_multi_token_words_against_sklearn(capsys, tmp_path, ckp
 def test_tsne_l2_normalize_option_against_opentsne(capsys, tmp_path, ckpts, text_file, raw):
     from openTSNE import TSNE
 
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
 
     out = tmp_path / "o"
     run_ok(
@@ -307,9 +309,9 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from lime_probe.blimp import load_blimp
-    from lime_probe.extraction import extract
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.blimp import load_blimp
 
     data_dir = write_blimp_dir(tmp_path / "blimp")
     out = tmp_path / "o"
@@ -435,9 +437,9 @@ def test_table2_preset_is_appendix_d_with_table_10_examples(shared_data):
 
 def test_blimp_defaults_to_every_pair_of_the_table2_tasks(shared_data):
     """The default run reads App. D's ten files and keeps all 1,000 pairs of each (no --max-pairs)."""
-    from lime_probe.analyses import ANALYSES
-    from lime_probe.analyses.blimp import chosen_paradigms
-    from lime_probe.blimp import load_blimp
+    from lime_probe.probes.blimp import load_blimp
+    from lime_probe.specs import ANALYSES
+    from lime_probe.specs.blimp import chosen_paradigms
 
     params = ANALYSES["blimp"].params()
     assert params.max_pairs is None and params.method == "logreg"

@@ -12,9 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from lime_probe import figures as F
-from lime_probe.report import Section, Table, render_report, write_report
-from lime_probe.results import checkpoint_identity, read_metrics, run_metadata, to_jsonable, write_results
+from lime_probe.output import plots as F
+from lime_probe.output.report import Section, Table, render_report, write_report
+from lime_probe.output.results import (
+    checkpoint_identity,
+    read_metrics,
+    run_metadata,
+    to_jsonable,
+    write_results,
+)
 
 
 class _Collect(HTMLParser):

@@ -13,7 +13,7 @@ from scipy import stats as sps
 
 from lime_probe import cli
 from lime_probe.protocol import TABLE2_TASKS
-from lime_probe.reproduce import SIZES
+from lime_probe.studies.lm import SIZES
 
 
 def read_csv(path):
@@ -248,7 +248,7 @@ def test_kv_init_ablations_change_only_the_kv_init(name, model, kv_proj_init):
 
     from lime_model.recipes import load_recipe
     from lime_model.train import model_config
-    from lime_probe.reproduce import BASELINES, MODELS
+    from lime_probe.studies.lm import BASELINES, MODELS
 
     label, overrides = BASELINES[name]
     tok = tiny_tokenizer()
@@ -263,7 +263,8 @@ def test_kv_init_ablations_change_only_the_kv_init(name, model, kv_proj_init):
 
 def test_the_separability_probe_orders_its_classes_as_the_words_are_declared(monkeypatch):
     """The official probe lays rows out class by class in its words' order (is, are, was, were), not sorted."""
-    from lime_probe import reproduce, separability
+    from lime_probe.probes import separability
+    from lime_probe.studies import lm as reproduce
 
     seen = {}
     real = separability.token_separability
@@ -280,8 +281,8 @@ def test_the_separability_probe_orders_its_classes_as_the_words_are_declared(mon
 
 
 def test_tsne_has_one_row_per_model_and_seed_each_from_its_own_features():
-    from lime_probe.reproduce import SIZES, tsne_embeddings
-    from lime_probe.tsne import tsne_layers
+    from lime_probe.probes.tsne import tsne_layers
+    from lime_probe.studies.lm import SIZES, tsne_embeddings
 
     gen = np.random.default_rng(0)
     words = np.array(["is", "are", "was", "were"] * 6)

@@ -32,7 +32,7 @@ def hand_t_interval(d):
 
 
 def test_accuracy_bars_are_the_mean_over_seeds_with_a_hand_t_interval():
-    from lime_probe.reproduce_arithmetic import accuracy_intervals
+    from lime_probe.studies.arithmetic import accuracy_intervals
 
     seeds = [0, 1, 2, 3]
     per = {("A", s): [0.9, 0.5, 0.7, 0.8][s] for s in seeds} | {
@@ -48,7 +48,7 @@ def test_accuracy_bars_are_the_mean_over_seeds_with_a_hand_t_interval():
 
 
 def test_training_curve_band_is_the_min_and_max_over_seeds_at_each_record():
-    from lime_probe.reproduce import _mean_curve
+    from lime_probe.studies.lm import _mean_curve
 
     runs = [
         {"flops": [1, 2, 3], "tokens": [4, 5, 6], "loss": loss}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lime_model
-from lime_probe.router import router_weights
+from lime_probe.probes.router_weights import router_weights
 
 KV = 2
 VARIANTS = [
@@ -192,7 +192,7 @@ def test_nnsight_wrapped_model():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from lime_probe.loading import wrap
+    from lime_probe.extraction.loading import wrap
 
     tok = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")),
@@ -220,7 +220,7 @@ def test_the_rebuilt_step_0_equals_a_freshly_built_model_with_the_runs_seed(trai
     from lime_model.recipes import load_recipe
     from lime_model.tokenization import load_tokenizer
     from lime_model.train import model_config
-    from lime_probe.router import initial_weights, router_weights, run_seed, step0_model
+    from lime_probe.probes.router_weights import initial_weights, router_weights, run_seed, step0_model
 
     trained = lime_model.LimeForCausalLM.from_pretrained(trained_run).eval()
     assert run_seed(trained_run) == 3
@@ -244,7 +244,7 @@ def test_the_rebuilt_step_0_equals_a_freshly_built_model_with_the_runs_seed(trai
 
 
 def test_without_a_run_folder_the_initial_map_is_the_inits_expected_map():
-    from lime_probe.router import initial_weights
+    from lime_probe.probes.router_weights import initial_weights
 
     L = 4
     init, what = initial_weights(tiny_lime("full", layers=L), source=None)

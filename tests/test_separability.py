@@ -10,7 +10,7 @@ from sklearn.preprocessing import StandardScaler
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from lime_probe.separability import balance_classes, token_separability, word_rows, word_token_ids
+from lime_probe.probes.separability import balance_classes, token_separability, word_rows, word_token_ids
 
 WORDS = np.array([" is", " are", " was", " were"], dtype=object)
 

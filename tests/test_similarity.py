@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lime_probe.similarity import cka_matrix, effective_rank, effective_ranks, linear_cka
+from lime_probe.probes.similarity import cka_matrix, effective_rank, effective_ranks, linear_cka
 
 
 def kernel_cka(X: np.ndarray, Y: np.ndarray) -> float:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lime_probe.stats import (
+from lime_probe.probes.stats import (
     MIN_BOOTSTRAP_SEEDS,
     benjamini_hochberg,
     holm,

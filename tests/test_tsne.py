@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lime_probe.tsne import tsne_embed, tsne_layers
+from lime_probe.probes.tsne import tsne_embed, tsne_layers
 
 
 def clusters(n_per=20, d=10, seed=0):

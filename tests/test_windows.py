@@ -9,9 +9,8 @@ import torch
 import transformers as tf
 from helpers import CORPUS, tiny_config, tiny_model, tiny_tokenizer
 
-from lime_probe.entropy import layer_entropy
-from lime_probe.extraction import extract
-from lime_probe.windows import (
+from lime_probe.extraction.tracing import extract
+from lime_probe.extraction.windows import (
     UNKNOWN_REFUSE,
     UNKNOWN_WARN,
     DataWarning,
@@ -21,6 +20,7 @@ from lime_probe.windows import (
     token_windows,
     unknown_token_share,
 )
+from lime_probe.probes.entropy import layer_entropy
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_text_that_does_not_fit_the_tokenizer_is_refused_before_extraction(monke
     model = tiny_model("llama", digits)
     english = ["the cat is on the mat 12", "they were 3 and 4"]
     forwards = []
-    monkeypatch.setattr("lime_probe.extraction._forward", lambda *a, **k: forwards.append(1))
+    monkeypatch.setattr("lime_probe.extraction.tracing._forward", lambda *a, **k: forwards.append(1))
     with pytest.raises(ValueError, match=r"does not fit the tokenizer: \d+\.\d% of the \d+ measured tokens"):
         extract(model, digits, english, progress=False)
     assert forwards == []  # refused before any forward pass

@@ -11,7 +11,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lime_probe.separability import pool_spans, token_separability, word_pieces, word_spans
+from lime_probe.probes.separability import pool_spans, token_separability, word_pieces, word_spans
 
 NUMBERS = (" 100", " 101", " 102", " 103")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.protocol import defaults
-from lime_probe.sites import DEFAULT_WORDS
 
 from .base import (
     Checkpoint,
@@ -70,9 +70,9 @@ def tsne_rows(
 
     import numpy as np
 
-    from lime_probe.separability import balance_classes
-    from lime_probe.tsne import tsne_layers
-    from lime_probe.windows import DataWarning
+    from lime_probe.extraction.windows import DataWarning
+    from lime_probe.probes.separability import balance_classes
+    from lime_probe.probes.tsne import tsne_layers
 
     rows, summary = [], []
     for label, (per_layer, y) in features.items():
@@ -199,7 +199,7 @@ def plot(result: Result) -> dict:
 
     import numpy as np
 
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     by_site = group(result.rows, "site")
     embeddings, tokens = {}, {}

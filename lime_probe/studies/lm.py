@@ -154,7 +154,7 @@ class Progress:
 
 def cached(path: Path, compute: Callable[..., dict], *args: Any) -> dict:
     """The JSON at ``path``; ``compute(*args)`` written there (atomically) first if it is not there."""
-    from lime_probe.results import atomic_write_text, to_jsonable
+    from lime_probe.output.results import atomic_write_text, to_jsonable
 
     if path.is_file():
         return json.loads(path.read_text())
@@ -220,15 +220,15 @@ def _test_windows(
     tokenizer, data: Data, window: int, num_windows: int | None, seed: int = 0
 ) -> list[list[int]]:
     from lime_model.data import load_texts
-    from lime_probe.windows import token_windows
+    from lime_probe.extraction.windows import token_windows
 
     return token_windows(load_texts(str(data.test)), tokenizer, window, num_windows, seed=seed)
 
 
 def measure_entropy(model, tokenizer, data: Data, window: int, num_windows: int) -> dict:
     """Entropy of each window's values per layer: {"layers": [...], "values": (layers, windows)}."""
-    from lime_probe.entropy import layer_entropy
-    from lime_probe.extraction import extract
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.entropy import layer_entropy
 
     windows = _test_windows(tokenizer, data, window, num_windows)
     acts = extract(
@@ -241,8 +241,8 @@ def measure_entropy(model, tokenizer, data: Data, window: int, num_windows: int)
 
 def word_features(model, tokenizer, data: Data, window: int) -> tuple[dict, np.ndarray]:
     """The values of every is/are/was/were in ``test.txt`` (every window): ({layer: (n, d)}, words (n,))."""
-    from lime_probe.extraction import extract
-    from lime_probe.separability import word_rows, word_token_ids
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.separability import word_rows, word_token_ids
 
     ids = word_token_ids(tokenizer, WORDS)
     windows = _test_windows(tokenizer, data, window, None)
@@ -261,7 +261,7 @@ def word_features(model, tokenizer, data: Data, window: int) -> tuple[dict, np.n
 
 
 def measure_separability(features: dict, words: np.ndarray, seed: int) -> dict:
-    from lime_probe.separability import token_separability
+    from lime_probe.probes.separability import token_separability
 
     # classes in WORDS' order: the official probe lays rows out class by class in the words' given order
     res = token_separability(features, words, seed=seed, progress=False, classes=WORDS)
@@ -276,10 +276,10 @@ def measure_separability(features: dict, words: np.ndarray, seed: int) -> dict:
 
 def measure_blimp(model, tokenizer, data: Data, pairs: int, seed: int) -> dict:
     """Table-2 probes: per task and site, the probe accuracy per upper layer (mean-pooled representations)."""
-    from lime_probe.blimp import blimp_probe, fit_pairs, load_blimp, paper_layers
-    from lime_probe.extraction import extract
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.extraction.windows import max_positions
+    from lime_probe.probes.blimp import blimp_probe, fit_pairs, load_blimp, paper_layers
     from lime_probe.protocol import TABLE2_TASKS
-    from lime_probe.windows import max_positions
 
     blimp = load_blimp(str(data.blimp), list(TABLE2_TASKS))
     keep, skipped = fit_pairs(blimp, tokenizer, max_positions(model))
@@ -351,7 +351,7 @@ def differences(
     `adjust_exploratory` adds Holm-adjusted p and BH q over their family. The row names the model in
     ``model`` and ``reference`` and gives their means in the columns of their labels (e.g. "LIMe",
     "LLaMA")."""
-    from lime_probe.stats import paired_difference
+    from lime_probe.probes.stats import paired_difference
 
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
@@ -390,7 +390,7 @@ def adjust_exploratory(rows: list[dict]) -> list[dict]:
     """Add ``p_holm`` and ``q_bh`` (of ``p_t``) to the exploratory rows, one family per model, reference
     and measure (e.g. LIMe's 16 per-layer value-entropy differences from LLaMA), in place; returns
     ``rows``."""
-    from lime_probe.stats import benjamini_hochberg, holm
+    from lime_probe.probes.stats import benjamini_hochberg, holm
 
     families: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -424,7 +424,7 @@ def compare(
     rows against LLaMA carry a verdict against the paper's sign (the paper's claims are about LIMe). The seeds x
     windows bootstrap of the per-layer entropy difference is added from `stats.MIN_BOOTSTRAP_SEEDS`
     seeds on (fewer resample too few distinct seed sets)."""
-    from lime_probe.stats import MIN_BOOTSTRAP_SEEDS, paired_bootstrap_ci
+    from lime_probe.probes.stats import MIN_BOOTSTRAP_SEEDS, paired_bootstrap_ci
 
     rows = []
     for label in labels:
@@ -499,7 +499,7 @@ def measure_run(
     reuses them.
 
     ``with_features``: also return the is/are/was/were features (they feed the t-SNE); otherwise None."""
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
 
     name = run.name
     model, tok = load(run, device=device)
@@ -559,8 +559,8 @@ def run_reproduction(
     progress = Progress(2 * len(seeds) * len(models) + 1)
     runs = train_runs(out, cfg.recipe, seeds, cfg.overrides, progress, data=str(data.train), models=models)
 
-    from lime_probe.analyses import Checkpoint
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
+    from lime_probe.specs import Checkpoint
 
     m: dict[str, dict] = {k: {} for k in ("perplexity", "entropy", "separability", "blimp")}
     tsne_features = {}
@@ -593,8 +593,14 @@ def write_results_folder(
     labels: Sequence[str] = tuple(MODELS),
 ) -> None:
     """Tables, figures and findings.md from the measurements of the ``labels`` models (see `compare`)."""
-    from lime_probe.analyses import ANALYSES
-    from lime_probe.results import atomic_write_text, read_metrics, rows_to_csv, run_metadata, write_results
+    from lime_probe.output.results import (
+        atomic_write_text,
+        read_metrics,
+        rows_to_csv,
+        run_metadata,
+        write_results,
+    )
+    from lime_probe.specs import ANALYSES
 
     meta = run_metadata(
         "reproduce",
@@ -716,8 +722,8 @@ def tsne_embeddings(features: Mapping[tuple[str, int], tuple[dict, np.ndarray]],
     """t-SNE of a balanced sample of is/are/was/were values at four layers, for every (model, seed) of
     ``features`` ({(label, seed): ({layer: (n_tokens, dim)}, words (n_tokens,))}): {"<label>, seed <s>":
     ({layer: (n_points, 2)}, words (n_points,))}, ordered by seed, then model (one figure row each)."""
-    from lime_probe.separability import balance_classes
-    from lime_probe.tsne import tsne_layers
+    from lime_probe.probes.separability import balance_classes
+    from lime_probe.probes.tsne import tsne_layers
 
     out = {}
     for (label, seed), (feats, words) in sorted(features.items(), key=lambda kv: kv[0][1]):  # stable
@@ -780,8 +786,8 @@ def entropy_figure(m: dict, diff: Sequence[dict], seeds, labels) -> Any:
     model minus LLaMA per layer, paired by seed, with its 95 % paired t-interval (right)."""
     from matplotlib.figure import Figure
 
-    from lime_probe import figures as F
-    from lime_probe.entropy import entropy_config
+    from lime_probe.output import plots as F
+    from lime_probe.probes.entropy import entropy_config
 
     with F.style():
         fig = Figure(figsize=(9.0, 3.6), layout="constrained")
@@ -813,7 +819,7 @@ def draw_per_layer(results: Path, m: dict, diff: Sequence[dict], seeds, labels: 
     beside each model's paired difference from LLaMA (95 % paired t-interval); separability (min-max
     over seeds); both differences alone (95 % paired t-intervals). Needs only the per-run, per-layer
     means of ``m`` (so the committed per-run tables redraw them: figures/reanalysis.py)."""
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     F.save_figure(entropy_figure(m, diff, seeds, labels), results / "entropy_values")
     fig = F.plot_separability(
@@ -852,8 +858,8 @@ def draw(
     labels: Sequence[str] = tuple(MODELS),
 ) -> None:
     """The figures: the per-layer ones (`draw_per_layer`), loss vs FLOPs, t-SNE, router heatmaps."""
-    from lime_probe import figures as F
-    from lime_probe.analyses import ANALYSES
+    from lime_probe.output import plots as F
+    from lime_probe.specs import ANALYSES
 
     draw_per_layer(results, m, diff, seeds, labels)
     F.save_figure(F.plot_training_curves(curves, band=curve_band(len(seeds))), results / "loss_vs_flops")

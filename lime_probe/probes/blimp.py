@@ -40,9 +40,9 @@ import torch
 from sklearn.model_selection import GroupKFold
 from tqdm.auto import tqdm
 
-from .protocol import PAPER_LAYER_FRACTION
-from .router import unwrap_model
-from .separability import LayerFeatures, Method, ProbeResult, probe_layers
+from lime_probe.probes.router_weights import unwrap_model
+from lime_probe.probes.separability import LayerFeatures, Method, ProbeResult, probe_layers
+from lime_probe.protocol import PAPER_LAYER_FRACTION
 
 HUB_ID = "nyu-mll/blimp"
 REQUIRED_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID", "linguistics_term")
@@ -353,7 +353,7 @@ def sentence_logprobs(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not sentences:
         raise ValueError("sentence_logprobs: no sentences given")
-    from .extraction import token_logprobs
+    from lime_probe.extraction.tracing import token_logprobs
 
     module = unwrap_model(model)
     seqs = scoring_sequences(tokenizer, sentences)

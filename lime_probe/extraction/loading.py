@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .adapters import get_adapter
+from lime_probe.extraction.adapters import get_adapter
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # the files a Hugging Face tokenizer is saved as (fast, slow BPE, WordPiece, SentencePiece)

@@ -1,6 +1,6 @@
 """Matrix entropy per layer (paper Sec. 5.3, Figures 2a, 4a, 7a).
 
-The unit of text is a fixed-length token window by default (``lime_probe.windows``): the texts are
+The unit of text is a fixed-length token window by default (``lime_probe.extraction.windows``): the texts are
 packed into non-overlapping windows of one length, ``num_windows`` of them drawn with the seed, so the
 per-sequence entropy does not mix lengths and two checkpoints with the same tokenizer see the same
 token ids. ``unit="documents"`` is the per-document mode (each text truncated to ``--max-length``).
@@ -68,7 +68,7 @@ class EntropyParams:
 def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
     """The window length of ``ck`` under ``p`` and where it comes from ("given", "official",
     "max_positions")."""
-    from lime_probe.windows import default_window, max_positions
+    from lime_probe.extraction.windows import default_window, max_positions
 
     if p.window is None:
         return default_window(ck.model)
@@ -87,8 +87,8 @@ def compute(
     from tqdm.auto import tqdm
 
     from lime_model.digests import texts_hash
-    from lime_probe.entropy import entropy_config, stream_entropy
-    from lime_probe.windows import token_windows
+    from lime_probe.extraction.windows import token_windows
+    from lime_probe.probes.entropy import entropy_config, stream_entropy
 
     config = entropy_config(p.preset, alpha=p.alpha, max_normalize=p.max_normalize)
     rows = []
@@ -149,7 +149,7 @@ def compute(
 
 
 def plot(result: Result) -> dict:
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     rows = result.rows
     curves = site_curves(rows, "entropy_mean", low="ci_low", high="ci_high")

@@ -16,7 +16,7 @@ For DenseFormer the block outputs, hence ``hidden``, are the DWA outputs Y_l (th
 
 Registering a new architecture is a few lines, e.g. for a LLaMA-like model::
 
-    from lime_probe.adapters import Adapter, register_adapter, proj_sites
+    from lime_probe.extraction.adapters import Adapter, register_adapter, proj_sites
     register_adapter("my_llama", Adapter(layers="layers", final_norm="norm",
                                          sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")))
 
@@ -118,7 +118,7 @@ def get_adapter(config: Any) -> Adapter:
     if model_type not in ADAPTERS:
         raise ValueError(
             f"no extraction adapter for model_type {model_type!r}; supported: {', '.join(sorted(ADAPTERS))}. "
-            "Register one with lime_probe.adapters.register_adapter(model_type, Adapter(...))"
+            "Register one with lime_probe.extraction.adapters.register_adapter(model_type, Adapter(...))"
         )
     return ADAPTERS[model_type]
 

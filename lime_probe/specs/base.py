@@ -17,7 +17,7 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lime_probe.sites import SITES
+from lime_probe.extraction.sites import SITES
 
 # What an analysis's --data holds: texts (required or optional), a BLiMP dataset, or nothing (the
 # analysis reads the checkpoints' own run folders).
@@ -116,7 +116,7 @@ def load_checkpoints(
     """Load every checkpoint with ``lime_probe.load`` (errors name the offending path; library loading
     chatter only with ``verbose``)."""
     names = labels_for(ckpts, labels)
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
 
     out = []
     for label, ckpt in zip(names, ckpts, strict=True):
@@ -189,7 +189,7 @@ def extract_site(
     """``lime_probe.extract`` of one site (or several, in one pass) for one checkpoint; ``extract_kw`` holds
     the size limits, cache and layers (``layers``, ``max_length``, ``max_tokens``, ``batch_size``,
     ``cache_dir``)."""
-    from lime_probe.extraction import extract
+    from lime_probe.extraction.tracing import extract
 
     sites = [site] if isinstance(site, str) else list(site)
     for s in sites:
@@ -214,7 +214,7 @@ def value_sites(ck: Checkpoint, site: str | None) -> list[str]:
     ``routed_values`` (the official analysis's values). Other models have no routed values: only ``values``."""
     if site is not None:
         return [site]
-    from lime_probe.adapters import get_adapter
+    from lime_probe.extraction.adapters import get_adapter
 
     routed = "routed_values" in get_adapter(ck.config).block_sites(ck.config)
     return ["values", "routed_values"] if routed else ["values"]
@@ -281,12 +281,12 @@ def check_words(words: Sequence[str]) -> None:
 def check_probe_sample(labels, n_splits: int, allow: bool, what: str) -> None:
     """Refuse (ValueError) a probe whose class-balanced sample of ``labels`` (n,) holds fewer than
     `MIN_PER_CLASS_PER_FOLD` rows of each class per test fold of ``n_splits``-fold cross-validation; with
-    ``allow`` a `lime_probe.windows.DataWarning` instead."""
+    ``allow`` a `lime_probe.extraction.windows.DataWarning` instead."""
     import warnings
 
     import numpy as np
 
-    from lime_probe.windows import DataWarning
+    from lime_probe.extraction.windows import DataWarning
 
     n = int(np.unique(labels, return_counts=True)[1].min()) if len(labels) else 0
     if n >= MIN_PER_CLASS_PER_FOLD * n_splits:

@@ -205,7 +205,7 @@ def gap_note(series: Mapping[str, Mapping[str, Sequence[float]]], bottom: float)
 
     The gap gets an interval only where both series give ``"seeds"`` ``(n_seeds, n_layers)``, the
     per-seed values of the same n >= 2 seeds in the same order: the 95 % paired t-interval over seeds
-    (`lime_probe.stats.paired_difference`), labelled so. Otherwise (single runs, or seeds that do not
+    (`lime_probe.probes.stats.paired_difference`), labelled so. Otherwise (single runs, or seeds that do not
     pair) the note says there is none: the two models' own bands (over sequences, or min-max over
     seeds) are no interval for their difference.
     """
@@ -228,7 +228,7 @@ def gap_note(series: Mapping[str, Mapping[str, Sequence[float]]], bottom: float)
     seeds_a, seeds_b = (np.asarray(s["seeds"], float) if "seeds" in s else None for s in (a, b))
     if seeds_a is None or seeds_b is None or seeds_a.shape[0] != seeds_b.shape[0] or seeds_a.shape[0] < 2:
         return text + "; no interval (not paired over two or more seeds)"
-    from lime_probe.stats import paired_difference
+    from lime_probe.probes.stats import paired_difference
 
     d = paired_difference(seeds_a[:, i], seeds_b[:, j])
     return text + f", 95 % paired t-interval over {d.n} seeds [{d.ci_low:+.3g}, {d.ci_high:+.3g}]"
@@ -687,7 +687,7 @@ LEGEND_ROWS = 14
 def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:
     """BLiMP probes as one number per model and site (bars; error bars = std over tasks): each task's mean
     over the probed layers, then mean +- std over tasks. A summary, not the paper's Table 2 layout, which
-    is per block (`lime_probe.blimp.blimp_layer_table`, the analysis's ``blimp_table2_layers`` table).
+    is per block (`lime_probe.probes.blimp.blimp_layer_table`, the analysis's ``blimp_table2_layers`` table).
 
     ``rows`` are ``blimp.blimp_table`` rows (``model``, ``site``, ``accuracy_mean``, ``accuracy_std``,
     ``n_tasks``); chance (0.5) is drawn as a dashed line and each bar is labelled with its value.

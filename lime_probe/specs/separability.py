@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.protocol import defaults
-from lime_probe.sites import DEFAULT_WORDS
 
 from .base import (
     Checkpoint,
@@ -107,7 +107,7 @@ def word_features(
     (``word_spans``), pooled over their sub-tokens as ``subtoken`` says ("last" or "mean").
     ValueError if a word occurs fewer than ``minimum`` times in ``texts``.
     """
-    from lime_probe.separability import pool_spans, word_pieces, word_rows, word_spans
+    from lime_probe.probes.separability import pool_spans, word_pieces, word_rows, word_spans
 
     pieces = word_pieces(ck.tokenizer, words)
     if all(len(ids) == 1 for ids in pieces.values()):
@@ -133,7 +133,7 @@ def separability_rows(
 ) -> list[dict]:
     """One row per model and layer from {label: ({layer: (n, d)}, labels (n,))} at ``site``; ``classes``
     in the given order (the official probe's output units); ``subtoken`` recorded when given."""
-    from lime_probe.separability import token_separability
+    from lime_probe.probes.separability import token_separability
 
     rows = []
     for label, (per_layer, y) in features.items():
@@ -241,7 +241,7 @@ def compute(
 
 
 def plot(result: Result) -> dict:
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     rows = result.rows
     fig = F.plot_separability(

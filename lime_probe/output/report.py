@@ -6,8 +6,8 @@ mailed or attached to a paper review as is.
     sections = [Section("Entropy", text="...", figures=[fig], tables=[Table("per layer", rows)])]
     write_report("out/report.html", "LIMe vs LLaMA", sections, meta=run_metadata(...))
 
-``write_analysis`` is where an analysis's numbers meet its figures: it draws a ``Result`` with its spec's
-``plot``, writes the results and figures, and returns the report section.
+An analysis's numbers meet its figures one layer up, in `lime_probe.specs.write_analysis`, which
+returns the `Section` this module renders.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from lime_probe.figures import STYLE, save_figure, style
-from lime_probe.results import atomic_write_text, to_jsonable, write_results
+from lime_probe.output.plots import STYLE, style
+from lime_probe.output.results import atomic_write_text, to_jsonable
 
 
 @dataclass
@@ -136,26 +136,6 @@ def render_report(title: str, sections: Sequence[Section], *, meta: Mapping | No
                 parts.append(f"<details open><summary>{key}</summary><pre>{body}</pre></details>")
     parts.append("</body></html>\n")
     return "".join(parts)
-
-
-def write_analysis(result, out: Path, meta: Mapping) -> Section:
-    """Draw ``result`` (a ``lime_probe.analyses.Result``) with its spec's ``plot``; write its results (JSON +
-    CSV, ``meta`` as their header) and figures (PNG + PDF) into ``out``; return its report section."""
-    from lime_probe.analyses import ANALYSES
-
-    figures = ANALYSES[result.analysis].plot(result)
-    write_results(out / result.name, result.rows, meta=meta, extra=result.extra)
-    for stem, rows in result.tables.items():
-        write_results(out / stem, rows, meta=meta)
-    for stem, fig in figures.items():
-        save_figure(fig, out / stem)
-    return Section(
-        result.title,
-        text=result.text,
-        figures=list(figures.values()),
-        tables=[Table(result.title, result.table())]
-        + [Table(stem, rows) for stem, rows in result.tables.items()],
-    )
 
 
 def write_report(

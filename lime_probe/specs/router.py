@@ -1,7 +1,7 @@
 """LIMe router weights, layer x buffered layer and per head (paper Figures 5, 9), and the learned mixing
 weights of the cross-layer baselines (DenseFormer's DWA weights, ResFormer's value lambdas, ...).
 
-LIMe's numbers are `lime_probe.router.router_weights`; a baseline's are its base model's
+LIMe's numbers are `lime_probe.probes.router_weights.router_weights`; a baseline's are its base model's
 ``mixing_weights()`` (title -> 2-D tensor, destination x source), drawn one heatmap per entry. This module
 only tabulates and draws them.
 """
@@ -27,7 +27,7 @@ def has_routers(ck: Checkpoint) -> bool:
 
 def mixing_weights(ck: Checkpoint) -> dict | None:
     """A baseline's learned cross-layer weights, ``{title: (rows, cols) tensor}``, or None (no such method)."""
-    from lime_probe.router import unwrap_model
+    from lime_probe.probes.router_weights import unwrap_model
 
     module = unwrap_model(ck.model)
     method = getattr(getattr(module, "base_model", module), "mixing_weights", None)
@@ -48,7 +48,7 @@ def compute(
     ``texts`` are needed only for routing "dynamic", whose weights depend on the token. Checkpoints with
     neither (LLaMA) are skipped with a note, unless no checkpoint has any (ValueError).
     """
-    from lime_probe.router import initial_weights, router_weights
+    from lime_probe.probes.router_weights import initial_weights, router_weights
 
     rows, extra, mixing, skipped = [], {}, {}, []
     for ck in cks:
@@ -137,7 +137,7 @@ def _summary(router_rows: list[dict], mixing_rows: list[dict]) -> list[dict]:
 
 
 def plot(result: Result) -> dict:
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     figures = {}
     for label, r in result.extra["routers"].items():

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .stats import summarize
+from lime_probe.probes.stats import summarize
 
 Normalization = Literal["none", "zscore", "center-l2"]
 _NORMALIZATIONS = ("none", "zscore", "center-l2")
@@ -245,7 +245,7 @@ class FeatureMoments:
 @dataclass(frozen=True)
 class EntropyResult:
     """Per-layer entropy: per-sequence values (n_seq,) in input order, their mean, std (ddof=0) and a
-    percentile-bootstrap CI of the mean (`lime_probe.stats.bootstrap_ci`)."""
+    percentile-bootstrap CI of the mean (`lime_probe.probes.stats.bootstrap_ci`)."""
 
     values: np.ndarray
     mean: float
@@ -411,7 +411,7 @@ def stream_entropy(
             e.g. ``lambda: acts.iter_sequences("values", 3)``; called twice for the "zscore" normalisation
             (the feature moments, then the entropies), once otherwise. Memory holds one batch at a time.
         preset, alpha, normalize, eps: as `entropy_config`.
-        ci_level, n_boot, seed: the bootstrap CI of the mean (`lime_probe.stats.summarize`).
+        ci_level, n_boot, seed: the bootstrap CI of the mean (`lime_probe.probes.stats.summarize`).
 
     Returns:
         `EntropyResult`: per-sequence values (n_seq,) in input order, mean, std, CI.

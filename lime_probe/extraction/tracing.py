@@ -49,11 +49,11 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from .adapters import Adapter, Take, first, get_adapter, head_shape
-from .cache import ShardCache, describe_texts, extraction_key, read_tensor
-from .loading import wrap
-from .sites import SITES
-from .windows import check_unknown_tokens
+from lime_probe.extraction.adapters import Adapter, Take, first, get_adapter, head_shape
+from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
+from lime_probe.extraction.loading import wrap
+from lime_probe.extraction.sites import SITES
+from lime_probe.extraction.windows import check_unknown_tokens
 
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
@@ -492,11 +492,11 @@ def extract(
             same checkpoint, data and settings reuses them, an interrupted one resumes.
         progress: show a progress bar over sequences.
         remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally).
-        pretokenized: `texts` are token id lists (e.g. `lime_probe.windows.token_windows`), used
+        pretokenized: `texts` are token id lists (e.g. `lime_probe.extraction.windows.token_windows`), used
             exactly as given: no special tokens added, never truncated (longer than `max_length`
             is an error).
         allow_unknown_tokens: measure text even when over 10 % of its tokens are the tokenizer's unknown
-            token (`lime_probe.windows.check_unknown_tokens`; a warning instead of the refusal).
+            token (`lime_probe.extraction.windows.check_unknown_tokens`; a warning instead of the refusal).
         logprobs: also return each sequence's summed token log-probability (``acts.logprobs``, float64,
             sum_{i>=1} log p(t_i | t_<i) from the model's logits), from the same forward pass; causal LMs.
 

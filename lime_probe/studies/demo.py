@@ -15,7 +15,7 @@ It ends with a headline table of what it measured, LIMe beside LLaMA (`headline`
 are kept (``runs``, by default ``runs/`` inside the output folder) and a rerun reuses finished ones.
 
 One seed: the LIMe-vs-LLaMA gap it shows is an illustration. ``lime-probe reproduce --study
-arithmetic`` (:mod:`lime_probe.reproduce_arithmetic`) measures it over seeds with intervals.
+arithmetic`` (:mod:`lime_probe.studies.arithmetic`) measures it over seeds with intervals.
 
 The probed representation of a number. The task's tokenizer has one token per character, so
 "103" is three tokens. A causal model has read the whole number only at its last digit, so a
@@ -42,13 +42,13 @@ import torch
 from lime_model.recipes import load_recipe
 from lime_model.tasks.arithmetic import make_sample, recipe_splits
 from lime_model.train import SecondEpochWarning, train
-from lime_probe.analyses import ANALYSES, Checkpoint, Result
-from lime_probe.analyses import separability as separability_spec
-from lime_probe.analyses import tsne as tsne_spec
-from lime_probe.analyses.base import check_class_counts, extract_site
-from lime_probe.loading import load
-from lime_probe.report import write_analysis, write_report
-from lime_probe.results import run_metadata
+from lime_probe.extraction.loading import load
+from lime_probe.output.report import write_report
+from lime_probe.output.results import run_metadata
+from lime_probe.specs import ANALYSES, Checkpoint, Result, write_analysis
+from lime_probe.specs import separability as separability_spec
+from lime_probe.specs import tsne as tsne_spec
+from lime_probe.specs.base import check_class_counts, extract_site
 
 NUMBER_SETS = {"1-4": (1, 2, 3, 4), "100-103": (100, 101, 102, 103)}
 NUMBER_NOTE = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lime_probe.sites import SITES
+from lime_probe.extraction.sites import SITES
 
 from .base import Checkpoint, Result, Spec, curve, extract_site, group, option, slug
 
@@ -18,7 +18,7 @@ class CkaParams:
 def compute(cks: Sequence[Checkpoint], texts: Sequence[str], p: CkaParams, extract_kw: dict | None) -> Result:
     """Linear CKA between every pair of layers (extra: the matrices) and the centred effective rank of each
     layer (rows)."""
-    from lime_probe.similarity import cka_matrix, effective_ranks
+    from lime_probe.probes.similarity import cka_matrix, effective_ranks
 
     rows, extra = [], {}
     for ck in cks:
@@ -55,7 +55,7 @@ def compute(cks: Sequence[Checkpoint], texts: Sequence[str], p: CkaParams, extra
 
 
 def plot(result: Result) -> dict:
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     site = result.rows[0]["site"]
     figures = {}

@@ -23,7 +23,7 @@ effect at PyTorch's init minus the one at LLaMA's). The primary endpoints are th
 routing at LLaMA's init and of PyTorch's init without routing; everything else is secondary or
 exploratory.
 
-It shares ``lime_probe.reproduce``'s machinery and layout (``train/``, ``measure/{kind}/{run}.json``,
+It shares ``lime_probe.studies.lm``'s machinery and layout (``train/``, ``measure/{kind}/{run}.json``,
 ``results/``): finished runs are reused, interrupted ones resumed, each measurement is cached per run.
 Training is seed-major (every model of seed 0, then seed 1, ...) and each seed's runs are measured as
 soon as they are trained, so a study stopped early holds whole seeds, measured.
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from lime_probe.reproduce import (
+from lime_probe.studies.lm import (
     BASELINES,
     ENTROPY_PRESET,
     MODELS,
@@ -129,7 +129,7 @@ def open_run(run: Path, device: str = "cpu") -> tuple[Any, Any, Any, list]:
     """(nnsight model, tokenizer, recipe, the test expressions) of a finished arithmetic run."""
     from lime_model.recipes import load_recipe
     from lime_model.tasks.arithmetic import recipe_splits
-    from lime_probe.loading import load
+    from lime_probe.extraction.loading import load
 
     recipe = load_recipe(str(run / "recipe.json"))
     _, test = recipe_splits(recipe, with_train=False)
@@ -153,9 +153,9 @@ def measure_accuracy(model, tokenizer, recipe, test) -> dict:
 def measure_entropy(model, tokenizer, recipe, test, n_texts: int) -> dict:
     """Value entropy per layer of the first ``n_texts`` test expressions, one expression (bos, prompt,
     solution, eos: as in training) per sequence: {"layers": [...], "values": (layers, texts)}."""
-    from lime_probe.demo import sample_text
-    from lime_probe.entropy import layer_entropy
-    from lime_probe.extraction import extract
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.entropy import layer_entropy
+    from lime_probe.studies.demo import sample_text
 
     texts = [sample_text(s, tokenizer) for s in test[:n_texts]]
     acts = extract(model, tokenizer, texts, sites=["values"], max_length=recipe.seq_len, progress=False)
@@ -294,7 +294,7 @@ def draw_tables(
     """The interval figures, drawn from the per-run numbers alone: the accuracy difference per tier and
     the value-entropy difference per layer (95 % paired t-intervals), value entropy per layer (min-max
     band over seeds) beside its paired difference."""
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     minus = "LIMe - LLaMA" if len(labels) == len(MODELS) else "model - reference"
     for what, key, stem, xlabel, ylabel in (
@@ -319,7 +319,7 @@ def draw_tables(
 def accuracy_intervals(m: dict, seeds: Sequence[int], labels: Sequence[str]) -> tuple[dict, dict]:
     """Per model and tier: the accuracy's mean over seeds and its 95 % t-interval over seeds
     (mean +- t_{0.975, n-1} * std / sqrt(n)), ``({label: {tier: mean}}, {label: {tier: (low, high)}})``."""
-    from lime_probe.stats import paired_difference
+    from lime_probe.probes.stats import paired_difference
 
     means, intervals = {}, {}
     for label in labels:
@@ -335,7 +335,7 @@ def draw_accuracy(
     results: Path, m: dict, seeds: Sequence[int], labels: Sequence[str] = tuple(MODELS)
 ) -> None:
     """Accuracy per tier: each model's mean over seeds, error bars its 95 % t-interval over seeds."""
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     means, intervals = accuracy_intervals(m, seeds, labels)
     fig = F.plot_accuracy_by_operators(
@@ -357,7 +357,7 @@ def draw(
 ) -> None:
     """Accuracy per tier (`draw_accuracy`), `draw_tables`' figures and loss vs FLOPs (mean over seeds,
     min-max band)."""
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     draw_accuracy(results, m, seeds, labels)
     draw_tables(results, m, diff, seeds, labels)
@@ -433,7 +433,13 @@ def write_results_folder(
 ) -> None:
     """differences, accuracy and entropy tables (CSV, JSON), the figures, findings.md and summary.json
     for the ``labels`` models (LIMe and LLaMA, or the 2 x 2's four)."""
-    from lime_probe.results import atomic_write_text, read_metrics, rows_to_csv, run_metadata, write_results
+    from lime_probe.output.results import (
+        atomic_write_text,
+        read_metrics,
+        rows_to_csv,
+        run_metadata,
+        write_results,
+    )
 
     meta = run_metadata(
         "reproduce --study arithmetic",

@@ -3,7 +3,7 @@
 ``lime-probe cache`` is `cache_report`; the analysis commands wrap their work in `report_growth`, and
 each analysis in `cache_use`, so the entries it writes or reuses record what they were for. This module
 needs no torch, so listing or clearing the cache starts at once. The entries are the folders
-`lime_probe.cache.ShardCache` writes (``<prefix>-<16 hex digits>/`` with a manifest); nothing else under
+`lime_probe.extraction.cache.ShardCache` writes (``<prefix>-<16 hex digits>/`` with a manifest); nothing else under
 the cache root is listed or removed.
 """
 
@@ -28,7 +28,7 @@ MANIFEST = "manifest.json"
 _ENTRY_NAME = re.compile(r"^[\w.-]+-[0-9a-f]{16}$")  # "<prefix>-<key hash>", as ShardCache names its folders
 
 # What the cache entries written or reused in a block are for (an analysis, "blimp"); set by `cache_use`,
-# recorded by `lime_probe.cache.ShardCache` in the entry's manifest, shown by `cache_report`.
+# recorded by `lime_probe.extraction.cache.ShardCache` in the entry's manifest, shown by `cache_report`.
 CACHE_USE: ContextVar[str] = ContextVar("lime_probe_cache_use", default="")
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .protocol import OFFICIAL_WINDOW
+from lime_probe.protocol import OFFICIAL_WINDOW
 
 UNKNOWN_WARN = 0.01  # share of unknown tokens above which a DataWarning is raised (ours)
 UNKNOWN_REFUSE = 0.10  # share above which the text is refused unless allowed (ours; see the module doc)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.extraction.sites import SITES
 from lime_probe.protocol import TABLE2_TASKS, defaults
-from lime_probe.sites import SITES
 
 from .base import (
     Checkpoint,
@@ -91,7 +91,7 @@ def probed_layers(ck: Checkpoint, layers: str) -> list[int] | None:
     """The layer indices that ``layers`` ("paper", "all" or "0,3,5") names, for every site at once; None for
     all. "paper" gives the top blocks as negative indices: the same blocks of the per-block sites and of
     ``hidden`` (`blimp.paper_layers`)."""
-    from lime_probe.blimp import paper_layers
+    from lime_probe.probes.blimp import paper_layers
 
     if layers == "all":
         return None
@@ -124,7 +124,8 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     ``load_blimp`` dataset."""
     import numpy as np
 
-    from lime_probe.blimp import (
+    from lime_probe.extraction.windows import max_positions
+    from lime_probe.probes.blimp import (
         blimp_layer_table,
         blimp_probe,
         blimp_table,
@@ -132,7 +133,6 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
         minimal_pair_scores,
         scoring_sequences,
     )
-    from lime_probe.windows import max_positions
 
     from .base import extract_site
 
@@ -249,7 +249,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
 def plot(result: Result) -> dict:
     import numpy as np
 
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     table2 = [{**r, "site": site_label(r["site"])} for r in result.tables["blimp_table2"]]
     figures = {"blimp_table2": F.plot_blimp_table2(table2)}

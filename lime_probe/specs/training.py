@@ -27,7 +27,7 @@ class AccuracyParams:
 
 def compute_curves(cks: Sequence[Checkpoint], _data: None, p: CurveParams, _extract_kw: None) -> Result:
     """Training loss against FLOPs and tokens, one row per logged record of each run's metrics.jsonl."""
-    from lime_probe.results import read_metrics
+    from lime_probe.output.results import read_metrics
 
     metrics = {c.label: read_metrics(c.source) for c in cks}
     rows = [
@@ -58,7 +58,7 @@ def compute_curves(cks: Sequence[Checkpoint], _data: None, p: CurveParams, _extr
 
 
 def plot_curves(result: Result) -> dict:
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     runs = {
         m: {k: [r[k] for r in rs] for k in ("flops", "tokens", "loss")}
@@ -95,7 +95,7 @@ def compute_accuracy(cks: Sequence[Checkpoint], _data: None, p: AccuracyParams, 
 
 
 def plot_accuracy(result: Result) -> dict:
-    from lime_probe import figures as F
+    from lime_probe.output import plots as F
 
     acc = {m: {r["n_operators"]: r["accuracy"] for r in rs} for m, rs in group(result.rows, "model").items()}
     return {result.name: F.plot_accuracy_by_operators(acc)}

@@ -44,7 +44,7 @@ from sklearn.preprocessing import StandardScaler
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
-from .sites import DEFAULT_WORDS
+from lime_probe.extraction.sites import DEFAULT_WORDS
 
 Method = Literal["logreg", "adam-linear"]
 SubToken = Literal["last", "mean"]

@@ -13,7 +13,7 @@ the tokenizer with the truncation limits, the extraction settings and the librar
 A second run with the same key reuses the shards; a run that was interrupted resumes after the last
 shard listed in the manifest. Every file is written to a temporary name and moved into place with
 `os.replace`, shard first and manifest second, so a crash never leaves a listed shard half-written.
-``uses`` (what wrote or reused the entry: `lime_probe.cachedir.cache_use` labels, e.g. "blimp") and
+``uses`` (what wrote or reused the entry: `lime_probe.extraction.cachedir.cache_use` labels, e.g. "blimp") and
 ``about`` (the start of its data) only name the entry in ``lime-probe cache``; they are not part of the key.
 """
 
@@ -31,8 +31,8 @@ from safetensors.torch import save_file
 
 from lime_model.digests import texts_hash, tokenizer_hash
 from lime_model.files import atomic_path, atomic_write
-from lime_probe import results
-from lime_probe.cachedir import CACHE_USE, MANIFEST
+from lime_probe.extraction import provenance
+from lime_probe.extraction.cachedir import CACHE_USE, MANIFEST
 
 
 def fingerprint(obj: Any) -> str:
@@ -43,7 +43,7 @@ def fingerprint(obj: Any) -> str:
 def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     """What identifies the weights of a Hugging Face `model`.
 
-    A local or hub checkpoint: `lime_probe.results.checkpoint_identity` of the folder it was loaded
+    A local or hub checkpoint: `lime_probe.output.provenance.checkpoint_identity` of the folder it was loaded
     from (path, config and weights fingerprint, each weight file's size and mtime, so rewriting the
     weights changes it) or of its hub id and commit. A model built in memory: a hash of all
     parameters and buffers (exact, costs one pass over the weights).
@@ -53,7 +53,7 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
     source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
     commit = getattr(model.config, "_commit_hash", None)
     if source and (Path(source).is_dir() or commit):
-        return results.checkpoint_identity(source, revision=commit)
+        return provenance.checkpoint_identity(source, revision=commit)
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
@@ -87,7 +87,7 @@ def extraction_key(
             "max_tokens": max_tokens,
         },
         "settings": {**settings, "dtype": str(param.dtype), "device": param.device.type},
-        "versions": results.versions(),
+        "versions": provenance.versions(),
     }
 
 

@@ -1,0 +1,3 @@
+"""Layer 3, what a user keeps: figures (`plots`), result files with their provenance (`results`) and the
+self-contained HTML report (`report`). Nothing here runs a model or a probe.
+"""
