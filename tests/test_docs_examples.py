@@ -1,15 +1,15 @@
-"""Every shell and Python example in README.md and every example in the CLIs' ``--help`` texts runs
-as written.
+"""Every shell and Python example in README.md and docs/*.md and every example in the CLIs' ``--help``
+texts runs as written; README's table of analyses is the registry's.
 
 The examples are parsed, never listed here, so a new or changed example is tested as it stands:
 
-- README.md: every line of every fenced ```bash block (``\\`` continuations joined, ``#`` lines and
-  trailing comments dropped). A line carrying ``# not run in tests: REASON`` is skipped with that
-  reason (hub ids, 8 GPUs, the test suite itself); "# the suite (not run in tests: REASON)" works too.
+- README.md, then docs/*.md: every line of every fenced ```bash block (``\\`` continuations joined, ``#``
+  lines and trailing comments dropped). A block right after the line ``<!-- not run in tests: REASON -->``
+  (invisible when rendered) is skipped with that reason (hub ids, 8 GPUs, the test suite itself).
 - ``--help``: every line after ``example:`` / ``examples:`` in the help of each subcommand of
-  ``lime-probe`` and ``lime-model``.
-- README.md's ```python blocks, whole, in document order (one test; see
-  :func:`test_readme_python_examples_run_in_order`).
+  ``lime-probe`` and ``lime-model``; a line carrying ``# not run in tests: REASON`` is skipped.
+- The same documents' ```python blocks, whole (one test; see
+  :func:`test_python_examples_run`).
 
 How a command is run, in one shared scratch folder (so ``runs/lime`` made by one example is there
 for the next), with ``lime-probe``/``lime-model`` called in-process and ``&&`` chains in order:
@@ -39,7 +39,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = "../shared/data"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# A help text's example line marks itself; a document marks a whole block with a comment line right above it,
+# invisible when rendered.
 NOT_RUN = re.compile(r"#.*\bnot run in tests:\s*(?P<reason>.+?)\)?$")
+NOT_RUN_BLOCK = re.compile(r"^<!--\s*not run in tests:\s*(?P<reason>.+?)\s*-->$")
 # flag -> the largest value used in tests (the example's own value when smaller)
 SIZE_CAPS = {"--max-sequences": 200, "--max-pairs": 20, "--per-word": 20, "--max-tokens": 2000}
 # Word probes (--words) read up to this many documents: the cpu-tiny runs read 64 tokens of each, and only
@@ -52,7 +56,7 @@ STEPS = int(os.environ.get("LIME_PROBE_DOCS_STEPS", "20"))
 
 @dataclass(frozen=True)
 class Example:
-    where: str  # "README.md:112" or "lime-probe entropy --help"
+    where: str  # "README.md:112", "docs/models.md:40" or "lime-probe entropy --help"
     command: str  # as written, continuations joined
     skip: str | None = None
 
@@ -72,26 +76,37 @@ def _join_continuations(lines: list[str]) -> list[tuple[int, str]]:
     return out
 
 
-def fenced_blocks(path: Path, language: str) -> list[tuple[int, list[str]]]:
-    """(line number of the first line inside, lines) of every ```language block of `path`, in order."""
+@dataclass(frozen=True)
+class Block:
+    first: int  # line number of the first line inside the fence
+    lines: list[str]
+    skip: str | None = None  # the reason of a `NOT_RUN_BLOCK` line right above the fence
+
+
+def fenced_blocks(path: Path, language: str) -> list[Block]:
+    """Every ```language block of `path`, in order."""
     lines = path.read_text().splitlines()
     blocks, i = [], 0
     while i < len(lines):
         if lines[i].strip() == f"```{language}":
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
-            blocks.append((i + 2, lines[i + 1 : end]))
+            marker = NOT_RUN_BLOCK.match(lines[i - 1].strip()) if i else None
+            blocks.append(Block(i + 2, lines[i + 1 : end], marker and marker["reason"]))
             i = end
         i += 1
     return blocks
 
 
-def readme_examples(path: Path = ROOT / "README.md") -> list[Example]:
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def doc_examples(path: Path) -> list[Example]:
     examples = []
-    for first, lines in fenced_blocks(path, "bash"):
-        for k, command in _join_continuations(lines):
+    for block in fenced_blocks(path, "bash"):
+        for k, command in _join_continuations(block.lines):
             if command and not command.startswith("#"):
-                match = NOT_RUN.search(command)
-                examples.append(Example(f"README.md:{first + k}", command, match and match["reason"].strip()))
+                examples.append(Example(f"{_name(path)}:{block.first + k}", command, block.skip))
     return examples
 
 
@@ -126,7 +141,7 @@ def help_examples() -> list[Example]:
     return examples
 
 
-EXAMPLES = readme_examples() + help_examples()
+EXAMPLES = [e for path in DOCS for e in doc_examples(path)] + help_examples()
 
 
 def _writes_run(argv: list[str]) -> bool:
@@ -200,7 +215,7 @@ def _data() -> str | None:
 
 def _skip_reason(example: Example) -> str | None:
     if example.skip:
-        return f"README says not run in tests: {example.skip}"
+        return f"not run in tests: {example.skip}"
     if DATA in example.command and _data() is None:
         return f"uses {DATA}: set LIME_PROBE_DATA to the shared data folder"
     parsers = _parsers()
@@ -233,6 +248,7 @@ def runs(workdir) -> dict[str, tuple[int, str]]:
 
 def test_examples_were_found():
     assert any(e.where.startswith("README.md") for e in EXAMPLES)
+    assert any(e.where.startswith("docs/") for e in EXAMPLES)
     assert any(e.where.startswith("lime-probe") for e in EXAMPLES)
 
 
@@ -255,34 +271,84 @@ def test_example_runs(example, runs, workdir, monkeypatch, capsys):
     assert code == 0, f"{example.where}: exit {code} from `{step}`: {err[-1] if err else ''}"
 
 
-def test_readme_python_examples_run_in_order(tmp_path, monkeypatch):
-    """Each ```python block of README.md, as written (``../shared/data`` read from $LIME_PROBE_DATA),
-    in its own namespace, in document order in one folder: a later block may read the files an
-    earlier one wrote (the Models block's ``runs/lime``), never its variables."""
-    blocks = fenced_blocks(ROOT / "README.md", "python")
+def test_python_examples_run(tmp_path, monkeypatch):
+    """Each ```python block of README.md and docs/*.md, as written (``../shared/data`` read from
+    $LIME_PROBE_DATA), in its own namespace, in one folder: first the blocks that save a checkpoint
+    (README's model block writes ``runs/lime``), then the rest, each group in document order; a block may
+    read the files another wrote, never its variables."""
+    blocks = [(path, block) for path in DOCS for block in fenced_blocks(path, "python")]
     assert len(blocks) >= 3
     data = _data()
-    if data is None and any(DATA in line for _, lines in blocks for line in lines):
+    if data is None and any(DATA in line for _, b in blocks for line in b.lines):
         pytest.skip(f"the examples use {DATA}: set LIME_PROBE_DATA to the shared data folder")
     monkeypatch.chdir(tmp_path)
-    for first, lines in blocks:
-        code = "\n".join(lines).replace(DATA, data or DATA)
-        # line numbers in a traceback are README.md's
-        exec(compile("\n" * (first - 1) + code, str(ROOT / "README.md"), "exec"), {"__name__": "__readme__"})
+    writes = [(p, b) for p, b in blocks if any(".save_pretrained(" in line for line in b.lines)]
+    for path, block in writes + [pb for pb in blocks if pb not in writes]:
+        if block.skip:
+            continue
+        code = "\n".join(block.lines).replace(DATA, data or DATA)
+        # line numbers in a traceback are the document's
+        exec(compile("\n" * (block.first - 1) + code, str(path), "exec"), {"__name__": "__docs__"})
     assert (tmp_path / "runs" / "lime" / "tokenizer.json").is_file()
+
+
+def test_markers_are_invisible():
+    """No document shows a test-only marker: outside HTML comments, no "not run in tests"."""
+    for path in DOCS:
+        shown = re.sub(r"<!--.*?-->", "", path.read_text(), flags=re.S)
+        assert "not run in tests" not in shown, (
+            f"{_name(path)}: move the marker into <!-- not run in tests: ... -->"
+        )
+
+
+def _table(path: Path, header: str) -> list[list[str]]:
+    """The cells of each row of the Markdown table whose header row starts with `header`."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_readme_analyses_table_is_the_registry():
+    """README's table of analyses has one row per `ANALYSES` entry, in its order: the command, a notebook that
+    exists and is the spec's, the paper's figures as the spec's help names them, and functions that exist and
+    that the analysis's own module calls."""
+    import importlib
+    import inspect
+
+    from lime_probe.specs import ANALYSES
+
+    rows = _table(ROOT / "README.md", "| command | function | notebook | paper |")
+    assert [r[0] for r in rows] == [f"`lime-probe {name}`" for name in ANALYSES]
+    for (_, function, notebook, paper), spec in zip(rows, ANALYSES.values(), strict=True):
+        path = f"analyses/{spec.notebook}.ipynb"
+        assert notebook == f"[{path}]({path})" and (ROOT / path).is_file(), spec.name
+        cited = re.search(r"\(paper ([^)]*)\)", spec.help)
+        assert paper == (cited[1] if cited else "not in the paper"), spec.name
+        source = inspect.getsource(inspect.getmodule(spec.compute))
+        names = re.findall(r"`lime_probe\.(\w+)`", function)
+        assert names or spec.data_kind == "none", f"{spec.name}: name its function"
+        for name in names:
+            assert callable(getattr(importlib.import_module("lime_probe"), name)), name
+            assert re.search(rf"\b{name}\b", source), f"{spec.name}'s module does not call {name}"
 
 
 def test_parsing_rules(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
-        "text\n```bash\n# a comment\nlime-probe cache \\\n    --clear   # trailing\n"
-        "accelerate launch x   # not run in tests: needs 8 GPUs\n```\n```python\nlime-probe no\n```\n"
+        "text\n```bash\n# a comment\nlime-probe cache \\\n    --clear   # trailing\n```\n"
+        "<!-- not run in tests: needs 8 GPUs -->\n```bash\naccelerate launch x\n```\n"
+        "```python\nlime-probe no\n```\n"
     )
-    assert readme_examples(readme) == [
+    assert doc_examples(readme) == [
         Example("README.md:4", "lime-probe cache --clear   # trailing"),
-        Example("README.md:6", "accelerate launch x   # not run in tests: needs 8 GPUs", "needs 8 GPUs"),
+        Example("README.md:9", "accelerate launch x", "needs 8 GPUs"),
     ]
-    assert fenced_blocks(readme, "python") == [(9, ["lime-probe no"])]
+    assert fenced_blocks(readme, "python") == [Block(12, ["lime-probe no"])]
     assert _steps("lime-model a --out 'r x' && lime-model b  # c") == [
         ["lime-model", "a", "--out", "r x"],
         ["lime-model", "b"],
