@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 
 from lime_probe.extraction.adapters import Adapter, Take, first, get_adapter, head_shape
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
-from lime_probe.extraction.loading import wrap
+from lime_probe.extraction.loading import input_device, wrap
 from lime_probe.extraction.sites import SITES
 from lime_probe.extraction.windows import check_unknown_tokens
 
@@ -347,7 +347,7 @@ def _restore_order(result: dict[str, torch.Tensor], order: list[int]) -> dict[st
 def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
     """Rows of x (batch, seq, dim) where keep (batch, seq) is True, in sequence order -> (n, dim)
     float32; with pool="mean" the mean over each sequence's kept tokens -> (batch, dim)."""
-    x = x.float()
+    x, keep = x.float(), keep.to(x.device)  # a layer of a device-mapped (or remote) model: on its own device
     if pool == "mean":
         weights = keep.unsqueeze(-1).to(x.dtype)
         return (x * weights).sum(1) / weights.sum(1)
@@ -569,7 +569,7 @@ def extract(
     parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
     buffer: list[dict[str, torch.Tensor]] = []
     buffered_bytes = 0
-    device = next(hf.parameters()).device
+    device = input_device(hf, remote)
     lengths = [len(s) for s in seqs]
     bar = tqdm(total=len(seqs), initial=start, unit="seq", desc="extract", disable=not progress)
     for block in _blocks(lengths, start, plan.row_bytes, pool == "none", batch_size, batch_tokens):
@@ -652,6 +652,7 @@ def token_logprobs(
     """Summed next-token log-probabilities: logits (batch, seq, vocab), input_ids and attention_mask
     (batch, seq) -> (batch,) float64, sum over positions i >= 1 where tokens i-1 and i are both real of
     log softmax(logits[i-1])[input_ids[i]] (left or right padding)."""
+    input_ids, attention_mask = input_ids.to(logits.device), attention_mask.to(logits.device)
     logp = logits[:, :-1].float().log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     pairs = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
     return torch.where(pairs, logp, 0.0).double().sum(-1)

@@ -26,15 +26,23 @@ from lime_model.files import atomic_write
 from lime_probe.extraction.provenance import checkpoint_identity, versions
 
 
-def run_metadata(command: str, *, settings: Mapping, checkpoints: Mapping[str, str | os.PathLike]) -> dict:
+def run_metadata(
+    command: str,
+    *,
+    settings: Mapping,
+    checkpoints: Mapping[str, str | os.PathLike],
+    revisions: Mapping[str, str | None] | None = None,
+) -> dict:
     """The header of every result file: command, UTC time, settings, checkpoints (label ->
-    identity) and versions."""
+    identity; a hub checkpoint's with its entry of ``revisions``, label -> revision) and versions."""
     return {
         "command": command,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv[1:],
         "settings": to_jsonable(dict(settings)),
-        "checkpoints": {label: checkpoint_identity(c) for label, c in checkpoints.items()},
+        "checkpoints": {
+            label: checkpoint_identity(c, (revisions or {}).get(label)) for label, c in checkpoints.items()
+        },
         "versions": versions(),
     }
 

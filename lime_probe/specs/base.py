@@ -78,12 +78,14 @@ def seed_option() -> Any:
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: its label in tables and legends, its path or hub id, model and tokenizer."""
+    """A loaded checkpoint: its label in tables and legends, its path or hub id, model and tokenizer, and the
+    hub revision it was loaded at (None: a local folder, or the hub's default branch)."""
 
     label: str
     source: str
     model: Any
     tokenizer: Any
+    revision: str | None = None
 
     @property
     def config(self) -> Any:
@@ -111,17 +113,24 @@ def named_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None) -> lis
 
 
 def load_checkpoints(
-    ckpts: Sequence[str], labels: Sequence[str] | None, device: str, *, verbose: bool = False
+    ckpts: Sequence[str],
+    labels: Sequence[str] | None,
+    device: str | None = None,
+    *,
+    revisions: Sequence[str | None] | None = None,
+    verbose: bool = False,
+    **options: Any,
 ) -> list[Checkpoint]:
     """Load every checkpoint with ``lime_probe.load`` (errors name the offending path; library loading
-    chatter only with ``verbose``)."""
+    chatter only with ``verbose``), each at its entry of ``revisions``; ``options`` (``dtype``,
+    ``device_map``) go to every load."""
     names = labels_for(ckpts, labels)
     from lime_probe.extraction.loading import load
 
     out = []
-    for label, ckpt in zip(names, ckpts, strict=True):
-        model, tok = load(ckpt, device=device, verbose=verbose)
-        out.append(Checkpoint(label, ckpt, model, tok))
+    for label, ckpt, rev in zip(names, ckpts, revisions or [None] * len(ckpts), strict=True):
+        model, tok = load(ckpt, device=device, revision=rev, verbose=verbose, **options)
+        out.append(Checkpoint(label, ckpt, model, tok, rev))
     return out
 
 
