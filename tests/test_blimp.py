@@ -248,6 +248,20 @@ def test_blimp_probe_known_answers_and_grouped_folds():
         blimp_probe({0: base}, {0: base[:5]}, pair_ids, progress=False)
 
 
+@pytest.mark.parametrize("method", ["logreg", "adam-linear"])
+def test_blimp_probe_parallel_folds_are_bit_identical(method):
+    g = np.random.default_rng(1)
+    n, d = 120, 8
+    base = g.standard_normal((n, d))
+    good = {la: base + 0.3 * la * np.eye(d)[0] + g.standard_normal((n, d)) for la in range(3)}
+    bad = {la: base + g.standard_normal((n, d)) for la in range(3)}
+    pair_ids = np.array([f"p{i}" for i in range(n)])
+    serial = blimp_probe(good, bad, pair_ids, method=method, seed=4, progress=False)
+    parallel = blimp_probe(good, bad, pair_ids, method=method, seed=4, progress=False, n_jobs=2)
+    assert len(np.unique(serial.fold_accuracy)) > 3  # varied accuracies: equality means something
+    np.testing.assert_array_equal(parallel.fold_accuracy, serial.fold_accuracy)
+
+
 def test_real_blimp_files(shared_data):
     ds = load_blimp(
         shared_data / "blimp", paradigms=["anaphor_gender_agreement", "adjunct_island", "wh_island"]

@@ -109,9 +109,11 @@ def official_evaluate_accuracy(per_word: list[np.ndarray], n_splits: int = 5) ->
     return res
 
 
-def test_adam_linear_is_bit_identical_to_the_official_loop():
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_adam_linear_is_bit_identical_to_the_official_loop(n_jobs):
     """Fixed features, seed 42: the default probe equals the official loop bit for bit, although its rows
-    come interleaved (as in a text) and it regroups them word by word in the given order."""
+    come interleaved (as in a text) and it regroups them word by word in the given order; also with its
+    folds fitted in two processes."""
     g = np.random.default_rng(7)
     counts, d, layers = (150, 130, 170, 140), 12, 3
     means = g.standard_normal((layers, 4, d))
@@ -135,6 +137,7 @@ def test_adam_linear_is_bit_identical_to_the_official_loop():
         seed=42,
         classes=list(WORDS),
         progress=False,
+        n_jobs=n_jobs,
     )
     assert torch.equal(torch.random.get_rng_state(), before)  # the caller's generator is untouched
     assert got.method == "adam-linear"
@@ -143,6 +146,24 @@ def test_adam_linear_is_bit_identical_to_the_official_loop():
         assert (got.accuracy_mean[la], got.accuracy_std[la]) == (want[la][0], want[la][1])
     # a one-epoch probe on these features stays well below the ceiling a converged classifier reaches
     assert 0.3 < got.accuracy_mean.mean() < 0.99
+
+
+@pytest.mark.parametrize("method", ["adam-linear", "logreg"])
+def test_parallel_folds_are_bit_identical_to_the_serial_run(method):
+    feats, y = synthetic(n_per_class=(150, 120, 160, 130), d=10, separation=0.7, seed=2)
+    feats[2] = np.tanh(feats[1] @ np.random.default_rng(3).standard_normal((10, 10)))
+    torch.set_num_threads(2)  # the caller's thread count must not matter either
+    try:
+        serial = token_separability(feats, y, method=method, seed=5, classes=list(WORDS), progress=False)
+        parallel = token_separability(
+            feats, y, method=method, seed=5, classes=list(WORDS), progress=False, n_jobs=2
+        )
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(1)
+    assert 0.3 < serial.accuracy_mean.mean() < 0.99  # not at a floor or ceiling, where equality is cheap
+    np.testing.assert_array_equal(parallel.fold_accuracy, serial.fold_accuracy)
+    np.testing.assert_array_equal(parallel.accuracy_mean, serial.accuracy_mean)
 
 
 def test_classes_must_cover_the_labels():
@@ -207,9 +228,10 @@ def test_bad_input(kwargs, err, match):
         token_separability(progress=False, **args)
 
 
-def test_non_convergence_is_a_settings_error():
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_non_convergence_is_a_settings_error(n_jobs):
     feats, y = synthetic(separation=0.5)
     with pytest.raises(
         ValueError, match=r"^layer 0, fold 0: .*did not converge in max_iter=1; raise max_iter"
     ):
-        token_separability(feats, y, method="logreg", max_iter=1, progress=False)
+        token_separability(feats, y, method="logreg", max_iter=1, progress=False, n_jobs=n_jobs)

@@ -277,12 +277,14 @@ def blimp_probe(
     C: float = 1.0,
     max_iter: int = 10_000,
     progress: bool = True,
+    n_jobs: int = 1,
 ) -> ProbeResult:
     """Good-vs-bad probe of one paradigm: per layer, CV accuracy of a logistic regression (paper Sec. 5.3).
 
     good, bad: {layer: (n_pairs, d)} or [(n_pairs, d)], the mean-pooled representation of each pair's
     good and bad sentence (row k of both is pair `pair_ids[k]`); 5-fold `GroupKFold` by pair (shuffled,
-    seeded). Returns a `ProbeResult` (accuracy per layer, majority baseline 0.5).
+    seeded). n_jobs: processes fitting the folds (bit-identical results for every value;
+    `separability.probe_layers`). Returns a `ProbeResult` (accuracy per layer, majority baseline 0.5).
     """
     pair_ids = np.asarray(pair_ids)
     g_items = dict(good) if isinstance(good, Mapping) else dict(enumerate(good))
@@ -314,6 +316,7 @@ def blimp_probe(
         seed=seed,
         progress=progress,
         desc="BLiMP probe",
+        n_jobs=n_jobs,
     )
 
 

@@ -25,6 +25,11 @@ Words of several tokens (numbers such as " 100" ... " 103" under most tokenizers
 `word_spans` finds their occurrences as token spans and `pool_spans` turns each span into one row,
 from its last sub-token (the default; the state that has read the whole word) or the mean over its
 sub-tokens. The choice is ours (the paper does not say); record it with the results.
+
+Folds run in ``n_jobs`` processes (joblib) with results bit-identical to ``n_jobs=1``: every fit runs at one
+torch and one BLAS/OpenMP thread in both cases (so the summation order never depends on the machine), and
+each adam-linear fold starts from the torch generator state the serial loop would reach (found by a cheap
+pass of the same draws; see `_adam_linear_layers`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 import numpy as np
@@ -41,6 +47,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from sklearn.utils.parallel import Parallel, delayed
+from threadpoolctl import ThreadpoolController
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
@@ -286,6 +294,49 @@ def _adam_linear_fold(
     return float(np.mean(accs))
 
 
+@cache
+def _threadpools() -> ThreadpoolController:
+    """The BLAS and OpenMP thread pools loaded in this process (scanned once: a scan takes milliseconds)."""
+    return ThreadpoolController()
+
+
+def _single_threaded(task: Any, *args: Any) -> Any:
+    """``task(*args)`` at one torch thread and one BLAS/OpenMP thread, restored after.
+
+    In every process and for every ``n_jobs``: a fold's arithmetic (and so its result) then never depends on
+    the thread count, and tiny multi-threaded kernels are slower anyway (thread wake-ups dominate).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with _threadpools().limit(limits=1):
+            return task(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_folds(task: Any, jobs: list[tuple], n_jobs: int, desc: str, progress: bool) -> list:
+    """``[task(*args) for args in jobs]``, each single-threaded, in ``n_jobs`` joblib processes (1: in order,
+    in this process). The progress bar counts folds handed out (a few ahead of those finished)."""
+    args = tqdm(jobs, desc=desc, unit="fold", disable=not progress)
+    return Parallel(n_jobs=n_jobs)(delayed(_single_threaded)(task, *a) for a in args)
+
+
+def _adam_linear_task(
+    X: np.ndarray,
+    y_index: np.ndarray,
+    train: np.ndarray,
+    test: np.ndarray,
+    n_classes: int,
+    state: torch.Tensor,
+) -> tuple[float, torch.Tensor]:
+    """One fold of the official probe from the global torch generator state ``state`` -> (accuracy, the
+    generator's state after it)."""
+    torch.set_rng_state(state)
+    acc = _adam_linear_fold(X[train], y_index[train], X[test], y_index[test], n_classes)
+    return acc, torch.get_rng_state()
+
+
 def _adam_linear_layers(
     items: list[tuple[Any, np.ndarray]],
     y_index: np.ndarray,
@@ -294,27 +345,46 @@ def _adam_linear_layers(
     seed: int,
     desc: str,
     progress: bool,
+    n_jobs: int = 1,
 ) -> np.ndarray:
     """The official probe over every layer and fold -> accuracies (n_layers, n_folds).
 
-    Seeds torch once (``seed``) and runs layer by layer, fold by fold, as the official code; the global
-    generator is left as it was. Single-threaded: the kernels are tiny, and multi-threaded tiny kernels
-    are far slower on a busy machine (thread wake-ups dominate).
+    The official code seeds torch once (``seed``) and runs layer by layer, fold by fold, on the global
+    generator. A fold's draws (the linear layer's init, one seed per data-loader pass) do not depend on its
+    rows, so the same folds run on one row each (a millisecond) give the generator state at the start of
+    every fold; each fold then runs from its state, in any process, and must end where the next one starts
+    (checked: a torch whose draws depended on the rows would fail loudly, never silently differ). The
+    caller's generator is left as it was.
     """
-    acc = np.empty((len(items), len(folds)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for li, (_, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
-                for k, (train, test) in enumerate(folds):
-                    acc[li, k] = _adam_linear_fold(
-                        X[train], y_index[train], X[test], y_index[test], n_classes
-                    )
-    finally:
-        torch.set_num_threads(threads)
-    return acc
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        starts = []
+        for _, X in items:
+            for train, test in folds:
+                starts.append(torch.get_rng_state())
+                _adam_linear_fold(X[train[:1]], y_index[train[:1]], X[test[:1]], y_index[test[:1]], n_classes)
+        starts.append(torch.get_rng_state())
+        jobs = [
+            (X, y_index, train, test, n_classes, starts[li * len(folds) + k])
+            for li, (_, X) in enumerate(items)
+            for k, (train, test) in enumerate(folds)
+        ]
+        out = _run_folds(_adam_linear_task, jobs, n_jobs, desc, progress)
+    for k, (_, end) in enumerate(out):
+        if not torch.equal(end, starts[k + 1]):
+            raise RuntimeError(
+                "adam-linear probe: a fold's random draws depend on its rows under this torch version, so "
+                "folds cannot start from precomputed generator states; please report it"
+            )
+    return np.array([acc for acc, _ in out]).reshape(len(items), len(folds))
+
+
+def _logreg_task(
+    X: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray, C: float, max_iter: int, where: str
+) -> float:
+    """One fold of the logistic-regression probe -> its test accuracy."""
+    clf = fit_logreg(X[train], y[train], C, max_iter, where=where)
+    return float((clf.predict(X[test]) == y[test]).mean())
 
 
 def _class_index(y: np.ndarray, classes: Sequence | None) -> tuple[np.ndarray, int]:
@@ -339,12 +409,14 @@ def probe_layers(
     progress: bool = True,
     desc: str = "probe",
     classes: Sequence | None = None,
+    n_jobs: int = 1,
 ) -> ProbeResult:
     """Cross-validated linear probe per layer with a given sklearn splitter (shared with the BLiMP probe).
 
     features: {layer: (n, d)} or [(n, d)]; labels (n,); groups (n,) for group-aware splitters;
     classes: the class order, i.e. each class's output unit of the adam-linear probe (default: sorted).
-    The folds are split once and used for every layer.
+    The folds are split once and used for every layer. n_jobs: processes fitting the (layer, fold) pairs
+    (joblib's convention: -1 for every core); the results are bit-identical for every value.
     """
     _check_method(method)
     items = _layer_items(features)
@@ -355,13 +427,14 @@ def probe_layers(
         )
     folds = list(splitter.split(items[0][1], y, groups))
     if method == "adam-linear":
-        acc = _adam_linear_layers(items, *_class_index(y, classes), folds, seed, desc, progress)
+        acc = _adam_linear_layers(items, *_class_index(y, classes), folds, seed, desc, progress, n_jobs)
     else:
-        acc = np.empty((len(items), len(folds)))
-        for li, (layer, X) in enumerate(tqdm(items, desc=desc, unit="layer", disable=not progress)):
-            for k, (train, test) in enumerate(folds):
-                clf = fit_logreg(X[train], y[train], C, max_iter, where=f"layer {layer}, fold {k}: ")
-                acc[li, k] = float((clf.predict(X[test]) == y[test]).mean())
+        jobs = [
+            (X, y, train, test, C, max_iter, f"layer {layer}, fold {k}: ")
+            for layer, X in items
+            for k, (train, test) in enumerate(folds)
+        ]
+        acc = np.array(_run_folds(_logreg_task, jobs, n_jobs, desc, progress)).reshape(len(items), len(folds))
     _, counts = np.unique(y, return_counts=True)
     return ProbeResult(
         layers=[layer for layer, _ in items],
@@ -386,6 +459,7 @@ def token_separability(
     max_iter: int = 10_000,
     progress: bool = True,
     classes: Sequence | None = None,
+    n_jobs: int = 1,
 ) -> ProbeResult:
     """Per-layer accuracy of a linear probe telling the word classes apart (see the module docstring).
 
@@ -395,7 +469,8 @@ def token_separability(
     rarest class's count; the paper has 1,668 per word) before cross-validation. classes: the class
     order (default: sorted), e.g. the words as given: the adam-linear probe lays rows out class by
     class in this order, as the official code, and folds them with plain shuffled `KFold`; logreg
-    uses `StratifiedKFold`. ``seed=42`` is the official code's seed.
+    uses `StratifiedKFold`. ``seed=42`` is the official code's seed. n_jobs: processes fitting the folds
+    (bit-identical results for every value; `probe_layers`).
     """
     _check_method(method)
     y = np.asarray(labels)
@@ -424,4 +499,5 @@ def token_separability(
         progress=progress,
         desc="separability",
         classes=classes,
+        n_jobs=n_jobs,
     )

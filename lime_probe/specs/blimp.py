@@ -35,7 +35,7 @@ from .base import (
     slug,
     value_sites,
 )
-from .separability import METHODS
+from .separability import METHODS, jobs_option
 
 PROTOCOL = defaults("blimp")
 
@@ -75,6 +75,7 @@ class BlimpParams:
         choices=METHODS,
     )
     seed: int = seed_option()
+    jobs: int = jobs_option()
 
 
 def _is_causal_lm(ck: Checkpoint) -> bool:
@@ -172,6 +173,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
                     method=p.method,
                     seed=p.seed,
                     progress=False,
+                    n_jobs=p.jobs,
                 )
                 probes.setdefault((ck.label, site), {})[q] = res
                 for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):

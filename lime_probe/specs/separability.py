@@ -54,6 +54,18 @@ PROBE_NAMES = {
 }
 
 
+def jobs_option():
+    """The ``jobs`` field of the fold-fitting probes (separability, BLiMP)."""
+    return option(
+        1,
+        "processes fitting the probe's folds (layer by fold) in parallel; the accuracies are identical for "
+        "every value. Default 1 (ours): each process starts its own Python and torch (seconds) and it pays "
+        "only on idle cores; on a busy 2-core machine 2 processes ran no faster than 1",
+        metavar="N",
+        positive=True,
+    )
+
+
 def subtoken_option():
     """The ``subtoken`` field shared by the word probes (separability, t-SNE)."""
     return option(
@@ -86,6 +98,7 @@ class SeparabilityParams:
         "probe even when the balanced sample holds fewer than 10 occurrences per word in each of the 5 test "
         "folds (default: refused, as such accuracies mean little)",
     )
+    jobs: int = jobs_option()
 
     def __post_init__(self):
         check_words(self.words)
@@ -130,15 +143,17 @@ def separability_rows(
     method: str = PROTOCOL["method"],
     seed: int = 0,
     subtoken: str | None = None,
+    jobs: int = 1,
 ) -> list[dict]:
     """One row per model and layer from {label: ({layer: (n, d)}, labels (n,))} at ``site``; ``classes``
-    in the given order (the official probe's output units); ``subtoken`` recorded when given."""
+    in the given order (the official probe's output units); ``subtoken`` recorded when given; the folds
+    fitted in ``jobs`` processes."""
     from lime_probe.probes.separability import token_separability
 
     rows = []
     for label, (per_layer, y) in features.items():
         res = token_separability(
-            per_layer, y, method=method, seed=seed, classes=list(classes), n_splits=N_SPLITS
+            per_layer, y, method=method, seed=seed, classes=list(classes), n_splits=N_SPLITS, n_jobs=jobs
         )
         for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
             rows.append(
@@ -200,11 +215,13 @@ def from_features(
     method: str = PROTOCOL["method"],
     seed: int = 0,
     subtoken: str | None = None,
+    jobs: int = 1,
 ) -> Result:
     """Separability per layer for each model, from {label: ({layer: (n, d)}, labels (n,))} at ``site``;
-    ``subtoken`` (how multi-token words were pooled) is recorded in the rows when given."""
+    ``subtoken`` (how multi-token words were pooled) is recorded in the rows when given; the folds fitted in
+    ``jobs`` processes."""
     rows = separability_rows(
-        features, site=site, classes=classes, method=method, seed=seed, subtoken=subtoken
+        features, site=site, classes=classes, method=method, seed=seed, subtoken=subtoken, jobs=jobs
     )
     return _result(
         rows, classes=classes, name=name, what=what, method=method, subtoken=subtoken, default=False
@@ -228,6 +245,7 @@ def compute(
                 method=p.method,
                 seed=p.seed,
                 subtoken=p.subtoken,
+                jobs=p.jobs,
             )
     return _result(
         rows,
