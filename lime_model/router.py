@@ -8,13 +8,17 @@ All routers describe their mixing in one shape, :meth:`LimeRouter.coefficients`:
 ``C [n, kv, S, kv, F]``, where ``C[m, h, p, h', e]`` weights feature ``e`` of head ``h'`` of layer
 ``sources[p]`` in routed head ``h`` at position ``m``. ``n`` is 1 (the same weights at every position)
 unless the router is ``input_dependent``, and ``F`` is 1 (one weight per head) except for ``per-dim``
-(``head_dim``). The forward pass, the FLOP count and the router analysis all read this one description;
-a new routing variant is a subclass here plus its row in :data:`lime_model.routing.ROUTINGS`.
+(``head_dim``). The forward pass, the FLOP count and the router analysis all read this one description.
+
+Each class declares the routing spec kinds it implements in ``routes`` (``"<kind>"`` or ``"<kind>-<n>"``
+-> the source layers of layer ``i``), from which :data:`lime_model.routing.ROUTINGS` is built: a new
+routing variant is one class here.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,8 +26,31 @@ from torch import nn
 
 from .kv_buffer import KVBuffer, routed_read
 
-if TYPE_CHECKING:
-    from .config import LimeConfig
+if TYPE_CHECKING:  # routers read a LimeConfig, whose module imports the routing table, which imports this one
+    from transformers import PreTrainedConfig
+
+# (layer i, the spec's n or None) -> the ascending layers whose K/V layer i mixes, i last
+Sources = Callable[[int, int | None], list[int]]
+
+
+def all_layers(i: int, n: None) -> list[int]:
+    return list(range(i + 1))
+
+
+def first_layers(i: int, j: int) -> list[int]:
+    return list(range(min(j, i))) + [i]
+
+
+def last_layers(i: int, j: int) -> list[int]:
+    return list(range(max(0, i - j + 1), i + 1))
+
+
+def dilated_layers(i: int, d: int) -> list[int]:
+    return list(range(0, i, d)) + [i]
+
+
+def dilated_back_layers(i: int, d: int) -> list[int]:
+    return list(range(i, -1, -d))[::-1]
 
 
 def init_router_matrix(weight: torch.Tensor, num_sources: int, kv: int) -> None:
@@ -62,12 +89,21 @@ class LimeRouter(nn.Module):
     whose only source is itself has no parameters and passes its own K/V through.
     """
 
+    # the routing spec kinds this class implements, "<kind>" or "<kind>-<n>" -> source layers
+    # (lime_model.routing builds its table from every router class's own routes)
+    routes: dict[str, Sources] = {
+        "full": all_layers,
+        "first-<n>": first_layers,
+        "last-<n>": last_layers,
+        "dilated-<n>": dilated_layers,
+        "dilated-back-<n>": dilated_back_layers,
+    }
     input_dependent = False  # True: coefficients differ per position and need the hidden states
     # The K/V buffer layout is fixed by layer 0's write, so every layer of a variant, the single-source
     # ones included, names the same read mode (per-dim routers store the buffer feature-major).
     own_only_mode = "matrix"
 
-    def __init__(self, config: LimeConfig, layer_idx: int) -> None:
+    def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.sources: list[int] = config.routing_spec.sources(layer_idx)
@@ -82,7 +118,7 @@ class LimeRouter(nn.Module):
     def learned(self) -> bool:
         return len(self.sources) > 1
 
-    def make_parameters(self, config: LimeConfig) -> None:
+    def make_parameters(self, config: PreTrainedConfig) -> None:
         """Create the learned parameters (only called when there is more than one source)."""
         self.weight = nn.Parameter(torch.empty(*self.weight_shape()))
 
@@ -130,7 +166,7 @@ class LimeRouter(nn.Module):
         return buffer.attention_heads(heads, B, T)
 
     @classmethod
-    def flops(cls, config: LimeConfig, num_sources: int, seq_len: int) -> dict[str, int]:
+    def flops(cls, config: PreTrainedConfig, num_sources: int, seq_len: int) -> dict[str, int]:
         """Forward cost of one layer's routing over ``seq_len`` tokens, in the paper's convention
         (see :mod:`lime_model.flops`): ``router`` multiply-accumulates, ``elementwise`` ops."""
         if num_sources == 1:
@@ -146,6 +182,8 @@ class LimeRouter(nn.Module):
 class AverageRouter(LimeRouter):
     """Fixed uniform average over the sources, head h of each source feeding head h; nothing learned."""
 
+    routes = {"average": all_layers}
+
     @property
     def learned(self) -> bool:
         return False
@@ -159,6 +197,8 @@ class AverageRouter(LimeRouter):
 
 class NoHeadMixRouter(LimeRouter):
     """``weight [kv, S]``: head h mixes only head h of each source layer (own layer initialised to 1)."""
+
+    routes = {"no-head-mix": all_layers}
 
     def weight_shape(self) -> tuple[int, ...]:
         return (self.num_kv_heads, len(self.sources))
@@ -180,6 +220,7 @@ class NoHeadMixRouter(LimeRouter):
 class PerDimRouter(LimeRouter):
     """``weight [kv, S * kv, head_dim]``: each source head scaled feature-wise before summing."""
 
+    routes = {"per-dim": all_layers}
     own_only_mode = "per-dim"
 
     def weight_shape(self) -> tuple[int, ...]:
@@ -211,10 +252,11 @@ class DynamicRouter(LimeRouter):
     (``head_dim``) and the offset are our choices where the paper gives none.
     """
 
+    routes = {"dynamic": all_layers}
     input_dependent = True
     own_only_mode = "per-position"
 
-    def make_parameters(self, config: LimeConfig) -> None:
+    def make_parameters(self, config: PreTrainedConfig) -> None:
         super().make_parameters(config)
         S, kv = len(self.sources), self.num_kv_heads
         self.query = nn.Parameter(torch.empty(kv * self.head_dim, config.hidden_size))
@@ -243,7 +285,7 @@ class DynamicRouter(LimeRouter):
         return scores.add_(self.weight).view(-1, kv, S, kv, 1)
 
     @classmethod
-    def flops(cls, config: LimeConfig, num_sources: int, seq_len: int) -> dict[str, int]:
+    def flops(cls, config: PreTrainedConfig, num_sources: int, seq_len: int) -> dict[str, int]:
         cost = super().flops(config, num_sources, seq_len)
         if num_sources > 1:
             kv, D, S = config.num_key_value_heads, config.head_dim, num_sources
@@ -252,7 +294,7 @@ class DynamicRouter(LimeRouter):
         return cost
 
 
-def build_router(config: LimeConfig, layer_idx: int) -> LimeRouter | None:
+def build_router(config: PreTrainedConfig, layer_idx: int) -> LimeRouter | None:
     """The router of layer ``layer_idx``, or ``None`` for the LLaMA baseline (``routing="none"``)."""
     router = config.routing_spec.router
     return None if router is None else router(config, layer_idx)

@@ -30,36 +30,17 @@ on layers that are multiples of d and sets of different sizes elsewhere, so a ch
 silently load as the other. The learned weights of each kind are described by its router class. A layer
 whose only source is itself (always layer 0) attends to its own K/V exactly as LLaMA does.
 
-Adding a variant: write its router class in :mod:`lime_model.router` and add one entry here.
+Adding a variant is one router class in :mod:`lime_model.router`: its ``routes`` declare the spec
+kind(s) it implements and their source sets, and :data:`ROUTINGS` is built from those declarations (a
+new row of the table above documents it).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from .router import AverageRouter, DynamicRouter, LimeRouter, NoHeadMixRouter, PerDimRouter
-
-
-def _all(i: int, n: int | None) -> list[int]:
-    return list(range(i + 1))
-
-
-def _first(i: int, j: int) -> list[int]:
-    return list(range(min(j, i))) + [i]
-
-
-def _last(i: int, j: int) -> list[int]:
-    return list(range(max(0, i - j + 1), i + 1))
-
-
-def _dilated(i: int, d: int) -> list[int]:
-    return list(range(0, i, d)) + [i]
-
-
-def _dilated_back(i: int, d: int) -> list[int]:
-    return list(range(i, -1, -d))[::-1]
+from .router import LimeRouter, Sources
 
 
 @dataclass(frozen=True)
@@ -72,27 +53,27 @@ class RoutingKind:
         parametric: whether the spec reads ``<kind>-<n>`` with ``n >= 1``.
     """
 
-    sources: Callable[[int, int | None], list[int]]
+    sources: Sources
     router: type[LimeRouter] | None
     parametric: bool = False
 
 
-ROUTINGS: dict[str, RoutingKind] = {
-    "none": RoutingKind(lambda i, n: [i], None),
-    "full": RoutingKind(_all, LimeRouter),
-    "average": RoutingKind(_all, AverageRouter),
-    "first": RoutingKind(_first, LimeRouter, parametric=True),
-    "last": RoutingKind(_last, LimeRouter, parametric=True),
-    "dilated": RoutingKind(_dilated, LimeRouter, parametric=True),
-    "dilated-back": RoutingKind(_dilated_back, LimeRouter, parametric=True),
-    "no-head-mix": RoutingKind(_all, NoHeadMixRouter),
-    "per-dim": RoutingKind(_all, PerDimRouter),
-    "dynamic": RoutingKind(_all, DynamicRouter),
-}
+def routing_table(base: type[LimeRouter] = LimeRouter) -> dict[str, RoutingKind]:
+    """``none`` (LLaMA) plus every kind that ``base`` or a subclass declares in its own ``routes``
+    (``"<kind>"`` or ``"<kind>-<n>"`` -> sources), breadth-first from ``base``."""
+    table = {"none": RoutingKind(lambda i, n: [i], None)}
+    classes = [base]
+    for cls in classes:
+        classes += [sub for sub in cls.__subclasses__() if sub not in classes]
+        for pattern, sources in cls.__dict__.get("routes", {}).items():
+            kind = pattern.removesuffix("-<n>")
+            if kind in table:
+                raise ValueError(f"routing kind {kind!r} is declared twice ({table[kind].router}, {cls})")
+            table[kind] = RoutingKind(sources, cls, parametric=kind != pattern)
+    return table
 
-_PARAMETRIC = re.compile(
-    r"^(" + "|".join(re.escape(k) for k, v in ROUTINGS.items() if v.parametric) + r")-(\d+)$"
-)
+
+ROUTINGS: dict[str, RoutingKind] = routing_table()
 
 
 @dataclass(frozen=True)
@@ -139,11 +120,11 @@ def parse_routing(spec: str | RoutingSpec) -> RoutingSpec:
     text = spec.strip().lower()
     if text in ROUTINGS and not ROUTINGS[text].parametric:
         return RoutingSpec(text)
-    match = _PARAMETRIC.match(text)
-    if match is None:
+    match = re.fullmatch(r"(.+)-([0-9]+)", text)
+    if match is None or match[1] not in ROUTINGS or not ROUTINGS[match[1]].parametric:
         kinds = ", ".join(f"{k}-<n>" if v.parametric else k for k, v in ROUTINGS.items())
         raise ValueError(f"unknown routing spec {spec!r}; expected one of: {kinds}")
-    n = int(match.group(2))
+    n = int(match[2])
     if n < 1:
-        raise ValueError(f"routing spec {spec!r}: {match.group(1)}-<n> needs n >= 1")
-    return RoutingSpec(match.group(1), n)
+        raise ValueError(f"routing spec {spec!r}: {match[1]}-<n> needs n >= 1")
+    return RoutingSpec(match[1], n)

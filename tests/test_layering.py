@@ -61,11 +61,13 @@ def modules_of(packages: tuple[str, ...]) -> list[str]:
     ]
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every ``lime_probe`` module ``path`` imports, at module level or inside a function."""
-    module = "lime_probe." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    package = package.removesuffix(".__init__")
+def imports_of(path: Path, package: Path = PACKAGE) -> set[str]:
+    """Every module of ``package`` (lime_probe unless given) that ``path`` imports, at module level or
+    inside a function."""
+    top = package.name
+    module = top + "." + ".".join(path.relative_to(package).with_suffix("").parts)
+    parent = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    parent = parent.removesuffix(".__init__")
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -74,23 +76,25 @@ def imports_of(path: Path) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(
-                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    parent.split(".")[: len(parent.split(".")) - node.level + 1] + ([base] if base else [])
                 )
             found |= {
                 f"{base}.{a.name}"
-                if (PACKAGE / Path(*f"{base}.{a.name}".split(".")[1:])).with_suffix(".py").exists()
-                or (PACKAGE / Path(*f"{base}.{a.name}".split(".")[1:])).is_dir()
+                if (package / Path(*f"{base}.{a.name}".split(".")[1:])).with_suffix(".py").exists()
+                or (package / Path(*f"{base}.{a.name}".split(".")[1:])).is_dir()
                 else base
                 for a in node.names
             }
-    return {m for m in found if m == "lime_probe" or m.startswith("lime_probe.")}
+    return {m for m in found if m == top or m.startswith(top + ".")}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     graph = {}
-    for f in PACKAGE.rglob("*.py"):
-        name = "lime_probe." + ".".join(f.relative_to(PACKAGE).with_suffix("").parts)
-        graph[name.removesuffix(".__init__")] = imports_of(f) - {name.removesuffix(".__init__")}
+    for f in package.rglob("*.py"):
+        name = (package.name + "." + ".".join(f.relative_to(package).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        )
+        graph[name] = imports_of(f, package) - {name}
     return graph
 
 
@@ -104,15 +108,17 @@ def test_no_module_imports_a_layer_above_its_own():
     assert upward == []
 
 
-def test_the_import_graph_has_no_cycles():
-    """Module by module, lazy (in-function) imports included; a package's __init__ counts as a module."""
-    graph = import_graph()
+@pytest.mark.parametrize("package", ["lime_probe", "lime_model"])
+def test_the_import_graph_has_no_cycles(package):
+    """Module by module, lazy (in-function) and type-checking imports included; a package's __init__
+    counts as a module."""
+    graph = import_graph(ROOT / package)
     state: dict[str, int] = {}
 
     def visit(m: str, path: list[str]) -> list[str] | None:
         state[m] = 1
         for dep in sorted(graph.get(m, ())):
-            if dep == "lime_probe":
+            if dep == package:
                 continue
             if state.get(dep) == 1:
                 return [*path, m, dep]

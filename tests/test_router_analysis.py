@@ -132,17 +132,21 @@ def test_known_answers():
     np.testing.assert_allclose(router_weights(model).per_layer[1], [0.0, 1.0])
 
 
-def test_a_new_variant_is_one_router_class_plus_one_table_row(monkeypatch):
-    """A toy variant (first and own layer, negated static weights) works end to end: model, FLOPs, analysis."""
+def test_a_new_variant_is_one_router_class(monkeypatch):
+    """A toy variant (first and own layer, negated static weights), declared by its router class alone,
+    works end to end: model, FLOPs, analysis."""
+    from lime_model import routing
     from lime_model.flops import flops_breakdown
     from lime_model.router import LimeRouter
-    from lime_model.routing import ROUTINGS, RoutingKind
 
     class NegatedRouter(LimeRouter):
+        routes = {"toy": lambda i, n: sorted({0, i})}
+
         def coefficients(self, hidden_states=None):
             return super().coefficients(hidden_states) * (-1 if self.weight is not None else 1)
 
-    monkeypatch.setitem(ROUTINGS, "toy", RoutingKind(lambda i, n: sorted({0, i}), NegatedRouter))
+    monkeypatch.setattr(routing, "ROUTINGS", routing.routing_table())  # as importing the table reads it
+    assert routing.ROUTINGS["toy"].router is NegatedRouter
     model = tiny_lime("toy")
     assert [r.self_attn.router.sources for r in model.model.layers] == [[0], [0, 1], [0, 2], [0, 3]]
     res = router_weights(model)
