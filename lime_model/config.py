@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import LlamaConfig
 
 from .routing import RoutingSpec, parse_routing
@@ -25,14 +27,23 @@ class LimeConfig(LlamaConfig):
             one for either model (an ablation: the two inits differ ~3.6x in std at hidden 64).
         **kwargs: any :class:`transformers.LlamaConfig` field (``hidden_size``, ``num_hidden_layers``,
             ``num_attention_heads``, ``num_key_value_heads``, ...).
+
+    Attributes:
+        routing_spec: ``routing`` parsed, whenever it is set (here, by ``from_pretrained``'s overrides
+            or by hand): what the model, its routers and the FLOP count read (source sets per layer:
+            :meth:`RoutingSpec.sources`). Not saved: ``routing`` is.
     """
 
     model_type = "lime"
 
     def __init__(
-        self, routing: str = "full", recompute_routed_kv: bool = False, kv_proj_init: str = "auto", **kwargs
+        self,
+        routing: str | RoutingSpec = "full",
+        recompute_routed_kv: bool = False,
+        kv_proj_init: str = "auto",
+        **kwargs,
     ) -> None:
-        self.routing = str(parse_routing(routing))
+        self.routing = routing  # parsed by __setattr__
         if not isinstance(recompute_routed_kv, bool):  # bool("false") would silently be True
             raise ValueError(f"recompute_routed_kv must be true or false, got {recompute_routed_kv!r}")
         self.recompute_routed_kv = recompute_routed_kv
@@ -48,6 +59,21 @@ class LimeConfig(LlamaConfig):
                 f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})"
             )
 
+    def __setattr__(self, key: str, value: Any) -> None:
+        # routing is parsed (and validated) here, wherever it is set, so routing_spec is always its parse
+        if key == "routing_spec":
+            raise AttributeError("routing_spec is the parsed routing: set routing instead")
+        if key == "routing":
+            spec = parse_routing(value)
+            super().__setattr__("routing_spec", spec)
+            value = str(spec)
+        super().__setattr__(key, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        del out["routing_spec"]  # derived from routing
+        return out
+
     @property
     def kv_proj_torch_init(self) -> bool:
         """Whether the k/v projections take PyTorch's default ``nn.Linear`` init (``kv_proj_init``)."""
@@ -55,20 +81,17 @@ class LimeConfig(LlamaConfig):
             return self.routing_spec.enabled
         return self.kv_proj_init == "torch"
 
-    @property
-    def routing_spec(self) -> RoutingSpec:
-        """The parsed ``routing`` string (source sets per layer: :meth:`RoutingSpec.sources`)."""
-        return parse_routing(self.routing)
-
     def cross_layer_flops(self, seq_len: int) -> int:
         """Forward FLOPs of a baseline's cross-layer mixing for one sequence (0 here: LIMe's routers
         are counted by their own classes)."""
         return 0
 
 
-def no_routing(arch: str, routing: str) -> str:
-    """``"none"``, the only routing a cross-layer baseline ``arch`` takes (ValueError for any other):
-    baselines carry earlier layers forward their own way, on plain LLaMA attention."""
-    if parse_routing(routing).enabled:
+def no_routing(arch: str, routing: str | RoutingSpec) -> RoutingSpec:
+    """``routing`` parsed if it is ``"none"``, the only routing a cross-layer baseline ``arch`` takes
+    (ValueError for any other): baselines carry earlier layers forward their own way, on plain LLaMA
+    attention."""
+    spec = parse_routing(routing)
+    if spec.enabled:
         raise ValueError(f"arch {arch!r} takes no LIMe routing (routing must be 'none', got {routing!r})")
-    return "none"
+    return spec

@@ -1,6 +1,7 @@
 """LIMe model tests against independent computations (transformers' LLaMA, a loop over Eq. 4)."""
 
 import gc
+import json
 import math
 import weakref
 
@@ -9,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import lime_model
-from lime_model import LimeConfig, LimeForCausalLM, parse_routing
+from lime_model import LimeConfig, LimeForCausalLM, RoutingSpec, forward_flops, parse_routing
 
 VARIANTS = [
     "full",
@@ -353,6 +354,32 @@ def test_router_shapes_follow_source_sets():
 def test_bad_routing_specs_are_rejected(bad):
     with pytest.raises(ValueError, match="routing spec"):
         LimeConfig(routing=bad)
+
+
+def test_routing_is_parsed_once_where_it_is_set(tmp_path, monkeypatch):
+    """The config parses ``routing`` when it is set; the model, its routers, the K/V buffer and the FLOP
+    count read that parse (no RoutingSpec is made after it); it is saved as its string only."""
+    made, init = [], RoutingSpec.__init__
+    monkeypatch.setattr(RoutingSpec, "__init__", lambda self, *a: made.append(a) or init(self, *a))
+    config = LimeConfig(routing=" Last-2 ", num_key_value_heads=2, **SIZES)
+    model = LimeForCausalLM(config)
+    model(torch.randint(0, 50, (2, 5))).logits.sum().backward()
+    forward_flops(config, 5)
+    assert made == [("last", 2)]
+    assert (config.routing, config.routing_spec) == ("last-2", RoutingSpec("last", 2))
+    assert [layer.self_attn.router.sources for layer in model.model.layers] == [[0], [0, 1], [1, 2], [2, 3]]
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["routing"] == "last-2" and "routing_spec" not in saved
+    loaded = LimeConfig.from_pretrained(tmp_path, routing="dynamic")  # an override is set after __init__
+    assert (loaded.routing, loaded.routing_spec) == ("dynamic", RoutingSpec("dynamic"))
+    loaded.routing = "none"
+    assert not loaded.routing_spec.enabled
+    with pytest.raises(ValueError, match="routing spec"):
+        loaded.routing = "sideways"
+    with pytest.raises(AttributeError, match="set routing"):
+        loaded.routing_spec = RoutingSpec("full")
+    assert loaded.routing == "none"
 
 
 def test_head_counts_must_divide():
