@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from lime_probe.extraction.sites import routes
+
 # A site's reader: the output of its module -> (batch, seq, dim).
 Take = Callable[[Any], torch.Tensor]
 
@@ -133,7 +135,7 @@ def head_shape(config: Any) -> tuple[int, int]:
 
 def _lime_sites(config: Any) -> dict[str, tuple[str, Take]]:
     sites = proj_sites("self_attn.k_proj", "self_attn.v_proj")
-    if getattr(config, "routing", "none") != "none":
+    if routes(config):
         sites |= {
             "routed_keys": ("self_attn.router", routed(0)),
             "routed_values": ("self_attn.router", routed(1)),

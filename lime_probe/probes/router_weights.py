@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lime_probe.extraction.sites import routes
+
 
 @dataclass(frozen=True)
 class RouterAnalysis:
@@ -68,18 +70,16 @@ def _layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
 
 
 def _routing_spec(model: torch.nn.Module):
-    spec = getattr(model.config, "routing", None)
+    """The model's parsed routing (``config.routing_spec``, a `lime_model.routing.RoutingSpec`)."""
+    spec = getattr(model.config, "routing_spec", None)
     if spec is None:
         raise ValueError(
             f"{type(model).__name__} is not a LIMe model: its config has no `routing`; router analysis needs a "
             "LimeForCausalLM checkpoint"
         )
-    from lime_model.routing import parse_routing  # LIMe-only analysis: import where it is needed
-
-    parsed = parse_routing(spec)
-    if not parsed.enabled:
+    if not routes(model):
         raise ValueError("this model has no routers (routing='none', the LLaMA baseline)")
-    return parsed
+    return spec
 
 
 def _abs_coefficients(router: torch.nn.Module, layer: int, x: torch.Tensor | None) -> torch.Tensor:

@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.extraction.sites import routes
+
 from .base import Checkpoint, Result, Spec, extract_site, slug
 
 
@@ -22,7 +24,7 @@ class RouterParams:
 
 def has_routers(ck: Checkpoint) -> bool:
     """Whether ``ck`` is a LIMe checkpoint with routers."""
-    return getattr(ck.config, "routing", None) not in (None, "none")
+    return routes(ck.config)
 
 
 def mixing_weights(ck: Checkpoint) -> dict | None:
@@ -52,7 +54,6 @@ def compute(
 
     rows, extra, mixing, skipped = [], {}, {}, []
     for ck in cks:
-        routing = getattr(ck.config, "routing", None)
         if not has_routers(ck):
             weights = mixing_weights(ck)
             if weights is None:
@@ -61,7 +62,7 @@ def compute(
                 mixing[ck.label] = {title: w.detach().float().cpu().numpy() for title, w in weights.items()}
             continue
         hidden = None
-        if routing == "dynamic":
+        if ck.config.routing_spec.input_dependent:
             if not texts:
                 raise ValueError(f"{ck.label}: routing 'dynamic' depends on the input; give --data")
             acts = extract_site(ck, texts, "hidden", {**(extract_kw or {}), "layers": None})
