@@ -1,75 +1,197 @@
-"""Linear CKA between layers and effective rank per layer (beyond the paper)."""
+"""Linear CKA between layers (of one model, or across models) and effective rank per layer (beyond the paper).
+
+Streamed: the texts are extracted a few sequences at a time (`CHUNK_SEQUENCES`) and only the sums CKA needs are
+kept (`similarity.CkaStream`; its memory is 8 (sum_l d_l)^2 bytes per model, plus 8 (sum_l d_l)(sum_m d_m) per
+pair of models compared, flat in the number of tokens). With ``across_models`` every layer of each
+checkpoint is compared with every layer of each other one on the same token rows: the checkpoints must
+tokenize the data alike.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from lime_probe.extraction.sites import SITES
 
 from .base import Checkpoint, Result, Spec, curve, extract_site, group, option, slug
 
+# Sequences extracted at once (ours): 8 windows of 512 tokens are one forward batch at the default 4096
+# tokens a batch, so the activations held beside the sums are one batch's.
+CHUNK_SEQUENCES = 8
+
 
 @dataclass(frozen=True)
 class CkaParams:
     site: str = option("hidden", "representation to probe", choices=SITES)
+    debiased: bool = option(
+        False,
+        "debiased linear CKA: HSIC replaced by its unbiased estimator (Song et al. 2012, as Kornblith et al. "
+        "2019), free of plain CKA's pull towards 1 when tokens are few against the width; may be slightly "
+        "negative",
+    )
+    across_models: bool = option(
+        False,
+        "with two or more checkpoints, also compare every layer of each checkpoint with every layer of each "
+        "other one, on the same token rows (the checkpoints must tokenize the data alike)",
+    )
 
 
-def compute(cks: Sequence[Checkpoint], texts: Sequence[str], p: CkaParams, extract_kw: dict | None) -> Result:
-    """Linear CKA between every pair of layers (extra: the matrices) and the centred effective rank of each
-    layer (rows)."""
-    from lime_probe.probes.similarity import cka_matrix, effective_ranks
+def _chunks(texts: Iterable, size: int) -> Iterator[list]:
+    it = iter(texts)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
 
+
+def _same_tokens(first: Checkpoint, acts_first, ck: Checkpoint, acts) -> None:
+    import torch
+
+    if not (
+        torch.equal(acts.token_ids, acts_first.token_ids) and torch.equal(acts.offsets, acts_first.offsets)
+    ):
+        raise ValueError(
+            f"--across-models compares the same token rows, but {first.label!r} and {ck.label!r} tokenize the "
+            "data differently (another tokenizer or position limit); compare checkpoints that share a tokenizer"
+        )
+
+
+def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw: dict | None) -> Result:
+    """Linear CKA between every pair of layers of each checkpoint (extra: the matrices), with
+    ``p.across_models`` between the layers of every pair of checkpoints (extra and ``tables``), and the
+    centred effective rank of each layer (rows); streamed over chunks of ``texts``."""
+    from tqdm.auto import tqdm
+
+    from lime_probe.probes.similarity import CkaStream
+
+    if p.across_models and len(cks) < 2:
+        raise ValueError("--across-models needs two or more checkpoints (--ckpt)")
+    # one stream over every checkpoint when they are compared (same rows), else one each
+    streams = [CkaStream(len(cks), across=True)] if p.across_models else [CkaStream() for _ in cks]
+    left = [(extract_kw or {}).get("max_tokens")] * len(cks)  # each checkpoint's token budget left
+    bar = tqdm(total=len(texts) if hasattr(texts, "__len__") else None, desc=f"CKA ({p.site})", unit="seq")
+    for chunk in _chunks(texts, CHUNK_SEQUENCES):
+        batch = {}
+        for m, ck in enumerate(cks):
+            if left[m] is not None and left[m] <= 0:
+                continue
+            acts = extract_site(
+                ck, chunk, p.site, {**(extract_kw or {}), "max_tokens": left[m], "progress": False}
+            )
+            if batch and p.across_models:
+                _same_tokens(cks[0], batch[0][0], ck, acts)
+            batch[m] = (acts, {la: acts[p.site][la] for la in acts.layers(p.site)})
+            if left[m] is not None:
+                left[m] -= int(acts.token_ids.shape[0])  # rows are tokens (no pooling)
+        if not batch:
+            break
+        if p.across_models:
+            streams[0].update(*(feats for _, feats in batch.values()))
+        else:
+            for m, (_, feats) in batch.items():
+                streams[m].update(feats)
+        bar.update(len(chunk))
+    bar.close()
+    if streams[0].n == 0:
+        raise ValueError("cka: no texts given")
+
+    def stream_of(m: int) -> tuple[CkaStream, int]:
+        """The stream holding checkpoint m, and its index there."""
+        return (streams[0], m) if p.across_models else (streams[m], 0)
+
+    layers = [stream.names[k] for stream, k in map(stream_of, range(len(cks)))]
     rows, extra = [], {}
-    for ck in cks:
-        acts = extract_site(ck, texts, p.site, extract_kw)
-        layers = acts.layers(p.site)
-        feats = {layer: acts[p.site][layer] for layer in layers}
-        cka = cka_matrix(feats, progress=False)
-        er = effective_ranks(feats, center=True, progress=False)
-        for k, layer in enumerate(layers):
+    for m, ck in enumerate(cks):
+        stream, k = stream_of(m)
+        cka = stream.cka(k, debiased=p.debiased)
+        er = stream.effective_ranks(k)
+        for i, layer in enumerate(layers[m]):
             rows.append(
                 {
                     "model": ck.label,
                     "site": p.site,
                     "layer": layer,
-                    "effective_rank": float(er[k]),
-                    "cka_with_previous": float(cka[k, k - 1]) if k else None,
-                    "n_tokens": int(feats[layer].shape[0]),
+                    "effective_rank": float(er[i]),
+                    "cka_with_previous": float(cka[i, i - 1]) if i else None,
+                    "n_tokens": stream.n,
+                    "debiased": p.debiased,
                 }
             )
-        extra[ck.label] = {"layers": layers, "cka": cka, "effective_rank": er}
+        extra[ck.label] = {"layers": layers[m], "cka": cka, "effective_rank": er}
+    across, best = [], []
+    for a, b in itertools.combinations(range(len(cks)) if p.across_models else [], 2):
+        cka = streams[0].cka(a, b, debiased=p.debiased)
+        across.append(
+            {"models": [cks[a].label, cks[b].label], "rows": layers[a], "cols": layers[b], "cka": cka}
+        )
+        for i, layer in enumerate(layers[a]):
+            j = int(cka[i].argmax())
+            same = layers[b].index(layer) if layer in layers[b] else None
+            best.append(
+                {
+                    "model": cks[a].label,
+                    "layer": layer,
+                    "other_model": cks[b].label,
+                    "most_similar_layer": layers[b][j],
+                    "cka_most_similar": float(cka[i, j]),
+                    "cka_same_layer": None if same is None else float(cka[i, same]),
+                }
+            )
+    kind = "Debiased linear CKA (HSIC_1 of Song et al. 2012)" if p.debiased else "Linear CKA"
     return Result(
         "cka",
         f"cka_{p.site}",
-        f"Layer similarity (CKA) and effective rank of {p.site}",
+        f"Layer similarity ({'debiased ' if p.debiased else ''}CKA) and effective rank of {p.site}",
         rows,
         text=(
-            "Linear CKA between the token representations of every pair of layers (1 = the same up to rotation "
-            "and scale), and the effective rank (exp of the entropy of the singular values) of each layer's "
-            "centred token cloud."
+            f"{kind} between the token representations of every pair of layers (1 = the same up to rotation "
+            "and scale)"
+            + (", within each model and across models on the same tokens" if p.across_models else "")
+            + ", and the effective rank (exp of the entropy of the singular values) of each layer's centred "
+            "token cloud."
+            + (
+                " Across models: each layer's most similar layer of the other model."
+                if p.across_models
+                else ""
+            )
         ),
-        extra={"cka": extra},
+        extra={"cka": extra, "debiased": p.debiased} | ({"cka_across": across} if p.across_models else {}),
         columns=("model", "layer", "effective_rank", "cka_with_previous"),
+        tables={f"cka_across_{p.site}": best} if p.across_models else {},
     )
 
 
 def plot(result: Result) -> dict:
+    import numpy as np
+
     from lime_probe.output import plots as F
 
     site = result.rows[0]["site"]
-    figures = {}
-    for label, m in result.extra["cka"].items():
-        figures[f"cka_{site}_{slug(label)}"] = F.plot_heatmap(
-            m["cka"],
-            row_labels=m["layers"],
-            col_labels=m["layers"],
-            xlabel="layer",
-            ylabel="layer",
-            vmin=0.0,
+    kind = "debiased linear CKA" if result.extra.get("debiased") else "linear CKA"
+
+    def heatmap(m, rows, cols, xlabel, ylabel, title):
+        return F.plot_heatmap(
+            m,
+            row_labels=rows,
+            col_labels=cols,
+            xlabel=xlabel,
+            ylabel=ylabel,
+            vmin=min(0.0, float(np.min(m))),  # debiased CKA may dip below 0
             vmax=1.0,
-            title=f"{label}: linear CKA between layers ({site})",
-            cbar_label="linear CKA",
+            title=title,
+            cbar_label=kind,
+        )
+
+    figures = {
+        f"cka_{site}_{slug(label)}": heatmap(
+            m["cka"], m["layers"], m["layers"], "layer", "layer", f"{label}: {kind} between layers ({site})"
+        )
+        for label, m in result.extra["cka"].items()
+    }
+    for m in result.extra.get("cka_across", []):
+        a, b = m["models"]
+        figures[f"cka_{site}_{slug(a)}_vs_{slug(b)}"] = heatmap(
+            m["cka"], m["rows"], m["cols"], f"{b} layer", f"{a} layer", f"{a} vs {b}: {kind} ({site})"
         )
     ranks = {m: curve(rs, "effective_rank") for m, rs in group(result.rows, "model").items()}
     figures[f"effective_rank_{site}"] = F.plot_layer_curves(
@@ -80,9 +202,11 @@ def plot(result: Result) -> dict:
 
 SPEC = Spec(
     name="cka",
-    help="linear CKA between layers and effective rank per layer",
+    help="linear CKA between layers (within and across models, plain or debiased) and effective rank per layer",
     example="lime-probe cka --ckpt runs/lime --data ../shared/data/wikitext-2/valid.txt --site hidden --max-tokens 2000 "
-    "--out out/cka",
+    "--out out/cka\n"
+    "lime-probe cka --ckpt runs/lime --ckpt runs/llama --across-models --debiased \\\n"
+    "    --data ../shared/data/wikitext-2/valid.txt --max-tokens 20000 --out out/cka-across",
     params=CkaParams,
     compute=compute,
     plot=plot,
