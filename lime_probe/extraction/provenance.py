@@ -16,6 +16,7 @@ _VERSIONED = (
     "torch",
     "transformers",
     "nnsight",
+    "accelerate",
     "numpy",
     "scikit-learn",
     "openTSNE",
@@ -43,8 +44,9 @@ def versions() -> dict[str, str]:
 
 def checkpoint_identity(ckpt: str | os.PathLike, revision: str | None = None) -> dict:
     """Identity of a checkpoint: for a local directory its resolved path, model type, architectures,
-    routing (LIMe), fingerprint and weight files; for anything else a hub id as given, with its
-    ``revision`` (commit) when known.
+    routing (LIMe), fingerprint and weight files; for anything else a hub id as given, with the
+    ``revision`` it was loaded at when given (the branch, tag or commit asked for; the activation cache
+    passes the commit it resolved to).
 
     The fingerprint is a SHA-256 over config.json and, per weights file, its name, size and first
     and last MiB: it follows the content, so a copied checkpoint keeps it. ``weights`` lists each
