@@ -24,6 +24,15 @@ BASELINES = (
     "hyperconnections",
 )  # lime_model's cross-layer baselines (LLaMA sizes, routing "none")
 
+
+def routed_specs() -> list[str]:
+    """One routing spec per kind with routers in `lime_model.routing.ROUTINGS` (``<kind>-2`` for the
+    parametric kinds), so that a new variant is tested wherever these are."""
+    from lime_model.routing import ROUTINGS
+
+    return [f"{kind}-2" if k.parametric else kind for kind, k in ROUTINGS.items() if k.router is not None]
+
+
 # The paper's 1B configuration (Table 16's rows use it with 8 or 32 K/V heads).
 PAPER_1B = dict(
     vocab_size=50257,

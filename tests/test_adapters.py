@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config, tiny_model, tiny_tokenizer
+from helpers import routed_specs, tiny_config, tiny_model, tiny_tokenizer
 from transformers import AutoModel
 
 from lime_probe.extraction.adapters import ADAPTERS, Adapter, get_adapter, proj_sites, register_adapter
@@ -121,9 +121,7 @@ def test_bert_matches_hooks(tok):
     check(acts, refs, 2, final_is_last_block=True)  # no final norm: "final" is the last block's output
 
 
-@pytest.mark.parametrize(
-    "routing", ["full", "average", "first-1", "last-1", "dilated-2", "no-head-mix", "per-dim", "dynamic"]
-)
+@pytest.mark.parametrize("routing", routed_specs())
 def test_lime_routed_sites_match_router_hooks(tok, routing):
     pytest.importorskip("lime_model")
     model = tiny_model("lime", tok, routing=routing, num_hidden_layers=3)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import PAPER_1B
+from helpers import PAPER_1B, routed_specs
 from torch.utils.flop_counter import FlopCounterMode
 
 from lime_model import LimeConfig, LimeForCausalLM, config_for, forward_flops
@@ -52,20 +52,7 @@ def test_table16_hyperconnections_row_is_0_01_points_over(kv):
     assert round(overhead, 2) - TABLE16[kv]["hyperconnections"][1] == pytest.approx(0.01, abs=1e-9)
 
 
-@pytest.mark.parametrize(
-    "routing",
-    [
-        "none",
-        "full",
-        "first-1",
-        "dilated-2",
-        "dilated-back-2",
-        "average",
-        "no-head-mix",
-        "per-dim",
-        "dynamic",
-    ],
-)
+@pytest.mark.parametrize("routing", ["none", *routed_specs()])
 def test_matmul_terms_match_torch_flop_counter(routing):
     """torch counts 2 FLOPs per multiply-accumulate and 4*H*T^2*D for SDPA; we count MACs (paper)."""
     cfg = LimeConfig(

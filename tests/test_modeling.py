@@ -7,23 +7,14 @@ import weakref
 
 import pytest
 import torch
+from helpers import routed_specs
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import lime_model
 from lime_model import LimeConfig, LimeForCausalLM, RoutingSpec, forward_flops, parse_routing
+from lime_model.routing import ROUTINGS
 
-VARIANTS = [
-    "full",
-    "average",
-    "first-1",
-    "first-2",
-    "last-2",
-    "dilated-2",
-    "dilated-back-2",
-    "no-head-mix",
-    "per-dim",
-    "dynamic",
-]
+VARIANTS = routed_specs()  # one spec per routing kind with routers
 SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
 
 
@@ -181,11 +172,12 @@ def test_routing_none_equals_transformers_llama(kv):
     assert lime(ids, labels=ids).loss.item() == pytest.approx(llama(ids, labels=ids).loss.item(), abs=1e-6)
 
 
-@pytest.mark.parametrize(
-    "routing", ["full", "first-1", "last-2", "dilated-2", "dilated-back-2", "per-dim", "no-head-mix"]
-)
+@pytest.mark.parametrize("routing", VARIANTS)
 def test_identity_routers_equal_llama(routing):
+    """Routers set to read only their own heads (every other weight zero) give LLaMA."""
     lime = make(routing)
+    if not any(".router." in name for name, _ in lime.named_parameters()):
+        pytest.skip(f"{routing} has fixed weights")
     llama = LimeForCausalLM(LimeConfig(routing="none", num_key_value_heads=2, **SIZES)).eval()
     llama.load_state_dict({k: v for k, v in lime.state_dict().items() if ".router." not in k})
     with torch.no_grad():
@@ -193,7 +185,8 @@ def test_identity_routers_equal_llama(routing):
             router = layer.self_attn.router
             if router.weight is None:
                 continue
-            router.weight.zero_()
+            for p in router.parameters():
+                p.zero_()
             if routing == "no-head-mix":  # [kv, S]: weight 1 on the own layer
                 router.weight[:, -1] = 1.0
             else:
@@ -232,7 +225,7 @@ def test_gradients_reach_routers_and_earlier_kv_projections():
         assert layer.self_attn.v_proj.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("routing", ["full", "last-2", "dilated-2", "per-dim", "dynamic"])
+@pytest.mark.parametrize("routing", VARIANTS)
 def test_second_backward_over_retained_graph_doubles_gradients(routing):
     model = make(routing)
     loss = model(torch.randint(0, 50, (2, 6))).logits.square().mean()
@@ -243,7 +236,7 @@ def test_second_backward_over_retained_graph_doubles_gradients(routing):
         torch.testing.assert_close(p.grad, 2 * once[n], msg=n)
 
 
-@pytest.mark.parametrize("routing", ["full", "per-dim", "dynamic"])
+@pytest.mark.parametrize("routing", VARIANTS)
 def test_a_training_step_frees_its_kv_buffer_without_the_cycle_collector(routing):
     """Nothing of a step may outlive it through reference cycles (dynamic routing's per-position
     weights once kept every step's graph alive until Python's cycle collector ran)."""
@@ -306,31 +299,35 @@ def test_dilated_is_the_papers_set(d):
     assert all(parse_routing("dilated-8").sources(i)[0] == 0 for i in range(128))
 
 
-@pytest.mark.parametrize(
-    ("spec", "layer", "expected"),
-    [
-        ("full", 3, [0, 1, 2, 3]),
-        ("average", 2, [0, 1, 2]),
-        ("first-2", 5, [0, 1, 5]),
-        ("first-2", 1, [0, 1]),
-        ("first-4", 0, [0]),
-        ("last-3", 5, [3, 4, 5]),
-        ("last-3", 1, [0, 1]),
-        ("dilated-2", 5, [0, 2, 4, 5]),
-        ("dilated-3", 7, [0, 3, 6, 7]),
-        ("dilated-8", 7, [0, 7]),
-        ("dilated-8", 16, [0, 8, 16]),
-        ("dilated-8", 0, [0]),
-        ("dilated-back-2", 5, [1, 3, 5]),
-        ("dilated-back-8", 7, [7]),
-        ("no-head-mix", 2, [0, 1, 2]),
-        ("per-dim", 1, [0, 1]),
-        ("dynamic", 3, [0, 1, 2, 3]),
-        ("none", 3, [3]),
-    ],
-)
+SOURCE_SETS = [  # (spec, layer, its sources), from each kind's definition in routing.py's table
+    ("full", 3, [0, 1, 2, 3]),
+    ("average", 2, [0, 1, 2]),
+    ("first-2", 5, [0, 1, 5]),
+    ("first-2", 1, [0, 1]),
+    ("first-4", 0, [0]),
+    ("last-3", 5, [3, 4, 5]),
+    ("last-3", 1, [0, 1]),
+    ("dilated-2", 5, [0, 2, 4, 5]),
+    ("dilated-3", 7, [0, 3, 6, 7]),
+    ("dilated-8", 7, [0, 7]),
+    ("dilated-8", 16, [0, 8, 16]),
+    ("dilated-8", 0, [0]),
+    ("dilated-back-2", 5, [1, 3, 5]),
+    ("dilated-back-8", 7, [7]),
+    ("no-head-mix", 2, [0, 1, 2]),
+    ("per-dim", 1, [0, 1]),
+    ("dynamic", 3, [0, 1, 2, 3]),
+    ("none", 3, [3]),
+]
+
+
+@pytest.mark.parametrize(("spec", "layer", "expected"), SOURCE_SETS)
 def test_source_sets(spec, layer, expected):
     assert parse_routing(spec).sources(layer) == expected
+
+
+def test_every_routing_kind_has_source_sets_above():
+    assert {parse_routing(spec).kind for spec, _, _ in SOURCE_SETS} == set(ROUTINGS)
 
 
 def test_router_shapes_follow_source_sets():
@@ -425,7 +422,7 @@ def test_left_padded_batch_matches_unpadded_rows():
     torch.testing.assert_close(out[1, 2:], model(b).logits[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("routing", ["full", "dynamic", "none"])
+@pytest.mark.parametrize("routing", ["none", *VARIANTS])
 def test_save_load_round_trip_through_auto_classes(tmp_path, routing):
     model = make(routing)
     model.save_pretrained(tmp_path)

@@ -7,12 +7,13 @@ no longer kept alive between forward and backward.
 
 import pytest
 import torch
+from helpers import routed_specs
 
-from lime_model import LimeConfig, LimeForCausalLM
+from lime_model import LimeConfig, LimeForCausalLM, parse_routing
 from lime_model.router import LimeRouter
 
 SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
-STATIC = ["full", "first-2", "last-2", "dilated-2", "average", "no-head-mix", "per-dim"]
+STATIC = [spec for spec in routed_specs() if not parse_routing(spec).input_dependent]
 
 
 def pair(routing: str, attn: str = "sdpa", kv: int = 2) -> tuple[LimeForCausalLM, LimeForCausalLM]:

@@ -6,22 +6,13 @@ Each variant's coefficients against its own definition are checked in test_model
 import numpy as np
 import pytest
 import torch
+from helpers import routed_specs
 
 import lime_model
 from lime_probe.probes.router_weights import router_weights
 
 KV = 2
-VARIANTS = [
-    "full",
-    "first-1",
-    "last-2",
-    "dilated-2",
-    "dilated-back-2",
-    "no-head-mix",
-    "per-dim",
-    "average",
-    "dynamic",
-]
+VARIANTS = routed_specs()
 
 
 def tiny_lime(routing: str, layers: int = 4, seed: int = 0) -> lime_model.LimeForCausalLM:
