@@ -30,6 +30,7 @@ def step_overhead():
         sys.path.pop(0)
 
 
+@pytest.mark.slow
 def test_step_overhead_prints_a_row_per_variant_and_scope_with_its_target():
     out = run_bench(
         "step_overhead.py",
@@ -55,6 +56,7 @@ def test_step_overhead_prints_a_row_per_variant_and_scope_with_its_target():
     assert all(len(r) == 8 for r in rows if r[0] == "last-1")  # no target for last-1
 
 
+@pytest.mark.slow
 def test_step_overhead_rejects_a_bad_variant_in_one_line():
     done = run_bench("step_overhead.py", *TOY, "--no-memory", "--variants", "full+fast", ok=False)
     assert done.stderr.strip().splitlines()[-1] == "full+fast: the only row option is +recompute"
@@ -92,6 +94,7 @@ def test_an_unresolved_target_says_how_many_rounds_might_resolve_it(step_overhea
     )
 
 
+@pytest.mark.slow
 def test_step_overhead_profile_prints_an_operator_table_per_variant():
     out = run_bench(
         "step_overhead.py", *TOY, "--vocab", "64", "--rounds", "2", "--profile", "--variants", "full"
@@ -141,6 +144,7 @@ def test_profile_takes_each_operators_median_over_steps_counting_absent_as_zero(
     assert step_overhead.median_per_operator(steps) == {"mm": 11.0, "mul": 1.2, "bmm": 0.0}
 
 
+@pytest.mark.slow
 def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
     out = run_bench(
         "kv_buffer_ab.py",
@@ -199,6 +203,7 @@ def run_threads(env_policy: str | None) -> list[str]:
     return done.stdout.split()
 
 
+@pytest.mark.slow
 def test_configure_threads_waits_passively_unless_told_and_picks_the_default():
     import os
 
@@ -209,6 +214,7 @@ def test_configure_threads_waits_passively_unless_told_and_picks_the_default():
     assert run_threads("ACTIVE")[0] == "ACTIVE"  # the user's policy stands
 
 
+@pytest.mark.slow
 def test_probe_speed_prints_old_new_and_plain_for_every_command_and_model():
     toy = [
         "--threads",

@@ -249,6 +249,7 @@ def test_blimp_probe_known_answers_and_grouped_folds():
 
 
 @pytest.mark.parametrize("method", ["logreg", "adam-linear"])
+@pytest.mark.slow
 def test_blimp_probe_parallel_folds_are_bit_identical(method):
     g = np.random.default_rng(1)
     n, d = 120, 8

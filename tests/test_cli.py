@@ -446,6 +446,7 @@ def test_published_files_and_folder_have_normal_permissions(capsys, tmp_path, ck
     assert {f.name: f.stat().st_mode & 0o777 for f in files} == {f.name: 0o666 & ~umask() for f in files}
 
 
+@pytest.mark.slow
 def test_installed_script_reports_bad_input(tmp_path, text_file):
     script = Path(sys.executable).with_name("lime-probe")
     if not script.exists():

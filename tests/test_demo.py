@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lime_probe.studies.demo import number_positions, number_rows
@@ -49,6 +50,7 @@ def test_number_rows_maps_to_global_rows():
     assert rows.tolist() == [0, 4, 5 + 4, 5 + 8] and labels.tolist() == [1, 3, 3, 103]
 
 
+@pytest.mark.slow
 def test_quick_demo_end_to_end(tmp_path, capsys):
     import json
 

@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 
 from lime_model.cli import main
 
+pytestmark = pytest.mark.slow  # two torchrun processes train
+
 ARGS = [
     "--recipe", "cpu-tiny", "--steps", "3", "--no-progress",
     "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64", "--set", "model.num_hidden_layers=2",

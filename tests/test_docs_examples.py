@@ -253,6 +253,7 @@ def test_examples_were_found():
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"{e.where}: {e.command[:60]}" for e in EXAMPLES])
+@pytest.mark.slow
 def test_example_runs(example, runs, workdir, monkeypatch, capsys):
     reason = _skip_reason(example)
     if reason:

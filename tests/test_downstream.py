@@ -152,6 +152,7 @@ def test_missing_checkpoint(tmp_path, capsys):
     assert "nope is not a model directory" in err
 
 
+@pytest.mark.slow
 def test_unknown_task(tmp_path, capsys):
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
     err = _error(["eval-downstream", "--ckpt", str(ckpt), "--tasks", "arc_easy,no_such_task"], capsys)
@@ -159,6 +160,7 @@ def test_unknown_task(tmp_path, capsys):
     assert not (ckpt / "downstream").exists()
 
 
+@pytest.mark.slow
 def test_hub_task_offline(tmp_path, capsys, monkeypatch):
     """A hub task without network: one line that says so and points to --include-path."""
     import datasets
@@ -231,6 +233,7 @@ def test_paper_presets_against_the_papers_text():
         assert header in text
 
 
+@pytest.mark.slow
 def test_every_preset_task_is_known_to_the_installed_lm_eval():
     """Every preset's names are in lm-eval's task index (names only: no data is downloaded)."""
     from lm_eval.tasks import TaskManager

@@ -197,6 +197,7 @@ def test_nan_activations_name_site_and_layer(tok):
         extract(model, tok, TEXTS, sites=["hidden"], progress=False)
 
 
+@pytest.mark.slow
 def test_works_from_python_dash_c(tmp_path):
     """nnsight traces need their source in a file; extract's trace is in the library, so a caller
     without one (python -c, stdin, exec) works."""

@@ -36,6 +36,7 @@ def imported_after(code: str, watched: tuple[str, ...]) -> list[str]:
     return eval(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_extraction_and_probes_import_no_plotting_and_no_training():
     code = "\n".join(f"import {m}" for m in modules_of(("extraction", "probes")))
     assert imported_after(code, ("matplotlib", "seaborn", "lime_model.train", "lime_model.data")) == []
@@ -156,6 +157,7 @@ def test_the_registry_imports_nothing_heavy():
     assert imported_after("import lime_probe.specs", HEAVY) == []
 
 
+@pytest.mark.slow
 def test_computing_an_analysis_draws_nothing(tmp_path):
     """``compute`` returns numbers only: running analyses on a checkpoint never imports matplotlib."""
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
@@ -234,6 +236,7 @@ MOMENTS = {
 
 
 @pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.slow
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(slow_run, tmp_path, moment):
     """SIGINT during our imports, a heavy import and the extraction: one line, exit 130, nothing written."""
     out = tmp_path / "out"

@@ -193,6 +193,7 @@ def test_training_interrupted_before_its_first_checkpoint_restarts_with_the_same
     assert len(json.loads((out / "run_info.json").read_text())) == 2  # one entry per start
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_training_exits_130_and_the_same_command_continues(tmp_path, text):
     """A real SIGINT to a training process once it has logged three steps (a checkpoint every two)."""
     out = tmp_path / "run"

@@ -384,6 +384,7 @@ def test_head_counts_must_divide():
         LimeConfig(num_attention_heads=4, num_key_value_heads=3)
 
 
+@pytest.mark.slow
 def test_compiled_model_matches_eager():
     model = make("full")
     ids = torch.randint(0, 50, (2, 6))

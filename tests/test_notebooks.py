@@ -144,6 +144,7 @@ def test_relative_settings_are_read_from_the_launch_folder(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_notebook_runs_and_shows_figures(path, env, monkeypatch, tmp_path):
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -147,6 +147,7 @@ def test_entropy_documents_mode_and_max_normalize(capsys, tmp_path, ckpts, text_
         assert r["n_sequences"] == len(DOCS)
 
 
+@pytest.mark.slow
 def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_path, ckpts, text_file):
     """Default site: the W_V output for both models and, for LIMe (it routes), the routed values too, each
     measured as written here; LLaMA has no routed values and the text says so; the legend names both."""
@@ -302,6 +303,7 @@ def deep_ckpt(tmp_path_factory) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
     from helpers import write_blimp_dir
     from sklearn.linear_model import LogisticRegression
@@ -448,6 +450,7 @@ def test_blimp_defaults_to_every_pair_of_the_table2_tasks(shared_data):
     assert {u: int((uids == u).sum()) for u in set(uids)} == {uid: 1000 for uid, _, _ in APPENDIX_D}
 
 
+@pytest.mark.slow
 def test_report_keeps_working_sections_and_lists_the_skipped(capsys, tmp_path, ckpts, text_file):
     from helpers import write_blimp_dir
 

@@ -15,6 +15,8 @@ from lime_probe import cli
 from lime_probe.protocol import TABLE2_TASKS
 from lime_probe.studies.lm import SIZES
 
+pytestmark = pytest.mark.slow  # each study test shares a module fixture that trains the tiny study end to end
+
 
 def read_csv(path):
     with open(path) as f:

@@ -11,6 +11,8 @@ from scipy import stats as sps
 
 from lime_probe import cli
 
+pytestmark = pytest.mark.slow  # each study test shares a module fixture that trains the tiny study end to end
+
 
 def read_csv(path):
     with open(path) as f:

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+pytestmark = pytest.mark.slow  # runs the reanalysis script on copies of the study folders
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("perplexity", "entropy", "separability", "blimp", "accuracy", "differences")
 

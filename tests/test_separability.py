@@ -46,6 +46,7 @@ def test_logreg_folds_equal_sklearn_cross_val_score():
         np.testing.assert_allclose(res.fold_accuracy[layer], cross_val_score(pipe, feats[layer], y, cv=cv))
 
 
+@pytest.mark.slow
 def test_adam_linear_known_answers_and_determinism():
     # One epoch of batch-64 Adam takes few steps: enough rows for ~50 of them.
     feats, y = synthetic(n_per_class=(1000, 1000, 1000, 1000), separation=8.0)

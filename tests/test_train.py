@@ -220,6 +220,7 @@ def test_arithmetic_tokens_metric_counts_no_padding(tmp_path):
     assert 0 < ms[0]["tokens"] < real
 
 
+@pytest.mark.slow
 def test_wikitext_training_lowers_the_loss(shared_data, tmp_path):
     out = T.train(
         "cpu-tiny", tmp_path / "wiki", progress=False, data=str(shared_data / "wikitext-2" / "valid.txt"),

@@ -112,6 +112,7 @@ def test_unwritable_out_is_a_one_line_error(tmp_path, text, capsys):
     assert not (locked / "run").exists()
 
 
+@pytest.mark.slow
 def test_console_script_evaluates_what_training_wrote(tmp_path):
     script = Path(sys.executable).with_name("lime-model")
     if not script.exists():

@@ -205,6 +205,7 @@ def _train_in_subprocess(out: Path, data: Path, threads: int) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_same_command_same_weights_bit_for_bit_and_run_info(docs, tmp_path):
     path, _ = docs
     a, b = tmp_path / "a", tmp_path / "b"
