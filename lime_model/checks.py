@@ -1,10 +1,15 @@
-"""Input checks and error reporting shared by the two programs, ``lime-model`` and ``lime-probe``.
+"""The command-line plumbing shared by the two programs, ``lime-model`` and ``lime-probe``: input checks,
+subcommands declared as :class:`Command` and built by :func:`build_parser`, and one mapping of how a
+command ends to an exit code (:func:`run_program`, :func:`run_command`).
 
 Both end a failure with one line on stderr and an exit code: 0 done, 2 bad usage or input, 1 an
-unexpected failure, 130 interrupted (Ctrl-C). The checks here run before any work (a minute of
-evaluation is not spent on a mistyped device or a corrupt weights file) and raise one of
-:data:`BAD_INPUT` with a message that names the user's option or file. Importing this module imports
-nothing heavy: torch and safetensors are imported inside the checks that need them.
+unexpected failure (``--debug``: the full traceback instead), 130 interrupted (Ctrl-C). The checks here
+run before any work (a minute of evaluation is not spent on a mistyped device or a corrupt weights file)
+and raise one of :data:`BAD_INPUT` with a message that names the user's option or file. Options that mean
+the same in both programs have the same name: ``--ckpt``, ``--data``, ``--out`` (always a folder the
+command writes its outputs into), ``--device``, ``--threads``, ``--seed``, ``--batch-size``, ``--debug``.
+Importing this module imports nothing heavy: torch and safetensors are imported inside the checks that
+need them.
 """
 
 from __future__ import annotations
@@ -12,13 +17,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BAD_INPUT", "OneLineParser", "check_device", "check_weights", "one_line"]
+__all__ = [
+    "BAD_INPUT",
+    "Command",
+    "OneLineParser",
+    "add_device_option",
+    "build_parser",
+    "check_device",
+    "check_weights",
+    "one_line",
+    "positive_int",
+    "run_command",
+    "run_program",
+]
 
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
 # one: the libraries raise ValueError for a wrong name, so a KeyError is a bug.
@@ -45,6 +67,125 @@ def one_line(error: BaseException) -> str:
     text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
     lines = text.strip().splitlines()
     return " ".join(lines[0].split()) if lines else type(error).__name__
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: ``text`` as an integer > 0, else a usage error naming it."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_device_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--device``, as both programs take it (checked by :func:`check_device` before any work)."""
+    parser.add_argument(
+        "--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default: %(default)s)"
+    )
+
+
+# --------------------------------------------------------------------------- subcommands and exit codes
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand, declared once: ``PROG NAME``'s one-line ``help`` (also its description unless
+    ``description``), its ``example`` lines (shown under ``examples:`` and run as written by
+    tests/test_docs_examples.py), ``options(parser)`` adding its options, and ``run`` (called by its
+    program with the parsed arguments). ``interrupted``: what a Ctrl-C leaves behind, said after
+    ``PROG NAME: interrupted; `` (``str.format``-ted with the parsed arguments; empty: nothing said)."""
+
+    name: str
+    help: str
+    example: str
+    run: Callable
+    options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
+    description: str = ""
+    interrupted: str = "nothing was written"
+
+
+def build_parser(prog: str, description: str, commands: Iterable[Command]) -> OneLineParser:
+    """The parser of ``prog``: one subcommand per :class:`Command`, each with ``--debug``; the chosen name
+    is ``args.command``."""
+    parser = OneLineParser(
+        prog=prog,
+        description=description,
+        epilog=f"Run '{prog} COMMAND --help' for a command's options and examples.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
+    for c in commands:
+        p = sub.add_parser(
+            c.name,
+            help=c.help,
+            description=c.description or c.help,
+            epilog="examples:\n" + textwrap.indent(c.example.rstrip("\n"), "  "),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        c.options(p)
+        p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
+    return parser
+
+
+def run_program(
+    prog: str,
+    argv: Sequence[str] | None,
+    parser: Callable[[], argparse.ArgumentParser],
+    run: Callable[[argparse.Namespace], int],
+) -> int:
+    """A program's ``main``: parse ``argv`` with ``parser()`` and return ``run(args)``. From here on Ctrl-C
+    raises KeyboardInterrupt; one that reaches here (while parsing, or while a command reports how it
+    ended) prints ``PROG: interrupted`` and gives 130. ``--help`` gives 0 and a usage error 2, argparse's
+    one line printed."""
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            args = parser().parse_args(argv)
+        except SystemExit as e:
+            return int(e.code or 0)
+        return run(args)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def run_command(
+    where: str,
+    work: Callable[[], int | None],
+    *,
+    debug: bool,
+    interrupted: str = "",
+    error_prefix: str | None = None,
+) -> int:
+    """``work()``'s exit code (None: 0), with how it fails mapped to an exit code and one line on stderr:
+
+    - Ctrl-C: ``WHERE: interrupted[; INTERRUPTED]``, 130 (``interrupted`` says what it left behind);
+    - bad input (:data:`BAD_INPUT`): ``ERROR_PREFIX: error: MESSAGE``, 2 (``error_prefix`` default ``where``);
+    - anything else: ``WHERE: failed: TYPE: MESSAGE (rerun with --debug for the traceback)``, 1.
+
+    With ``debug`` the last two raise instead, for the full traceback."""
+    try:
+        return work() or 0
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
+        print(f"{where}: interrupted" + (f"; {interrupted}" if interrupted else ""), file=sys.stderr)
+        return 130
+    except BAD_INPUT as e:
+        if debug:
+            raise
+        print(f"{error_prefix or where}: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if debug:
+            raise
+        print(
+            f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def check_device(device: str | torch.device, option: str = "--device") -> torch.device:

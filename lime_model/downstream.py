@@ -150,17 +150,17 @@ def expand_tasks(tasks: str | list[str] | tuple[str, ...]) -> tuple[list[str], s
     return names, None
 
 
-def default_output(
-    ckpt: str | os.PathLike, tasks: list[str] | str, num_fewshot: int | None, limit: int | None
+def output_path(
+    folder: str | os.PathLike, tasks: list[str] | str, num_fewshot: int | None, limit: int | None
 ) -> Path:
-    """``CKPT/downstream/<preset or task+task...>[.Nshot][.limitN].json``: runs with other settings keep
-    their files."""
+    """``FOLDER/<preset or task+task...>[.Nshot][.limitN].json``: runs with other settings keep their
+    files."""
     name = tasks if isinstance(tasks, str) else "+".join(tasks)
     if num_fewshot is not None:
         name += f".{num_fewshot}shot"
     if limit is not None:
         name += f".limit{limit}"
-    return Path(ckpt) / "downstream" / f"{name}.json"
+    return Path(folder) / f"{name}.json"
 
 
 def evaluate_downstream(
@@ -173,7 +173,7 @@ def evaluate_downstream(
     device: str = "cpu",
     include_path: str | os.PathLike | None = None,
     seed: int | None = None,
-    output: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
 ) -> tuple[dict, Path]:
     """Run lm-eval's ``tasks`` on the model in ``ckpt`` and write the results as JSON.
 
@@ -189,7 +189,7 @@ def evaluate_downstream(
         device: torch device of the model (``cpu``, ``cuda``, ``cuda:1``, ``mps``).
         include_path: a folder of extra task YAMLs (local data: ``dataset_path: json``).
         seed: lm-eval's Python, numpy, torch and few-shot sampling seeds; default lm-eval's (0/1234).
-        output: the JSON file; default :func:`default_output`.
+        out: the folder of the JSON file (:func:`output_path`); default ``CKPT/downstream``.
 
     Returns:
         ``(report, path)``: ``report`` is lm-eval's results dict (``results``, ``versions``,
@@ -211,8 +211,8 @@ def evaluate_downstream(
         raise ValueError(f"--num-fewshot must be >= 0, got {num_fewshot}")
     check_device(device)
     name = preset or tasks
-    path = Path(output) if output is not None else default_output(ckpt, name, num_fewshot, limit)
-    check_writable(path, option="--output")  # before hours of evaluation
+    path = output_path(ckpt / "downstream" if out is None else out, name, num_fewshot, limit)
+    check_writable(path, option="--out")  # before hours of evaluation
 
     manager = resolve_tasks(tasks, include_path)
     built = build_tasks(tasks, manager)

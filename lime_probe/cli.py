@@ -12,11 +12,15 @@ command succeeds, so a failure or Ctrl-C never leaves half-written files there. 
 section for its input, one line naming them; ``--allow-skips`` makes that 0), 1 an unexpected failure,
 130 interrupted.
 
-The analyses are the registry ``lime_probe.specs.ANALYSES``: one subcommand per analysis, its options
-generated from the analysis's parameter dataclass. This module parses arguments, stages the output, prints
-tables and turns errors into exit codes. It imports nothing heavy (torch, transformers, matplotlib) before
-the arguments are parsed, so ``--help`` and usage errors are instant; Ctrl-C at any point, imports
-included, prints one line and exits 130.
+Every subcommand is a ``lime_model.checks.Command`` in :data:`COMMANDS`, and ``build_parser`` is one loop
+over them: one per analysis of the registry ``lime_probe.specs.ANALYSES`` (its options generated from the
+analysis's parameter dataclass, its ``--data`` from :data:`DATA_KINDS` by the analysis's ``data_kind``),
+then report, demo, reproduce (a study of ``lime_probe.studies.STUDIES``) and cache. ``lime-model`` declares
+its commands the same way; options that both programs take have the same names and meanings (``--out``: the
+folder a command writes into), and both map how a command ends to an exit code with
+``lime_model.checks.run_command``. This module parses arguments, stages the output and prints tables. It
+imports nothing heavy (torch, transformers, matplotlib) before the arguments are parsed, so ``--help`` and
+usage errors are instant; Ctrl-C at any point, imports included, prints one line and exits 130.
 """
 
 from __future__ import annotations
@@ -24,18 +28,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import textwrap
 import typing
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from lime_model.checks import BAD_INPUT, OneLineParser, check_device, one_line
+from lime_model import checks
+from lime_model.checks import (
+    BAD_INPUT,
+    Command,
+    add_device_option,
+    check_device,
+    one_line,
+    positive_int,
+    run_command,
+    run_program,
+)
 from lime_model.files import check_writable, umask
 from lime_probe.specs import (
     ANALYSES,
@@ -47,6 +62,7 @@ from lime_probe.specs import (
     named_checkpoints,
 )
 from lime_probe.specs.base import THREADS_HELP, configure_threads
+from lime_probe.studies import STUDIES  # declarations only: no model code
 
 PROG = "lime-probe"
 
@@ -73,6 +89,21 @@ def extract_options(args, own_layers: bool = False) -> dict:
         "batch_size": args.batch_size,
         "cache_dir": args.cache,
         "allow_unknown_tokens": args.allow_unknown_tokens,
+    }
+
+
+def load_options(args) -> dict:
+    """How a parsed command line loads its checkpoints, as ``load_checkpoints`` keywords: ``device`` or
+    ``device_map``, ``dtype``, one ``revisions`` entry per ``--ckpt``."""
+    from lime_probe.extraction.loading import revisions_for
+
+    if args.device_map is not None and args.device != "cpu":
+        raise ValueError("give --device or --device-map, not both: a device map places the model itself")
+    return {
+        "device": None if args.device_map else args.device,
+        "device_map": args.device_map,
+        "dtype": args.dtype,
+        "revisions": revisions_for(args.ckpt, args.revision),
     }
 
 
@@ -210,31 +241,35 @@ def _meta(command: str, args, cks: Sequence[Checkpoint], settings: dict | None =
     """The results' header: the command line's settings (``settings`` added) and the checkpoints."""
     from lime_probe.output.results import run_metadata
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("handler", "debug")} | (settings or {})
-    return run_metadata(command, settings=settings, checkpoints={c.label: c.source for c in cks})
+    settings = {k: v for k, v in vars(args).items() if k != "debug"} | (settings or {})
+    return run_metadata(
+        command,
+        settings=settings,
+        checkpoints={c.label: c.source for c in cks},
+        revisions={c.label: c.revision for c in cks},
+    )
 
 
 def _checkpoints(spec: Spec, args) -> list[Checkpoint]:
     """The checkpoints of ``args``: loaded, or only named for analyses that read their run folders."""
     if spec.data_kind == "none":
         return named_checkpoints(args.ckpt, args.label)
-    return load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
+    return load_checkpoints(args.ckpt, args.label, verbose=args.verbose, **load_options(args))
 
 
-def _texts(args, max_texts: int | None = None) -> list[str] | None:
-    """The first ``max_texts`` (default ``--max-sequences``) documents of ``--data``; an ``hf:`` spec the hub
+def _texts(source: str | None, max_texts: int) -> list[str] | None:
+    """The first ``max_texts`` documents of ``--data`` ``source`` (None: none given); an ``hf:`` spec the hub
     cannot give fails at once in one line."""
     from lime_model.data import load_texts
     from lime_probe.extraction.loading import hub_dataset
 
-    if args.data is None:
+    if source is None:
         return None
-    n = max_texts or args.max_sequences
-    name = args.data[len("hf:") :].split(":")[0] if args.data.startswith("hf:") else ""
+    name = source[len("hf:") :].split(":")[0] if source.startswith("hf:") else ""
     if not name:
-        return load_texts(args.data, max_texts=n)
-    with hub_dataset(name, f"--data {args.data}", "pass a local .txt/.jsonl/.parquet file or folder"):
-        return load_texts(args.data, max_texts=n)
+        return load_texts(source, max_texts=max_texts)
+    with hub_dataset(name, f"--data {source}", "pass a local .txt/.jsonl/.parquet file or folder"):
+        return load_texts(source, max_texts=max_texts)
 
 
 def _blimp(source: str, params, option: str):
@@ -251,15 +286,61 @@ def _blimp(source: str, params, option: str):
         return load_blimp(source, chosen_paradigms(params))
 
 
+@dataclass(frozen=True)
+class DataKind:
+    """How the analyses of one ``Spec.data_kind`` take their data on the command line.
+
+    ``option``: the argparse keywords of their ``--data`` (None: they read only the run folders).
+    ``load(value, args, params, option)``: the data of that option's value. ``texts``: documents, cut by
+    ``--max-sequences`` (``report`` reads them once for all its sections). ``report``: ``report``'s own
+    option for this data, ``(flag, keywords)``, where it is not report's ``--data`` (BLiMP: ``--blimp``)."""
+
+    option: dict | None = None
+    load: Callable[[Any, argparse.Namespace, Any, str], Any] = lambda value, args, params, option: None
+    texts: bool = False
+    report: tuple[str, dict] | None = None
+
+
+TEXTS_HELP = "a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
+BLIMP_HELP = "a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id nyu-mll/blimp"
+DATA_KINDS: dict[str, DataKind] = {
+    "texts": DataKind(
+        {"required": True, "metavar": "SPEC", "help": TEXTS_HELP},
+        lambda value, args, params, option: _texts(value, args.max_sequences),
+        texts=True,
+    ),
+    "optional-texts": DataKind(
+        {"metavar": "SPEC", "help": TEXTS_HELP + " (only for routing 'dynamic')"},
+        lambda value, args, params, option: _texts(value, args.max_sequences),
+        texts=True,
+    ),
+    "blimp": DataKind(
+        {
+            "default": "nyu-mll/blimp",
+            "metavar": "SPEC",
+            "help": BLIMP_HELP + " (default: %(default)s, needs a network)",
+        },
+        lambda value, args, params, option: _blimp(value, params, option),
+        report=(
+            "--blimp",
+            {
+                "default": None,
+                "metavar": "SPEC",
+                "help": "add the BLiMP section: " + BLIMP_HELP + "; its layers are the paper's range unless "
+                "--layers is given (default: no BLiMP section)",
+            },
+        ),
+    ),
+    "none": DataKind(),
+}
+
+
 def _analysis_command(spec: Spec) -> Callable:
     def handler(args, out: Path) -> None:
         from lime_probe.specs import write_analysis
 
         params = params_of(spec, args)
-        if spec.data_kind == "blimp":
-            data = _blimp(args.data, params, "--data")
-        else:
-            data = _texts(args) if spec.data_kind != "none" else None
+        data = DATA_KINDS[spec.data_kind].load(getattr(args, "data", None), args, params, "--data")
         cks = _checkpoints(spec, args)
         result = run_analysis(spec, cks, data, args)
         write_analysis(result, out, _meta(spec.name, args, cks))
@@ -276,7 +357,8 @@ def cmd_report(args, out: Path) -> str | None:
     its input (e.g. a word too rare in the data) is skipped, not fatal: the report keeps the sections that
     worked and lists the skipped ones with the reason (on stderr too), and the command returns a one-line
     summary of them (exit 3) unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (its
-    probe table; minimal-pair scores for causal LMs), over the paper's layer range unless ``--layers``."""
+    probe table; minimal-pair scores for causal LMs), over the paper's layer range unless ``--layers``: an
+    analysis that reads its data from an option of report's own (:data:`REPORT_JOINED`) loads it there."""
     from lime_probe.output.report import Section, Table, write_report
     from lime_probe.specs import write_analysis
 
@@ -285,10 +367,10 @@ def cmd_report(args, out: Path) -> str | None:
     sizes = {
         n: args.max_sequences or ANALYSES[n].max_sequences
         for n in names
-        if ANALYSES[n].data_kind in ("texts", "optional-texts")
+        if DATA_KINDS[ANALYSES[n].data_kind].texts
     }
-    texts = _texts(args, max(sizes.values())) if sizes else None
-    cks = load_checkpoints(args.ckpt, args.label, args.device, verbose=args.verbose)
+    texts = _texts(args.data, max(sizes.values())) if sizes else None
+    cks = load_checkpoints(args.ckpt, args.label, verbose=args.verbose, **load_options(args))
     meta = _meta("report", args, cks)
     sections, skipped = [], []
     for name in names:
@@ -296,13 +378,14 @@ def cmd_report(args, out: Path) -> str | None:
         chosen = [c for c in cks if spec.applies(c)]
         if not chosen:
             continue
+        used = dataclasses.asdict(params[name]) | ({"max_sequences": sizes[name]} if name in sizes else {})
         try:
-            if spec.data_kind == "blimp":
-                result, used = _report_blimp(spec, chosen, args, params[name])
+            if name in REPORT_JOINED:
+                flag = REPORT_JOINED[name]
+                data = DATA_KINDS[spec.data_kind].load(getattr(args, _dest(flag)), args, params[name], flag)
             else:
-                used = {**dataclasses.asdict(params[name]), "max_sequences": sizes.get(name)}
                 data = texts[: sizes[name]] if name in sizes else None
-                result = run_analysis(spec, chosen, data, args)
+            result = run_analysis(spec, chosen, data, args)
         except BAD_INPUT as e:
             skipped.append({"analysis": name, "reason": one_line(e)})
             print(f"{PROG} report: skipped {name}: {one_line(e)}", file=sys.stderr)
@@ -327,19 +410,6 @@ def cmd_report(args, out: Path) -> str | None:
     return None
 
 
-def _report_blimp(spec: Spec, cks: Sequence[Checkpoint], args, params) -> tuple[Result, dict]:
-    """The BLiMP section of the report and its settings: ``--blimp`` data, the paper's layer range unless
-    ``--layers``."""
-    layers = "paper" if args.layers in (None, "all") else args.layers
-    params = dataclasses.replace(params, layers=layers)
-    data = _blimp(args.blimp, params, "--blimp")
-    from lime_probe.extraction.cachedir import cache_use
-
-    with cache_use(spec.name):
-        result = spec.compute(cks, data, params, extract_options(args, own_layers=True))
-    return result, dataclasses.asdict(params)
-
-
 def cmd_demo(args, out: Path) -> None:
     """Train tiny LIMe and LLaMA models on arithmetic, run every analysis (``lime_probe.studies.demo``) and print
     what it measured and where it is."""
@@ -354,16 +424,22 @@ def cmd_demo(args, out: Path) -> None:
 
 # --------------------------------------------------------------------------- parser
 
-# The analyses the report can run: those that read texts or the run folders (BLiMP reads its own data).
-REPORTABLE = [n for n, s in ANALYSES.items() if s.data_kind != "blimp"]
-REPORT_DEFAULT = [n for n, s in ANALYSES.items() if s.data_kind in ("texts", "optional-texts")]
+# The analyses report's --analyses chooses from: those that read its --data or the run folders; the others
+# join through an option of report's own (BLiMP: --blimp), {analysis: flag}.
+REPORTABLE = [n for n, s in ANALYSES.items() if DATA_KINDS[s.data_kind].report is None]
+REPORT_DEFAULT = [n for n, s in ANALYSES.items() if DATA_KINDS[s.data_kind].texts]
+REPORT_JOINED = {n: DATA_KINDS[s.data_kind].report[0] for n, s in ANALYSES.items() if n not in REPORTABLE}
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
 
 
 def _differing_defaults() -> dict[str, str]:
     """The report options whose default differs between the analyses (the specs' parameter dataclasses):
     {field: "values (entropy, separability); hidden (cka)"}."""
     by_field: dict[str, dict[str, list[str]]] = {}
-    for name in [*REPORTABLE, "blimp"]:
+    for name in [*REPORTABLE, *REPORT_JOINED]:
         for f in dataclasses.fields(ANALYSES[name].params):
             shown = " ".join(map(repr, f.default)) if isinstance(f.default, tuple) else str(f.default)
             by_field.setdefault(f.name, {}).setdefault(shown.replace("%", "%%"), []).append(name)
@@ -372,43 +448,6 @@ def _differing_defaults() -> dict[str, str]:
         for k, d in by_field.items()
         if len(d) > 1
     }
-
-
-COMMANDS = {
-    "report": (
-        "run several analyses and write one self-contained HTML report",
-        "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-        "    --data ../shared/data/wikitext-2/valid.txt --blimp ../shared/data/blimp --allow-skips \\\n"
-        "    --out out/report   # then open out/report/report.html (--allow-skips: the cpu-tiny runs' 64-token "
-        "documents hold too few ' are' for separability)",
-    ),
-    "demo": (
-        "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
-        "lime-probe demo                 # a few minutes on 2 CPU cores (README: measured time), writes "
-        "lime-probe-out/demo/\n"
-        "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
-    ),
-    "reproduce": (
-        "train LIMe and LLaMA (optionally the cross-layer baselines) over seeds and measure the paper's "
-        "findings (resumable)",
-        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu --results figures/lm-cpu"
-        "   # not run in tests: about an hour\n"
-        "lime-probe reproduce --data ../shared/data --size tiny --out /tmp/repro   # a 2-minute smoke run\n"
-        "lime-probe reproduce --data ../shared/data --out runs/lm-cpu-baselines --results figures/lm-cpu-baselines"
-        " --baselines denseformer,resformer,hyperconnections   # not run in tests: about an hour (15 trainings)\n"
-        "lime-probe reproduce --study arithmetic --out runs/arithmetic-seeds --results figures/arithmetic-seeds"
-        "   # not run in tests: about 30 min at one thread\n"
-        "lime-probe reproduce --study arithmetic --baselines lime-llama-kv-init,llama-torch-kv-init --seeds "
-        "0,1,2,3,4,5,6,7,8,9 --out runs/arithmetic-kv-init --results figures/arithmetic-kv-init"
-        "   # the k/v init x routing 2 x 2; not run in tests: about 2 hours at one thread",
-    ),
-    "cache": (
-        "list the activation cache's entries by checkpoint and analysis with their sizes, or clear them",
-        "lime-probe cache                        # size per entry and the total\n"
-        "lime-probe cache --clear --older-than 30 --yes   # remove entries last written over 30 days ago\n"
-        "lime-probe cache --clear --ckpt runs/lime --yes   # remove one checkpoint's entries",
-    ),
-}
 
 
 def _checkpoint_options(
@@ -432,27 +471,36 @@ def _checkpoint_options(
         metavar="NAME",
         help="name per --ckpt in tables and legends (default: the folder name)",
     )
-    if data == "none":
+    kind = DATA_KINDS[data]
+    if kind.option is None:  # the analysis reads the run folders only
         return
-    if data == "blimp":
-        g.add_argument(
-            "--data",
-            default="nyu-mll/blimp",
-            metavar="SPEC",
-            help="a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id nyu-mll/blimp "
-            "(default: %(default)s, needs a network)",
-        )
-    else:
-        g.add_argument(
-            "--data",
-            required=data == "texts",
-            metavar="SPEC",
-            help="a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
-            + ("" if data == "texts" else " (only for routing 'dynamic')"),
-        )
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weights dtype, loaded as such (bfloat16 holds half of float32's memory); auto: what the "
+        "checkpoint's config names (default: %(default)s)",
+    )
+    g.add_argument(
+        "--device-map",
+        default=None,
+        metavar="MAP",
+        help="spread the model over devices instead of --device (accelerate): auto, balanced, "
+        "balanced_low_0, sequential, or a JSON object (inline or a .json file) of module name -> device "
+        "(a GPU index, cuda:1, or cpu or disk: kept there, brought in layer by layer) (default: none)",
+    )
+    g.add_argument(
+        "--revision",
+        action="append",
+        metavar="REV",
+        help="hub branch, tag or commit, e.g. step143000 for a Pythia checkpoint; one per hub --ckpt in "
+        "order, or one for all (default: main)",
+    )
+    g.add_argument("--data", **kind.option)
+    if kind.texts:
         g.add_argument(
             "--max-sequences",
-            type=_positive,
+            type=positive_int,
             default=max_sequences,
             metavar="N",
             help="use at most N sequences (default: %(default)s)"
@@ -467,21 +515,21 @@ def _checkpoint_options(
         )
     g.add_argument(
         "--max-length",
-        type=_positive,
+        type=positive_int,
         default=256,
         metavar="T",
         help="truncate each sequence to T tokens (default: %(default)s)",
     )
     g.add_argument(
         "--max-tokens",
-        type=_positive,
+        type=positive_int,
         default=None,
         metavar="N",
         help="stop extracting after N tokens in all (default: no limit)",
     )
     g.add_argument(
         "--batch-size",
-        type=_positive,
+        type=positive_int,
         default=None,
         metavar="B",
         help="sequences per forward pass (default: as many as fit 4096 tokens, padding included; either way "
@@ -506,14 +554,11 @@ def _checkpoint_options(
 
 def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> None:
     r = p.add_argument_group("run")
-    r.add_argument(
-        "--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)"
-    )
+    add_device_option(r)
     r.add_argument(
         "--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)"
     )
-    r.add_argument("--debug", action="store_true", help="show the full traceback on failure")
-    r.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
+    _threads_option(r)
     r.add_argument(
         "--verbose", action="store_true", help="show the libraries' own loading messages and warnings"
     )
@@ -524,21 +569,15 @@ def _default_cache() -> str:
     return os.path.join(root, "lime-probe")
 
 
-def _seed_list(s: str) -> list[int]:
+def _threads_option(p) -> None:
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N", help=THREADS_HELP)
+
+
+def _seed_list(s: str) -> tuple[int, ...]:
     try:
-        return [int(x) for x in s.split(",")]
+        return tuple(int(x) for x in s.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-
-
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def add_param_options(
@@ -579,65 +618,24 @@ def add_param_options(
         elif typing.get_origin(base) is tuple:
             kw["nargs"] = "+"
         else:
-            kw["type"] = _positive if positive else base
+            kw["type"] = positive_int if positive else base
         kw.update(meta)  # metavar, choices
         group.add_argument(flag, dest=f.name, **kw)
         added.append(f.name)
     return added
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``lime-probe`` argument parser: one subcommand per analysis of the registry, plus report and demo."""
-    parser = OneLineParser(
-        prog=PROG,
-        description="The LIMe paper's analyses of representation collapse.",
-        epilog="Run 'lime-probe COMMAND --help' for a command's options and an example.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
-
-    def add(name: str, help: str, example: str, handler: Callable) -> argparse.ArgumentParser:
-        p = sub.add_parser(
-            name,
-            help=help,
-            description=help,
-            epilog="example:\n" + textwrap.indent(example, "  "),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        p.set_defaults(handler=handler)
-        return p
-
-    for spec in ANALYSES.values():
-        p = add(spec.name, spec.help, spec.example, _analysis_command(spec))
-        _checkpoint_options(
-            p,
-            data=spec.data_kind,
-            max_sequences=spec.max_sequences,
-            layers=spec.data_kind == "texts",
-        )
-        _run_options(p)
-        add_param_options(p.add_argument_group("analysis"), spec.params)
-
-    p = add("report", *COMMANDS["report"], cmd_report)
-    _checkpoint_options(p, data="texts", max_sequences=None)
+def _report_options(p: argparse.ArgumentParser) -> None:
+    _checkpoint_options(p, data="texts", max_sequences=None, layers=False)
     _run_options(p)
-    g, seen, own = p.add_argument_group("analyses"), [], _differing_defaults()
+    g, seen, own = p.add_argument_group("analyses"), ["layers"], _differing_defaults()
+    g.add_argument(
+        "--layers",
+        default=argparse.SUPPRESS,  # left out, an analysis with layers of its own (BLiMP) keeps them
+        help="'all' or comma-separated layer indices (default: all; BLiMP: the paper's range)",
+    )
     for name in REPORTABLE:  # each option once; left out, every analysis keeps its own default
         seen += add_param_options(g, ANALYSES[name].params, skip=seen, own_defaults=own)
-    b = p.add_argument_group("BLiMP (with --blimp)")
-    b.add_argument(
-        "--blimp",
-        default=None,
-        metavar="SPEC",
-        help="add the BLiMP section: a folder of BLiMP <paradigm>.jsonl files (or nyu-mll/blimp); its layers "
-        "are the paper's range unless --layers is given (default: no BLiMP section)",
-    )
-    add_param_options(b, ANALYSES["blimp"].params, skip=[*seen, "layers"], own_defaults=own)
-    p.add_argument(
-        "--allow-skips",
-        action="store_true",
-        help="exit 0 when some sections were skipped for their input (default: the report is written and "
-        "the command exits 3, naming them)",
-    )
     g.add_argument(
         "--analyses",
         nargs="+",
@@ -646,8 +644,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="analyses (from: %(choices)s) to include, each on the checkpoints it applies to (default: %(default)s)",
     )
+    for name, flag in REPORT_JOINED.items():
+        j = p.add_argument_group(f"{name} (with {flag})")
+        j.add_argument(flag, **DATA_KINDS[ANALYSES[name].data_kind].report[1])
+        add_param_options(j, ANALYSES[name].params, skip=seen, own_defaults=own)
+    p.add_argument(
+        "--allow-skips",
+        action="store_true",
+        help="exit 0 when some sections were skipped for their input (default: the report is written and "
+        "the command exits 3, naming them)",
+    )
 
-    p = add("demo", *COMMANDS["demo"], cmd_demo)
+
+def _demo_options(p: argparse.ArgumentParser) -> None:
     _run_options(p, out="lime-probe-out/demo")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of training, sampling and probes (default: %(default)s)"
@@ -662,58 +671,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the two training runs here and reuse finished ones (default: runs/ inside --out)",
     )
 
-    p = add("reproduce", *COMMANDS["reproduce"], cmd_reproduce)
+
+def _reproduce_options(p: argparse.ArgumentParser) -> None:
+    p.description += "\n".join(f"  {s.name:<19} {s.description}" for s in STUDIES.values())
     p.add_argument(
-        "--study",
-        default="lm",
-        choices=("lm", "arithmetic"),
-        help="lm: the language-model findings (WikiText-2, BLiMP); arithmetic: accuracy per operator count "
-        "and value entropy on the built-in arithmetic task (default: %(default)s)",
+        "--study", required=True, choices=STUDIES, metavar="NAME", help="the study to run (listed above)"
     )
     p.add_argument(
         "--data",
         default=None,
         metavar="DIR",
-        help="folder holding wikitext-2/{valid,test}.txt and blimp/ (needed by --study lm)",
-    )
-    p.add_argument(
-        "--out",
-        dest="run_dir",
-        default=None,
-        metavar="DIR",
-        help="training runs and measurements, reused on a rerun (default: runs/lm-cpu, runs/arithmetic-seeds)",
+        help="folder holding wikitext-2/{valid,test}.txt and blimp/ (needed by "
+        + ", ".join(n for n, s in STUDIES.items() if s.needs_data)
+        + "; the others make their own data)",
     )
     p.add_argument(
         "--seeds",
         type=_seed_list,
         default=None,
         metavar="S,S,...",
-        help="training seeds of --study arithmetic, at least two (default: the size's, 0-4 for cpu)",
+        help="training seeds, at least two, instead of the study's (e.g. the finished seeds of a stopped study)",
     )
     p.add_argument(
-        "--baselines",
-        type=lambda s: [b.strip() for b in s.split(",") if b.strip()],
-        default=[],
-        metavar="NAME,...",
-        help="--study lm: also train the paper's cross-layer baselines (denseformer, resformer, "
-        "hyperconnections) or k/v-init ablations (lime-llama-kv-init: LIMe with LLaMA's k/v init; "
-        "llama-torch-kv-init: LLaMA with LIMe's) and "
-        "compare each with LLaMA as extra rows; --study arithmetic: both k/v-init ablations or none, "
-        "the 2 x 2 of k/v init x routing, each contrast against the cell that differs in one factor "
-        "(default: none)",
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="folder of the training runs and measurements, reused on a rerun (default: runs/STUDY)",
     )
-    p.add_argument("--results", default=None, metavar="DIR", help="tables and figures (default: OUT/results)")
     p.add_argument(
-        "--size", default="cpu", choices=("cpu", "tiny"), help="cpu: the protocol's runs; tiny: a smoke run"
+        "--results",
+        default=None,
+        metavar="DIR",
+        help="folder of the tables, figures and findings.md (default: OUT/results)",
     )
-    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
-    p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
-    p.set_defaults(out=None)
+    p.add_argument(
+        "--size",
+        default="full",
+        choices=("full", "tiny"),
+        help="full: the study as declared; tiny: a smoke run of it (default: %(default)s)",
+    )
+    add_device_option(p)
+    _threads_option(p)
 
-    p = add("cache", *COMMANDS["cache"], cmd_cache)
+
+def _cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--cache-dir", default=_default_cache(), metavar="DIR", help="the cache (default: %(default)s)"
+        "--cache",
+        dest="cache_dir",
+        default=_default_cache(),
+        metavar="DIR",
+        help="the activation cache (default: %(default)s)",
     )
     p.add_argument(
         "--clear",
@@ -732,55 +739,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--yes", action="store_true", help="clear without asking (needed where stdin is not a terminal)"
     )
-    p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
-    p.set_defaults(out=None)
-    return parser
 
 
-def _check_reproduce_outputs(run_dir: str, results: str | None) -> None:
-    """The runs folder and ``--results`` (written at the end, after the training) checked before any work."""
-    check_writable(run_dir, folder=True, option="--out")
-    if results is not None:
-        check_writable(results, folder=True, option="--results")
+def cmd_reproduce(args) -> None:
+    """Train or reuse the runs of a study, measure, compare (``lime_probe.studies.run_study``); writes in
+    place, resumable."""
+    from lime_probe.studies import run_study
 
-
-def cmd_reproduce(args, out: None) -> None:
-    """Train or reuse the runs, measure, compare (``lime_probe.studies.lm``, ``lime_probe.studies.arithmetic``);
-    writes in place, resumable."""
-    if args.study == "arithmetic":
-        from lime_probe.studies.arithmetic import run_arithmetic_study
-
-        if args.data is not None:
-            raise ValueError("--study arithmetic generates its data; leave out --data")
-        _check_reproduce_outputs(args.run_dir or "runs/arithmetic-seeds", args.results)
-        results = run_arithmetic_study(
-            args.run_dir or "runs/arithmetic-seeds",
-            size=args.size,
-            seeds=args.seeds,
-            results=args.results,
-            device=args.device,
-            baselines=args.baselines,
-        )
-    else:
-        from lime_probe.studies.lm import run_reproduction
-
-        if args.data is None:
-            raise ValueError("--study lm needs --data (the folder holding wikitext-2/ and blimp/)")
-        if args.seeds is not None:
-            raise ValueError("--seeds applies to --study arithmetic; the lm study's seeds are its protocol's")
-        _check_reproduce_outputs(args.run_dir or "runs/lm-cpu", args.results)
-        results = run_reproduction(
-            args.run_dir or "runs/lm-cpu",
-            args.data,
-            size=args.size,
-            results=args.results,
-            device=args.device,
-            baselines=args.baselines,
-        )
+    results = run_study(
+        args.study,
+        data=args.data,
+        out=args.out,
+        results=args.results,
+        seeds=args.seeds,
+        size=args.size,
+        device=args.device,
+    )
     print(f"results in {results} (findings.md)", file=sys.stderr)
 
 
-def cmd_cache(args, out: None) -> None:
+def cmd_cache(args) -> None:
     """List or clear the activation cache (``lime_probe.extraction.cachedir.cache_report``)."""
     from lime_probe.extraction.cachedir import cache_report
 
@@ -795,17 +773,101 @@ def cmd_cache(args, out: None) -> None:
     )
 
 
+def _staged(handler: Callable[[argparse.Namespace, Path], str | None]) -> Callable:
+    """``handler(args, folder)`` run on a staged folder that becomes ``--out`` when it succeeds
+    (`staged_output`): a command that fails or is interrupted leaves ``--out`` as it was."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> str | None:
+        with staged_output(args.out) as folder:
+            incomplete = handler(args, folder)
+        print(f"results in {args.out}", file=sys.stderr)
+        return incomplete
+
+    return run
+
+
+STAGED = "nothing was written to {out}"
+
+
+def _analysis(spec: Spec) -> Command:
+    def options(p: argparse.ArgumentParser) -> None:
+        _checkpoint_options(
+            p, data=spec.data_kind, max_sequences=spec.max_sequences, layers=spec.data_kind == "texts"
+        )
+        _run_options(p)
+        add_param_options(p.add_argument_group("analysis"), spec.params)
+
+    return Command(
+        spec.name, spec.help, spec.example, _staged(_analysis_command(spec)), options, interrupted=STAGED
+    )
+
+
+# Every subcommand; their examples are run as written by tests/test_docs_examples.py.
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in [
+        *map(_analysis, ANALYSES.values()),
+        Command(
+            "report",
+            "run several analyses and write one self-contained HTML report",
+            "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
+            "    --data ../shared/data/wikitext-2/valid.txt --blimp ../shared/data/blimp --allow-skips \\\n"
+            "    --out out/report   # then open out/report/report.html (--allow-skips: the cpu-tiny runs' "
+            "64-token documents hold too few ' are' for separability)",
+            _staged(cmd_report),
+            _report_options,
+            interrupted=STAGED,
+        ),
+        Command(
+            "demo",
+            "train tiny LIMe and LLaMA models on arithmetic, offline, and run every analysis",
+            "lime-probe demo                 # a few minutes on 2 CPU cores (README: measured time), writes "
+            "lime-probe-out/demo/\n"
+            "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
+            _staged(cmd_demo),
+            _demo_options,
+            interrupted=STAGED,
+        ),
+        Command(
+            "reproduce",
+            "train a study's models over seeds, measure them and test its pre-registered claims (resumable)",
+            "lime-probe reproduce --study lm-cpu --data ../shared/data --size tiny --out /tmp/repro"
+            "   # a 2-minute smoke run\n"
+            "lime-probe reproduce --study lm-cpu --data ../shared/data --results figures/lm-cpu"
+            "   # not run in tests: about an hour\n"
+            "lime-probe reproduce --study arithmetic-seeds --results figures/arithmetic-seeds"
+            "   # not run in tests: about 30 min at one thread",
+            cmd_reproduce,
+            _reproduce_options,
+            description="Train a study's models over its seeds (or reuse finished runs), measure them and test "
+            "its pre-registered\nclaims; a rerun continues where the last one stopped. The studies:\n",
+            interrupted="run the same command again to continue (finished runs and measurements are reused)",
+        ),
+        Command(
+            "cache",
+            "list the activation cache's entries by checkpoint and analysis with their sizes, or clear them",
+            "lime-probe cache                        # size per entry and the total\n"
+            "lime-probe cache --clear --older-than 30 --yes   # remove entries last written over 30 days ago\n"
+            "lime-probe cache --clear --ckpt runs/lime --yes   # remove one checkpoint's entries",
+            cmd_cache,
+            _cache_options,
+            interrupted="",
+        ),
+    ]
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lime-probe`` argument parser: one subcommand per entry of :data:`COMMANDS`."""
+    return checks.build_parser(
+        PROG, "The LIMe paper's analyses of representation collapse.", COMMANDS.values()
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse ``argv``, run the command, map errors to exit codes (see module doc)."""
-    try:
-        signal.signal(
-            signal.SIGINT, signal.default_int_handler
-        )  # Ctrl-C raises KeyboardInterrupt from here on
-        return _main(argv)
-    except KeyboardInterrupt:  # before the command started, or while reporting how it ended
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    return run_program(PROG, argv, build_parser, _run)
 
 
 def _analyses_of(args: argparse.Namespace) -> list[str]:
@@ -813,26 +875,18 @@ def _analyses_of(args: argparse.Namespace) -> list[str]:
     if args.command in ANALYSES:
         return [args.command]
     if args.command == "report":
-        return list(args.analyses) + (["blimp"] if args.blimp else [])
+        return list(args.analyses) + [n for n, flag in REPORT_JOINED.items() if getattr(args, _dest(flag))]
     return []
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or bad usage (2), message already printed
-        return int(e.code or 0)
-    where = f"{PROG} {args.command}"
-    try:
+def _run(args: argparse.Namespace) -> int:
+    command, where = COMMANDS[args.command], f"{PROG} {args.command}"
+
+    def work() -> int:
         if getattr(args, "label", None):  # checked before any import or output
             labels_for(args.ckpt, args.label)
         for name in _analyses_of(args):  # parameters check themselves (e.g. --words): no import needed
             params_of(ANALYSES[name], args)
-    except ValueError as e:
-        print(f"{where}: error: {e}", file=sys.stderr)
-        return 2
-    try:
         if hasattr(args, "threads"):  # a torch command: set before any work, record the effective count
             args.threads = configure_threads(args.threads)  # first: before anything imports torch
             import lime_model
@@ -844,35 +898,14 @@ def _main(argv: Sequence[str] | None) -> int:
             check_writable(args.cache, folder=True, option="--cache")
         from lime_probe.extraction.cachedir import report_growth
 
-        with (
-            staged_output(args.out) if args.out else contextlib.nullcontext() as tmp,
-            report_growth(getattr(args, "cache", None)),
-            one_line_warnings(where),
-        ):
-            incomplete = args.handler(args, tmp)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
-        print(f"{where}: interrupted; nothing was written to {args.out}", file=sys.stderr)
-        return 130
-    except BAD_INPUT as e:
-        if args.debug:
-            raise
-        print(f"{where}: error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        if args.debug:
-            raise
-        print(
-            f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 1
-    if args.out:
-        print(f"results in {args.out}", file=sys.stderr)
-    if incomplete:  # written, but without part of what was asked
-        print(f"{where}: incomplete: {incomplete}", file=sys.stderr)
-        return 3
-    return 0
+        with report_growth(getattr(args, "cache", None)), one_line_warnings(where):
+            incomplete = command.run(args)
+        if incomplete:  # written, but without part of what was asked
+            print(f"{where}: incomplete: {incomplete}", file=sys.stderr)
+            return 3
+        return 0
+
+    return run_command(where, work, debug=args.debug, interrupted=command.interrupted.format(**vars(args)))
 
 
 if __name__ == "__main__":

@@ -64,4 +64,4 @@ def command_defaults(command: str) -> dict[str, Any]:
         raise ValueError(f"unknown analysis {command!r}; choose one of {', '.join(ANALYSES)}")
     required = ["--ckpt", "-"] + (["--data", "-"] if ANALYSES[command].data_kind == "texts" else [])
     args = vars(build_parser().parse_args([command, *required]))
-    return {k: v for k, v in args.items() if k not in ("command", "handler", "ckpt", "data")}
+    return {k: v for k, v in args.items() if k not in ("command", "ckpt", "data")}

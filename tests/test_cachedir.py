@@ -121,12 +121,12 @@ def test_report_growth_prints_the_bytes_added(tmp_path, capsys):
 
 def test_cli_cache_lists_and_clears(filled, capsys):
     total = cache_size(filled)
-    assert cli.main(["cache", "--cache-dir", str(filled)]) == 0
+    assert cli.main(["cache", "--cache", str(filled)]) == 0
     assert f"{format_size(total)}  total in 2 entries" in capsys.readouterr().out
-    assert cli.main(["cache", "--cache-dir", str(filled), "--clear", "--yes"]) == 0
+    assert cli.main(["cache", "--cache", str(filled), "--clear", "--yes"]) == 0
     assert capsys.readouterr().out.startswith(f"removed 2 cache entries ({format_size(total)})")
     assert cache_entries(filled) == [] and (filled / "notes.txt").is_file()
-    assert cli.main(["cache", "--cache-dir", str(filled), "--older-than", "-2"]) == 2
+    assert cli.main(["cache", "--cache", str(filled), "--older-than", "-2"]) == 2
     assert "--older-than must be a number of days >= 0" in capsys.readouterr().err
 
 
@@ -168,7 +168,7 @@ class _Pipe(_Terminal):
 
 def test_clear_asks_on_a_terminal_and_refuses_without_one(filled, capsys, monkeypatch):
     before = [e.directory for e in cache_entries(filled)]
-    argv = ["cache", "--cache-dir", str(filled), "--clear"]
+    argv = ["cache", "--cache", str(filled), "--clear"]
     monkeypatch.setattr("sys.stdin", _Pipe("y"))  # a script: nobody to ask
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -209,7 +209,7 @@ def test_entries_are_named_by_checkpoint_and_analysis_and_cleared_per_checkpoint
     assert uses["The cats are here."] == ("blimp", "cka") and uses["The cats is here."] == ("blimp",)
     assert uses[" ".join(CORPUS[0].split())[:45] + "..."] == ("entropy",)
 
-    assert cli.main(["cache", "--cache-dir", str(cache)]) == 0
+    assert cli.main(["cache", "--cache", str(cache)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split("  (")[0] for ln in lines if not ln.startswith(" ")] == [
         str(ckpt.resolve()),
@@ -219,17 +219,17 @@ def test_entries_are_named_by_checkpoint_and_analysis_and_cleared_per_checkpoint
     assert any("blimp: hidden  'The cats is here.'" in ln for ln in lines)
     assert "total in 3 entries of 2 checkpoints" in lines[-1]
 
-    assert cli.main(["cache", "--cache-dir", str(cache), "--ckpt", str(other)]) == 0
+    assert cli.main(["cache", "--cache", str(cache), "--ckpt", str(other)]) == 0
     listed = capsys.readouterr().out
     assert str(other.resolve()) in listed and str(ckpt.resolve()) not in listed
     kept = du(next(e.directory for e in entries if e.checkpoint == str(other.resolve())))
-    assert cli.main(["cache", "--cache-dir", str(cache), "--clear", "--yes", "--ckpt", str(ckpt)]) == 0
+    assert cli.main(["cache", "--cache", str(cache), "--clear", "--yes", "--ckpt", str(ckpt)]) == 0
     assert capsys.readouterr().out.startswith("removed 2 cache entries ")
     assert [e.checkpoint for e in cache_entries(cache)] == [str(other.resolve())] and cache_size(
         cache
     ) == kept
     assert (
-        cli.main(["cache", "--cache-dir", str(cache), "--clear", "--yes", "--ckpt", str(tmp_path / "nope")])
+        cli.main(["cache", "--cache", str(cache), "--clear", "--yes", "--ckpt", str(tmp_path / "nope")])
         == 0
     )
     out = capsys.readouterr().out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +17,6 @@ from lime_probe import cli
 from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.specs import ANALYSES
 
-COMMANDS = [*ANALYSES, "report", "demo"]
 TEXTS = CORPUS
 DOCS = TEXTS * 3  # every probed word occurs at least 5 times
 
@@ -46,11 +44,11 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", cli.COMMANDS)
 def test_help_shows_an_example(capsys, command):
     code, out, _ = run_cli(capsys, command, "--help")
     assert code == 0
-    assert "example:" in out and f"lime-probe {command} " in out.split("example:")[1]
+    assert "examples:" in out and f"lime-probe {command}" in out.split("examples:")[1]
 
 
 def test_no_command_is_a_usage_error(capsys):
@@ -338,7 +336,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, ckpts, text_file, mo
 
 def test_reproduce_checks_its_output_folders_before_training(capsys, tmp_path):
     (tmp_path / "a-file").write_text("x")
-    argv = ["reproduce", "--study", "arithmetic", "--out", tmp_path / "runs"]
+    argv = ["reproduce", "--study", "arithmetic-seeds", "--out", tmp_path / "runs"]
     code, _, err = run_cli(capsys, *argv, "--results", tmp_path / "a-file" / "results")
     assert code == 2 and err.count("\n") == 1 and "--results" in err and "not a folder" in err, err
     assert not (tmp_path / "runs").exists()  # nothing created, nothing trained
@@ -743,11 +741,11 @@ def test_report_options_left_out_keep_each_analysis_default():
     parameters (and --max-sequences) its own command has by default."""
     args = cli.build_parser().parse_args(["report", "--ckpt", "x", "--data", "t.txt"])
     assert args.max_sequences is None
-    for name in cli.REPORTABLE:
+    for name in [*cli.REPORTABLE, *cli.REPORT_JOINED]:  # BLiMP too: its layers the paper's range
         assert cli.params_of(ANALYSES[name], args) == ANALYSES[name].params(), name
-    # BLiMP's --layers is the report's own ('all' there means BLiMP's default range, 'paper')
-    blimp = cli.params_of(ANALYSES["blimp"], args)
-    assert blimp == dataclasses.replace(ANALYSES["blimp"].params(), layers=args.layers)
+    assert "layers" not in vars(args) and cli.extract_options(args)["layers"] is None  # extraction: all
+    layered = cli.build_parser().parse_args(["report", "--ckpt", "x", "--data", "t.txt", "--layers", "2,3"])
+    assert cli.params_of(ANALYSES["blimp"], layered).layers == "2,3"
     given = cli.build_parser().parse_args(["report", "--ckpt", "x", "--data", "t.txt", "--site", "keys"])
     assert {cli.params_of(ANALYSES[n], given).site for n in ("entropy", "cka", "tsne")} == {"keys"}
 

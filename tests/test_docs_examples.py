@@ -120,7 +120,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     from lime_model import cli as model_cli
     from lime_probe import cli as probe_cli
 
-    return {"lime-probe": probe_cli.build_parser(), "lime-model": model_cli._parser()}
+    return {"lime-probe": probe_cli.build_parser(), "lime-model": model_cli.build_parser()}
 
 
 def help_examples() -> list[Example]:

@@ -124,13 +124,14 @@ def test_packaged_demo_task(tmp_path):
     assert report["results"]["agreement_demo"]["acc,none"] == pytest.approx(acc)
 
 
-def test_output_and_fewshot(tmp_path):
+def test_out_folder_and_fewshot(tmp_path):
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
     tasks = write_task(tmp_path / "tasks")
-    out = tmp_path / "elsewhere.json"
+    out = tmp_path / "elsewhere"
     argv = ["eval-downstream", "--ckpt", str(ckpt), "--tasks", "tiny_mc", "--include-path", str(tasks)]
-    assert cli.main([*argv, "--limit", "2", "--num-fewshot", "1", "--seed", "7", "--output", str(out)]) == 0
-    report = json.loads(out.read_text())
+    assert cli.main([*argv, "--limit", "2", "--num-fewshot", "1", "--seed", "7", "--out", str(out)]) == 0
+    assert [p.name for p in out.iterdir()] == ["tiny_mc.1shot.limit2.json"]
+    report = json.loads((out / "tiny_mc.1shot.limit2.json").read_text())
     assert report["n-shot"]["tiny_mc"] == 1
     seeds = ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")
     assert report["run_info"]["seed"] == dict.fromkeys(seeds, 7)
@@ -214,7 +215,7 @@ def test_paper_presets_are_the_papers_tables():
         3,
     )
     assert PRESETS["official-readme"].num_fewshot is None  # the README table states no shot count
-    assert DEFAULT_PRESET == "paper" == cli._parser().parse_args(["eval-downstream", "--ckpt", "x"]).tasks
+    assert DEFAULT_PRESET == "paper" == cli.build_parser().parse_args(["eval-downstream", "--ckpt", "x"]).tasks
 
 
 def test_paper_presets_against_the_papers_text():
