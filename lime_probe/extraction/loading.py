@@ -219,6 +219,15 @@ def _hub_offline(repo_id: str, revision: str | None = None) -> bool:
             ) from None
 
 
+def _hub_commit(repo_id: str, revision: str | None) -> str | None:
+    """The commit of hub model `repo_id` at `revision` (default: main) whose files were just read into the
+    local hub cache, or None when the cache does not say."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    return Path(path).parent.name if isinstance(path, str) else None
+
+
 def _check_local(path: Path) -> None:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -392,6 +401,10 @@ def load(
             raise ValueError(f"cannot load the weights of {where}: {_one(error)}") from None
         if "offload_folder" in placement and offload_folder is None:  # lives as long as the model
             weakref.finalize(model, shutil.rmtree, placement["offload_folder"], ignore_errors=True)
+        if (
+            hub
+        ):  # the activation cache keys a hub model on it (`cache.checkpoint_identity`), not on its weights
+            model.config._commit_hash = _hub_commit(ckpt, revision)
         try:
             tokenizer = tf.AutoTokenizer.from_pretrained(ckpt, **source)
         except Exception as error:  # noqa: BLE001
