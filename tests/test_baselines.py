@@ -342,6 +342,7 @@ def run_probe(capsys, *argv):
     return out
 
 
+@pytest.mark.slow
 def test_router_draws_every_mixing_weight_next_to_lime(capsys, tmp_path, ckpts):
     labels = ["LIMe", "LLaMA", "DenseFormer", "ResFormer", "HyperConnections"]
     argv = [

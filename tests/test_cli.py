@@ -750,6 +750,7 @@ def test_report_options_left_out_keep_each_analysis_default():
     assert {cli.params_of(ANALYSES[n], given).site for n in ("entropy", "cka", "tsne")} == {"keys"}
 
 
+@pytest.mark.slow
 def test_report_with_a_skipped_section_exits_3_unless_allowed(capsys, tmp_path, ckpts, text_file):
     common = ["--ckpt", ckpts["llama"], "--data", text_file, "--max-length", 32, "--no-cache"]
     common += ["--num-windows", 2, "--window", 16, "--analyses", "entropy", "cka", "separability"]

@@ -422,6 +422,7 @@ def test_line_styles_differ_for_the_first_64_lines():
         ),
     ],
 )
+@pytest.mark.slow
 def test_every_figure_lays_out_without_warnings(tmp_path, make):
     _drawn(make(), tmp_path)
 

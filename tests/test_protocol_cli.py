@@ -248,6 +248,7 @@ def hand_pooled(model, tok, site: str, how: str) -> tuple[dict, np.ndarray]:
 
 
 @pytest.mark.parametrize("how", ["mean", "last"])
+@pytest.mark.slow
 def test_separability_of_multi_token_words_against_sklearn(capsys, tmp_path, ckpts, text_file, how):
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_score
@@ -274,6 +275,7 @@ def test_separability_of_multi_token_words_against_sklearn(capsys, tmp_path, ckp
 
 
 @pytest.mark.parametrize("raw", [True, False])
+@pytest.mark.slow
 def test_tsne_l2_normalize_option_against_opentsne(capsys, tmp_path, ckpts, text_file, raw):
     from openTSNE import TSNE
 
