@@ -91,12 +91,13 @@ def perplexity(
     if not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
     check_weights(ckpt)
-    check_device(device)
+    device = check_device(device)
     if out is not None:
         check_writable(out)
     source = data_mod.TextSource(data, split)
     source.key()  # a missing or unreadable data source fails here, before the model is loaded
-    model = AutoModelForCausalLM.from_pretrained(ckpt).to(device)
+    # read straight onto the device: no copy of the weights in host memory on the way to a GPU
+    model = AutoModelForCausalLM.from_pretrained(ckpt, device_map=str(device))
     tokenizer = load_tokenizer(str(ckpt))
     window = window or model.config.max_position_embeddings
     if window < 2:
