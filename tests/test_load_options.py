@@ -196,6 +196,7 @@ def _save_snapshot(cache: Path, repo: str, ref: str, commit: str, seed: int) -> 
     return save_tiny_checkpoint(entry / "snapshots" / commit, "llama", seed=seed)
 
 
+@pytest.mark.slow
 def test_revisions_are_read_from_the_hub_cache_and_recorded(tmp_path):
     """Two revisions of one hub model (a hub cache built here, read offline) load their own weights and
     tokenizer; the results record each checkpoint's revision. In a subprocess: the hub's cache folder and
