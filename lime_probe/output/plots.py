@@ -715,3 +715,38 @@ def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:
     )
     ax.legend(fontsize=8, loc="lower right")
     return fig
+
+
+def plot_bars(values: Mapping[str, float], *, ylabel: str, title: str = "") -> Figure:
+    """One bar per label (e.g. a model's perplexity), its value written above it."""
+    with style():
+        fig, axes = _new_figure(size=(max(3.0, 0.9 * len(values) + 1.5), 3.2))
+        ax = axes[0, 0]
+        bars = ax.bar(list(values), list(values.values()), color=[color(i) for i in range(len(values))])
+        ax.bar_label(bars, fmt="%.4g")
+        ax.set_ylabel(ylabel)
+        if title:
+            ax.set_title(title)
+    return fig
+
+
+def plot_intervals(rows: Sequence[Mapping], *, title: str) -> Figure:
+    """Forest plots, one panel per ``panel`` (an endpoint, in its own unit): one horizontal interval per
+    row (``label``, ``mean``, ``low``, ``high``) and a dashed line at zero."""
+    panels: dict[str, list[Mapping]] = {}
+    for r in rows:
+        panels.setdefault(r["panel"], []).append(r)
+    heights = [0.42 * len(p) + 0.9 for p in panels.values()]
+    with style():
+        fig = Figure(figsize=(7.5, sum(heights) + 0.6), layout="constrained")
+        axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+        for ax, (panel, prs) in zip(axes, panels.items(), strict=True):
+            for i, r in enumerate(prs):
+                err = [[r["mean"] - r["low"]], [r["high"] - r["mean"]]]
+                ax.errorbar(r["mean"], i, xerr=err, fmt="o", color=color(0), capsize=3)
+            ax.axvline(0.0, color="0.5", linewidth=0.8, linestyle="--")
+            ax.set_yticks(range(len(prs)), [r["label"] for r in prs])
+            ax.set_ylim(len(prs) - 0.5, -0.5)
+            ax.set_title(panel, fontsize="medium", loc="left")
+        fig.suptitle(title)
+    return fig

@@ -1,0 +1,421 @@
+"""A study's comparisons and what it writes: every claim's paired difference over seeds, the per-run
+tables, the figures and findings.md.
+
+Each row of ``differences.csv`` is one `Claim` (an exploratory claim: one row per layer): the mean of
+``model - reference`` over seeds with its 95 % paired t-interval, the t-test's p, the exact sign-flip p
+and the minimum detectable effect at this many seeds (`stats.paired_difference`). Primary and secondary
+rows carry a verdict from the interval; the primary p-values are also Holm-adjusted over the study's
+primary endpoints; exploratory rows get Holm-adjusted p and BH q over each family (one claim's layers)
+and no verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .study import Claim, Effect, Endpoint, Study
+
+Measured = Mapping[str, Mapping[tuple[str, int], dict]]  # measure -> (label, seed) -> {"rows", ...}
+
+
+def name_of(side: str | Effect) -> str:
+    return side.name if isinstance(side, Effect) else side
+
+
+def side_values(side: str | Effect, get, seeds: Sequence[int]) -> np.ndarray:
+    """Per seed: the endpoint of model ``side``, or for an `Effect` its two models' difference."""
+    if isinstance(side, Effect):
+        return side_values(side.model, get, seeds) - side_values(side.reference, get, seeds)
+    return np.array([get(side, s) for s in seeds], dtype=float)
+
+
+def verdict(role: str, sign: int | None, resolved: bool, mean: float) -> str:
+    """'exploratory' rows carry none; otherwise 'not resolved', or against a stated sign 'holds' /
+    'reversed', or without one which way the resolved difference goes."""
+    if role == "exploratory":
+        return "exploratory"
+    if not resolved:
+        return "not resolved"
+    if sign is None:
+        return "higher" if mean > 0 else "lower"
+    return "holds" if (mean > 0) == (sign > 0) else "reversed"
+
+
+def difference_row(claim: Claim, a: np.ndarray, b: np.ndarray, **where: Any) -> dict:
+    """One comparison: ``a - b`` (per seed) as the claim states it, with every statistic."""
+    from lime_probe.probes.stats import paired_difference
+
+    d = paired_difference(a, b)
+    model, reference = name_of(claim.model), name_of(claim.reference)
+    return {
+        "endpoint": claim.endpoint.label(claim.per),
+        "measure": claim.endpoint.name,
+        **where,
+        "model": model,
+        "reference": reference,
+        "role": claim.role,
+        "claim": claim.text,
+        "sign": claim.sign,
+        "model_mean": float(np.mean(a)),
+        "reference_mean": float(np.mean(b)),
+        "diff_mean": d.mean,
+        "diff_std": d.std,
+        "ci_low": d.ci_low,
+        "ci_high": d.ci_high,
+        "n_seeds": d.n,
+        "per_seed_diff": list(d.pairs),
+        "p_t": d.p,
+        "p_sign_flip": d.p_sign_flip,
+        "mde": d.mde,
+        "verdict": verdict(claim.role, claim.sign, d.ci_low > 0 or d.ci_high < 0, d.mean),
+    }
+
+
+def compare(study: Study, measured: Measured, seeds: Sequence[int]) -> list[dict]:
+    """Every claim of ``study`` over ``seeds``, one row each (per layer for exploratory claims), with
+    Holm over the primary endpoints and Holm / BH within each exploratory family."""
+    from lime_probe.probes.stats import benjamini_hochberg, holm
+
+    rows = []
+    for claim in study.claims:
+        e = claim.endpoint
+
+        def rows_of(label: str, seed: int, e: Endpoint = e) -> list[dict]:
+            return measured[e.measure][label, seed]["rows"]
+
+        if claim.per is None:
+            get = lambda label, seed, e=e: e.of(rows_of(label, seed))  # noqa: E731
+            a, b = side_values(claim.model, get, seeds), side_values(claim.reference, get, seeds)
+            rows.append(difference_row(claim, a, b))
+            continue
+        family = []
+        keys = list(e.per(claim.per, rows_of(models_of(claim.model)[0], seeds[0])))
+        for key in keys:
+            get = lambda label, seed, e=e, key=key, per=claim.per: e.per(per, rows_of(label, seed))[key]  # noqa: E731
+            a, b = side_values(claim.model, get, seeds), side_values(claim.reference, get, seeds)
+            family.append(difference_row(claim, a, b, **{claim.per: key}))
+        p = [r["p_t"] for r in family]
+        for r, ph, q in zip(family, holm(p), benjamini_hochberg(p), strict=True):
+            r["p_holm"], r["q_bh"] = float(ph), float(q)
+        rows += family
+    primary = [r for r in rows if r["role"] == "primary"]
+    for r, ph in zip(primary, holm([r["p_t"] for r in primary]), strict=True):
+        r["p_holm"] = float(ph)
+    return rows
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def per_run_tables(measured: Measured) -> dict[str, list[dict]]:
+    """Per measure: every run's rows with its ``model`` label and ``seed``."""
+    out: dict[str, list[dict]] = {}
+    for name, per_run in measured.items():
+        out[name] = [
+            {"model": label, "seed": seed, **{k: v for k, v in row.items() if k != "model"}}
+            for (label, seed), m in per_run.items()
+            for row in m["rows"]
+        ]
+    return out
+
+
+def models_of(side: str | Effect) -> list[str]:
+    return [*models_of(side.model), *models_of(side.reference)] if isinstance(side, Effect) else [side]
+
+
+def endpoint_table(study: Study, measured: Measured, seeds: Sequence[int]) -> list[dict]:
+    """Each run's value of every non-exploratory endpoint, for the models its claims compare: what the
+    differences pair up."""
+    wanted: dict[str, tuple[Endpoint, set[str]]] = {}
+    for claim in study.claims:
+        if claim.per is None:
+            e = claim.endpoint
+            wanted.setdefault(e.label(), (e, set()))[1].update(
+                models_of(claim.model) + models_of(claim.reference)
+            )
+    return [
+        {
+            "endpoint": label,
+            "model": model,
+            "seed": seed,
+            "value": e.of(measured[e.measure][model, seed]["rows"]),
+        }
+        for label, (e, models) in wanted.items()
+        for model in study.models
+        if model in models
+        for seed in seeds
+    ]
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def interval_label(n_seeds: int) -> str:
+    return f"95 % paired t-interval over {n_seeds} seeds"
+
+
+def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], claims: Sequence[Claim], seeds):
+    """Left: each model's per-layer endpoint, mean over seeds, band min-max over seeds. Right: each
+    contrast's paired difference per layer, band its 95 % paired t-interval."""
+    from matplotlib.figure import Figure
+
+    from lime_probe.output import plots as F
+
+    e, key = claims[0].endpoint, claims[0].per
+    labels = [x for x in study.models if x in {name for c in claims for name in (c.model, c.reference)}]
+    curves = {}
+    for label in labels:
+        per = [e.per(key, measured[e.measure][label, s]["rows"]) for s in seeds]
+        layers = sorted(per[0])
+        values = np.array([[p[la] for la in layers] for p in per])  # (seeds, layers)
+        curves[label] = {
+            "layers": layers,
+            "mean": values.mean(0),
+            "low": values.min(0),
+            "high": values.max(0),
+        }
+    series = {}
+    for c in claims:
+        rs = [
+            r
+            for r in diff
+            if r["endpoint"] == e.label(key)
+            and (r["model"], r["reference"]) == (name_of(c.model), name_of(c.reference))
+            and key in r
+        ]
+        series[f"{name_of(c.model)} - {name_of(c.reference)}"] = {
+            "layers": [r[key] for r in rs],
+            "mean": [r["diff_mean"] for r in rs],
+            "low": [r["ci_low"] for r in rs],
+            "high": [r["ci_high"] for r in rs],
+        }
+    site = e.where.get("site", "values")
+    with F.style():
+        fig = Figure(figsize=(10.0, 3.8), layout="constrained")
+        left, right = fig.subplots(1, 2)
+    unit = f" [{e.unit}]" if e.unit else ""
+    F.plot_layer_curves(
+        curves,
+        ylabel=f"{e.name}{unit}",
+        xlabel=F.layer_axis_label(site),
+        title=f"{e.name} ({site}) per {key}\n(mean, band: min-max over {len(seeds)} seeds)",
+        ax=left,
+    )
+    F.plot_layer_curves(
+        series,
+        ylabel=f"difference{unit}",
+        xlabel=F.layer_axis_label(site),
+        baseline=0.0,
+        baseline_label="no difference",
+        title=f"Paired difference per {key} (exploratory)\n(mean, band: {interval_label(len(seeds))})",
+        ax=right,
+    )
+    return fig
+
+
+def endpoints_figure(diff: Sequence[dict], seeds: Sequence[int]):
+    """Every primary and secondary comparison as an interval, one panel per endpoint."""
+    from lime_probe.output import plots as F
+
+    scale = {}
+    rows = []
+    for r in diff:
+        if r["role"] == "exploratory":
+            continue
+        s = scale.setdefault(r["endpoint"], 100.0 if r["measure"] == "accuracy" else 1.0)
+        unit = " (points)" if s == 100.0 else ""
+        rows.append(
+            {
+                "panel": f"{r['endpoint']}{unit}",
+                "label": f"{r['model']} - {r['reference']} ({r['role']})",
+                "mean": s * r["diff_mean"],
+                "low": s * r["ci_low"],
+                "high": s * r["ci_high"],
+            }
+        )
+    return F.plot_intervals(rows, title=f"Paired differences, mean and {interval_label(len(seeds))}")
+
+
+def mean_curve(metrics: Sequence[Mapping[str, np.ndarray]]) -> dict:
+    """Loss vs FLOPs and tokens averaged over seeds (the seeds share one step grid), with the loss's
+    min and max over seeds at each record as ``"low"``/``"high"`` (n_records,)."""
+    n = min(len(x["loss"]) for x in metrics)
+    out = {k: np.mean([x[k][:n] for x in metrics], axis=0) for k in ("flops", "tokens", "loss")}
+    losses = np.array([x["loss"][:n] for x in metrics])  # (seeds, records)
+    return out | {"low": losses.min(0), "high": losses.max(0)}
+
+
+def draw(study: Study, results: Path, measured: Measured, diff, seeds, runs, out: Path) -> None:
+    from lime_probe.output import plots as F
+    from lime_probe.output.results import read_metrics
+
+    families: dict[tuple[str, str], list[Claim]] = {}
+    for c in study.claims:
+        if c.per is not None:
+            families.setdefault((c.endpoint.label(c.per), c.per), []).append(c)
+    for (label, per), claims in families.items():
+        stem = "_".join("".join(ch if ch.isalnum() else " " for ch in f"{label} per {per}").split())
+        F.save_figure(per_layer_figure(study, measured, diff, claims, seeds), results / stem)
+    F.save_figure(endpoints_figure(diff, seeds), results / "endpoints")
+    curves = {label: mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in study.models}
+    band = f"mean over {len(seeds)} seeds, band: min-max over {len(seeds)} seeds"
+    F.save_figure(F.plot_training_curves(curves, band=band), results / "loss_vs_flops")
+    for name, m in study.measures.items():  # the per-seed figures (t-SNE, routers), as measured
+        if m.per != "seed":
+            continue
+        for seed in seeds:
+            for folder in sorted((out / "measure" / name).glob(f"s{seed}-*")):
+                for f in sorted(folder.glob("*.png")) + sorted(folder.glob("*.pdf")):
+                    shutil.copyfile(f, results / f"{f.stem}_s{seed}{f.suffix}")
+
+
+# --------------------------------------------------------------------------- findings.md
+
+
+def format_p(p: float) -> str:
+    """A p-value for a table: three significant digits, "<0.001" below that."""
+    return "<0.001" if p < 0.001 else f"{p:.3g}"
+
+
+def statistics_note(n: int) -> str:
+    return (
+        f"Beside each interval: the t-test's p, the exact sign-flip permutation p (two-sided, all 2^{n} sign "
+        f"patterns; its smallest possible value at {n} seeds is {format_p(2 / 2**n)}) and the minimum detectable "
+        f"effect (MDE: the true difference a paired t-test at {n} seeds detects with 80 % power at 5 %, given the "
+        "observed paired std). A 'not resolved' difference smaller than its MDE says little either way."
+    )
+
+
+def _number(x: float, scale: float) -> str:
+    return f"{scale * x:.4g}"
+
+
+def claim_table(rows: Sequence[dict], holm_column: bool) -> list[str]:
+    head = "| claim | model - reference | model | reference | difference [95 % paired t-interval] | p (t) |"
+    head += " p (Holm, primaries) |" if holm_column else ""
+    lines = [head + " p (sign-flip) | MDE | verdict |", "|" + "---|" * (head.count("|") + 2)]
+    for r in rows:
+        s = 100.0 if r["measure"] == "accuracy" else 1.0
+        what = f"{r['claim']}: {r['endpoint']}" if r["claim"] else r["endpoint"]
+        what += " (points)" if s == 100.0 else ""
+        cells = [
+            what,
+            f"{r['model']} - {r['reference']}",
+            _number(r["model_mean"], s),
+            _number(r["reference_mean"], s),
+            f"{s * r['diff_mean']:+.4g} [{s * r['ci_low']:+.4g}, {s * r['ci_high']:+.4g}]",
+            format_p(r["p_t"]),
+            *([format_p(r["p_holm"])] if holm_column else []),
+            format_p(r["p_sign_flip"]),
+            _number(r["mde"], s),
+            r["verdict"],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def exploratory_table(diff: Sequence[dict], alpha: float = 0.05) -> list[str]:
+    """Per exploratory family: the layers with p < ``alpha`` unadjusted, after Holm and after BH, by sign."""
+
+    def hits(rows: list[dict], key: str, per: str) -> str:
+        hit = [r for r in rows if r[key] < alpha]
+        parts = [
+            f"{name}: {', '.join(str(r[per]) for r in hit if (r['diff_mean'] > 0) == up)}"
+            for name, up in (("higher", True), ("lower", False))
+            if any((r["diff_mean"] > 0) == up for r in hit)
+        ]
+        return "; ".join(parts) or "none"
+
+    lines = [
+        f"| endpoint | model - reference | tests | p < {alpha:g} | Holm p < {alpha:g} | BH q < {alpha:g} |",
+        "|---|---|---|---|---|---|",
+    ]
+    families: dict[tuple, list[dict]] = {}
+    for r in diff:
+        if r["role"] == "exploratory":
+            families.setdefault((r["endpoint"], r["model"], r["reference"]), []).append(r)
+    for (endpoint, model, ref), rows in families.items():
+        per = next(k for k in ("layer", "n_operators") if k in rows[0])
+        lines.append(
+            f"| {endpoint} per {per} | {model} - {ref} | {len(rows)} | {hits(rows, 'p_t', per)} | "
+            f"{hits(rows, 'p_holm', per)} | {hits(rows, 'q_bh', per)} |"
+        )
+    return lines
+
+
+def findings(study: Study, diff: Sequence[dict], seeds: Sequence[int]) -> str:
+    """findings.md: the question, the primary endpoints with every statistic, the secondary ones, then
+    the exploratory per-layer families with their adjusted results. A study reported at fewer seeds
+    than declared says so first and gives no verdict on its claims."""
+    n = len(seeds)
+    interim = len(seeds) < len(study.seeds)
+    lines = [f"# {study.name}: {study.question}", ""]
+    if interim:
+        lines += [
+            f"**Interim, {n} of {len(study.seeds)} seeds** ({', '.join(map(str, seeds))}): the protocol's analysis "
+            f"is at {len(study.seeds)} seeds. The verdict columns below are printed as computed but decide "
+            "no claim.",
+            "",
+        ]
+    lines += [
+        f"Models trained with recipe `{study.recipe}`, seeds {', '.join(map(str, seeds))}; every difference is "
+        "model minus reference, paired by seed. Verdict from the 95 % paired t-interval: with a sign stated in "
+        "advance 'holds' (excludes 0 that way) or 'reversed', without one 'higher' or 'lower', else 'not "
+        f"resolved'. {statistics_note(n)}" + (f" Protocol: `{study.protocol}`." if study.protocol else ""),
+        "",
+        "## Primary endpoints",
+        "",
+        *claim_table([r for r in diff if r["role"] == "primary"], holm_column=True),
+        "",
+        "## Secondary endpoints",
+        "",
+        *claim_table([r for r in diff if r["role"] == "secondary"], holm_column=False),
+        "",
+        "## Per layer (exploratory)",
+        "",
+        "Not pre-registered endpoints: one paired t-test per layer, adjusted over each family's layers with Holm "
+        "(family-wise error 5 %) and Benjamini-Hochberg (false discovery rate 5 %); no verdict. Every value: "
+        "differences.csv; the intervals: the per-layer figures.",
+        "",
+        *exploratory_table(diff),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_findings(study: Study, results: Path, seeds, runs, measured: Measured, out: Path) -> None:
+    """Tables (CSV + JSON with provenance), figures, findings.md and summary.json into ``results``."""
+    import torch
+
+    from lime_probe.output.results import atomic_write_text, run_metadata, write_results
+
+    measured = {k: {ls: v for ls, v in per.items() if ls[1] in seeds} for k, per in measured.items()}
+    meta = run_metadata(
+        "reproduce",
+        settings={
+            "study": study.name,
+            "seeds": list(seeds),
+            "recipe": study.recipe,
+            "models": dict(study.models),
+        },
+        checkpoints={f"{label}-s{s}": str(p) for (label, s), p in runs.items() if s in seeds},
+    )
+    meta["threads"] = {
+        "torch_threads": torch.get_num_threads(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+    diff = compare(study, measured, seeds)
+    write_results(results / "differences", diff, meta=meta)
+    write_results(results / "endpoint_values", endpoint_table(study, measured, seeds), meta=meta)
+    for name, rows in per_run_tables(measured).items():
+        write_results(results / name, rows, meta=meta)
+    draw(study, results, measured, diff, seeds, runs, out)
+    atomic_write_text(results / "findings.md", findings(study, diff, seeds))
+    atomic_write_text(
+        results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)
+    )

@@ -1,0 +1,304 @@
+"""The one runner of every study: train or reuse the runs, measure each through its analysis, compare.
+
+Layout of ``out``::
+
+    train/{label}-s{seed}/             lime-model runs: reused when finished, resumed when interrupted
+    measure/{measure}/{run}-{key}.json  one measure of one run (rows, tables, extra), reused when present;
+                                        ``key`` digests the analysis, its parameters, the data and the run
+    measure/{measure}/s{seed}-{key}/    a per-seed measure's results and figures (t-SNE, routers)
+    results/                           tables, figures and findings.md (`lime_probe.studies.findings`)
+
+Training is seed-major and each seed's runs are measured before the next seed trains, so a study
+stopped early holds whole seeds, measured; a rerun continues where it stopped. Every number comes from
+a `Spec` of the registry, exactly as ``lime-probe ANALYSIS`` computes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .study import Measure, Study
+
+
+@dataclass(frozen=True)
+class Data:
+    """The shared data a language-model study reads: WikiText-2 (train on valid, measure on test), BLiMP."""
+
+    train: Path
+    test: Path
+    blimp: Path
+
+    @classmethod
+    def under(cls, root: str | os.PathLike) -> Data:
+        root = Path(root)
+        data = cls(root / "wikitext-2" / "valid.txt", root / "wikitext-2" / "test.txt", root / "blimp")
+        for path in (data.train, data.test, data.blimp):
+            if not path.exists():
+                raise FileNotFoundError(
+                    f"data not found: {path} (--data names the folder holding wikitext-2/ and blimp/)"
+                )
+        return data
+
+
+def run_name(label: str, seed: int) -> str:
+    return f"{label.lower()}-s{seed}"
+
+
+class Progress:
+    """One line per step with the elapsed time and an estimate of what is left: the mean time of the
+    steps that did work (a reused step takes no time and would skew the mean)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.reused, self.start = total, 0, 0, time.monotonic()
+
+    def step(self, what: str, reused: bool = False) -> None:
+        elapsed = time.monotonic() - self.start
+        worked = self.done - self.reused
+        eta = f"{elapsed / worked * (self.total - self.done) / 60:.0f} min" if worked else "?"
+        print(
+            f"[{self.done + 1}/{self.total}] {what}{' (reused)' if reused else ''} "
+            f"(elapsed {elapsed / 60:.0f} min, left ~{eta})",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.done += 1
+        self.reused += reused
+
+
+def finished(run: Path) -> bool:
+    """Whether ``run`` is a complete lime-model run: its metrics reached the recipe's last step."""
+    metrics, recipe = run / "metrics.jsonl", run / "recipe.json"
+    if not (recipe.is_file() and metrics.is_file() and (run / "config.json").is_file()):
+        return False
+    lines = metrics.read_text().strip().splitlines()
+    return bool(lines) and json.loads(lines[-1])["step"] == json.loads(recipe.read_text())["steps"]
+
+
+def train_seed(study: Study, out: Path, seed: int, data: Data | None, progress: Progress) -> dict[str, Path]:
+    """Train every model of ``study`` at ``seed`` that is not finished; returns {label: run folder}."""
+    from lime_model.train import SecondEpochWarning, train
+
+    runs = {}
+    for label, overrides in study.models.items():
+        run = out / "train" / run_name(label, seed)
+        done = finished(run)
+        progress.step(f"training {label} seed {seed}", reused=done)
+        if not done:
+            extra = {"data": str(data.train)} if data is not None else {}
+            with warnings.catch_warnings():  # the arithmetic recipes repeat their expressions by design
+                warnings.simplefilter("ignore", SecondEpochWarning)
+                train(
+                    study.recipe,
+                    run,
+                    resume=(run / "recipe.json").is_file(),
+                    seed=seed,
+                    **extra,
+                    **{**study.overrides, **overrides},
+                )
+        runs[label] = run
+    return runs
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def measure_key(m: Measure, runs: Sequence[Path], data: Data | None) -> str:
+    """A digest of everything a measurement depends on: the analysis and its parameters, the data (file
+    digests) and each run's identity (config and weights)."""
+    from lime_model.digests import texts_hash
+    from lime_probe.extraction.provenance import checkpoint_identity
+
+    source = {"test": "test", "test-windows": "test", "blimp": "blimp"}.get(m.data)
+    files = []
+    if source == "test":
+        files = [data.test]
+    elif source == "blimp":
+        files = sorted(data.blimp.glob("*.jsonl"))
+    what = {
+        "measure": asdict(m),
+        "data": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+        "runs": [checkpoint_identity(r)["fingerprint"] for r in runs],
+    }
+    return texts_hash([json.dumps(what, sort_keys=True, default=str)])[:12]
+
+
+def cached(path: Path, compute: Callable[[], dict]) -> dict:
+    """The JSON at ``path``; ``compute()`` written there (atomically) first if it is not there."""
+    from lime_probe.output.results import atomic_write_text, to_jsonable
+
+    if path.is_file():
+        return json.loads(path.read_text())
+    value = compute()
+    atomic_write_text(path, json.dumps(to_jsonable(value)))
+    return value
+
+
+def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[Any, dict]:
+    """What ``m`` reads for checkpoint ``ck`` and the extraction keywords that go with it."""
+    kw: dict[str, Any] = {"cache_dir": None, **m.extract}
+    if m.data == "none":
+        return None, kw
+    if m.data == "expressions":
+        from lime_model.recipes import load_recipe
+        from lime_model.tasks.arithmetic import recipe_splits
+        from lime_probe.studies.demo import sample_text
+
+        recipe = load_recipe(str(run / "recipe.json"))
+        _, test = recipe_splits(recipe, with_train=False)
+        return [sample_text(s, ck.tokenizer) for s in test[: m.max_texts]], {
+            "max_length": recipe.seq_len,
+            **kw,
+        }
+    if data is None:
+        raise ValueError(f"measure {m.analysis!r} reads {m.data!r}: the study needs --data")
+    if m.data == "blimp":
+        from lime_probe.probes.blimp import load_blimp
+        from lime_probe.specs.blimp import chosen_paradigms
+
+        return load_blimp(str(data.blimp), chosen_paradigms(spec.params(**m.params))), kw
+    from lime_model.data import load_texts
+
+    texts = load_texts(str(data.test), max_texts=m.max_texts)
+    if m.data == "test":
+        return texts, kw
+    from lime_probe.extraction.windows import max_positions, token_windows
+
+    window = max_positions(ck.model)
+    return token_windows(texts, ck.tokenizer, window, None), {
+        "max_length": window,
+        "pretokenized": True,
+        **kw,
+    }
+
+
+def run_measure(m: Measure, cks: list, runs: Sequence[Path], data: Data | None):
+    """``m``'s analysis on the checkpoints ``cks`` (their runs ``runs``): a `Result`."""
+    from lime_probe.specs import ANALYSES
+
+    spec = ANALYSES[m.analysis]
+    source, kw = measure_data(m, spec, cks[0], runs[0], data)
+    return spec.compute(cks, source, spec.params(**m.params), kw)
+
+
+@functools.cache
+def _open(run: Path, label: str, device: str, load: bool):
+    from lime_probe.specs import Checkpoint
+
+    if not load:
+        return Checkpoint(label, str(run), None, None)
+    from lime_probe.extraction.loading import load as load_model
+
+    return Checkpoint(label, str(run), *load_model(run, device=device))
+
+
+def measure_runs(
+    study: Study,
+    out: Path,
+    seed: int,
+    runs: Mapping[str, Path],
+    data: Data | None,
+    device: str,
+    progress: Progress,
+) -> dict[str, dict[str, dict]]:
+    """Every measure of ``study`` on the runs of one seed: the per-run ones ({measure: {label: {"rows",
+    "tables", "extra"}}}, cached as JSON) and the per-seed ones (written with their figures under
+    ``measure/``)."""
+    from lime_probe.specs import ANALYSES, write_analysis
+
+    measured: dict[str, dict[str, dict]] = {name: {} for name, m in study.measures.items() if m.per == "run"}
+    for label, run in runs.items():
+        todo = {
+            name: m for name, m in study.measures.items() if m.per == "run" and label in (m.models or runs)
+        }
+        paths = {
+            name: out / "measure" / name / f"{run.name}-{measure_key(m, [run], data)}.json"
+            for name, m in todo.items()
+        }
+        progress.step(
+            f"measuring {label} seed {seed}: {', '.join(todo)}",
+            reused=all(p.is_file() for p in paths.values()),
+        )
+        for name, m in todo.items():
+            load = ANALYSES[m.analysis].data_kind != "none"
+
+            def compute(m=m, load=load, label=label, run=run) -> dict:
+                result = run_measure(m, [_open(run, label, device, load)], [run], data)
+                return {"rows": result.rows, "tables": result.tables, "extra": result.extra}
+
+            measured[name][label] = cached(paths[name], compute)
+    for name, m in study.measures.items():
+        if m.per != "seed":
+            continue
+        labels = [label for label in runs if label in (m.models or runs)]
+        folder = out / "measure" / name / f"s{seed}-{measure_key(m, [runs[x] for x in labels], data)}"
+        done = (folder / "done").is_file()
+        progress.step(f"{name} of seed {seed}: {', '.join(labels)}", reused=done)
+        if not done:
+            load = ANALYSES[m.analysis].data_kind != "none"
+            cks = [_open(runs[x], x, device, load) for x in labels]
+            result = run_measure(m, cks, [runs[x] for x in labels], data)
+            write_analysis(result, folder, {"study": study.name, "seed": seed, "measure": asdict(m)})
+            (folder / "done").write_text("")
+    _open.cache_clear()  # one seed's models at a time in memory
+    return measured
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def run_study(
+    name: str | Study,
+    *,
+    data: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
+    results: str | os.PathLike | None = None,
+    seeds: Sequence[int] | None = None,
+    size: str = "full",
+    device: str = "cpu",
+) -> Path:
+    """Train or reuse the runs of study ``name`` (a key of `STUDIES`, or a `Study`), measure them, compare,
+    and write ``results`` (default ``out/results``; ``out`` default ``runs/NAME``). ``seeds`` replaces the
+    declared seeds (at least two: the interval needs a spread), e.g. the complete seeds of a study stopped
+    early. ``size="tiny"`` is the study's smoke size. Returns the results folder."""
+    from lime_model.files import check_writable
+    from lime_probe.studies.catalog import STUDIES
+    from lime_probe.studies.findings import write_findings
+
+    if isinstance(name, str):
+        if name not in STUDIES:
+            raise ValueError(f"unknown study {name!r}; choose from {', '.join(STUDIES)}")
+        name = STUDIES[name]
+    study = name.sized(size)
+    seeds = tuple(study.seeds if seeds is None else seeds)
+    if len(set(seeds)) < 2 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be at least two distinct integers, got {list(seeds)}")
+    if study.needs_data and data is None:
+        raise ValueError(f"study {study.name} needs --data (the folder holding wikitext-2/ and blimp/)")
+    if not study.needs_data and data is not None:
+        raise ValueError(f"study {study.name} makes its own data; leave out --data")
+    shared = Data.under(data) if data is not None else None
+    out = Path(out) if out is not None else Path("runs") / study.name
+    results = Path(results) if results is not None else out / "results"
+    check_writable(out, folder=True, option="--out")
+    check_writable(results, folder=True, option="--results")
+    per_seed = len(study.models) + sum(m.per == "seed" for m in study.measures.values())
+    progress = Progress(len(seeds) * (len(study.models) + per_seed) + 1)
+    runs: dict[tuple[str, int], Path] = {}
+    measured: dict[str, dict[tuple[str, int], dict]] = {}
+    for seed in seeds:
+        trained = train_seed(study, out, seed, shared, progress)
+        runs |= {(label, seed): run for label, run in trained.items()}
+        for name, per_label in measure_runs(study, out, seed, trained, shared, device, progress).items():
+            measured.setdefault(name, {}).update({(label, seed): v for label, v in per_label.items()})
+    progress.step("comparing and writing the results")
+    write_findings(study, results, seeds, runs, measured, out)
+    return results
