@@ -303,7 +303,13 @@ STUDIES: dict[str, Study] = {
             (0, 1, 2),
             (
                 *_vs_llama(["LIMe-LLaMA-kv-init", "LLaMA-torch-kv-init"]),
-                *paper_claims("LIMe-LLaMA-kv-init", "LIMe", "secondary"),  # the ablation minus LIMe
+                # the protocol's comparisons that are not against LLaMA (its comparison 2 and the addendum)
+                *paper_claims("LIMe-LLaMA-kv-init", "LIMe", "secondary"),
+                *paper_claims("LIMe", "LLaMA-torch-kv-init", "secondary"),
+                *per_layer(
+                    [("LIMe-LLaMA-kv-init", "LIMe"), ("LIMe", "LLaMA-torch-kv-init")],
+                    [entropy(), separability()],
+                ),
             ),
         ),
         lm_study(

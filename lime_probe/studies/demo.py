@@ -15,7 +15,7 @@ It ends with a headline table of what it measured, LIMe beside LLaMA (`headline`
 are kept (``runs``, by default ``runs/`` inside the output folder) and a rerun reuses finished ones.
 
 One seed: the LIMe-vs-LLaMA gap it shows is an illustration. ``lime-probe reproduce --study
-arithmetic`` (:mod:`lime_probe.studies.arithmetic`) measures it over seeds with intervals.
+arithmetic-seeds`` (the study runner, `lime_probe.studies`) measures it over seeds with intervals.
 
 The probed representation of a number. The task's tokenizer has one token per character, so
 "103" is three tokens. A causal model has read the whole number only at its last digit, so a

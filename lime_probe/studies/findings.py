@@ -92,14 +92,15 @@ def compare(study: Study, measured: Measured, seeds: Sequence[int]) -> list[dict
         if claim.per is None:
             get = lambda label, seed, e=e: e.of(rows_of(label, seed))  # noqa: E731
             a, b = side_values(claim.model, get, seeds), side_values(claim.reference, get, seeds)
-            rows.append(difference_row(claim, a, b))
+            first = e.rows(rows_of(models_of(claim.model)[0], seeds[0]))  # "largest" resolved
+            rows.append(difference_row(claim, a, b, **{k: first[0][k] for k in e.where}))
             continue
         family = []
         keys = list(e.per(claim.per, rows_of(models_of(claim.model)[0], seeds[0])))
         for key in keys:
             get = lambda label, seed, e=e, key=key, per=claim.per: e.per(per, rows_of(label, seed))[key]  # noqa: E731
             a, b = side_values(claim.model, get, seeds), side_values(claim.reference, get, seeds)
-            family.append(difference_row(claim, a, b, **{claim.per: key}))
+            family.append(difference_row(claim, a, b, **dict(e.where), **{claim.per: key}))
         p = [r["p_t"] for r in family]
         for r, ph, q in zip(family, holm(p), benjamini_hochberg(p), strict=True):
             r["p_holm"], r["q_bh"] = float(ph), float(q)
