@@ -19,7 +19,7 @@ class LimeConfig(LlamaConfig):
         recompute_routed_kv: training memory option, results unchanged: attention does not keep the
             routed K/V for backward; they are recomputed there from the K/V buffer, which backward
             keeps anyway (static routers; dynamic ones ignore it). Saves two K/V-sized tensors per
-            layer for one more routed read per layer in backward (README, Performance). In training
+            layer for one more routed read per layer in backward (docs/models.md, bench/RESULTS.md). In training
             mode it also turns the cache off, as transformers does under gradient checkpointing.
         kv_proj_init: init of the k/v projections. ``"auto"`` (default) as the official code: PyTorch's
             default ``nn.Linear`` init (uniform(+-1/sqrt(hidden))) when routing is on, LLaMA's

@@ -6,7 +6,7 @@
     Z = acts["values"][3]                                      # (n_tokens, dim), padding removed
     lime_probe.matrix_entropy(Z, alpha=1.0)                    # Z: (..., t, d) -> (...)
 
-README.md's "Probes" section has the same example in full, runnable as written.
+README.md's "Your own checkpoint" has the same example in full, runnable as written.
 
 Sites: ``hidden`` (residual stream X_0..X_L), ``final`` (after the final norm), ``values`` and
 ``keys`` (the W_V / W_K outputs, which the paper's text calls values), and for LIMe
