@@ -116,19 +116,23 @@ def per_layer(pairs: Iterable[tuple[str, str]], endpoints: Iterable[Endpoint]) -
     )
 
 
-def lm_study(name: str, question: str, models: Mapping[str, Mapping[str, Any]], seeds, claims) -> Study:
+def study(
+    name: str, question: str, models: Mapping[str, Mapping[str, Any]], seeds, claims, lm: bool
+) -> Study:
+    """A study of this repository: the language-model recipe and measures on WikiText-2 and BLiMP
+    (``lm``), else the arithmetic ones; protocol and results in ``figures/NAME``."""
     return Study(
         name=name,
         question=question,
-        recipe="wikitext-cpu",
+        recipe="wikitext-cpu" if lm else "arithmetic-cpu",
         models=models,
         seeds=tuple(seeds),
-        measures=LM_MEASURES,
+        measures=LM_MEASURES if lm else ARITHMETIC_MEASURES,
         claims=tuple(claims),
-        data="wikitext",
+        data="wikitext" if lm else None,
         protocol=f"figures/{name}/PROTOCOL.md",
         results=f"figures/{name}",
-        tiny=LM_TINY,
+        tiny=LM_TINY if lm else ARITHMETIC_TINY,
     )
 
 
@@ -242,21 +246,6 @@ def arithmetic_claims(model: str, reference: str, role: str) -> tuple[Claim, ...
     )
 
 
-def arithmetic_study(name: str, question: str, models, seeds, claims) -> Study:
-    return Study(
-        name=name,
-        question=question,
-        recipe="arithmetic-cpu",
-        models=models,
-        seeds=tuple(seeds),
-        measures=ARITHMETIC_MEASURES,
-        claims=tuple(claims),
-        protocol=f"figures/{name}/PROTOCOL.md",
-        results=f"figures/{name}",
-        tiny=ARITHMETIC_TINY,
-    )
-
-
 KV_2X2 = {
     "LIMe": LIME,
     "LLaMA": LLAMA,
@@ -277,21 +266,23 @@ INTERACTION = Claim(
 STUDIES: dict[str, Study] = {
     s.name: s
     for s in (
-        lm_study(
+        study(
             "lm-cpu",
             "Do the paper's language-model findings hold for LIMe vs LLaMA at CPU scale (16 x 64, 3 seeds)?",
             {"LIMe": LIME, "LLaMA": LLAMA},
             (0, 1, 2),
             _vs_llama([]),
+            lm=True,
         ),
-        lm_study(
+        study(
             "lm-cpu-baselines",
             "The same, with the paper's cross-layer baselines (DenseFormer, ResFormer, HyperConnections) vs LLaMA.",
             {"LIMe": LIME, "LLaMA": LLAMA, **BASELINES},
             (0, 1, 2),
             _vs_llama(BASELINES),
+            lm=True,
         ),
-        lm_study(
+        study(
             "lm-cpu-kv-init",
             "How much of LIMe's difference from LLaMA is its k/v init? (LIMe at LLaMA's init, LLaMA at LIMe's)",
             {
@@ -311,22 +302,25 @@ STUDIES: dict[str, Study] = {
                     [entropy(), separability()],
                 ),
             ),
+            lm=True,
         ),
-        lm_study(
+        study(
             "lm-cpu-10-seeds",
             "The paper's two language-model claims at 10 seeds, and routing vs k/v init (LIMe, LLaMA, LIMe at LLaMA's init).",
             TEN_SEEDS_MODELS,
             range(10),
             _ten_seeds_claims(),
+            lm=True,
         ),
-        arithmetic_study(
+        study(
             "arithmetic-seeds",
             "Is LIMe more accurate than LLaMA on the Arithmetic Expression Task (Fig. 4b), over 5 seeds?",
             {"LIMe": LIME, "LLaMA": LLAMA},
             range(5),
             arithmetic_claims("LIMe", "LLaMA", "primary"),
+            lm=False,
         ),
-        arithmetic_study(
+        study(
             "arithmetic-kv-init",
             "Is LIMe's arithmetic gain routing, its k/v init, or both? (a 2 x 2 over 10 seeds)",
             KV_2X2,
@@ -339,6 +333,7 @@ STUDIES: dict[str, Study] = {
                 *arithmetic_claims("LIMe", "LLaMA", "secondary"),  # both
                 INTERACTION,
             ),
+            lm=False,
         ),
     )
 }
