@@ -56,6 +56,8 @@ def difference_row(claim: Claim, a: np.ndarray, b: np.ndarray, **where: Any) -> 
     return {
         "endpoint": claim.endpoint.label(claim.per),
         "measure": claim.endpoint.name,
+        "scale": claim.endpoint.scale,  # for display: 100 shows a fraction in points
+        "unit": claim.endpoint.unit,
         **where,
         "model": model,
         "reference": reference,
@@ -224,13 +226,11 @@ def endpoints_figure(diff: Sequence[dict], seeds: Sequence[int]):
     """Every primary and secondary comparison as an interval, one panel per endpoint."""
     from lime_probe.output import plots as F
 
-    scale = {}
     rows = []
     for r in diff:
         if r["role"] == "exploratory":
             continue
-        s = scale.setdefault(r["endpoint"], 100.0 if r["measure"] == "accuracy" else 1.0)
-        unit = " (points)" if s == 100.0 else ""
+        s, unit = r["scale"], f" ({r['unit']})" if r["unit"] else ""
         rows.append(
             {
                 "panel": f"{r['endpoint']}{unit}",
@@ -302,9 +302,9 @@ def claim_table(rows: Sequence[dict], holm_column: bool) -> list[str]:
     head += " p (Holm, primaries) |" if holm_column else ""
     lines = [head + " p (sign-flip) | MDE | verdict |", "|" + "---|" * (head.count("|") + 2)]
     for r in rows:
-        s = 100.0 if r["measure"] == "accuracy" else 1.0
+        s = r["scale"]
         what = f"{r['claim']}: {r['endpoint']}" if r["claim"] else r["endpoint"]
-        what += " (points)" if s == 100.0 else ""
+        what += f" ({r['unit']})" if r["unit"] else ""
         cells = [
             what,
             f"{r['model']} - {r['reference']}",

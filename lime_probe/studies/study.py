@@ -60,7 +60,10 @@ class Endpoint:
     unit: str = ""
 
     def rows(self, rows: Sequence[Mapping]) -> list[Mapping]:
-        where = {k: max(r[k] for r in rows if k in r) if v == LARGEST else v for k, v in self.where.items()}
+        where = {
+            k: max((r[k] for r in rows if k in r), default=v) if v == LARGEST else v
+            for k, v in self.where.items()
+        }
         out = [r for r in rows if all(r.get(k) == v for k, v in where.items())]
         if self.part == "upper half":
             keys = sorted({r[self.over[0]] for r in out})
