@@ -82,6 +82,13 @@ def _train_options(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="any recipe field, dotted for nested ones (model.hidden_size=64); values are JSON",
     )
+    p.add_argument(
+        "--report-to",
+        choices=("none", "tensorboard", "wandb"),
+        default="none",
+        help="also log metrics.jsonl's numbers through accelerate's trackers: TensorBoard event files in "
+        "OUT/tensorboard (pip install 'lime-probe[tracking]'), or Weights & Biases (pip install wandb)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _threads(p)
 
@@ -102,6 +109,7 @@ def _train(args: argparse.Namespace) -> None:
         resume=args.resume,
         progress=not args.no_progress,
         stop_after=args.stop_after,
+        report_to=args.report_to,
         **overrides,
     )
     print(out)

@@ -349,11 +349,20 @@ class LimeForCausalLM(LimePreTrainedModel, GenerationMixin):
 
 def register_auto(causal_lm: type[LimeForCausalLM]) -> None:
     """Register ``causal_lm``, its base model and config with the Auto classes, so
-    ``AutoModelForCausalLM.from_pretrained(DIR)`` loads checkpoints of its ``model_type``."""
+    ``AutoModelForCausalLM.from_pretrained(DIR)`` loads checkpoints of its ``model_type``.
+
+    Both classes are also marked for transformers' custom-code saving: ``save_pretrained`` then copies
+    their module and every module it imports relatively (this package's imports among the model files
+    are all relative) into the folder and writes an ``auto_map`` into ``config.json``, so the folder
+    loads with ``trust_remote_code=True`` where ``lime_model`` is not installed. Where it is, a plain
+    ``from_pretrained`` still takes these registered classes (local code wins when trust is not given).
+    """
     config = causal_lm.config_class
     AutoConfig.register(config.model_type, config, exist_ok=True)
     AutoModel.register(config, causal_lm.base_model_class, exist_ok=True)
     AutoModelForCausalLM.register(config, causal_lm, exist_ok=True)
+    config.register_for_auto_class()
+    causal_lm.register_for_auto_class("AutoModelForCausalLM")
 
 
 register_auto(LimeForCausalLM)

@@ -14,7 +14,10 @@ An output directory holds::
     checkpoints/step-N/    HF model + tokenizer, trainer_state.json (step, optimizer hyperparameters,
                            scheduler), optimizer.safetensors (Adam moments by parameter name, RNG)
     config.json, model.safetensors, tokenizer files     the final model, a self-contained HF dir
+    *.py                   the model's code (in checkpoints too): loads with trust_remote_code=True
+    README.md              the model card (:mod:`lime_model.hub`), written when the run finishes
     arithmetic_eval.json   accuracy per operator count, the task's tiers (arithmetic task)
+    tensorboard/           event files, with ``report_to="tensorboard"``
 
 Metrics: ``step``; ``tokens``, the real input tokens seen so far (padding excluded: the arithmetic
 task's right-padded rows count their ``bos prompt solution eos`` only); ``flops`` (3 x forward
@@ -63,6 +66,7 @@ from .config import LimeConfig
 from .evaluate import default_cache_dir, token_loss_sum, token_nll
 from .files import atomic_dir, atomic_write, check_writable
 from .flops import forward_flops
+from .hub import write_model_card
 from .optim import param_groups
 from .recipes import Recipe, identity, load_recipe
 from .tasks import arithmetic
@@ -412,8 +416,9 @@ def _finished(out_dir: Path, recipe: Recipe) -> bool:
 # the loop
 
 
-def accelerator_for(recipe: Recipe):
-    """The ``accelerate.Accelerator`` of a recipe: its mixed precision ("auto": bf16 where supported), FSDP, compile."""
+def accelerator_for(recipe: Recipe, **tracking: Any):
+    """The ``accelerate.Accelerator`` of a recipe: its mixed precision ("auto": bf16 where supported), FSDP,
+    compile; ``tracking``: the trackers' arguments (:func:`tracker_options`)."""
     from accelerate import Accelerator, FullyShardedDataParallelPlugin
     from accelerate.utils import TorchDynamoPlugin
 
@@ -431,7 +436,11 @@ def accelerator_for(recipe: Recipe):
     dynamo = TorchDynamoPlugin(backend="inductor") if recipe.compile else None
     # cpu=True is what makes accelerate join a torchrun/accelerate-launch group over gloo without GPUs
     accelerator = Accelerator(
-        mixed_precision=precision, fsdp_plugin=fsdp, dynamo_plugin=dynamo, cpu=not torch.cuda.is_available()
+        mixed_precision=precision,
+        fsdp_plugin=fsdp,
+        dynamo_plugin=dynamo,
+        cpu=not torch.cuda.is_available(),
+        **tracking,
     )
     if recipe.fsdp and not _uses_fsdp(accelerator):  # accelerate shards only on GPUs
         accelerator.print(
@@ -441,6 +450,40 @@ def accelerator_for(recipe: Recipe):
     if accelerator.num_processes != launched:
         raise RuntimeError(f"launched {launched} processes but accelerate joined {accelerator.num_processes}")
     return accelerator
+
+
+REPORT_TO = ("none", "tensorboard", "wandb")
+TRACKER_PROJECT = "lime-model"  # the W&B project; TensorBoard's events go to RUN/tensorboard/lime-model/
+
+
+def tracker_options(report_to: str, out_dir: Path) -> dict[str, Any]:
+    """``Accelerator`` arguments that log to ``report_to`` (one of :data:`REPORT_TO`). A tracker whose
+    package is missing is refused here: accelerate would silently skip it."""
+    if report_to not in REPORT_TO:
+        raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
+    if report_to == "none":
+        return {}
+    from accelerate.utils import is_tensorboard_available, is_wandb_available
+
+    if not {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available}[report_to]():
+        extra = "pip install 'lime-probe[tracking]'" if report_to == "tensorboard" else "pip install wandb"
+        raise ValueError(f"--report-to {report_to} needs the {report_to} package: {extra}")
+    return {"log_with": report_to, "project_dir": str(out_dir / "tensorboard")}
+
+
+def _hparams(recipe: Recipe) -> dict[str, Any]:
+    """The recipe flattened to dotted keys and scalar values, as trackers take hyperparameters."""
+
+    def flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, Mapping):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) else json.dumps(v)
+        return out
+
+    return flat(recipe.to_dict())
 
 
 def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, recipe, step: int):
@@ -478,6 +521,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
+    report_to: str = "none",
     **overrides: Any,
 ) -> Path:
     """Train the recipe into ``out_dir`` and return it (a self-contained HF model directory).
@@ -490,11 +534,14 @@ def train(
         progress: show tqdm progress bars.
         stop_after: end this invocation after that global step (with a checkpoint) so that a later
             ``resume`` continues it; the schedule still spans the recipe's full length.
+        report_to: also log every ``metrics.jsonl`` line through accelerate's trackers: ``"tensorboard"``
+            (event files under ``out_dir/tensorboard``), ``"wandb"`` (project ``lime-model``, the run
+            named after ``out_dir``) or ``"none"``.
         **overrides: recipe fields, e.g. ``steps=100, routing="none", model={"hidden_size": 64}``.
     """
     recipe = load_recipe(recipe, overrides)
     out_dir = Path(out_dir)
-    accelerator = accelerator_for(recipe)
+    accelerator = accelerator_for(recipe, **tracker_options(report_to, out_dir))
     world, main = accelerator.num_processes, accelerator.is_main_process
     if recipe.batch_size % (world * recipe.micro_batch_size):
         raise ValueError(
@@ -522,6 +569,9 @@ def train(
             atomic_write(tmp / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
             data.tokenizer.save_pretrained(tmp)
             _record_run_info(tmp, accelerator)
+    accelerator.init_trackers(  # main process only; after the run folder exists
+        TRACKER_PROJECT, _hparams(recipe), init_kwargs={"wandb": {"name": out_dir.name, "dir": str(out_dir)}}
+    )
     torch.manual_seed(recipe.seed)
     model = AutoModelForCausalLM.from_config(config)  # the arch's class (registered by lime_model)
     steps = total_steps(recipe, len(data.input_ids))
@@ -575,6 +625,7 @@ def train(
                 }
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
+                accelerator.log({k: v for k, v in record.items() if k != "step"}, step=done)
                 bar.set_postfix(loss=f"{loss_value:.4f}")
                 window_t, window_tokens = now, 0
         bar.update(1)
@@ -587,6 +638,7 @@ def train(
         _publish_final(out_dir, checkpoints(out_dir)[-1])
         if recipe.task == "arithmetic":  # from the published files: sharded or not, one whole model
             evaluate_arithmetic(out_dir, progress=progress, device=accelerator.device)
+        write_model_card(out_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return out_dir

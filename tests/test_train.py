@@ -166,7 +166,8 @@ def test_checkpoints_are_atomic_and_pruned(tiny, tmp_path):
     assert [m["loss"] for m in metrics(out)] == [m["loss"] for m in metrics(ref)]
     state = json.loads((out / "checkpoints" / "step-00000006" / "trainer_state.json").read_text())
     assert state["step"] == 6
-    assert {p.suffix for p in (out / "checkpoints" / "step-00000006").iterdir()} <= {".json", ".safetensors"}
+    suffixes = {p.suffix for p in (out / "checkpoints" / "step-00000006").iterdir()}
+    assert suffixes <= {".json", ".safetensors", ".py"}  # nothing to unpickle; .py: the model's code
     umask = os.umask(0)
     os.umask(umask)  # published dirs and files get plain mkdir()/open() modes, not mkdtemp's 0o700
     assert stat.S_IMODE((out / "checkpoints" / "step-00000006").stat().st_mode) == 0o777 & ~umask

@@ -1,0 +1,147 @@
+"""A run folder's model card, ``README.md``: what a reader on the Hugging Face Hub needs to know.
+
+The folder itself is hub-ready without it: ``save_pretrained`` writes the model's source files and an
+``auto_map`` (see :func:`lime_model.modeling.register_auto`), so stock ``transformers`` loads it with
+``trust_remote_code=True``. The card is built from the run's own files only (``recipe.json``,
+``config.json``, ``metrics.jsonl``, ``arithmetic_eval.json``), so it can be rewritten for any finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .files import atomic_write
+
+CARD = "README.md"
+
+
+def _final_metrics(run_dir: Path) -> dict[str, Any]:
+    """The last logged line of ``metrics.jsonl`` plus the last held-out evaluation, if any."""
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    if not lines:
+        return {}
+    final = dict(lines[-1])
+    evaluated = [ln for ln in lines if "val_loss" in ln]
+    if evaluated and "val_loss" not in final:
+        final.update(
+            {k: evaluated[-1][k] for k in ("val_loss", "val_perplexity")}, val_step=evaluated[-1]["step"]
+        )
+    return final
+
+
+def _n_parameters(run_dir: Path) -> int | None:
+    """Stored parameters of the final model (a tied head is stored, and counted, once), read from the
+    safetensors headers (8 bytes of header length, then the header's JSON: each tensor's shape)."""
+    files = sorted(run_dir.glob("model*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        total += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return total
+
+
+def model_card(run_dir: str | os.PathLike) -> str:
+    """The model card of the finished run in ``run_dir`` (Markdown with Hub metadata)."""
+    run_dir = Path(run_dir)
+    recipe = json.loads((run_dir / "recipe.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    metrics = _final_metrics(run_dir)
+    name = run_dir.resolve().name
+    arch, routing = config["model_type"], config.get("routing", "none")
+    kind = arch if arch != "lime" else "LIMe" if routing != "none" else "LLaMA (LIMe, routing none)"
+    n_params = _n_parameters(run_dir)
+    data = recipe["data"] or ("generated arithmetic expressions" if recipe["task"] == "arithmetic" else "")
+    tags = ["lime-model", arch, "custom_code"] + ([f"routing-{routing}"] if arch == "lime" else [])
+    datasets = [data[3:].split(":")[0]] if data.startswith("hf:") else []
+
+    out = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:"]
+    out += [f"- {t}" for t in tags]
+    if datasets:
+        out += ["datasets:"] + [f"- {d}" for d in datasets]
+    out += ["---", "", f"# {name}", ""]
+    if recipe["description"]:
+        out += [recipe["description"], ""]
+    out += [
+        f"A {kind} decoder trained with `lime-model train`"
+        + (f" ({n_params:,} parameters)." if n_params is not None else "."),
+        "",
+        "## Model",
+        "",
+        f"- architecture: `{arch}`" + (f", routing `{routing}`" if arch == "lime" else ""),
+        f"- layers {config['num_hidden_layers']}, hidden size {config['hidden_size']}, MLP size "
+        f"{config['intermediate_size']}, attention heads {config['num_attention_heads']} "
+        f"(K/V heads {config['num_key_value_heads']}), vocabulary {config['vocab_size']}, "
+        f"context {config['max_position_embeddings']}",
+        "",
+        "## Training",
+        "",
+        f"- task `{recipe['task']}`"
+        + (f", data `{data}`" if data else "")
+        + (f", split `{recipe['split']}`" if recipe["split"] else "")
+        + (f", at most {recipe['max_texts']:,} texts" if recipe["max_texts"] else ""),
+        "- tokenizer "
+        + (
+            f"`{recipe['tokenizer']}`" if recipe["tokenizer"] else "trained by the run (saved in this folder)"
+        ),
+        f"- {metrics.get('step', recipe['steps'])} steps of {recipe['batch_size']} sequences of "
+        f"{recipe['seq_len']} tokens"
+        + (f", {metrics['tokens']:,} tokens seen" if "tokens" in metrics else ""),
+        f"- AdamW, lr {recipe['lr']} ({recipe['schedule']} to {recipe['min_lr']} after "
+        f"{recipe['warmup_steps']} warm-up steps), weight decay {recipe['weight_decay']}, seed {recipe['seed']}",
+        "- the full recipe: `recipe.json`; every logged step: `metrics.jsonl`",
+        "",
+        "## Results",
+        "",
+    ]
+    if metrics:
+        out.append(f"- final training loss {metrics['loss']:.4f} (step {metrics['step']})")
+        if "val_loss" in metrics:
+            at = metrics.get("val_step", metrics["step"])
+            out.append(
+                f"- held-out loss {metrics['val_loss']:.4f}, perplexity {metrics['val_perplexity']:.2f} (step {at})"
+            )
+    arithmetic = run_dir / "arithmetic_eval.json"
+    if arithmetic.is_file():
+        acc = json.loads(arithmetic.read_text())["accuracy"]
+        out.append(
+            "- arithmetic accuracy by operator count: " + ", ".join(f"{k}: {v:.3f}" for k, v in acc.items())
+        )
+    if not metrics and not arithmetic.is_file():
+        out.append("- no metrics were logged")
+    out += [
+        "",
+        "## Use",
+        "",
+        "With stock `transformers` (this folder holds the model's code; `lime_model` need not be installed):",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)',
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+        "```",
+        "",
+        "With `lime_model` installed, `import lime_model` registers the architecture and the same call "
+        "loads it without `trust_remote_code`. Benchmarks with lm-evaluation-harness:",
+        "",
+        "```",
+        f"lm_eval --model hf --model_args pretrained={name},trust_remote_code=True --tasks TASKS",
+        "```",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def write_model_card(run_dir: str | os.PathLike) -> Path:
+    """Write (atomically) ``run_dir/README.md``, :func:`model_card`; returns its path."""
+    path = Path(run_dir) / CARD
+    atomic_write(path, model_card(run_dir))
+    return path
