@@ -115,6 +115,44 @@ def _train(args: argparse.Namespace) -> None:
     print(out)
 
 
+def _prepare_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", required=True, help="the recipe the runs will train (as train takes it)")
+    p.add_argument("--data", metavar="SPEC", help=DATA_HELP)
+    p.add_argument("--eval-data", metavar="SPEC", help="held-out text, as train takes it")
+    p.add_argument(
+        "--steps", type=int, help="optimizer steps, as train takes it (one_pass reads that many rows)"
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe fields, as train takes them"
+    )
+    p.add_argument(
+        "--num-proc",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="tokenising processes (default: the CPU count, %(default)s)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from .evaluate import default_cache_dir
+    from .recipes import load_recipe, parse_set
+    from .train import prepare_data
+
+    overrides = parse_set(args.set)
+    for key in ("data", "eval_data", "steps"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    recipe = load_recipe(args.recipe, overrides)
+    if recipe.task == "arithmetic":
+        raise ValueError("the arithmetic task makes its rows in memory: there is nothing to prepare")
+    data = prepare_data(recipe, progress=not args.no_progress, num_proc=args.num_proc)
+    print(
+        f"{len(data.input_ids)} training rows of {recipe.seq_len} tokens in {default_cache_dir(recipe.cache_dir)}"
+    )
+
+
 def _eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, metavar="DIR", help=CKPT_HELP)
     p.add_argument("--data", required=True, metavar="SPEC", help=DATA_HELP)
@@ -231,6 +269,22 @@ accelerate launch --num_processes 8 -m lime_model.cli train --recipe lime-1b-gqa
             "continued by the same command: from its last checkpoint (every save_every steps), or from the\n"
             "start before the first.",
             interrupted="run the same command again to continue the run in {out}",
+        ),
+        Command(
+            "prepare",
+            "tokenise and pack a recipe's data into the cache that train reads, in parallel",
+            f"""\
+lime-model prepare --recipe cpu-tiny --data {DATA}/valid.txt --num-proc 2
+# then the same recipe and data on several processes (not run in tests):
+# accelerate launch --num_processes 2 -m lime_model.cli train --recipe cpu-tiny --data {DATA}/valid.txt --out runs/tiny-2
+""",
+            _prepare,
+            _prepare_options,
+            description="Tokenise and pack a recipe's data (and --eval-data) once, with --num-proc processes, into\n"
+            "the cache that train reads ($LIME_MODEL_CACHE, else ~/.cache/lime_model; or the recipe's\n"
+            "cache_dir); a BPE the recipe trains on the data is trained and cached too. A train on several\n"
+            "processes only reads this cache: run prepare first with the same --recipe, --data, --eval-data,\n"
+            "--steps and --set (on each node, unless the cache folder is shared).",
         ),
         Command(
             "eval",

@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -174,39 +175,94 @@ def pack(token_lists: Sequence[Sequence[int]], eos_id: int, seq_len: int) -> np.
     return stream[: n_rows * seq_len].reshape(n_rows, seq_len)
 
 
+def _tokenize(tokenizer, batch: list[str]) -> list[list[int]]:
+    """The token ids of each document of ``batch``, without special tokens."""
+    # whole documents, cut into rows afterwards: transformers' "longer than the maximum sequence length"
+    # warning does not apply (verbose=False skips it)
+    return tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+_worker_tokenizer = None  # a pool worker's copy of the tokenizer (see _token_chunks)
+
+
+def _init_worker(tokenizer) -> None:
+    global _worker_tokenizer
+    # the processes are the parallelism: Rust's own threads in each would oversubscribe the cores
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker_tokenizer = tokenizer
+
+
+def _tokenize_in_worker(batch: list[str]) -> list[list[int]]:
+    return _tokenize(_worker_tokenizer, batch)
+
+
+def _token_chunks(docs: Iterable[str], tokenizer, chunk: int, num_proc: int) -> Iterator[list[list[int]]]:
+    """The token ids of ``docs``, ``chunk`` documents at a time, in order; with ``num_proc`` > 1 the
+    chunks are tokenised by that many worker processes, reading at most ``2 * num_proc`` chunks ahead
+    (a streamed corpus is never read further than that)."""
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+    docs = iter(docs)
+    chunks = iter(lambda: list(islice(docs, chunk)), [])
+    if num_proc == 1:
+        yield from (_tokenize(tokenizer, batch) for batch in chunks)
+        return
+    # spawn, not fork: a forked tokenizer that has run its Rust threads may deadlock
+    with get_context("spawn").Pool(num_proc, _init_worker, (tokenizer,)) as pool:
+        while window := list(islice(chunks, 2 * num_proc)):
+            yield from pool.map(_tokenize_in_worker, window)
+
+
 def tokenize_and_pack(
-    texts: Sequence[str], tokenizer, seq_len: int, progress: bool = False, chunk: int = 1000
+    texts: Sequence[str],
+    tokenizer,
+    seq_len: int,
+    progress: bool = False,
+    chunk: int = 1000,
+    num_proc: int = 1,
 ) -> np.ndarray:
-    """(n_sequences, seq_len) int32 token ids of ``texts`` packed with eos between documents."""
+    """(n_sequences, seq_len) int32 token ids of ``texts`` packed with eos between documents
+    (tokenised by ``num_proc`` processes: the same array for any number)."""
     token_lists: list[list[int]] = []
-    for start in tqdm(range(0, len(texts), chunk), desc="tokenize", disable=not progress, unit="chunk"):
-        # whole documents, cut into rows afterwards: transformers' "longer than the maximum sequence length"
-        # warning does not apply (verbose=False skips it)
-        batch = list(texts[start : start + chunk])
-        token_lists += tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+    bar = tqdm(total=-(-len(texts) // chunk), desc="tokenize", disable=not progress, unit="chunk")
+    for ids in _token_chunks(texts, tokenizer, chunk, num_proc):
+        token_lists += ids
+        bar.update(1)
+    bar.close()
     return pack(token_lists, tokenizer.eos_token_id, seq_len)
 
 
 def stream_pack(
-    docs: Iterator[str], tokenizer, seq_len: int, out: np.ndarray, progress: bool = False, chunk: int = 1000
+    docs: Iterator[str],
+    tokenizer,
+    seq_len: int,
+    out: np.ndarray,
+    progress: bool = False,
+    chunk: int = 1000,
+    num_proc: int = 1,
 ) -> int:
     """Pack documents (as :func:`pack`) into the rows of ``out`` (max_rows, seq_len), reading only as
-    many documents as fill it; returns the number of rows filled (fewer when the documents run out)."""
+    many documents as fill it (tokenised by ``num_proc`` processes); returns the number of rows
+    filled (fewer when the documents run out)."""
     eos, filled = tokenizer.eos_token_id, 0
     carry = np.empty(0, dtype=np.int32)
     bar = tqdm(total=len(out), desc="tokenize", disable=not progress, unit="row")
-    while filled < len(out):
-        batch = list(islice(docs, chunk))
-        if not batch:
-            break
-        ids = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]  # rows cut them
+    chunks = _token_chunks(docs, tokenizer, chunk, num_proc)
+    for ids in chunks:
         carry = np.concatenate([carry, *(np.array([*t, eos], dtype=np.int32) for t in ids)])
         n = min(len(carry) // seq_len, len(out) - filled)
         out[filled : filled + n] = carry[: n * seq_len].reshape(n, seq_len)
         carry, filled = carry[n * seq_len :], filled + n
         bar.update(n)
+        if filled == len(out):
+            break
+    chunks.close()  # stops the workers
     bar.close()
     return filled
+
+
+class NotPrepared(FileNotFoundError):
+    """A cache that was to be read, not made (``build=False``), is missing."""
 
 
 def packed_sequences(
@@ -216,6 +272,8 @@ def packed_sequences(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = False,
     max_rows: int | None = None,
+    num_proc: int = 1,
+    build: bool = True,
 ) -> np.ndarray:
     """:func:`tokenize_and_pack`, cached in ``cache_dir`` under a key of (texts, tokenizer, seq_len).
 
@@ -224,8 +282,10 @@ def packed_sequences(
     beside ``packed-KEY.json`` (what the key was made of), each written atomically, so an
     interrupted run never leaves a truncated array; a hit is memory-mapped (copy-on-write), not read.
     With ``max_rows``, documents are streamed and only the first ``max_rows`` rows are made (written
-    straight into the cache file, so they need not fit in memory). Returns (n_sequences, seq_len)
-    int32. Raises ValueError if the texts do not fill one sequence.
+    straight into the cache file, so they need not fit in memory). ``num_proc`` processes tokenise
+    (the same rows for any number). With ``build=False`` a miss raises :class:`NotPrepared` instead
+    (nothing is read). Returns (n_sequences, seq_len) int32. Raises ValueError if the texts do not
+    fill one sequence.
     """
     meta = {
         "texts": texts.key() if isinstance(texts, TextSource) else texts_hash(texts),
@@ -238,9 +298,11 @@ def packed_sequences(
     npy = cache_path(cache_dir, "packed", meta, ".npy")
     if npy is not None and npy.exists():
         return np.load(npy, mmap_mode="c", allow_pickle=False)
+    if not build:
+        raise NotPrepared(f"no packed tokens at {npy}")
     if max_rows is None:
         docs = texts.load() if isinstance(texts, TextSource) else texts
-        seqs = tokenize_and_pack(docs, tokenizer, seq_len, progress=progress)
+        seqs = tokenize_and_pack(docs, tokenizer, seq_len, progress=progress, num_proc=num_proc)
         _check_rows(len(seqs), seq_len)
         if npy is not None:
             atomic_write(npy.with_suffix(".json"), json.dumps({**meta, "n_sequences": len(seqs)}, indent=1))
@@ -249,13 +311,13 @@ def packed_sequences(
     docs_iter = texts.iter() if isinstance(texts, TextSource) else iter(texts)
     if npy is None:
         seqs = np.empty((max_rows, seq_len), dtype=np.int32)
-        filled = stream_pack(docs_iter, tokenizer, seq_len, seqs, progress)
+        filled = stream_pack(docs_iter, tokenizer, seq_len, seqs, progress, num_proc=num_proc)
         _check_rows(filled, seq_len)
         return seqs[:filled]
     tmp = npy.with_name(f".{npy.name}.{os.getpid()}.tmp")
     try:
         rows = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int32, shape=(max_rows, seq_len))
-        filled = stream_pack(docs_iter, tokenizer, seq_len, rows, progress)
+        filled = stream_pack(docs_iter, tokenizer, seq_len, rows, progress, num_proc=num_proc)
         _check_rows(filled, seq_len)
         if filled < max_rows:  # the data ran out: keep what there is
             short = np.array(rows[:filled])

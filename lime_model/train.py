@@ -4,7 +4,9 @@ Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``;
 the recipe sets ``fsdp`` and the processes have GPUs: accelerate shards only there). Every process
 sees the same global batch order (a seeded permutation per epoch) and takes its own slice; each
 micro-batch's loss is the summed token loss over the number of target tokens in the *global* batch,
-so 1 process with accumulation and N processes give the same gradients.
+so 1 process with accumulation and N processes give the same gradients. Several processes never
+tokenise: they read the packed-token cache that ``lime-model prepare`` made (:func:`prepare_data`).
+FSDP trains models without LIMe routing only (see :func:`accelerator_for`).
 
 An output directory holds::
 
@@ -69,6 +71,7 @@ from .flops import forward_flops
 from .hub import write_model_card
 from .optim import param_groups
 from .recipes import Recipe, identity, load_recipe
+from .routing import parse_routing
 from .tasks import arithmetic
 from .tokenization import char_tokenizer, load_tokenizer, train_bpe
 
@@ -142,9 +145,12 @@ def total_steps(recipe: Recipe, n_rows: int) -> int:
 # data and model
 
 
-def prepare_data(recipe: Recipe, tokenizer=None, progress: bool = False) -> TrainingData:
+def prepare_data(
+    recipe: Recipe, tokenizer=None, progress: bool = False, num_proc: int = 1, build: bool = True
+) -> TrainingData:
     """Training rows, held-out rows (and the arithmetic test set) for ``recipe``; ``tokenizer``
-    overrides the recipe's.
+    overrides the recipe's. ``num_proc`` processes tokenise (the same rows for any number); with
+    ``build=False`` the caches must hold everything (else :class:`~lime_model.data.NotPrepared`).
 
     Language-model rows come from the packed-token cache when it holds them (memory-mapped, int32),
     checked before any text is read; a BPE trained on the data is cached the same way. Held-out
@@ -167,18 +173,24 @@ def prepare_data(recipe: Recipe, tokenizer=None, progress: bool = False) -> Trai
         elif recipe.model["vocab_size"] is None:
             raise ValueError("set model.vocab_size (the BPE size to train) or name a --set tokenizer=DIR")
         else:
-            tokenizer = _cached_bpe(source, recipe.model["vocab_size"], cache)
+            tokenizer = _cached_bpe(source, recipe.model["vocab_size"], cache, build)
     check_vocab(tokenizer, recipe)
     max_rows = None
     if recipe.one_pass:  # exactly the rows the steps consume, plus the held-out share
         max_rows = math.ceil(recipe.steps * recipe.batch_size / (1 - recipe.eval_holdout))
     rows = torch.from_numpy(
-        data_mod.packed_sequences(source, tokenizer, recipe.seq_len, cache, progress, max_rows=max_rows)
+        data_mod.packed_sequences(
+            source, tokenizer, recipe.seq_len, cache, progress, max_rows, num_proc=num_proc, build=build
+        )
     )
     held_out = None
     if recipe.eval_data is not None:
         eval_source = data_mod.TextSource(recipe.eval_data)
-        held_out = torch.from_numpy(data_mod.packed_sequences(eval_source, tokenizer, recipe.seq_len, cache))
+        held_out = torch.from_numpy(
+            data_mod.packed_sequences(
+                eval_source, tokenizer, recipe.seq_len, cache, num_proc=num_proc, build=build
+            )
+        )
     elif recipe.eval_holdout > 0:
         n_eval = max(1, round(recipe.eval_holdout * len(rows)))
         if n_eval >= len(rows):
@@ -189,10 +201,13 @@ def prepare_data(recipe: Recipe, tokenizer=None, progress: bool = False) -> Trai
     return TrainingData(tokenizer, rows, rows, eval_input_ids=held_out, eval_labels=held_out)
 
 
-def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir) -> Any:
-    """:func:`train_bpe` on ``source``, saved under ``cache_dir`` and loaded from there next time."""
+def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir, build: bool = True) -> Any:
+    """:func:`train_bpe` on ``source``, saved under ``cache_dir`` and loaded from there next time
+    (``build=False``: only loaded, :class:`~lime_model.data.NotPrepared` if it is not there)."""
     folder = data_mod.cache_path(cache_dir, "bpe", {"texts": source.key(), "vocab_size": vocab_size})
     if not folder.is_dir():
+        if not build:
+            raise data_mod.NotPrepared(f"no BPE tokenizer at {folder}")
         with atomic_dir(folder) as tmp:
             train_bpe(source.load(), vocab_size).save_pretrained(tmp)
     return load_tokenizer(str(folder))
@@ -442,6 +457,13 @@ def accelerator_for(recipe: Recipe, **tracking: Any):
         cpu=not torch.cuda.is_available(),
         **tracking,
     )
+    if _uses_fsdp(accelerator) and parse_routing(recipe.routing).enabled:
+        # an earlier layer's backward reads the K/V buffer's views of later layers' router weights,
+        # which FSDP has freed (resharded) by then
+        raise ValueError(
+            f"FSDP does not support LIMe routing (routing {recipe.routing!r}): train it with DDP "
+            "(--set fsdp=false) or use --routing none"
+        )
     if recipe.fsdp and not _uses_fsdp(accelerator):  # accelerate shards only on GPUs
         accelerator.print(
             f"lime-model: note: fsdp requested, running {accelerator.distributed_type.value} instead"
@@ -550,9 +572,14 @@ def train(
         )
     resume, ckpt = _check_out_dir(out_dir, recipe, resume)
     saved_tokenizer = resume and (out_dir / "tokenizer_config.json").exists()
-    with accelerator.main_process_first():  # rank 0 fills the tokenization cache first
-        tokenizer = load_tokenizer(str(out_dir)) if saved_tokenizer else None
-        data = prepare_data(recipe, tokenizer, progress=progress and main)
+    tokenizer = load_tokenizer(str(out_dir)) if saved_tokenizer else None
+    try:  # several processes only read the caches: rank 0 tokenising behind a barrier times out at scale
+        data = prepare_data(recipe, tokenizer, progress=progress and main, build=world == 1)
+    except data_mod.NotPrepared as e:
+        raise FileNotFoundError(
+            f"{e}: a run on {world} processes does not tokenise; run `lime-model prepare` with the same "
+            "--recipe, --data, --eval-data, --steps and --set first"
+        ) from None
     config = model_config(recipe, data.tokenizer)
     accelerator.wait_for_everyone()  # every rank validated the output dir before rank 0 writes to it
 

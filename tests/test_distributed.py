@@ -1,5 +1,5 @@
 """Two CPU processes (gloo, under torchrun) train the same weights as one with the same global batch;
-only the main process reads the data, the other loads what it cached."""
+no process reads the data: they load what `lime-model prepare` cached."""
 
 import json
 import os
@@ -23,7 +23,7 @@ ARGS = [
 
 
 def write_entry(folder):
-    """A lime-model entry point whose non-main ranks fail if they read any text."""
+    """A lime-model entry point whose ranks fail if they read any text."""
     path = folder / "entry.py"
     path.write_text(
         "import os, sys\n"
@@ -31,8 +31,7 @@ def write_entry(folder):
         "from lime_model.cli import main\n"
         "def no_reading(*a, **k):\n"
         "    raise AssertionError('rank ' + os.environ['RANK'] + ' read the texts')\n"
-        "if os.environ['RANK'] != '0':\n"
-        "    data._file_documents = no_reading\n"
+        "data._file_documents = no_reading\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     return str(path)
@@ -46,8 +45,10 @@ def test_two_gloo_processes_match_one(tmp_path, monkeypatch):
     monkeypatch.setenv("LIME_MODEL_CACHE", str(tmp_path / "cache"))
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", "--out", str(one), "--data", str(text), *ARGS]) == 0  # 1 process, 2 micro-batches
-    # a fresh cache: rank 0 trains the BPE and packs the tokens; rank 1 must only load them
+    # a fresh cache: prepare trains the BPE and packs the tokens; the processes must only load them
     cache = tmp_path / "cache-2"
+    monkeypatch.setenv("LIME_MODEL_CACHE", str(cache))
+    assert main(["prepare", "--num-proc", "1", "--data", str(text), *ARGS]) == 0
     env = {**os.environ, "LIME_MODEL_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",  # picks a free port
