@@ -34,7 +34,7 @@ import shutil
 import sys
 import tempfile
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,19 +257,30 @@ def _checkpoints(spec: Spec, args) -> list[Checkpoint]:
     return load_checkpoints(args.ckpt, args.label, verbose=args.verbose, **load_options(args))
 
 
-def _texts(source: str | None, max_texts: int) -> list[str] | None:
-    """The first ``max_texts`` documents of ``--data`` ``source`` (None: none given); an ``hf:`` spec the hub
-    cannot give fails at once in one line."""
-    from lime_model.data import load_texts
+def _texts(source: str | None, max_texts: int, lazy: bool = False) -> Iterable[str] | None:
+    """The first ``max_texts`` documents of ``--data`` ``source`` (None: none given): a list, or with ``lazy``
+    a `Corpus` read as the analysis goes (its files are checked now); an ``hf:`` spec the hub cannot give
+    fails at once in one line."""
+    from lime_model.data import data_files, load_texts
     from lime_probe.extraction.loading import hub_dataset
+    from lime_probe.extraction.tracing import Corpus
 
     if source is None:
         return None
     name = source[len("hf:") :].split(":")[0] if source.startswith("hf:") else ""
     if not name:
+        if lazy:
+            data_files(source)  # a missing or unsupported file fails now, not mid-analysis
+            return Corpus(source, max_texts)
         return load_texts(source, max_texts=max_texts)
     with hub_dataset(name, f"--data {source}", "pass a local .txt/.jsonl/.parquet file or folder"):
-        return load_texts(source, max_texts=max_texts)
+        return Corpus(source, max_texts) if lazy else load_texts(source, max_texts=max_texts)
+
+
+def _streams(params) -> bool:
+    """Whether the analysis of ``params`` reads its texts in one pass (`Spec.streams`): --data is then read
+    lazily, never whole."""
+    return any(isinstance(params, s.params) and s.streams(params) for s in ANALYSES.values())
 
 
 def _blimp(source: str, params, option: str):
@@ -306,12 +317,12 @@ BLIMP_HELP = "a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the 
 DATA_KINDS: dict[str, DataKind] = {
     "texts": DataKind(
         {"required": True, "metavar": "SPEC", "help": TEXTS_HELP},
-        lambda value, args, params, option: _texts(value, args.max_sequences),
+        lambda value, args, params, option: _texts(value, args.max_sequences, _streams(params)),
         texts=True,
     ),
     "optional-texts": DataKind(
         {"metavar": "SPEC", "help": TEXTS_HELP + " (only for routing 'dynamic')"},
-        lambda value, args, params, option: _texts(value, args.max_sequences),
+        lambda value, args, params, option: _texts(value, args.max_sequences, _streams(params)),
         texts=True,
     ),
     "blimp": DataKind(

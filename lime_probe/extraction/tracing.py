@@ -29,6 +29,15 @@ Batches (ours): sequences are sorted by length, longest first, and cut into batc
 that is given; results come back in the input order. The sort runs within blocks of about `SHARD_BYTES`
 of results, so memory stays bounded and a cache shard holds consecutive sequences.
 
+Streaming: ``texts`` may be any iterable (a generator, `Corpus` over a large .txt/.jsonl file, a
+``datasets`` dataset with ``streaming=True``, whose rows give their "text"). It is read lazily, one block
+at a time, in the same blocks and batches as the list of the same texts, so the results are bit-identical
+to the list's and memory holds one block plus the results: flat in corpus size when they are pooled
+(``pool="mean"``) or go to ``cache_dir`` (read back with `Activations.iter_sequences`). A list is checked
+for unknown tokens as a whole before any forward pass, a stream block by block; a ``cache_dir`` key is the
+texts' digest, so a stream with a cache is read twice (a one-pass iterator cannot be: pass a `Corpus`).
+A stream's `DataWarning` about unknown tokens comes from its first block.
+
 With ``logprobs=True`` (causal LMs) the same forward pass also gives each sequence's summed token
 log-probability, sum_{i>=1} log p(t_i | t_<i) (``acts.logprobs``): what minimal-pair scoring needs.
 
@@ -40,8 +49,10 @@ Each forward stops (``tracer.stop()``) right after the last site it needs.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +64,7 @@ from lime_probe.extraction.adapters import Adapter, Take, first, get_adapter, he
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
 from lime_probe.extraction.loading import input_device, wrap
 from lime_probe.extraction.sites import SITES
-from lime_probe.extraction.windows import check_unknown_tokens
+from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
 
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
@@ -62,6 +73,7 @@ SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is writt
 # a CPU and keeps a GPU busy, while a batch's logits (tokens x vocabulary) stay under about 0.5 GB at a
 # 32,000-token vocabulary.
 DEFAULT_BATCH_TOKENS = 4096
+TOKENIZE_CHUNK = 256  # texts per tokenizer call (ours): a stream is read this far ahead of its block
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -190,6 +202,9 @@ class _SiteView(Mapping):
     def __iter__(self) -> Iterator[int]:
         return iter(self._acts._site_layers[self._site])
 
+    def __contains__(self, layer: object) -> bool:  # Mapping's default would read the whole layer
+        return layer in self._acts._site_layers[self._site]
+
     def __len__(self) -> int:
         return len(self._acts._site_layers[self._site])
 
@@ -305,27 +320,24 @@ def plan_batches(lengths: Sequence[int], batch_size: int | None, batch_tokens: i
 
 
 def _blocks(
-    lengths: Sequence[int],
-    start: int,
-    row_bytes: int,
-    per_token: bool,
-    batch_size: int | None,
-    batch_tokens: int,
-) -> Iterator[range]:
-    """Consecutive ranges of sequence indices from `start`, each holding about `SHARD_BYTES` of results
-    (rows of `row_bytes`, one per token with `per_token`, else one per sequence) and at least one batch
-    (`batch_size` sequences, or `batch_tokens` tokens)."""
-    lo = start
-    while lo < len(lengths):
-        hi, size, tokens = lo, 0, 0
-        while hi < len(lengths) and (
-            size < SHARD_BYTES or (hi - lo < batch_size if batch_size is not None else tokens < batch_tokens)
+    seqs: Iterable[list[int]], row_bytes: int, per_token: bool, batch_size: int | None, batch_tokens: int
+) -> Iterator[list[list[int]]]:
+    """Consecutive blocks of the token id lists `seqs`, read lazily, each holding about `SHARD_BYTES` of
+    results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) and at least one
+    batch (`batch_size` sequences, or `batch_tokens` tokens); the last block may hold less."""
+    block: list[list[int]] = []
+    size = tokens = 0
+    for seq in seqs:
+        block.append(seq)
+        size += row_bytes * (len(seq) if per_token else 1)
+        tokens += len(seq)
+        if size >= SHARD_BYTES and (
+            len(block) >= batch_size if batch_size is not None else tokens >= batch_tokens
         ):
-            size += row_bytes * (lengths[hi] if per_token else 1)
-            tokens += lengths[hi]
-            hi += 1
-        yield range(lo, hi)
-        lo = hi
+            yield block
+            block, size, tokens = [], 0, 0
+    if block:
+        yield block
 
 
 def _restore_order(result: dict[str, torch.Tensor], order: list[int]) -> dict[str, torch.Tensor]:
@@ -356,28 +368,68 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
 
 def _tokenize(
     tokenizer: Any,
-    texts: Sequence[str],
+    texts: Iterable[str] | Iterable[list[int]],
     max_length: int,
     token_budget: int | None,
     pretokenized: bool = False,
-) -> list[list[int]]:
-    """Token id lists of `texts`, truncated to `max_length`, within `token_budget` tokens in all (the
-    sequence that crosses it is cut short, those after it dropped). With `pretokenized`, `texts` already
-    are token id lists, used as they are."""
-    out = []
-    if pretokenized:
-        encoded = [list(t) for t in texts]
-    else:
-        encoded = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
-    for i, seq in enumerate(encoded):
-        if not seq:
-            raise ValueError(f"text {i} tokenizes to no tokens; drop empty texts before extracting")
-        if token_budget is not None:
-            seq = seq[:token_budget]
-            token_budget -= len(seq)
-        if seq:
-            out.append(seq)
-    return out
+) -> Iterator[list[int]]:
+    """Token id lists of `texts`, lazily (`TOKENIZE_CHUNK` texts per tokenizer call), truncated to
+    `max_length`, within `token_budget` tokens in all (the sequence that crosses it is cut short, and no
+    text after it is read). With `pretokenized`, `texts` already are token id lists, used as they are."""
+    texts, i = iter(texts), 0
+    while chunk := list(islice(texts, TOKENIZE_CHUNK)):
+        if pretokenized:
+            encoded = [list(t) for t in chunk]
+        else:
+            encoded = tokenizer(chunk, truncation=True, max_length=max_length)["input_ids"]
+        for seq in encoded:
+            if not seq:
+                raise ValueError(f"text {i} tokenizes to no tokens; drop empty texts before extracting")
+            if pretokenized and len(seq) > max_length:
+                raise ValueError(
+                    f"token sequence {i} has {len(seq)} tokens, over max_length={max_length} "
+                    "(capped at the model's positions); pre-tokenised input is never truncated"
+                )
+            i += 1
+            if token_budget is not None:
+                seq = seq[:token_budget]
+                token_budget -= len(seq)
+            yield seq
+            if token_budget == 0:
+                return
+
+
+def _items(texts: Iterable[Any], pretokenized: bool) -> Iterator[str | list[int]]:
+    """The texts of an iterable input, checked as they are read: strings (token id lists with
+    `pretokenized`), or the "text" of each row of a ``datasets`` dataset."""
+    for i, t in enumerate(texts):
+        if isinstance(t, Mapping):
+            if "text" not in t:
+                raise ValueError(f"row {i} of the data has no 'text' field, only {sorted(t)}")
+            t = t["text"]
+        if pretokenized and not _is_token_list(t):
+            raise ValueError(f"pretokenized=True: texts must be lists of integer token ids (item {i} is not)")
+        if not pretokenized and not isinstance(t, str):
+            raise ValueError(f"texts must be strings; item {i} is a {type(t).__name__}")
+        yield t
+
+
+class Corpus:
+    """The documents of a .txt/.jsonl/.parquet file or folder, or of ``hf:NAME[:CONFIG][:SPLIT]`` (streamed
+    from the hub), read lazily each time it is iterated (`lime_model.data.iter_texts`): at most
+    `max_texts` of them. An input for `extract` that never sits in memory whole and can be read twice
+    (what ``cache_dir`` needs)."""
+
+    def __init__(self, spec: str | Path, max_texts: int | None = None, split: str | None = None):
+        self.spec, self.max_texts, self.split = str(spec), max_texts, split
+
+    def __iter__(self) -> Iterator[str]:
+        from lime_model.data import iter_texts
+
+        return islice(iter_texts(self.spec, self.split), self.max_texts)
+
+    def __repr__(self) -> str:
+        return f"Corpus({self.spec!r}, max_texts={self.max_texts})"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -396,14 +448,16 @@ def _as_nnsight(model: Any, tokenizer: Any) -> Any:
 def _validate(
     texts: Any, sites: Any, pool: str, token_ids: Any, limits: dict[str, int | None], pretokenized: bool
 ) -> None:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise ValueError("texts must be a list of strings")
-    if len(texts) == 0:
-        raise ValueError("texts is empty: nothing to extract")
-    if pretokenized and not all(_is_token_list(t) for t in texts):
-        raise ValueError("pretokenized=True: texts must be lists of integer token ids")
-    if not pretokenized and not all(isinstance(t, str) for t in texts):
-        raise ValueError("texts must be a list of strings")
+    """Check the arguments of `extract`; a list of texts as a whole, an iterable later, as it is read."""
+    if isinstance(texts, (str, bytes, Mapping)) or not isinstance(texts, Iterable):
+        raise ValueError("texts must be a list of strings, or an iterable of them")
+    if isinstance(texts, Sequence):
+        if len(texts) == 0:
+            raise ValueError("texts is empty: nothing to extract")
+        if pretokenized and not all(_is_token_list(t) for t in texts):
+            raise ValueError("pretokenized=True: texts must be lists of integer token ids")
+        if not pretokenized and not all(isinstance(t, str) for t in texts):
+            raise ValueError("texts must be a list of strings")
     if not sites:
         raise ValueError(f"sites must be a non-empty list of site names from {SITES}")
     unknown = [s for s in sites if s not in SITES]
@@ -453,7 +507,7 @@ def _is_token_list(t: Any) -> bool:
 def extract(
     model: Any,
     tokenizer: Any,
-    texts: Sequence[str],
+    texts: Iterable[str],
     *,
     sites: Sequence[str] | str = ("hidden",),
     layers: Iterable[int] | int | None = None,
@@ -477,7 +531,8 @@ def extract(
         tokenizer: its tokenizer; its ``padding_side`` decides the padding side (results do not
             depend on it).
         texts: the input texts, one sequence each, truncated to `max_length` tokens (capped at the
-            model's ``max_position_embeddings``).
+            model's ``max_position_embeddings``): a list, or any iterable, read lazily block by block
+            (a generator, a `Corpus`, a ``datasets`` dataset, e.g. ``streaming=True``; see the module doc).
         sites: site names, e.g. ("hidden", "values"), or one name.
         layers: layer indices kept for every site, or one index (negative counts from each site's
             end); None = all.
@@ -489,7 +544,8 @@ def extract(
         max_tokens: stop after this many tokens in all (None = no limit); the sequence that crosses the
             budget is cut short.
         cache_dir: stream results to safetensors shards under this folder; a second call with the
-            same checkpoint, data and settings reuses them, an interrupted one resumes.
+            same checkpoint, data and settings reuses them, an interrupted one resumes. An iterable
+            `texts` is then read twice (first for its digest), so it cannot be a one-pass iterator.
         progress: show a progress bar over sequences.
         remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally).
         pretokenized: `texts` are token id lists (e.g. `lime_probe.extraction.windows.token_windows`), used
@@ -505,7 +561,8 @@ def extract(
 
     Raises:
         ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer
-            (see `allow_unknown_tokens`), non-finite activations (naming the site and layer).
+            (see `allow_unknown_tokens`), non-finite activations (naming the site and layer); a one-pass
+            iterator with `cache_dir`.
     """
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
@@ -528,18 +585,26 @@ def extract(
     if logprobs and (not hasattr(hf, "get_output_embeddings") or hf.get_output_embeddings() is None):
         raise ValueError(f"logprobs=True needs a model with an LM head, not {type(hf).__name__}")
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
-    texts = list(texts)
     max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
-    too_long = [i for i, t in enumerate(texts) if pretokenized and len(t) > max_length]
-    if too_long:
-        raise ValueError(
-            f"token sequence {too_long[0]} has {len(texts[too_long[0]])} tokens, over max_length={max_length} "
-            "(capped at the model's positions); pre-tokenised input is never truncated"
-        )
-    # every sequence tokenised (and cut to the token budget) up front: what is measured is checked before
-    # any forward pass
-    seqs = _tokenize(tokenizer, texts, max_length, max_tokens, pretokenized)
-    check_unknown_tokens(seqs, tokenizer, allow=allow_unknown_tokens)
+    streamed = not isinstance(texts, Sequence)
+    if streamed:
+        if cache_dir is not None and iter(texts) is texts:
+            raise ValueError(
+                "cache_dir keys the cache by the texts' digest, so it reads them twice: pass a list, a "
+                "Corpus or a dataset, not a one-pass iterator (a generator)"
+            )
+        items = iter(_items(texts, pretokenized))
+        first = next(items, None)
+        if first is None:
+            raise ValueError("texts is empty: nothing to extract")
+        items = chain([first], items)
+        seqs: Iterable[list[int]] = _tokenize(tokenizer, items, max_length, max_tokens, pretokenized)
+    else:
+        texts = list(texts)
+        # every sequence tokenised (and cut to the token budget) up front: what is measured is checked
+        # before any forward pass
+        seqs = list(_tokenize(tokenizer, texts, max_length, max_tokens, pretokenized))
+        check_unknown_tokens(seqs, tokenizer, allow=allow_unknown_tokens)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
@@ -558,10 +623,13 @@ def extract(
             "padding_side": tokenizer.padding_side,
             "token_ids": None if select_ids is None else select_ids.tolist(),
         }
+        # a stream hashes as the list of its texts would: one cache for both
+        hashed = _items(texts, pretokenized) if streamed else texts
         key = extraction_key(
-            hf, tokenizer, texts, max_length=max_length, max_tokens=max_tokens, settings=settings
+            hf, tokenizer, hashed, max_length=max_length, max_tokens=max_tokens, settings=settings
         )
-        cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=describe_texts(texts))
+        about = describe_texts([first] if streamed else texts)
+        cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=about)
         if cache.complete:
             return Activations(cache.shards, plan.site_layers, plan.heads, logprobs)
 
@@ -570,13 +638,17 @@ def extract(
     buffer: list[dict[str, torch.Tensor]] = []
     buffered_bytes = 0
     device = input_device(hf, remote)
-    lengths = [len(s) for s in seqs]
-    bar = tqdm(total=len(seqs), initial=start, unit="seq", desc="extract", disable=not progress)
-    for block in _blocks(lengths, start, plan.row_bytes, pool == "none", batch_size, batch_tokens):
+    total = None if streamed else len(seqs)
+    bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
+    done = start
+    blocks = _blocks(islice(seqs, start, None), plan.row_bytes, pool == "none", batch_size, batch_tokens)
+    for block in blocks:
+        if streamed:
+            _check_block(block, tokenizer, allow_unknown_tokens, first=done == start)
         results, order = [], []
-        for local in plan_batches(lengths[block.start : block.stop], batch_size, batch_tokens):
-            index = [block.start + i for i in local]
-            batch_seqs = [seqs[i] for i in index]
+        for local in plan_batches([len(s) for s in block], batch_size, batch_tokens):
+            index = [done + i for i in local]
+            batch_seqs = [block[i] for i in local]
             batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side)
             if not with_positions:
                 del batch["position_ids"]
@@ -592,19 +664,28 @@ def extract(
             results.append(result)
             order += local
             bar.update(len(batch_seqs))
+        done += len(block)
         merged = _restore_order(_merge(results), order)
         buffer.append(merged)
         buffered_bytes += sum(t.numel() * t.element_size() for t in merged.values())
-        last = block.stop >= len(seqs)
-        if cache is not None and (last or buffered_bytes >= SHARD_BYTES):
+        if cache is not None and buffered_bytes >= SHARD_BYTES:
             parts.append(cache.add_shard(_merge(buffer)))
             buffer, buffered_bytes = [], 0
+    if buffer:
+        parts.append(cache.add_shard(_merge(buffer)) if cache is not None else _merge(buffer))
     bar.close()
     if cache is not None:
         cache.finish()
-    elif buffer:
-        parts.append(_merge(buffer))
     return Activations(parts, plan.site_layers, plan.heads, logprobs)
+
+
+def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: bool) -> None:
+    """`check_unknown_tokens` on one block of a stream, clear of the progress bar: every block may be
+    refused, the `DataWarning` comes from the first block only (one line, not one per block)."""
+    with tqdm.external_write_mode(), warnings.catch_warnings():
+        if not first:
+            warnings.simplefilter("ignore", DataWarning)
+        check_unknown_tokens(block, tokenizer, allow=allow)
 
 
 def _forward(

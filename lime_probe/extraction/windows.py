@@ -135,7 +135,8 @@ def token_windows(
     """Non-overlapping `window`-token windows of the packed `texts` (see the module docstring).
 
     Args:
-        texts: documents, in order.
+        texts: documents, in order: a list, since the windows are drawn at random from the whole packed
+            corpus (per-document input can stream instead: `lime_probe.extract` takes an iterable).
         tokenizer: a Hugging Face tokenizer (its BOS/EOS frame each document).
         window: tokens per window (>= 2).
         num_windows: how many windows to keep, drawn without replacement with `seed`; None keeps all.

@@ -12,7 +12,7 @@ stays cheap; each analysis imports what it uses when it runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -171,6 +171,9 @@ class Spec:
     dataset or None), ``params`` an instance of ``params``, ``extract_kw`` the size limits, layers and
     cache as ``lime_probe.extract`` keywords (None when the analysis reads no data). ``applies(checkpoint)``
     says whether ``report`` runs it on a checkpoint (the router analysis: LIMe checkpoints only).
+    ``streams(params)`` says whether ``compute`` reads its texts only in order, one pass per checkpoint
+    (e.g. per-document extraction): the command line then hands it a lazily read `Corpus` instead of a
+    list; analyses that pack or sample the whole corpus up front keep a list.
     ``notebook`` is the stem of its notebook in analyses/.
     """
 
@@ -183,6 +186,7 @@ class Spec:
     data_kind: DataKind = "texts"
     notebook: str = ""
     applies: Callable[[Checkpoint], bool] = lambda ck: True
+    streams: Callable[[Any], bool] = lambda params: False
     max_sequences: int = 64  # default --max-sequences (word probes need more text)
 
     def run(
@@ -193,11 +197,11 @@ class Spec:
 
 
 def extract_site(
-    ck: Checkpoint, texts: Sequence[str], site: str | Sequence[str], extract_kw: dict | None = None, **kw
+    ck: Checkpoint, texts: Iterable[str], site: str | Sequence[str], extract_kw: dict | None = None, **kw
 ):
     """``lime_probe.extract`` of one site (or several, in one pass) for one checkpoint; ``extract_kw`` holds
     the size limits, cache and layers (``layers``, ``max_length``, ``max_tokens``, ``batch_size``,
-    ``cache_dir``)."""
+    ``cache_dir``). ``texts`` may be a list or an iterable read block by block (a `Corpus`, a dataset)."""
     from lime_probe.extraction.tracing import extract
 
     sites = [site] if isinstance(site, str) else list(site)

@@ -3,7 +3,9 @@
 The unit of text is a fixed-length token window by default (``lime_probe.extraction.windows``): the texts are
 packed into non-overlapping windows of one length, ``num_windows`` of them drawn with the seed, so the
 per-sequence entropy does not mix lengths and two checkpoints with the same tokenizer see the same
-token ids. ``unit="documents"`` is the per-document mode (each text truncated to ``--max-length``).
+token ids. ``unit="documents"`` is the per-document mode (each text truncated to ``--max-length``); it
+reads the texts in one pass per checkpoint, so they may be an iterable read lazily (a `Corpus`, a streamed
+dataset) and memory stays flat in their number; windows need the whole corpus up front (a list).
 
 By default the values are measured twice for a model that routes: the W_V output (the paper's values, Sec.
 5.3) and the routed values its heads attend to (the official analysis's); other models have the first only
@@ -46,8 +48,9 @@ class EntropyParams:
     alpha: float | None = option(None, "Renyi order (default: the preset's)")
     unit: str = option(
         PROTOCOL["unit"],
-        "unit of text: fixed-length token windows packed from the data, or one sequence per document "
-        "(truncated to --max-length)",
+        "unit of text: fixed-length token windows packed from the data (drawn at random: the whole "
+        "data is read first), or one sequence per document (truncated to --max-length; --data is then "
+        "read as the extraction goes, never whole)",
         choices=("windows", "documents"),
     )
     window: int | None = option(
@@ -167,4 +170,5 @@ SPEC = Spec(
     plot=plot,
     notebook="entropy",
     max_sequences=4000,
+    streams=lambda p: p.unit == "documents",  # windows are drawn from the whole packed corpus
 )
