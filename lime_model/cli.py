@@ -261,6 +261,8 @@ COMMANDS = {
             f"""\
 lime-model train --recipe cpu-tiny --data {DATA}/valid.txt --out runs/tiny
 # stopped (Ctrl-C, a crash, --stop-after N)? the same command again continues from the last checkpoint
+# several processes read the data `prepare` packed once (each node, unless the cache folder is shared)
+lime-model prepare --recipe lime-1b-gqa --data hf:HuggingFaceFW/fineweb-edu --num-proc 16   # not run in tests: the hub's data
 accelerate launch --num_processes 8 -m lime_model.cli train --recipe lime-1b-gqa --data hf:HuggingFaceFW/fineweb-edu --out runs/1b
 """,
             _train,

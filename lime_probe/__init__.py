@@ -38,6 +38,7 @@ _EXPORTS = {
     "wrap": "extraction.loading",
     "extract": "extraction.tracing",
     "Activations": "extraction.tracing",
+    "Corpus": "extraction.tracing",
     "Adapter": "extraction.adapters",
     "register_adapter": "extraction.adapters",
     "matrix_entropy": "probes.entropy",
