@@ -229,8 +229,7 @@ def test_entries_are_named_by_checkpoint_and_analysis_and_cleared_per_checkpoint
         cache
     ) == kept
     assert (
-        cli.main(["cache", "--cache", str(cache), "--clear", "--yes", "--ckpt", str(tmp_path / "nope")])
-        == 0
+        cli.main(["cache", "--cache", str(cache), "--clear", "--yes", "--ckpt", str(tmp_path / "nope")]) == 0
     )
     out = capsys.readouterr().out
     assert out.startswith(f"no cache entries of {tmp_path / 'nope'}") and str(other.resolve()) in out

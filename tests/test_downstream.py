@@ -215,7 +215,9 @@ def test_paper_presets_are_the_papers_tables():
         3,
     )
     assert PRESETS["official-readme"].num_fewshot is None  # the README table states no shot count
-    assert DEFAULT_PRESET == "paper" == cli.build_parser().parse_args(["eval-downstream", "--ckpt", "x"]).tasks
+    assert (
+        DEFAULT_PRESET == "paper" == cli.build_parser().parse_args(["eval-downstream", "--ckpt", "x"]).tasks
+    )
 
 
 def test_paper_presets_against_the_papers_text():
