@@ -88,8 +88,10 @@ def test_several_processes_without_the_cache_stop_with_one_line(text, tmp_path):
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("lime-model: error:")]
-    assert len(errors) == 2, proc.stderr[-3000:]  # one line from each process
-    assert "run `lime-model prepare` with the same --recipe, --data" in errors[0]
-    assert proc.stderr.count("exitcode  : 2") == 2  # torchrun's summary of each process
+    # Each process writes its line; torchrun may stop the second before it does, and two processes'
+    # writes to the shared stderr can land on one line, so the messages are counted, not the lines.
+    said = proc.stderr.count("lime-model: error: no BPE tokenizer")
+    assert 1 <= said <= 2, proc.stderr[-3000:]
+    assert proc.stderr.count("run `lime-model prepare` with the same --recipe, --data") == said
+    assert "exitcode  : 2" in proc.stderr and "exitcode  : 1" not in proc.stderr  # exit 2: bad input
     assert not cache.exists() or not any(cache.iterdir())  # nothing was tokenised
