@@ -684,7 +684,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
 
 
 def _reproduce_options(p: argparse.ArgumentParser) -> None:
-    p.description += "\n".join(f"  {s.name:<19} {s.description}" for s in STUDIES.values())
+    p.description += "\n".join(f"  {s.name:<19} {s.question}" for s in STUDIES.values())
     p.add_argument(
         "--study", required=True, choices=STUDIES, metavar="NAME", help="the study to run (listed above)"
     )

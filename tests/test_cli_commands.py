@@ -208,7 +208,7 @@ def test_reproduce_offers_exactly_the_registered_studies(monkeypatch, capsys):
 
     class Study:
         def __init__(self, name, needs_data):
-            self.name, self.needs_data, self.description = name, needs_data, f"the {name} question"
+            self.name, self.needs_data, self.question = name, needs_data, f"the {name} question"
 
     fake = {"one": Study("one", True), "two": Study("two", False)}
     monkeypatch.setattr(probe_cli, "STUDIES", fake)

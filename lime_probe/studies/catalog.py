@@ -9,6 +9,7 @@ paper's Appendix D BLiMP tasks, the official separability probe, raw and routed 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .study import LARGEST, Claim, Effect, Endpoint, Measure, Study
@@ -102,17 +103,9 @@ def paper_claims(model: str = "LIMe", reference: str = "LLaMA", role: str = "pri
 
 def per_layer(pairs: Iterable[tuple[str, str]], endpoints: Iterable[Endpoint]) -> tuple[Claim, ...]:
     """Exploratory: each endpoint per layer for each (model, reference) pair."""
-    endpoints = list(endpoints)
+    endpoints = list(endpoints)  # every layer, not the upper half a summary may average
     return tuple(
-        Claim(
-            m,
-            r,
-            Endpoint(e.name, e.measure, e.value, e.where, e.over, "all", e.scale, e.unit),
-            "exploratory",
-            per="layer",
-        )
-        for m, r in pairs
-        for e in endpoints
+        Claim(m, r, replace(e, part="all"), "exploratory", per="layer") for m, r in pairs for e in endpoints
     )
 
 

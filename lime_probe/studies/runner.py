@@ -37,6 +37,13 @@ class Data:
     test: Path
     blimp: Path
 
+    @functools.cached_property
+    def test_texts(self) -> list[str]:
+        """The documents of ``test``, read once for every measure that reads them."""
+        from lime_model.data import load_texts
+
+        return load_texts(str(self.test))
+
     @classmethod
     def under(cls, root: str | os.PathLike) -> Data:
         root = Path(root)
@@ -111,11 +118,10 @@ def train_seed(study: Study, out: Path, seed: int, data: Data | None, progress: 
 # --------------------------------------------------------------------------- measuring
 
 
-def measure_key(m: Measure, runs: Sequence[Path], data: Data | None) -> str:
+def measure_key(m: Measure, fingerprints: Sequence[str], data: Data | None) -> str:
     """A digest of everything a measurement depends on: the analysis and its parameters, the data (file
-    digests) and each run's identity (config and weights)."""
+    digests) and each run's identity (``fingerprints``: `checkpoint_identity`'s, of config and weights)."""
     from lime_model.digests import texts_hash
-    from lime_probe.extraction.provenance import checkpoint_identity
 
     source = {"test": "test", "test-windows": "test", "blimp": "blimp"}.get(m.data)
     files = []
@@ -126,7 +132,7 @@ def measure_key(m: Measure, runs: Sequence[Path], data: Data | None) -> str:
     what = {
         "measure": asdict(m),
         "data": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
-        "runs": [checkpoint_identity(r)["fingerprint"] for r in runs],
+        "runs": list(fingerprints),
     }
     return texts_hash([json.dumps(what, sort_keys=True, default=str)])[:12]
 
@@ -165,9 +171,7 @@ def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[An
         from lime_probe.specs.blimp import chosen_paradigms
 
         return load_blimp(str(data.blimp), chosen_paradigms(spec.params(**m.params))), kw
-    from lime_model.data import load_texts
-
-    texts = load_texts(str(data.test), max_texts=m.max_texts)
+    texts = data.test_texts[: m.max_texts]
     if m.data == "test":
         return texts, kw
     from lime_probe.extraction.windows import max_positions, token_windows
@@ -189,17 +193,6 @@ def run_measure(m: Measure, cks: list, runs: Sequence[Path], data: Data | None):
     return spec.compute(cks, source, spec.params(**m.params), kw)
 
 
-@functools.cache
-def _open(run: Path, label: str, device: str, load: bool):
-    from lime_probe.specs import Checkpoint
-
-    if not load:
-        return Checkpoint(label, str(run), None, None)
-    from lime_probe.extraction.loading import load as load_model
-
-    return Checkpoint(label, str(run), *load_model(run, device=device))
-
-
 def measure_runs(
     study: Study,
     out: Path,
@@ -212,7 +205,19 @@ def measure_runs(
     """Every measure of ``study`` on the runs of one seed: the per-run ones ({measure: {label: {"rows",
     "tables", "extra"}}}, cached as JSON) and the per-seed ones (written with their figures under
     ``measure/``)."""
-    from lime_probe.specs import ANALYSES, write_analysis
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.provenance import checkpoint_identity
+    from lime_probe.specs import ANALYSES, Checkpoint, write_analysis
+
+    fingerprints = {label: checkpoint_identity(run)["fingerprint"] for label, run in runs.items()}
+    opened: dict[str, Checkpoint] = {}  # loaded once per seed, on the first measure that misses its cache
+
+    def checkpoint(label: str, analysis: str) -> Checkpoint:
+        if ANALYSES[analysis].data_kind == "none":  # reads the run folder only
+            return Checkpoint(label, str(runs[label]), None, None)
+        if label not in opened:
+            opened[label] = Checkpoint(label, str(runs[label]), *load(runs[label], device=device))
+        return opened[label]
 
     measured: dict[str, dict[str, dict]] = {name: {} for name, m in study.measures.items() if m.per == "run"}
     for label, run in runs.items():
@@ -220,7 +225,7 @@ def measure_runs(
             name: m for name, m in study.measures.items() if m.per == "run" and label in (m.models or runs)
         }
         paths = {
-            name: out / "measure" / name / f"{run.name}-{measure_key(m, [run], data)}.json"
+            name: out / "measure" / name / f"{run.name}-{measure_key(m, [fingerprints[label]], data)}.json"
             for name, m in todo.items()
         }
         progress.step(
@@ -228,10 +233,9 @@ def measure_runs(
             reused=all(p.is_file() for p in paths.values()),
         )
         for name, m in todo.items():
-            load = ANALYSES[m.analysis].data_kind != "none"
 
-            def compute(m=m, load=load, label=label, run=run) -> dict:
-                result = run_measure(m, [_open(run, label, device, load)], [run], data)
+            def compute(m=m, label=label, run=run) -> dict:
+                result = run_measure(m, [checkpoint(label, m.analysis)], [run], data)
                 return {"rows": result.rows, "tables": result.tables, "extra": result.extra}
 
             measured[name][label] = cached(paths[name], compute)
@@ -239,16 +243,14 @@ def measure_runs(
         if m.per != "seed":
             continue
         labels = [label for label in runs if label in (m.models or runs)]
-        folder = out / "measure" / name / f"s{seed}-{measure_key(m, [runs[x] for x in labels], data)}"
+        folder = out / "measure" / name / f"s{seed}-{measure_key(m, [fingerprints[x] for x in labels], data)}"
         done = (folder / "done").is_file()
         progress.step(f"{name} of seed {seed}: {', '.join(labels)}", reused=done)
         if not done:
-            load = ANALYSES[m.analysis].data_kind != "none"
-            cks = [_open(runs[x], x, device, load) for x in labels]
+            cks = [checkpoint(x, m.analysis) for x in labels]
             result = run_measure(m, cks, [runs[x] for x in labels], data)
             write_analysis(result, folder, {"study": study.name, "seed": seed, "measure": asdict(m)})
             (folder / "done").write_text("")
-    _open.cache_clear()  # one seed's models at a time in memory
     return measured
 
 

@@ -170,10 +170,6 @@ class Study:
     def needs_data(self) -> bool:
         return self.data is not None
 
-    @property
-    def description(self) -> str:
-        return self.question
-
     def sized(self, size: str) -> Study:
         """The study at ``size``: "full" as declared, "tiny" with `tiny`'s overrides (a smoke run)."""
         if size == "full":
@@ -191,6 +187,3 @@ class Study:
             overrides={**self.overrides, **t.get("overrides", {})},
             measures=measures,
         )
-
-    def labels(self) -> list[str]:
-        return list(self.models)
