@@ -84,8 +84,13 @@ def test_paired_difference_p_values_and_mde():
     assert (d.verdict != "not resolved") == (d.p < 0.05)
     one = paired_difference([2.0], [1.0])
     assert (one.p, one.p_sign_flip, one.mde) == (1.0, 1.0, np.inf)
+    # zero spread: a zero-width interval decides nothing; p is the exact sign-flip p (2 / 2^n)
     constant = paired_difference([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
-    assert constant.p == 0.0 and constant.verdict == "a > b"
+    assert constant.ci_low == constant.ci_high == 1.0
+    assert constant.p == 0.25 and constant.verdict == "not resolved"
+    constant10 = paired_difference(np.arange(10.0) + 0.5, np.arange(10.0))
+    assert constant10.p == 2 / 2**10 and constant10.verdict == "a > b"
+    assert paired_difference([1.0, 1.0], [1.0, 1.0]).p == 1.0
 
 
 def test_sign_flip_p_of_a_hand_enumerated_case():

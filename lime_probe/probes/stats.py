@@ -80,7 +80,7 @@ def summarize(values: ArrayLike, level: float = 0.95, n_boot: int = 1000, seed: 
 class Difference:
     """A paired difference ``a - b`` over n pairs (seeds): mean, std (ddof=1), a t-interval, the verdict.
 
-    ``verdict`` is ``"a > b"`` or ``"a < b"`` when the interval excludes 0, else ``"not resolved"``.
+    ``verdict`` is ``"a > b"`` or ``"a < b"`` when the difference is `resolved`, else ``"not resolved"``.
     Beside the interval: ``p`` (the paired t-test's two-sided p, the test the interval inverts),
     ``p_sign_flip`` (:func:`sign_flip_p`, exact, no normality assumed) and ``mde`` (:func:`paired_t_mde`
     at this n and the observed std, two-sided at ``1 - level`` with 80 % power: the smallest true
@@ -99,12 +99,18 @@ class Difference:
     mde: float = float("nan")
 
     @property
+    def resolved(self) -> bool:
+        """The interval excludes 0; at zero spread, where the zero-width interval says nothing,
+        ``p`` (then the sign-flip p) is below ``1 - level``."""
+        if self.std == 0:
+            return self.p < 1 - self.level
+        return self.ci_low > 0 or self.ci_high < 0
+
+    @property
     def verdict(self) -> str:
-        if self.ci_low > 0:
-            return "a > b"
-        if self.ci_high < 0:
-            return "a < b"
-        return "not resolved"
+        if not self.resolved:
+            return "not resolved"
+        return "a > b" if self.mean > 0 else "a < b"
 
 
 MDE_POWER = 0.8  # the power at which `Difference.mde` is stated (ours: the conventional 80 %)
@@ -116,8 +122,10 @@ def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Differ
 
     The pairs are independent replicates (one per training seed), so the interval is
     ``mean +- t_{(1+level)/2, n-1} * std / sqrt(n)``. With n = 1 there is no spread to estimate: the
-    interval and the MDE are infinite and both p-values 1. A zero spread with a nonzero mean gives a
-    zero-width interval and p = 0.
+    interval and the MDE are infinite and both p-values 1. With zero spread (every seed's difference
+    equal, as coarse accuracies can give at few seeds) the t statistic is undefined: the interval
+    has zero width and ``p`` is the exact sign-flip p instead (at least ``2 / 2^n``), so a constant
+    difference over 3 seeds is not resolved (p 0.25) and over 10 is (p 0.002).
     """
     from scipy.stats import t as student_t
 
@@ -136,10 +144,10 @@ def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Differ
     std = float(d.std(ddof=1))
     se = std / np.sqrt(n)
     half = float(student_t.ppf((1 + level) / 2, n - 1) * se)
-    no_spread_p = 0.0 if mean != 0 else 1.0
-    p = float(2 * student_t.sf(abs(mean) / se, n - 1)) if se > 0 else no_spread_p
+    p_sign_flip = sign_flip_p(d)
+    p = float(2 * student_t.sf(abs(mean) / se, n - 1)) if se > 0 else p_sign_flip
     mde = paired_t_mde(n, std, alpha=1 - level, power=MDE_POWER)
-    return Difference(mean, std, mean - half, mean + half, n, level, pairs, p, sign_flip_p(d), mde)
+    return Difference(mean, std, mean - half, mean + half, n, level, pairs, p, p_sign_flip, mde)
 
 
 MAX_SIGN_FLIP_PAIRS = 20  # 2^20 sign patterns (about a second); beyond that a sampled test would be needed

@@ -75,7 +75,7 @@ def difference_row(claim: Claim, a: np.ndarray, b: np.ndarray, **where: Any) -> 
         "p_t": d.p,
         "p_sign_flip": d.p_sign_flip,
         "mde": d.mde,
-        "verdict": verdict(claim.role, claim.sign, d.ci_low > 0 or d.ci_high < 0, d.mean),
+        "verdict": verdict(claim.role, claim.sign, d.resolved, d.mean),
     }
 
 
