@@ -172,7 +172,6 @@ class Recipe:
             raise ValueError(f"eval_holdout must lie in [0, 1), got {self.eval_holdout}")
         if self.one_pass and self.steps is None:
             raise ValueError("one_pass needs steps (it reads steps x batch_size sequences)")
-        parse_routing(self.routing)
         if self.task == "lm" and self.data is None:
             raise ValueError("this recipe trains on text but names no data: pass --data FILE|FOLDER|hf:NAME")
 
@@ -188,7 +187,8 @@ class Recipe:
             raise ValueError(
                 f"recipe key 'model.arch' must be one of {', '.join(ARCHITECTURES)}, got {self.arch!r}"
             )
-        if self.arch != "lime" and parse_routing(self.routing).enabled:
+        routing = parse_routing(self.routing)  # raises on a malformed spec, for every arch
+        if self.arch != "lime" and routing.enabled:
             raise ValueError(
                 f"model.arch {self.arch!r} takes no LIMe routing: set routing to 'none' (got {self.routing!r})"
             )
