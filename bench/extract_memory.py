@@ -17,46 +17,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
-import transformers as tf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract_overhead import make_texts  # noqa: E402
-from helpers import tiny_tokenizer  # noqa: E402
+from memory import child_json, flags, peak_rss_mib, print_growth, tiny_llama  # noqa: E402
 
 import lime_probe.extraction.tracing as ex  # noqa: E402
 
 SEQ = 128
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
 def child(args: argparse.Namespace) -> None:
     """Run one extraction and print a JSON line with the measurements."""
     torch.set_num_threads(1)
     ex.SHARD_BYTES = args.shard_mib * 2**20
-    tok = tiny_tokenizer()
-    config = tf.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config).eval()
+    model, tok = tiny_llama(args.hidden, args.layers, SEQ)
     texts = make_texts(tok, args.tokens // SEQ, SEQ)
     with tempfile.TemporaryDirectory() as tmp:
         ex.extract(model, tok, texts[:1], max_length=SEQ, progress=False)  # warm-up: imports, nnsight
@@ -73,21 +53,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run(tokens: int, args: argparse.Namespace, in_memory: bool) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        "--tokens",
-        str(tokens),
-        "--shard-mib",
-        str(args.shard_mib),
-        "--hidden",
-        str(args.hidden),
-        "--layers",
-        str(args.layers),
-    ] + (["--in-memory"] if in_memory else [])
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    shape = flags(tokens=tokens, shard_mib=args.shard_mib, hidden=args.hidden, layers=args.layers)
+    return child_json(__file__, "--child", *shape, *(["--in-memory"] if in_memory else []))
 
 
 def main() -> None:
@@ -102,21 +69,14 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    modes = [False, True] if args.in_memory else [False]
     print(
         f"LLaMA {args.layers} layers, hidden {args.hidden}; all 'hidden' layers of every token; "
         f"{SEQ}-token sequences; shards of {args.shard_mib} MiB"
     )
-    for in_memory in modes:
+    for in_memory in [False, True] if args.in_memory else [False]:
         small, large = run(args.tokens, args, in_memory), run(10 * args.tokens, args, in_memory)
         label = "in memory (no cache_dir)" if in_memory else "streamed to cache_dir"
-        print(label)
-        for r in (small, large):
-            print(
-                f"  {r['tokens']:>9,} tokens  written {r['written'] / 2**20:7.1f} MiB  peak RSS "
-                f"{r['after']:7.1f} MiB  (+{r['after'] - r['before']:6.1f} MiB over the warmed-up process)"
-            )
-        print(f"  peak RSS ratio 10N / N: {large['after'] / small['after']:.3f}")
+        print_growth(label, small, large, "tokens", lambda r: f"written {r['written'] / 2**20:7.1f} MiB  ")
 
 
 if __name__ == "__main__":

@@ -25,24 +25,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import child_json, flags, peak_rss_mib, print_growth, tiny_llama  # noqa: E402
 
 SEQ = 32
 MODES = ("mean", "cache")
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
 def write_corpus(path: Path, docs: int) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from extract_overhead import make_texts
+    from memory import TESTS
+
+    sys.path.insert(0, str(TESTS))
     from helpers import tiny_tokenizer
 
     path.write_text("\n\n".join(make_texts(tiny_tokenizer(), docs, SEQ)) + "\n")
@@ -51,29 +49,13 @@ def write_corpus(path: Path, docs: int) -> None:
 def child(args: argparse.Namespace) -> None:
     """Run one extraction as `args.mode` says and print a JSON line with the measurements."""
     import torch
-    import transformers as tf
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from helpers import tiny_tokenizer
 
     import lime_probe.extraction.tracing as ex
     from lime_model.data import load_texts
 
     torch.set_num_threads(1)
     ex.SHARD_BYTES = int(args.shard_mib * 2**20)
-    tok = tiny_tokenizer()
-    config = tf.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config).eval()
+    model, tok = tiny_llama(64, 2, SEQ)
     with tempfile.TemporaryDirectory() as tmp:
         ex.extract(model, tok, ["a warm-up text"], max_length=SEQ, progress=False)  # imports, nnsight
         before = peak_rss_mib()
@@ -86,22 +68,7 @@ def child(args: argparse.Namespace) -> None:
         else:
             texts = load_texts(args.corpus) if args.mode == "list" else ex.Corpus(args.corpus)
             acts = ex.extract(model, tok, texts, pool="mean", **kw)
-        print(json.dumps({"docs": acts.n_sequences, "before": before, "after": peak_rss_mib()}))
-
-
-def run(mode: str, corpus: Path, args: argparse.Namespace) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        mode,
-        "--corpus",
-        str(corpus),
-        "--shard-mib",
-        str(args.shard_mib),
-    ]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+        print(json.dumps({"documents": acts.n_sequences, "before": before, "after": peak_rss_mib()}))
 
 
 def main() -> None:
@@ -124,14 +91,11 @@ def main() -> None:
         for n, path in corpora.items():
             write_corpus(path, n)
         for mode in (*MODES, "list") if args.list else MODES:
-            small, large = (run(mode, path, args) for path in corpora.values())
-            print(mode)
-            for r in (small, large):
-                print(
-                    f"  {r['docs']:>8,} documents  peak RSS {r['after']:7.1f} MiB  "
-                    f"(+{r['after'] - r['before']:6.1f} MiB over the warmed-up process)"
-                )
-            print(f"  peak RSS ratio 10N / N: {large['after'] / small['after']:.3f}")
+            small, large = (
+                child_json(__file__, "--child", mode, *flags(corpus=path, shard_mib=args.shard_mib))
+                for path in corpora.values()
+            )
+            print_growth(mode, small, large, "documents")
 
 
 if __name__ == "__main__":

@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import TESTS, child_json, peak_rss_mib  # noqa: E402
+
 ROWS = ("float32", "bfloat16", "float32 -> bfloat16")
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def save_checkpoint(folder: Path, args: argparse.Namespace) -> int:
@@ -45,7 +43,7 @@ def save_checkpoint(folder: Path, args: argparse.Namespace) -> int:
     import torch
     import transformers as tf
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(TESTS))
     from helpers import tiny_tokenizer
 
     config = tf.LlamaConfig(
@@ -85,12 +83,6 @@ def child(ckpt: str, row: str) -> None:
     print(json.dumps({"baseline": baseline, "peak": peak_rss_mib(), "dtype": str(hf.dtype)}))
 
 
-def measure(ckpt: str, row: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", ckpt, "--row", row]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=768)
@@ -113,7 +105,7 @@ def main() -> None:
         n = int(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()[-1])
         size = sum(f.stat().st_size for f in Path(tmp).glob("*.safetensors")) / 2**20
         print(f"checkpoint: {n / 1e6:.1f}M parameters, {size:.0f} MiB of {args.stored} weights on disk")
-        results = {row: measure(tmp, row) for row in ROWS}
+        results = {row: child_json(__file__, "--child", tmp, "--row", row) for row in ROWS}
     base = results["float32"]["peak"] - results["float32"]["baseline"]
     print(f"{'load':<22}{'dtype':<16}{'peak RSS MiB':>14}{'growth MiB':>12}{'x float32':>11}")
     for row, r in results.items():
