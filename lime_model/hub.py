@@ -67,8 +67,12 @@ def model_card(run_dir: str | os.PathLike) -> str:
     if datasets:
         out += ["datasets:"] + [f"- {d}" for d in datasets]
     out += ["---", "", f"# {name}", ""]
-    if recipe["description"]:
-        out += [recipe["description"], ""]
+    if recipe["description"]:  # written for the recipe's own sizes, which --set may have changed
+        out += [
+            f"The recipe's description, as written: {recipe['description']} (The sections below "
+            "state what was trained.)",
+            "",
+        ]
     out += [
         f"A {kind} decoder trained with `lime-model train`"
         + (f" ({n_params:,} parameters)." if n_params is not None else "."),
