@@ -52,6 +52,10 @@ def test_a_model_without_weights_sends_its_inputs_from_the_cpu(tmp_path, monkeyp
     assert inputs["attention_mask"].tolist() == [[1] * len(ids)]
     # building the request touched no weight: the model is still the meta skeleton
     assert {p.device.type for p in model._module.parameters()} == {"meta"}
+    # the cache is keyed by the weights: without them it is refused before anything is sent or written
+    with pytest.raises(ValueError, match="holds none.*without cache_dir"):
+        extract(model, tok, [text], progress=False, remote=True, cache_dir=tmp_path / "cache")
+    assert len(capture.requests) == 1 and not (tmp_path / "cache").exists()
 
 
 def test_the_local_simulation_of_the_remote_path_gives_the_local_activations(tmp_path):

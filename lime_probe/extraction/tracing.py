@@ -562,7 +562,7 @@ def extract(
     Raises:
         ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer
             (see `allow_unknown_tokens`), non-finite activations (naming the site and layer); a one-pass
-            iterator with `cache_dir`.
+            iterator, or a model without weights (remote), with `cache_dir`.
     """
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
@@ -614,6 +614,11 @@ def extract(
 
     cache = None
     if cache_dir is not None:
+        if any(p.is_meta for p in hf.parameters()):
+            raise ValueError(
+                "cache_dir keys the cache by the model's weights, and this model holds none (built on "
+                "'meta' for a remote run): extract without cache_dir"
+            )
         settings = {
             "sites": plan.site_layers,
             "pool": pool,
