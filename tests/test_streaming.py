@@ -165,6 +165,30 @@ def test_per_document_entropy_reads_data_lazily_and_windows_whole(tmp_path, caps
     assert [r["entropy_mean"] for r in rows] == pytest.approx([r["entropy_mean"] for r in want], rel=1e-12)
 
 
+def test_cka_reads_data_lazily(tmp_path, capsys, monkeypatch):
+    import lime_model.data
+    from lime_probe.specs import ANALYSES
+    from lime_probe.specs.base import load_checkpoints
+
+    data = tmp_path / "t.txt"
+    data.write_text("\n\n".join(TEXTS) + "\n")
+
+    def whole(*a, **k):
+        raise AssertionError("cka must not read --data whole")
+
+    ckpt = save_tiny_checkpoint(tmp_path / "llama", "llama")
+    monkeypatch.setattr(lime_model.data, "load_texts", whole)
+    argv = ["cka", "--ckpt", ckpt, "--data", data, "--max-sequences", 30, "--out", tmp_path / "out"]
+    assert cli.main([str(a) for a in argv]) == 0, capsys.readouterr().err
+    monkeypatch.undo()
+    rows = json.loads((tmp_path / "out" / "cka_hidden.json").read_text())["rows"]
+    want = ANALYSES["cka"].run(load_checkpoints([str(ckpt)], ["llama"]), TEXTS[:30], {}).rows
+    assert [r["n_tokens"] for r in rows] == [r["n_tokens"] for r in want]
+    assert [r["effective_rank"] for r in rows] == pytest.approx(
+        [r["effective_rank"] for r in want], rel=1e-12
+    )
+
+
 @pytest.mark.slow
 def test_the_memory_bench_runs_at_a_toy_size():
     import re

@@ -211,4 +211,5 @@ SPEC = Spec(
     compute=compute,
     plot=plot,
     notebook="cka",
+    streams=lambda p: True,  # chunk by chunk, one pass: --data is never read whole
 )
