@@ -425,3 +425,34 @@ def test_bad_input_through_the_cli_is_one_line_exit_2_and_writes_nothing(tmp_pat
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_measurement_keys_follow_the_datas_content_not_its_file_times(tmp_path):
+    """A copied or re-provisioned data folder (new modification times) keeps every cached measurement;
+    a changed byte invalidates exactly the measures that read that file."""
+    import hashlib
+    import os
+    import shutil
+
+    from lime_probe.studies.runner import Data, measure_key
+
+    src = tmp_path / "a"
+    (src / "wikitext-2").mkdir(parents=True)
+    (src / "blimp").mkdir()
+    (src / "wikitext-2" / "valid.txt").write_text("train text\n")
+    (src / "wikitext-2" / "test.txt").write_text("held-out text\n")
+    (src / "blimp" / "p.jsonl").write_text('{"sentence_good": "a", "sentence_bad": "b"}\n')
+    copy = tmp_path / "b"
+    shutil.copytree(src, copy, copy_function=shutil.copyfile)  # contents only: fresh times
+    for f in copy.rglob("*.*"):
+        os.utime(f, ns=(1, 1))
+    on_test, on_blimp = Measure("entropy", data="test-windows"), Measure("blimp", data="blimp")
+    a, b = Data.under(src), Data.under(copy)
+    assert a.digests["test"] == [["test.txt", hashlib.sha256(b"held-out text\n").hexdigest()]]
+    for m in (on_test, on_blimp):
+        assert measure_key(m, ["fp"], a) == measure_key(m, ["fp"], b)
+        assert measure_key(m, ["fp"], a) != measure_key(m, ["other fp"], a)
+    (copy / "wikitext-2" / "test.txt").write_text("held-out text!\n")
+    changed = Data.under(copy)
+    assert measure_key(on_test, ["fp"], changed) != measure_key(on_test, ["fp"], a)
+    assert measure_key(on_blimp, ["fp"], changed) == measure_key(on_blimp, ["fp"], a)

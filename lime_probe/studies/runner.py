@@ -44,6 +44,18 @@ class Data:
 
         return load_texts(str(self.test))
 
+    @functools.cached_property
+    def digests(self) -> dict[str, list[list[str]]]:
+        """``{"test": [[name, sha256]], "blimp": [[name, sha256], ...]}``: the content of the files the
+        measures read, for their cache keys. Content, not modification times: a copied or re-provisioned
+        data folder keeps every cached measurement."""
+        import hashlib
+
+        def digest(files: list[Path]) -> list[list[str]]:
+            return [[f.name, hashlib.sha256(f.read_bytes()).hexdigest()] for f in files]
+
+        return {"test": digest([self.test]), "blimp": digest(sorted(self.blimp.glob("*.jsonl")))}
+
     @classmethod
     def under(cls, root: str | os.PathLike) -> Data:
         root = Path(root)
@@ -119,21 +131,13 @@ def train_seed(study: Study, out: Path, seed: int, data: Data | None, progress: 
 
 
 def measure_key(m: Measure, fingerprints: Sequence[str], data: Data | None) -> str:
-    """A digest of everything a measurement depends on: the analysis and its parameters, the data (file
-    digests) and each run's identity (``fingerprints``: `checkpoint_identity`'s, of config and weights)."""
+    """A digest of everything a measurement depends on: the analysis and its parameters, the data (its
+    files' content, `Data.digests`) and each run's identity (``fingerprints``: `checkpoint_identity`'s, of config and weights)."""
     from lime_model.digests import texts_hash
 
     source = {"test": "test", "test-windows": "test", "blimp": "blimp"}.get(m.data)
-    files = []
-    if source == "test":
-        files = [data.test]
-    elif source == "blimp":
-        files = sorted(data.blimp.glob("*.jsonl"))
-    what = {
-        "measure": asdict(m),
-        "data": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
-        "runs": list(fingerprints),
-    }
+    files = data.digests[source] if source is not None and data is not None else []
+    what = {"measure": asdict(m), "data": files, "runs": list(fingerprints)}
     return texts_hash([json.dumps(what, sort_keys=True, default=str)])[:12]
 
 
