@@ -89,10 +89,11 @@ class Endpoint:
 
     def label(self, per: str | None = None) -> str:
         """How tables name it: the name, the filter and what is averaged, e.g. "value entropy (values; mean
-        over layer)"; ``per``: read per that key (exploratory), so nothing is averaged over it."""
+        over layers)"; ``per``: read per that key (exploratory), so nothing is averaged over it."""
         bits = [f"largest {k}" if v == LARGEST else str(v) for k, v in self.where.items()]
         if self.over and per is None:
-            bits.append("upper half" if self.part == "upper half" else f"mean over {', '.join(self.over)}")
+            over = " and ".join(f"{k}s" for k in self.over)  # the keys are singular: "layer"
+            bits.append("upper half" if self.part == "upper half" else f"mean over {over}")
         return f"{self.name} ({'; '.join(bits)})" if bits else self.name
 
 
