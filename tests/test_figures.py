@@ -1,10 +1,12 @@
 """Figures draw exactly the numbers they are given, in the package style, and save atomically."""
 
+import itertools
 import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PathCollection, PolyCollection, QuadMesh
 
 from lime_probe.output import plots as F
@@ -210,6 +212,18 @@ def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
     from lime_model.files import umask
 
     assert [p.stat().st_mode & 0o777 for p in paths] == [0o666 & ~umask()] * 2  # not mkstemp's private 0o600
+
+
+@pytest.mark.parametrize("fmt", ["pdf", "svg"])
+def test_saved_figures_carry_no_time_of_writing_so_reruns_give_the_same_bytes(tmp_path, monkeypatch, fmt):
+    # matplotlib reads the time of writing from SOURCE_DATE_EPOCH when set: two different "clocks".
+    fig = F.plot_entropy(_series(), site="hidden")
+    written = []
+    for epoch in ("0", "1000000000"):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+        written.append(F.save_figure(fig, tmp_path / epoch / "entropy", formats=(fmt,))[0].read_bytes())
+    assert written[0] == written[1]
+    assert b"CreationDate" not in written[0] and b"<dc:date>" not in written[0]
 
 
 @pytest.mark.parametrize(
@@ -438,3 +452,44 @@ def test_blimp_one_number_chart_says_what_it_is_not_the_per_block_table_2_layout
         "BLiMP probes, one number per model and site\n"
         "(each task's mean over the probed layers; mean ± std over 10 tasks)"
     )
+
+
+def test_interval_panels_draw_each_rows_mean_and_interval_with_tick_labels_apart():
+    rows = [
+        {
+            "panel": "BLiMP (fraction)",
+            "label": "LIMe - LLaMA",
+            "mean": -0.00117,
+            "low": -0.008283,
+            "high": 0.005943,
+        },
+        {
+            "panel": "BLiMP (fraction)",
+            "label": "LIMe-LLaMA-kv-init - LLaMA (secondary)",
+            "mean": -0.002985,
+            "low": -0.01193,
+            "high": 0.005962,
+        },
+        {"panel": "perplexity", "label": "LIMe - LLaMA", "mean": 10.15, "low": 4.755, "high": 15.55},
+    ]
+    fig = F.plot_intervals(rows, title="t")
+    axes = fig.axes
+    assert [ax.get_title(loc="left") for ax in axes] == ["BLiMP (fraction)", "perplexity"]
+    drawn = []
+    for ax in axes:
+        for line in ax.get_lines():
+            if line.get_marker() == "o":
+                drawn.append(float(line.get_xdata()[0]))
+    assert drawn == pytest.approx([r["mean"] for r in rows])
+    # each interval's whisker ends, from the error-bar segments
+    ends = [seg[:, 0] for ax in axes for c in ax.collections for seg in c.get_segments()]
+    np.testing.assert_allclose([sorted(e) for e in ends], [[r["low"], r["high"]] for r in rows])
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in axes:
+        boxes = [
+            t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()
+        ]
+        # apart by at least a line's height, not merely not overlapping ("-0.0125-0.0100" reads as one)
+        assert all(b.x0 - a.x1 >= a.height for a, b in itertools.pairwise(boxes)), ax.get_title(loc="left")

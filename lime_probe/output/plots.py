@@ -21,6 +21,7 @@ import matplotlib
 import numpy as np
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from lime_model.files import atomic_path
 
@@ -51,6 +52,7 @@ STYLE = {
     "legend.frameon": False,
     "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
     "pdf.fonttype": 42,  # embed TrueType so PDF text stays editable/searchable
+    "svg.hashsalt": "lime-probe",  # SVG element ids are otherwise random per run
 }
 
 
@@ -88,11 +90,16 @@ def _new_figure(ncols: int = 1, nrows: int = 1, *, size: tuple[float, float] | N
     return fig, axes
 
 
+# PDF and SVG otherwise stamp the time of writing, so re-running a study would change every figure's bytes.
+_NO_DATE = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}
+
+
 def save_figure(fig: Figure, stem: str | os.PathLike, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
     """Write ``fig`` to ``stem.png`` and ``stem.pdf``, each all or nothing (``lime_model.files.atomic_path``),
     with the permissions a plain ``open()`` gives.
 
-    Returns the written paths in the order of ``formats``.
+    Returns the written paths in the order of ``formats``. No creation date is embedded, so the same figure
+    gives the same bytes on every run.
     """
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +107,9 @@ def save_figure(fig: Figure, stem: str | os.PathLike, formats: Sequence[str] = (
     for fmt in formats:
         path = stem.with_name(f"{stem.name}.{fmt}")
         with atomic_path(path) as tmp, style():
-            fig.savefig(tmp, format=fmt, dpi=STYLE["savefig.dpi"], bbox_inches="tight")
+            fig.savefig(
+                tmp, format=fmt, dpi=STYLE["savefig.dpi"], bbox_inches="tight", metadata=_NO_DATE.get(fmt)
+            )
         paths.append(path)
     return paths
 
@@ -747,6 +756,8 @@ def plot_intervals(rows: Sequence[Mapping], *, title: str) -> Figure:
             ax.axvline(0.0, color="0.5", linewidth=0.8, linestyle="--")
             ax.set_yticks(range(len(prs)), [r["label"] for r in prs])
             ax.set_ylim(len(prs) - 0.5, -0.5)
+            # Few x ticks: small endpoints (accuracy differences of 0.005) have long labels that would touch.
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
             ax.set_title(panel, fontsize="medium", loc="left")
         fig.suptitle(title)
     return fig
