@@ -667,6 +667,10 @@ def train(
             evaluate_arithmetic(out_dir, progress=progress, device=accelerator.device)
         write_model_card(out_dir)
     accelerator.wait_for_everyone()
+    # DDP's reducer must not outlive the process group: as its last owner it would destroy the gloo group
+    # holding the GIL, while a gloo thread waits for the GIL to free the barrier's work (a hang at exit,
+    # pytorch/pytorch#56297). Released first, the group is freed by end_training without the GIL.
+    model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     return out_dir
 

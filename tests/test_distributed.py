@@ -23,7 +23,8 @@ ARGS = [
 
 
 def write_entry(folder):
-    """A lime-model entry point whose ranks fail if they read any text."""
+    """A lime-model entry point whose ranks fail if they read any text, or if the DDP model is still alive
+    when the process group is destroyed."""
     path = folder / "entry.py"
     path.write_text(
         "import os, sys\n"
@@ -32,6 +33,13 @@ def write_entry(folder):
         "def no_reading(*a, **k):\n"
         "    raise AssertionError('rank ' + os.environ['RANK'] + ' read the texts')\n"
         "data._file_documents = no_reading\n"
+        "import gc, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel\n"
+        "destroy = dist.destroy_process_group\n"
+        "def destroy_after_ddp(*a, **k):  # a live DDP reducer would free the gloo group with the GIL held\n"
+        "    assert not any(isinstance(o, DistributedDataParallel) for o in gc.get_objects()), 'DDP outlives the group'\n"
+        "    return destroy(*a, **k)\n"
+        "dist.destroy_process_group = destroy_after_ddp\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     return str(path)
