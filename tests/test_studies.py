@@ -229,12 +229,13 @@ def test_exploratory_families_are_holm_and_bh_adjusted_within_themselves(synthet
         assert len(set(hand_holm(p))) > 1  # the family is not all adjusted to 1
 
 
-def test_primary_p_values_are_holm_adjusted_over_the_primaries(synthetic):
+def test_p_values_are_holm_adjusted_over_the_primaries_and_separately_over_the_secondaries(synthetic):
     _, _, rows, _, _ = synthetic
     primary = [r for r in rows if r["role"] == "primary"]
-    assert len(primary) == 3
+    secondary = [r for r in rows if r["role"] == "secondary"]
+    assert len(primary) == 3 and len(secondary) >= 2
     assert [r["p_holm"] for r in primary] == pytest.approx(hand_holm([r["p_t"] for r in primary]), rel=1e-9)
-    assert all("p_holm" not in r for r in rows if r["role"] == "secondary")
+    assert [r["p_holm"] for r in secondary] == pytest.approx(hand_holm([r["p_t"] for r in secondary]), rel=1e-9)
 
 
 def test_an_exploratory_claim_needs_per_and_the_others_refuse_it():
@@ -274,7 +275,12 @@ def check_consistent(study: Study) -> None:
         reads_shared = m.data in ("test", "test-windows", "blimp")
         assert not reads_shared or study.needs_data, f"{study.name}: {name} reads {m.data} without --data"
         assert m.data in READS[spec.data_kind], f"{study.name}: {name} reads {m.data}"
-    assert any(c.role == "primary" for c in study.claims), study.name
+    # a study tests a primary claim or makes a declared selection (a learning-rate sweep)
+    assert any(c.role == "primary" for c in study.claims) or study.select is not None, study.name
+    if study.select is not None:
+        assert study.select.endpoint.measure in per_run, study.name
+        for labels in study.select.families.values():
+            assert len(labels) > 1 and set(labels) <= set(study.models), study.name
     assert len(set(study.seeds)) >= 2 and len(set(study.seeds)) == len(study.seeds), study.name
 
 

@@ -7,6 +7,6 @@ parameters, pre-registered claims); `run_study` is the one runner. ``STUDIES`` h
 
 from .catalog import STUDIES
 from .runner import run_study
-from .study import Claim, Effect, Endpoint, Measure, Study
+from .study import Claim, Effect, Endpoint, Measure, Selection, Study
 
-__all__ = ["STUDIES", "Claim", "Effect", "Endpoint", "Measure", "Study", "run_study"]
+__all__ = ["STUDIES", "Claim", "Effect", "Endpoint", "Measure", "Selection", "Study", "run_study"]

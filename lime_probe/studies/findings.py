@@ -107,10 +107,40 @@ def compare(study: Study, measured: Measured, seeds: Sequence[int]) -> list[dict
         for r, ph, q in zip(family, holm(p), benjamini_hochberg(p), strict=True):
             r["p_holm"], r["q_bh"] = float(ph), float(q)
         rows += family
-    primary = [r for r in rows if r["role"] == "primary"]
-    for r, ph in zip(primary, holm([r["p_t"] for r in primary]), strict=True):
-        r["p_holm"] = float(ph)
+    for role in ("primary", "secondary"):  # each role's family: Holm over its endpoints
+        family = [r for r in rows if r["role"] == role]
+        for r, ph in zip(family, holm([r["p_t"] for r in family]) if family else [], strict=True):
+            r["p_holm"] = float(ph)
     return rows
+
+
+def selection_table(study: Study, measured: Measured, seeds: Sequence[int]) -> list[dict]:
+    """Every candidate of ``study.select``: its endpoint's mean and sample std over ``seeds``, each seed's
+    value and whether the declared rule chose it."""
+    sel = study.select
+    if sel is None:
+        return []
+    e = sel.endpoint
+    values = {
+        label: [e.of(measured[e.measure][label, s]["rows"]) for s in seeds]
+        for labels in sel.families.values()
+        for label in labels
+    }
+    chosen = sel.choose({label: float(np.mean(v)) for label, v in values.items()})
+    return [
+        {
+            "family": family,
+            "model": label,
+            "overrides": dict(study.models[label]),
+            "endpoint": e.label(),
+            "mean": float(np.mean(values[label])),
+            "std": float(np.std(values[label], ddof=1)),
+            "per_seed": values[label],
+            "chosen": chosen[family] == label,
+        }
+        for family, labels in sel.families.items()
+        for label in labels
+    ]
 
 
 # --------------------------------------------------------------------------- tables
@@ -263,7 +293,8 @@ def draw(study: Study, results: Path, measured: Measured, diff, seeds, runs, out
     for (label, per), claims in families.items():
         stem = "_".join("".join(ch if ch.isalnum() else " " for ch in f"{label} per {per}").split())
         F.save_figure(per_layer_figure(study, measured, diff, claims, seeds), results / stem)
-    F.save_figure(endpoints_figure(diff, seeds), results / "endpoints")
+    if any(r["role"] != "exploratory" for r in diff):
+        F.save_figure(endpoints_figure(diff, seeds), results / "endpoints")
     curves = {label: mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in study.models}
     band = f"mean over {len(seeds)} seeds, band: min-max over {len(seeds)} seeds"
     F.save_figure(F.plot_training_curves(curves, band=band), results / "loss_vs_flops")
@@ -299,7 +330,7 @@ def _number(x: float, scale: float) -> str:
 
 def claim_table(rows: Sequence[dict], holm_column: bool) -> list[str]:
     head = "| claim | model - reference | model | reference | difference [95 % paired t-interval] | p (t) |"
-    head += " p (Holm, primaries) |" if holm_column else ""
+    head += " p (Holm over the role) |" if holm_column else ""
     lines = [head + " p (sign-flip) | MDE | verdict |", "|" + "---|" * (head.count("|") + 2)]
     for r in rows:
         s = r["scale"]
@@ -350,9 +381,32 @@ def exploratory_table(diff: Sequence[dict], alpha: float = 0.05) -> list[str]:
     return lines
 
 
-def findings(study: Study, diff: Sequence[dict], seeds: Sequence[int]) -> str:
+def selection_section(study: Study, selection: Sequence[dict], n: int) -> list[str]:
+    """The candidates of each family, their mean and std over ``n`` seeds, and the one the rule chose."""
+    e = study.select.endpoint
+    lines = [
+        "## Selection",
+        "",
+        f"Rule (declared before the runs): in each family, the setting with the lowest mean {e.label()} over "
+        f"the {n} seeds; std: the sample std over seeds.",
+        "",
+        f"| family | setting | overrides | mean {e.name} | std | per seed | chosen |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in selection:
+        overrides = ", ".join(f"`{k}={v}`" for k, v in r["overrides"].items())
+        per_seed = ", ".join(f"{v:.4f}" for v in r["per_seed"])
+        lines.append(
+            f"| {r['family']} | {r['model']} | {overrides} | {r['mean']:.4f} | {r['std']:.4f} | {per_seed} | "
+            f"{'**chosen**' if r['chosen'] else ''} |"
+        )
+    return [*lines, ""]
+
+
+def findings(study: Study, diff: Sequence[dict], seeds: Sequence[int], selection: Sequence[dict] = ()) -> str:
     """findings.md: the question, the primary endpoints with every statistic, the secondary ones, then
-    the exploratory per-layer families with their adjusted results. A study reported at fewer seeds
+    the exploratory per-layer families with their adjusted results; a selection study, its candidates and
+    the chosen ones. Sections with nothing in them are left out. A study reported at fewer seeds
     than declared says so first and gives no verdict on its claims."""
     n = len(seeds)
     interim = len(seeds) < len(study.seeds)
@@ -365,27 +419,34 @@ def findings(study: Study, diff: Sequence[dict], seeds: Sequence[int]) -> str:
             "",
         ]
     lines += [
-        f"Models trained with recipe `{study.recipe}`, seeds {', '.join(map(str, seeds))}; every difference is "
-        "model minus reference, paired by seed. Verdict from the 95 % paired t-interval: with a sign stated in "
-        "advance 'holds' (excludes 0 that way) or 'reversed', without one 'higher' or 'lower', else 'not "
-        f"resolved'. {statistics_note(n)}" + (f" Protocol: `{study.protocol}`." if study.protocol else ""),
+        f"Models trained with recipe `{study.recipe}`, seeds {', '.join(map(str, seeds))}"
+        + (f". Protocol: `{study.protocol}`." if study.protocol else "."),
         "",
-        "## Primary endpoints",
-        "",
-        *claim_table([r for r in diff if r["role"] == "primary"], holm_column=True),
-        "",
-        "## Secondary endpoints",
-        "",
-        *claim_table([r for r in diff if r["role"] == "secondary"], holm_column=False),
-        "",
-        "## Per layer (exploratory)",
-        "",
-        "Not pre-registered endpoints: one paired t-test per layer, adjusted over each family's layers with Holm "
-        "(family-wise error 5 %) and Benjamini-Hochberg (false discovery rate 5 %); no verdict. Every value: "
-        "differences.csv; the intervals: the per-layer figures.",
-        "",
-        *exploratory_table(diff),
     ]
+    if selection:
+        lines += selection_section(study, selection, len(seeds))
+    if diff:
+        lines += [
+            "Every difference is model minus reference, paired by seed. Verdict from the 95 % paired "
+            "t-interval: with a sign stated in advance 'holds' (excludes 0 that way) or 'reversed', without one "
+            f"'higher' or 'lower', else 'not resolved'. {statistics_note(n)} Holm's adjusted p is computed over "
+            "the primary endpoints and, separately, over the secondary ones.",
+            "",
+        ]
+    for role in ("primary", "secondary"):
+        rows = [r for r in diff if r["role"] == role]
+        if rows:
+            lines += [f"## {role.capitalize()} endpoints", "", *claim_table(rows, holm_column=True), ""]
+    if any(r["role"] == "exploratory" for r in diff):
+        lines += [
+            "## Per layer (exploratory)",
+            "",
+            "Not pre-registered endpoints: one paired t-test per layer, adjusted over each family's layers with "
+            "Holm (family-wise error 5 %) and Benjamini-Hochberg (false discovery rate 5 %); no verdict. Every "
+            "value: differences.csv; the intervals: the per-layer figures.",
+            "",
+            *exploratory_table(diff),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -411,12 +472,15 @@ def write_findings(study: Study, results: Path, seeds, runs, measured: Measured,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
     }
     diff = compare(study, measured, seeds)
+    selection = selection_table(study, measured, seeds)
+    if selection:
+        write_results(results / "selection", selection, meta=meta)
     write_results(results / "differences", diff, meta=meta)
     write_results(results / "endpoint_values", endpoint_table(study, measured, seeds), meta=meta)
     for name, rows in per_run_tables(measured).items():
         write_results(results / name, rows, meta=meta)
     draw(study, results, measured, diff, seeds, runs, out)
-    atomic_write_text(results / "findings.md", findings(study, diff, seeds))
+    atomic_write_text(results / "findings.md", findings(study, diff, seeds, selection))
     atomic_write_text(
         results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)
     )

@@ -144,15 +144,36 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """A hyperparameter choice declared before its runs: in each family (a name -> the model labels that
+    are its candidate settings), the candidate with the lowest mean of ``endpoint`` over the seeds wins
+    (ties: the first declared; a NaN mean, a diverged run, never). A selection study reports every candidate's mean and spread and the
+    winners; it tests no claim."""
+
+    endpoint: Endpoint
+    families: Mapping[str, tuple[str, ...]]
+
+    def choose(self, means: Mapping[str, float]) -> dict[str, str]:
+        """``{family: winning label}`` from each candidate's mean endpoint ``means``; a NaN mean (a
+        diverged run) never wins."""
+        import math
+
+        def key(label: str) -> float:
+            return math.inf if math.isnan(means[label]) else means[label]
+
+        return {f: min(labels, key=key) for f, labels in self.families.items()}
+
+
+@dataclass(frozen=True)
 class Study:
     """A seeded comparison of models trained with one recipe (see the module docstring).
 
     ``models``: label -> recipe overrides. ``data``: "wikitext" when the recipe trains on and the
     measures read ``--data`` (wikitext-2/ and blimp/), None when the recipe makes its own (arithmetic).
     ``protocol``: where the protocol is written (a path in the repository), ``results``: the committed
-    results folder. ``tiny``: the smoke size the tests run: ``seeds``, recipe ``overrides`` and, per measure, the
-    `Measure` fields to change (``params`` merged into the declared ones).
-    ``curves``: draw loss vs FLOPs over seeds."""
+    results folder. ``select``: a `Selection` the study exists to make (a learning-rate sweep).
+    ``tiny``: the smoke size the tests run: ``seeds``, recipe ``overrides`` and, per measure, the
+    `Measure` fields to change (``params`` merged into the declared ones)."""
 
     name: str
     question: str
@@ -161,6 +182,7 @@ class Study:
     seeds: tuple[int, ...]
     measures: Mapping[str, Measure]
     claims: tuple[Claim, ...]
+    select: Selection | None = None
     data: Literal["wikitext"] | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
     protocol: str = ""
