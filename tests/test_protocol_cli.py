@@ -506,3 +506,70 @@ def test_entropy_window_over_the_model_positions_is_exit_2(capsys, tmp_path, ckp
     code = cli.main([str(a) for a in argv])
     err = capsys.readouterr().err
     assert code == 2 and "--window 129 is over llama's 128 positions" in err
+
+
+def test_entropy_mixing_null_of_lime_by_its_own_router_is_its_routed_values_entropy(
+    capsys, tmp_path, ckpts, text_file
+):
+    """--mix-router with LIMe mixing its own values: the mixed values are, token for token, what its heads
+    read in the forward pass, so the entropy equals the routed_values site's. On LLaMA, the rows carry
+    the null's site and its router, and equal the formula applied by hand to LLaMA's values."""
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.router_weights import mix_by_router
+
+    base = ["entropy", "--data", text_file, "--no-cache", "--num-windows", 3, "--window", 16]
+    run_ok(capsys, *base, "--ckpt", ckpts["lime"], "--out", tmp_path / "own")
+    run_ok(capsys, *base, "--ckpt", ckpts["lime"], "--mix-router", ckpts["lime"], "--out", tmp_path / "mixed")
+    own = {
+        r["layer"]: r
+        for r in read_rows(tmp_path / "own" / "entropy_values.json")
+        if r["site"] == "routed_values"
+    }
+    mixed = read_rows(tmp_path / "mixed" / "entropy_values.json")
+    assert {r["site"] for r in mixed} == {"router_mixed_values"} and len(mixed) == len(own) == 2
+    for r in mixed:
+        assert r["entropy_mean"] == pytest.approx(own[r["layer"]]["entropy_mean"], rel=1e-5)
+        assert r["mix_router"] == str(ckpts["lime"])
+
+    run_ok(capsys, *base, "--ckpt", ckpts["llama"], "--mix-router", ckpts["lime"], "--out", tmp_path / "null")
+    null = read_rows(tmp_path / "null" / "entropy_values.json")
+    windows = json.loads((tmp_path / "null" / "entropy_values.json").read_text())
+    assert {r["site"] for r in null} == {"router_mixed_values"}
+    llama, tok = load(ckpts["llama"])
+    lime, _ = load(ckpts["lime"])
+    from lime_probe.extraction.windows import token_windows
+
+    ids = token_windows(DOCS, tok, 16, 3, seed=0)
+    acts = extract(llama, tok, ids, sites=["values"], max_length=16, pretokenized=True)
+    by_hand = mix_by_router(lime, {i: acts["values"][i] for i in acts.layers("values")})
+    for r in null:
+        seqs = [x.double().numpy() for x in by_hand[r["layer"]].split(16)]
+        assert r["entropy_mean"] == pytest.approx(float(np.mean(numpy_lime_entropy(seqs))), rel=1e-5)
+    assert (
+        windows["rows"][0]["windows_digest"]
+        == read_rows(tmp_path / "own" / "entropy_values.json")[0]["windows_digest"]
+    )
+
+
+def test_entropy_mixing_null_refuses_another_site(capsys, tmp_path, ckpts, text_file):
+    code = cli.main(
+        [
+            str(a)
+            for a in [
+                "entropy",
+                "--ckpt",
+                ckpts["llama"],
+                "--data",
+                text_file,
+                "--site",
+                "hidden",
+                "--mix-router",
+                ckpts["lime"],
+                "--out",
+                tmp_path / "x",
+            ]
+        ]
+    )
+    assert code == 2 and "--mix-router mixes the values" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

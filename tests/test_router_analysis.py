@@ -253,3 +253,64 @@ def test_without_a_run_folder_the_initial_map_is_the_inits_expected_map():
         np.testing.assert_allclose(init.per_layer[i, :i], others / total, rtol=0.08)
         assert init.per_layer[i, i] == pytest.approx(KV / total, rel=0.08)
         assert np.isnan(init.per_layer[i, S:]).all()
+
+
+# --------------------------------------------------------------------------- mixing another model's values
+
+STATIC = [v for v in VARIANTS if not v.startswith("dynamic")]
+
+
+@pytest.mark.parametrize("routing", STATIC)
+def test_mixing_a_models_own_values_by_its_router_gives_its_routed_values(routing):
+    """The mixing null's formula against the model itself: its raw W_V outputs mixed by its routers are
+    exactly what its heads read (the routed values the K/V buffer computes in the forward pass)."""
+    from helpers import tiny_tokenizer
+
+    import lime_probe
+    from lime_probe.probes.router_weights import mix_by_router
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = tiny_lime(routing)
+    model.resize_token_embeddings(len(tok))
+    acts = lime_probe.extract(
+        model, tok, ["the cat sat on the mat", "a dog ran"], sites=["values", "routed_values"]
+    )
+    mixed = mix_by_router(model, {i: acts["values"][i] for i in acts.layers("values")})
+    for i in acts.layers("routed_values"):
+        torch.testing.assert_close(mixed[i], acts["routed_values"][i].float(), rtol=1e-5, atol=1e-6)
+
+
+def test_mixing_another_models_values_is_the_plain_sum_over_sources_and_heads():
+    """A loop over tokens, heads, sources and features, written from the formula."""
+    from lime_probe.probes.router_weights import mix_by_router
+
+    model = tiny_lime("full", layers=3)
+    kv, hd = KV, model.config.head_dim
+    g = torch.Generator().manual_seed(1)
+    values = {i: torch.randn(5, kv * hd, generator=g) for i in range(3)}
+    mixed = mix_by_router(model, values)
+    for i in range(3):
+        router = model.model.layers[i].self_attn.router
+        C = router.coefficients(None).detach()[0]
+        for n in range(5):
+            for h in range(kv):
+                for e in range(hd):
+                    want = sum(
+                        float(C[h, p, q, 0 if C.shape[-1] == 1 else e]) * float(values[j][n, q * hd + e])
+                        for p, j in enumerate(router.sources)
+                        for q in range(kv)
+                    )
+                    assert float(mixed[i][n, h * hd + e]) == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_mixing_refuses_input_dependent_routers_and_wrong_widths():
+    from lime_probe.probes.router_weights import mix_by_router
+
+    dynamic = [v for v in VARIANTS if v.startswith("dynamic")][0]
+    with pytest.raises(ValueError, match="input-dependent"):
+        mix_by_router(tiny_lime(dynamic), {i: torch.zeros(2, 16) for i in range(4)})
+    with pytest.raises(ValueError, match="features per token"):
+        mix_by_router(tiny_lime("full"), {i: torch.zeros(2, 7) for i in range(4)})
+    with pytest.raises(ValueError, match="missing"):
+        mix_by_router(tiny_lime("full"), {0: torch.zeros(2, 16)})

@@ -238,3 +238,30 @@ def test_non_convergence_is_a_settings_error(n_jobs):
     where = "layer 0, fold 0" if n_jobs == 1 else r"layer \d, fold \d"  # in parallel: the first to fail
     with pytest.raises(ValueError, match=rf"^{where}: .*did not converge in max_iter=1; raise max_iter"):
         token_separability(feats, y, method="logreg", max_iter=1, progress=False, n_jobs=n_jobs)
+
+
+def test_rows_carry_each_layers_mean_feature_norm_beside_both_probes():
+    """The one-epoch probe reads raw features (scale matters), the converged one z-scores them (scale does
+    not): the rows hold each layer's mean row norm, written out as a loop, and rescaling the features
+    moves the first probe's accuracy but not the second's."""
+    import math
+
+    from lime_probe.specs.separability import separability_rows
+
+    rng = np.random.default_rng(3)
+    words = (" is", " are")
+    y = np.array([w for w in words for _ in range(600)], dtype=object)  # 15 Adam steps a fold
+    X = rng.normal(size=(1200, 4)) + np.where(y == " is", 2.0, -2.0)[:, None]
+    feats = {0: X, 1: 0.01 * X}
+    rows = {
+        m: separability_rows({"m": (feats, y)}, site="values", classes=words, method=m)
+        for m in ("adam-linear", "logreg")
+    }
+    for r in rows["logreg"]:
+        want = sum(math.sqrt(sum(v * v for v in row)) for row in feats[r["layer"]]) / 1200
+        assert r["feature_norm"] == pytest.approx(want, rel=1e-12)
+    logreg = [r["accuracy_mean"] for r in rows["logreg"]]
+    assert logreg[0] == pytest.approx(logreg[1], abs=1e-9)  # standardised: the scale is gone
+    # the same layer position (so the same probe init and batches), raw against 100x smaller features
+    raw = separability_rows({"m": ({0: X, 1: X}, y)}, site="values", classes=words, method="adam-linear")
+    assert raw[1]["accuracy_mean"] - rows["adam-linear"][1]["accuracy_mean"] > 0.2

@@ -235,7 +235,9 @@ def test_p_values_are_holm_adjusted_over_the_primaries_and_separately_over_the_s
     secondary = [r for r in rows if r["role"] == "secondary"]
     assert len(primary) == 3 and len(secondary) >= 2
     assert [r["p_holm"] for r in primary] == pytest.approx(hand_holm([r["p_t"] for r in primary]), rel=1e-9)
-    assert [r["p_holm"] for r in secondary] == pytest.approx(hand_holm([r["p_t"] for r in secondary]), rel=1e-9)
+    assert [r["p_holm"] for r in secondary] == pytest.approx(
+        hand_holm([r["p_t"] for r in secondary]), rel=1e-9
+    )
 
 
 def test_an_exploratory_claim_needs_per_and_the_others_refuse_it():
@@ -462,3 +464,61 @@ def test_measurement_keys_follow_the_datas_content_not_its_file_times(tmp_path):
     changed = Data.under(copy)
     assert measure_key(on_test, ["fp"], changed) != measure_key(on_test, ["fp"], a)
     assert measure_key(on_blimp, ["fp"], changed) == measure_key(on_blimp, ["fp"], a)
+
+
+# --------------------------------------------------------------------------- cross-site claims, selection
+
+
+def test_a_cross_site_claim_reads_each_side_at_its_own_site(synthetic):
+    """The official analysis's comparison: the model at one site, the reference at another; mean and
+    per layer, against scipy on the hand-picked rows."""
+    from dataclasses import replace
+
+    study, measured, _, _, _ = synthetic
+    hidden = Endpoint("spread", "layered", "y", {"site": "hidden"}, over=("layer",))
+    claims = (
+        Claim("A", "B", LAYERED, "secondary", None, reference_endpoint=hidden),
+        Claim("A", "B", LAYERED, "exploratory", per="layer", reference_endpoint=hidden),
+    )
+    rows = compare(replace(study, claims=claims), measured, SEEDS)
+
+    def at(m, s, site, la=None):
+        picked = [
+            r["y"]
+            for r in measured["layered"][m, s]["rows"]
+            if r["site"] == site and la in (None, r["layer"])
+        ]
+        return float(np.mean(picked))
+
+    a = [at("A", s, "values") for s in SEEDS]
+    b = [at("B", s, "hidden") for s in SEEDS]
+    mean, lo, hi, p = hand_t(a, b)
+    assert rows[0]["diff_mean"] == pytest.approx(mean) and rows[0]["p_t"] == pytest.approx(p, rel=1e-9)
+    assert (rows[0]["ci_low"], rows[0]["ci_high"]) == pytest.approx((lo, hi))
+    assert rows[0]["endpoint"] == "spread (values; mean over layers) vs spread (hidden; mean over layers)"
+    same_site = compare(replace(study, claims=(Claim("A", "B", LAYERED, "secondary"),)), measured, SEEDS)
+    assert abs(rows[0]["diff_mean"] - same_site[0]["diff_mean"]) > 1e-6  # the sites matter here
+    for r in rows[1:]:
+        la = r["layer"]
+        want = hand_t([at("A", s, "values", la) for s in SEEDS], [at("B", s, "hidden", la) for s in SEEDS])
+        assert r["diff_mean"] == pytest.approx(want[0]) and r["p_t"] == pytest.approx(want[3], rel=1e-9)
+
+
+def test_a_selection_chooses_the_lowest_mean_per_family_and_never_a_diverged_one(synthetic):
+    from dataclasses import replace
+
+    from lime_probe.studies import Selection
+    from lime_probe.studies.findings import findings, selection_table
+
+    study, measured, _, values, _ = synthetic
+    sel = Selection(SCALAR, {"low": ("A", "C"), "mid": ("B", "D")})
+    table = selection_table(replace(study, claims=(), select=sel), measured, SEEDS)
+    means = {m: np.mean([values["score"](m, s) for s in SEEDS]) for m in "ABCD"}
+    chosen = {r["model"] for r in table if r["chosen"]}
+    assert chosen == {"C", "B" if means["B"] < means["D"] else "D"}
+    for r in table:
+        assert r["mean"] == pytest.approx(means[r["model"]])
+        assert r["std"] == pytest.approx(np.std([values["score"](r["model"], s) for s in SEEDS], ddof=1))
+    assert sel.choose({"A": float("nan"), "C": 5.0, "B": 1.0, "D": 0.0}) == {"low": "C", "mid": "D"}
+    text = findings(replace(study, claims=(), select=sel), [], SEEDS, table)
+    assert "## Selection" in text and "Primary endpoints" not in text and text.count("**chosen**") == 2

@@ -226,3 +226,43 @@ def initial_weights(
         _weights(unwrap_model(model), hidden_states, _expected_abs_coefficients),
         f"expected step 0 of the init (mean |R| over {INIT_DRAWS} draws)",
     )
+
+
+def mix_by_router(router_model: Any, values: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Values of every layer mixed across layers by ``router_model``'s routers, as its heads would read
+    them: ``out[i][n, h, e] = sum_{p, h'} C_i[h, p, h', e] values[sources_i[p]][n, h', e]`` (e over each
+    head's features; C_i of layer i's router, `LimeRouter.coefficients`).
+
+    ``values``: per layer, (n_tokens, kv * head_dim), e.g. another model's W_V output (site "values") on
+    the same tokens. Given a LIMe model's own raw values it returns that model's routed values; given
+    LLaMA's, what LIMe's learned mixing makes of them: the mixing null (routing mixes layers, so entropy
+    may rise whatever the values learned). Input-dependent routers (dynamic) are refused: their weights
+    depend on the model's own hidden states. Returns ``{layer: (n_tokens, kv * head_dim)}``.
+    """
+    module = unwrap_model(router_model)
+    spec = _routing_spec(module)
+    if spec.input_dependent:
+        raise ValueError(
+            f"routing {str(spec)!r} is input-dependent: its mixing of another model's values is undefined"
+        )
+    kv, hd = module.config.num_key_value_heads, module.config.head_dim
+    out = {}
+    for i, layer in enumerate(_layers(module)):
+        router = layer.self_attn.router
+        missing = [j for j in router.sources if j not in values]
+        if missing:
+            raise ValueError(
+                f"layer {i} mixes layers {router.sources}; values of layers {missing} are missing"
+            )
+        V = torch.stack([torch.as_tensor(values[j]).float() for j in router.sources])  # (S, n, kv * hd)
+        if V.shape[-1] != kv * hd:
+            raise ValueError(
+                f"values have {V.shape[-1]} features per token; the router mixes {kv} heads of {hd} ({kv * hd})"
+            )
+        with torch.inference_mode():
+            C = router.coefficients(None).detach().float().to(V.device)[0]  # (kv, S, kv, F), F in {1, hd}
+        V = V.view(len(router.sources), -1, kv, hd)  # (S, n, kv, hd)
+        out[i] = torch.einsum("hpqe,pnqe->nhe", C.expand(kv, len(router.sources), kv, hd), V).reshape(
+            -1, kv * hd
+        )
+    return out

@@ -35,6 +35,7 @@ from .base import (
 )
 
 PROTOCOL = defaults("entropy")
+MIXED = "router_mixed_values"  # the rows' site of the mixing null (--mix-router)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,18 @@ class EntropyParams:
         PROTOCOL["max_normalize"], "divide each entropy by log(min(tokens, dim)), as Skean et al.'s code"
     )
     seed: int = seed_option()
+    mix_router: str | None = option(
+        None,
+        "the mixing null: a routing checkpoint (a LIMe run) whose learned routers mix this model's values "
+        "(W_V output) across its layers, as LIMe's heads would read them; the entropy of those mixed values "
+        f"is reported as site {MIXED!r} instead of the model's own sites (the two models must share "
+        "heads and head size; static routing only)",
+        metavar="CKPT",
+    )
+
+    def __post_init__(self):
+        if self.mix_router is not None and self.site not in (None, "values"):
+            raise ValueError(f"--mix-router mixes the values; --site {self.site} cannot go with it")
 
 
 def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
@@ -106,9 +119,15 @@ def compute(
             unit["windows_digest"] = texts_hash(ids)  # equal for checkpoints that saw the same windows
         else:
             acts = extract_site(ck, texts, sites, extract_kw)
-        for site in sites:
-            for layer in tqdm(acts.layers(site), desc=f"entropy {ck.label} {site}", unit="layer"):
-                chunks = functools.partial(acts.iter_sequences, site, layer)  # one cache shard at a time
+        streams = {
+            site: {layer: functools.partial(acts.iter_sequences, site, layer) for layer in acts.layers(site)}
+            for site in sites
+        }  # one cache shard at a time
+        if p.mix_router is not None:
+            streams = {MIXED: mixed_streams(acts, p.mix_router)}
+            unit["mix_router"] = p.mix_router
+        for site, per_layer in streams.items():
+            for layer, chunks in tqdm(per_layer.items(), desc=f"entropy {ck.label} {site}", unit="layer"):
                 r = stream_entropy(chunks, config, seed=p.seed)
                 rows.append(
                     {
@@ -149,6 +168,25 @@ def compute(
         ),
         columns=("model", "site", "layer", "entropy_mean", "ci_low", "ci_high"),
     )
+
+
+def mixed_streams(acts, router_ckpt: str) -> dict:
+    """{layer: chunks} of ``acts``'s values mixed across layers by ``router_ckpt``'s routers
+    (`mix_by_router`), in the form `stream_entropy` reads. Holds every layer's values at once (the null is
+    for the models a study trains, not for billion-parameter ones)."""
+    import torch
+
+    from lime_probe.extraction.loading import load
+    from lime_probe.probes.router_weights import mix_by_router
+
+    router_model, _ = load(router_ckpt)
+    mixed = mix_by_router(router_model, {layer: acts["values"][layer] for layer in acts.layers("values")})
+    lengths = acts.offsets.diff().tolist()
+
+    def chunks(x: torch.Tensor):
+        return lambda: [list(torch.split(x, lengths))]
+
+    return {layer: chunks(x) for layer, x in mixed.items()}
 
 
 def plot(result: Result) -> dict:

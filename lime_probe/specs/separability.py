@@ -147,7 +147,10 @@ def separability_rows(
 ) -> list[dict]:
     """One row per model and layer from {label: ({layer: (n, d)}, labels (n,))} at ``site``; ``classes``
     in the given order (the official probe's output units); ``subtoken`` recorded when given; the folds
-    fitted in ``jobs`` processes."""
+    fitted in ``jobs`` processes. Each row also holds ``feature_norm``, the mean L2 norm of the layer's
+    rows: the one-epoch probe on raw features is sensitive to their scale, the converged one is not."""
+    import numpy as np
+
     from lime_probe.probes.separability import token_separability
 
     rows = []
@@ -156,6 +159,11 @@ def separability_rows(
             per_layer, y, method=method, seed=seed, classes=list(classes), n_splits=N_SPLITS, n_jobs=jobs
         )
         for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
+            X = per_layer[layer]
+            X = (
+                X.double().cpu().numpy() if hasattr(X, "double") else np.asarray(X, dtype=np.float64)
+            )  # torch or numpy
+            norm = float(np.linalg.norm(X, axis=1).mean())
             rows.append(
                 {
                     "model": label,
@@ -164,6 +172,7 @@ def separability_rows(
                     "accuracy_mean": float(m),
                     "accuracy_std": float(s),
                     "majority_baseline": res.majority_baseline,
+                    "feature_norm": norm,
                     "n_rows": res.n_rows,
                     "method": res.method,
                     "probe": PROBE_NAMES[res.method],

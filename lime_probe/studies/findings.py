@@ -54,7 +54,7 @@ def difference_row(claim: Claim, a: np.ndarray, b: np.ndarray, **where: Any) -> 
     d = paired_difference(a, b)
     model, reference = name_of(claim.model), name_of(claim.reference)
     return {
-        "endpoint": claim.endpoint.label(claim.per),
+        "endpoint": claim.label(),
         "measure": claim.endpoint.name,
         "scale": claim.endpoint.scale,  # for display: 100 shows a fraction in points
         "unit": claim.endpoint.unit,
@@ -86,22 +86,28 @@ def compare(study: Study, measured: Measured, seeds: Sequence[int]) -> list[dict
 
     rows = []
     for claim in study.claims:
-        e = claim.endpoint
+        e, er = claim.endpoints
 
-        def rows_of(label: str, seed: int, e: Endpoint = e) -> list[dict]:
+        def rows_of(label: str, seed: int, e: Endpoint) -> list[dict]:
             return measured[e.measure][label, seed]["rows"]
 
+        def get(endpoint: Endpoint):
+            return lambda label, seed: endpoint.of(rows_of(label, seed, endpoint))
+
         if claim.per is None:
-            get = lambda label, seed, e=e: e.of(rows_of(label, seed))  # noqa: E731
-            a, b = side_values(claim.model, get, seeds), side_values(claim.reference, get, seeds)
-            first = e.rows(rows_of(models_of(claim.model)[0], seeds[0]))  # "largest" resolved
+            a, b = side_values(claim.model, get(e), seeds), side_values(claim.reference, get(er), seeds)
+            first = e.rows(rows_of(models_of(claim.model)[0], seeds[0], e))  # "largest" resolved
             rows.append(difference_row(claim, a, b, **{k: first[0][k] for k in e.where}))
             continue
         family = []
-        keys = list(e.per(claim.per, rows_of(models_of(claim.model)[0], seeds[0])))
+        keys = list(e.per(claim.per, rows_of(models_of(claim.model)[0], seeds[0], e)))
         for key in keys:
-            get = lambda label, seed, e=e, key=key, per=claim.per: e.per(per, rows_of(label, seed))[key]  # noqa: E731
-            a, b = side_values(claim.model, get, seeds), side_values(claim.reference, get, seeds)
+
+            def get_at(endpoint: Endpoint, key=key, per=claim.per):
+                return lambda label, seed: endpoint.per(per, rows_of(label, seed, endpoint))[key]
+
+            a = side_values(claim.model, get_at(e), seeds)
+            b = side_values(claim.reference, get_at(er), seeds)
             family.append(difference_row(claim, a, b, **dict(e.where), **{claim.per: key}))
         p = [r["p_t"] for r in family]
         for r, ph, q in zip(family, holm(p), benjamini_hochberg(p), strict=True):
@@ -168,10 +174,8 @@ def endpoint_table(study: Study, measured: Measured, seeds: Sequence[int]) -> li
     wanted: dict[str, tuple[Endpoint, set[str]]] = {}
     for claim in study.claims:
         if claim.per is None:
-            e = claim.endpoint
-            wanted.setdefault(e.label(), (e, set()))[1].update(
-                models_of(claim.model) + models_of(claim.reference)
-            )
+            for e, side in zip(claim.endpoints, (claim.model, claim.reference), strict=True):
+                wanted.setdefault(e.label(), (e, set()))[1].update(models_of(side))
     return [
         {
             "endpoint": label,
@@ -201,10 +205,14 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
     from lime_probe.output import plots as F
 
     e, key = claims[0].endpoint, claims[0].per
-    labels = [x for x in study.models if x in {name for c in claims for name in (c.model, c.reference)}]
+    read_at = {}  # each model's own endpoint: a cross-site claim reads its reference elsewhere
+    for c in claims:
+        read_at |= {c.reference: c.endpoints[1], c.model: c.endpoints[0]}
+    labels = [x for x in study.models if x in read_at]
     curves = {}
     for label in labels:
-        per = [e.per(key, measured[e.measure][label, s]["rows"]) for s in seeds]
+        at = read_at[label]
+        per = [at.per(key, measured[at.measure][label, s]["rows"]) for s in seeds]
         layers = sorted(per[0])
         values = np.array([[p[la] for la in layers] for p in per])  # (seeds, layers)
         curves[label] = {
@@ -218,7 +226,7 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
         rs = [
             r
             for r in diff
-            if r["endpoint"] == e.label(key)
+            if r["endpoint"] == c.label()
             and (r["model"], r["reference"]) == (name_of(c.model), name_of(c.reference))
             and key in r
         ]
@@ -229,6 +237,7 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
             "high": [r["ci_high"] for r in rs],
         }
     site = e.where.get("site", "values")
+    sites = " vs ".join(dict.fromkeys(at.where.get("site", "values") for at in read_at.values()))
     with F.style():
         fig = Figure(figsize=(10.0, 3.8), layout="constrained")
         left, right = fig.subplots(1, 2)
@@ -237,7 +246,7 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
         curves,
         ylabel=f"{e.name}{unit}",
         xlabel=F.layer_axis_label(site),
-        title=f"{e.name} ({site}) per {key}\n(mean, band: min-max over {len(seeds)} seeds)",
+        title=f"{e.name} ({sites}) per {key}\n(mean, band: min-max over {len(seeds)} seeds)",
         ax=left,
     )
     F.plot_layer_curves(
@@ -289,7 +298,7 @@ def draw(study: Study, results: Path, measured: Measured, diff, seeds, runs, out
     families: dict[tuple[str, str], list[Claim]] = {}
     for c in study.claims:
         if c.per is not None:
-            families.setdefault((c.endpoint.label(c.per), c.per), []).append(c)
+            families.setdefault((c.label(), c.per), []).append(c)
     for (label, per), claims in families.items():
         stem = "_".join("".join(ch if ch.isalnum() else " " for ch in f"{label} per {per}").split())
         F.save_figure(per_layer_figure(study, measured, diff, claims, seeds), results / stem)

@@ -188,6 +188,26 @@ def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[An
     }
 
 
+def _reference(value: Any) -> str | None:
+    """LABEL of a ``"{run:LABEL}"`` parameter value, else None."""
+    ok = isinstance(value, str) and value.startswith("{run:") and value.endswith("}")
+    return value[5:-1] if ok else None
+
+
+def run_references(m: Measure) -> list[str]:
+    """The models whose run of the same seed ``m``'s parameters name as ``"{run:LABEL}"`` (e.g. the
+    router of the mixing null), in order."""
+    return [label for v in m.params.values() if (label := _reference(v)) is not None]
+
+
+def with_runs(m: Measure, runs: Mapping[str, Path]) -> Measure:
+    """``m`` with each ``"{run:LABEL}"`` parameter replaced by the path of that model's run (``runs``)."""
+    from dataclasses import replace
+
+    params = {k: v if (label := _reference(v)) is None else str(runs[label]) for k, v in m.params.items()}
+    return replace(m, params=params)
+
+
 def run_measure(m: Measure, cks: list, runs: Sequence[Path], data: Data | None):
     """``m``'s analysis on the checkpoints ``cks`` (their runs ``runs``): a `Result`."""
     from lime_probe.specs import ANALYSES
@@ -229,7 +249,10 @@ def measure_runs(
             name: m for name, m in study.measures.items() if m.per == "run" and label in (m.models or runs)
         }
         paths = {
-            name: out / "measure" / name / f"{run.name}-{measure_key(m, [fingerprints[label]], data)}.json"
+            name: out
+            / "measure"
+            / name
+            / f"{run.name}-{measure_key(m, [fingerprints[x] for x in [label, *run_references(m)]], data)}.json"
             for name, m in todo.items()
         }
         progress.step(
@@ -239,7 +262,7 @@ def measure_runs(
         for name, m in todo.items():
 
             def compute(m=m, label=label, run=run) -> dict:
-                result = run_measure(m, [checkpoint(label, m.analysis)], [run], data)
+                result = run_measure(with_runs(m, runs), [checkpoint(label, m.analysis)], [run], data)
                 return {"rows": result.rows, "tables": result.tables, "extra": result.extra}
 
             measured[name][label] = cached(paths[name], compute)

@@ -31,7 +31,8 @@ LARGEST = "largest"  # an `Endpoint.where` value: the largest value of that key 
 class Measure:
     """One analysis of the registry (``analysis``, a key of `lime_probe.specs.ANALYSES`) with its
     ``params``, run on ``data``. ``extract`` adds extraction keywords (e.g. ``{"max_length": 24}``).
-    ``max_texts``: only the first texts of the data. ``per="run"``: each run alone, cached per run (what endpoints read); ``per="seed"``: the runs of
+    ``max_texts``: only the first texts of the data. A parameter ``"{run:LABEL}"`` is the path of model
+    LABEL's run of the same seed (the mixing null's router); its weights join the measurement's cache key. ``per="run"``: each run alone, cached per run (what endpoints read); ``per="seed"``: the runs of
     ``models`` of one seed together, a descriptive figure per seed (t-SNE, routers)."""
 
     analysis: str
@@ -126,7 +127,9 @@ class Claim:
 
     ``role``: "primary" (the one pre-registered endpoint of a claim), "secondary", or "exploratory" (one
     test per value of ``per``, e.g. per layer, Holm- and BH-adjusted over them, no verdict). ``sign``:
-    the direction stated in advance (+1: model higher), None for a two-sided question."""
+    the direction stated in advance (+1: model higher), None for a two-sided question.
+    ``reference_endpoint``: the reference's own endpoint where the two sides are read at different
+    sites (the official analysis compares LIMe's routed values with LLaMA's values); default ``endpoint``."""
 
     model: str | Effect
     reference: str | Effect
@@ -135,6 +138,19 @@ class Claim:
     sign: int | None = None
     text: str = ""
     per: str | None = None
+    reference_endpoint: Endpoint | None = None
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, Endpoint]:
+        """(the model's endpoint, the reference's)."""
+        return self.endpoint, self.reference_endpoint or self.endpoint
+
+    def label(self) -> str:
+        """The endpoint as tables name it; a cross-site comparison names both sites, model's first."""
+        e, r = self.endpoints
+        if r is e:
+            return e.label(self.per)
+        return f"{e.label(self.per)} vs {r.label(self.per)}"
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
