@@ -294,7 +294,9 @@ def test_every_declared_study_is_consistent_at_both_sizes(name):
     tiny = study.sized("tiny")
     check_consistent(tiny)
     assert set(study.tiny.get("measures", {})) <= set(study.measures)  # no override of a measure not there
-    assert tiny.claims == study.claims and tiny.models == study.models
+    assert tiny.claims == study.claims and list(tiny.models) == list(study.models)
+    for label, overrides in study.models.items():  # the tiny size only adds to a model's own overrides
+        assert tiny.models[label] == {**overrides, **study.tiny.get("models", {}).get(label, {})}
     for k, changes in study.tiny.get("measures", {}).items():
         for field, v in changes.items():
             got = getattr(tiny.measures[k], field)

@@ -291,6 +291,72 @@ INTERACTION = Claim(
     "the routing effect at PyTorch's k/v init minus the one at LLaMA's",
 )
 
+# --------------------------------------------------------------------------- arithmetic dose-response
+
+# figures/arithmetic-dose-response/PROTOCOL.md: the clean routing contrast (both at LLaMA's k/v init) at
+# two training lengths and three tiers; 4 operators need 53 characters with BOS and EOS, so 56 positions.
+DOSE_TIERS = (2, 3, 4)
+DOSE_STEPS = {"1k": 1000, "4k": 4000}
+DOSE_DATA = {"arithmetic.operators": list(DOSE_TIERS), "arithmetic.test_per_tier": 500, "seq_len": 56}
+DOSE_MODELS = {
+    f"{label}-{k}": {**cell, "model.kv_proj_init": "normal", "steps": steps}
+    for k, steps in DOSE_STEPS.items()
+    for label, cell in (("LIMe-LLaMA-kv-init", LIME), ("LLaMA", LLAMA))
+}
+
+
+def accuracy_at(n_operators: int) -> Endpoint:
+    return Endpoint(
+        "accuracy", "accuracy", "accuracy", {"n_operators": n_operators}, scale=100, unit="points"
+    )
+
+
+def routing_effect(k: str) -> Effect:
+    return Effect(f"routing at {DOSE_STEPS[k]:,} steps", f"LIMe-LLaMA-kv-init-{k}", f"LLaMA-{k}")
+
+
+def _dose_claims() -> tuple[Claim, ...]:
+    """One primary endpoint: routing x steps at the hardest tier. Secondary: the routing effect at each
+    length and tier, the interaction at the easier tiers, routing x tier (hardest minus easiest) at each
+    length, value entropy at each length; Holm over the secondaries."""
+    hardest, easiest = accuracy_at(max(DOSE_TIERS)), accuracy_at(min(DOSE_TIERS))
+    primary = Claim(
+        routing_effect("4k"),
+        routing_effect("1k"),
+        hardest,
+        "primary",
+        None,
+        "routing x steps at the hardest tier: does LIMe's gain shrink with training (faster learning) or not?",
+    )
+    secondary = [
+        Claim(f"LIMe-LLaMA-kv-init-{k}", f"LLaMA-{k}", accuracy_at(n), "secondary", None)
+        for k in DOSE_STEPS
+        for n in DOSE_TIERS
+    ]
+    secondary += [
+        Claim(routing_effect("4k"), routing_effect("1k"), accuracy_at(n), "secondary", None)
+        for n in DOSE_TIERS
+        if n != max(DOSE_TIERS)
+    ]
+    secondary += [
+        Claim(
+            routing_effect(k),
+            routing_effect(k),
+            hardest,
+            "secondary",
+            None,
+            f"routing x tier at {DOSE_STEPS[k]:,} steps: the gain at the hardest tier minus the easiest",
+            reference_endpoint=easiest,
+        )
+        for k in DOSE_STEPS
+    ]
+    secondary += [
+        Claim(f"LIMe-LLaMA-kv-init-{k}", f"LLaMA-{k}", ARITHMETIC_ENTROPY, "secondary", None)
+        for k in DOSE_STEPS
+    ]
+    return (primary, *secondary)
+
+
 # --------------------------------------------------------------------------- the registry
 
 STUDIES: dict[str, Study] = {
@@ -379,6 +445,30 @@ STUDIES: dict[str, Study] = {
                 INTERACTION,
             ),
             lm=False,
+        ),
+        replace(
+            study(
+                "arithmetic-dose-response",
+                "Is LIMe's arithmetic gain faster learning or capacity? Routing at LLaMA's init, at 1,000 and "
+                "4,000 steps, on 2-, 3- and 4-operator expressions",
+                DOSE_MODELS,
+                range(10),
+                _dose_claims(),
+                lm=False,
+            ),
+            overrides=DOSE_DATA,
+            tiny={
+                **ARITHMETIC_TINY,
+                "seeds": (0, 1),
+                "overrides": {
+                    **ARITHMETIC_TINY["overrides"],
+                    "arithmetic.operators": [1, 2, 3],
+                    "arithmetic.train_per_tier": 100,
+                    "seq_len": 40,
+                },
+                # each model sets its own length, so the smoke size shortens each
+                "models": {m: {"steps": 30 if m.endswith("-1k") else 60} for m in DOSE_MODELS},
+            },
         ),
     )
 }

@@ -188,8 +188,9 @@ class Study:
     measures read ``--data`` (wikitext-2/ and blimp/), None when the recipe makes its own (arithmetic).
     ``protocol``: where the protocol is written (a path in the repository), ``results``: the committed
     results folder. ``select``: a `Selection` the study exists to make (a learning-rate sweep).
-    ``tiny``: the smoke size the tests run: ``seeds``, recipe ``overrides`` and, per measure, the
-    `Measure` fields to change (``params`` merged into the declared ones)."""
+    ``tiny``: the smoke size the tests run: ``seeds``, recipe ``overrides``, per model further
+    overrides (``models``, for models that set their own length) and, per measure, the `Measure` fields
+    to change (``params`` merged into the declared ones)."""
 
     name: str
     question: str
@@ -220,9 +221,11 @@ class Study:
         for k, m in self.measures.items():
             changes = dict(t.get("measures", {}).get(k, {}))
             measures[k] = replace(m, **{**changes, "params": {**m.params, **changes.get("params", {})}})
+        models = {label: {**o, **t.get("models", {}).get(label, {})} for label, o in self.models.items()}
         return replace(
             self,
             seeds=tuple(t.get("seeds", self.seeds)),
             overrides={**self.overrides, **t.get("overrides", {})},
+            models=models,
             measures=measures,
         )
