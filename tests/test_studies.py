@@ -267,8 +267,11 @@ def check_consistent(study: Study) -> None:
     per_run = {name for name, m in study.measures.items() if m.per == "run"}
     for claim in study.claims:
         where = f"{study.name}: {claim.endpoint.label()} {sides(claim.model)} - {sides(claim.reference)}"
-        assert claim.endpoint.measure in per_run, where
         assert set(sides(claim.model) + sides(claim.reference)) <= set(study.models), where
+        for side, endpoint in zip((claim.model, claim.reference), claim.endpoints, strict=True):
+            assert endpoint.measure in per_run, where
+            measured = study.measures[endpoint.measure].models  # each side is measured where it is read
+            assert measured is None or set(sides(side)) <= set(measured), where
     for name, m in study.measures.items():
         assert m.analysis in ANALYSES, f"{study.name}: {name}"
         spec = ANALYSES[m.analysis]

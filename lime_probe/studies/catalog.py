@@ -233,6 +233,137 @@ SWEEP = Selection(
     {family: tuple(x for x in SWEEP_MODELS if x.startswith(family + "-")) for family in ("LLaMA", "LIMe")},
 )
 
+# --------------------------------------------------------------------------- the fair comparison
+
+# figures/lm-cpu-fair/PROTOCOL.md: each model at the setting lm-cpu-lr-sweep chose (its selection.csv;
+# a test holds the two equal), the 2 x 2 of routing x k/v init around them, and LIMe at the router
+# multiplier the sweep did not choose.
+FAIR_LIME = SWEEP_MODELS[sweep_label("LIMe", 3e-3, 10)]
+FAIR_LLAMA = SWEEP_MODELS[sweep_label("LLaMA", 3e-3)]
+FAIR_MODELS = {
+    "LIMe": FAIR_LIME,
+    "LLaMA": FAIR_LLAMA,
+    "LIMe-router-x1": {**FAIR_LIME, "router_lr_mult": 1},
+    "LIMe-LLaMA-kv-init": {**FAIR_LIME, "model.kv_proj_init": "normal"},
+    "LLaMA-torch-kv-init": {**FAIR_LLAMA, "model.kv_proj_init": "torch"},
+}
+MIXED_ENTROPY = Endpoint(
+    "value entropy",
+    "entropy-mixed",
+    "entropy_mean",
+    {"site": "router_mixed_values"},
+    over=("layer",),
+    unit="nats",
+)
+
+
+def converged_separability(site: str = "values") -> Endpoint:
+    return Endpoint(
+        "separability, converged probe",
+        "separability-converged",
+        "accuracy_mean",
+        {"site": site},
+        over=("layer",),
+        part="upper half",
+    )
+
+
+VALUE_NORM = Endpoint(
+    "value norm", "separability-converged", "feature_norm", {"site": "values"}, over=("layer",)
+)
+FAIR_MEASURES = {
+    "perplexity": LM_MEASURES["perplexity"],
+    "entropy": LM_MEASURES["entropy"],
+    # the mixing null: LLaMA's values mixed across its layers by the same seed's LIMe routers
+    "entropy-mixed": Measure(
+        "entropy", {"num_windows": 256, "mix_router": "{run:LIMe}"}, data="test", models=("LLaMA",)
+    ),
+    "separability": LM_MEASURES["separability"],  # the official one-epoch probe: fidelity
+    "separability-converged": Measure(
+        "separability", {"allow_small_samples": True, "method": "logreg"}, data="test-windows"
+    ),
+    "router": LM_MEASURES["router"],
+}
+
+
+def _fair_claims() -> tuple[Claim, ...]:
+    """figures/lm-cpu-fair/PROTOCOL.md: one primary (perplexity, tuned LIMe - tuned LLaMA, two-sided);
+    twelve secondaries (Holm over them); per-layer readings exploratory."""
+    values, routed = entropy(), entropy("routed_values")
+    secondary = (
+        Claim("LIMe-router-x1", "LIMe", PERPLEXITY, "secondary", None, "router multiplier 1 against 10"),
+        Claim(
+            "LLaMA-torch-kv-init", "LLaMA", PERPLEXITY, "secondary", None, "PyTorch's k/v init, no routing"
+        ),
+        Claim("LIMe-LLaMA-kv-init", "LLaMA", PERPLEXITY, "secondary", None, "routing at LLaMA's k/v init"),
+        Claim(
+            Effect("routing at PyTorch's init", "LIMe", "LLaMA-torch-kv-init"),
+            Effect("routing at LLaMA's init", "LIMe-LLaMA-kv-init", "LLaMA"),
+            PERPLEXITY,
+            "secondary",
+            None,
+            "routing x k/v init",
+        ),
+        Claim("LIMe", "LLaMA", values, "secondary", +1, "value entropy on the W_V output (Fig. 2a)"),
+        Claim(
+            "LIMe-LLaMA-kv-init", "LLaMA", values, "secondary", None, "routing at LLaMA's init, W_V output"
+        ),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            routed,
+            "secondary",
+            +1,
+            "the official analysis's comparison: LIMe's routed values against LLaMA's values (Fig. 2a)",
+            reference_endpoint=values,
+        ),
+        Claim(
+            "LLaMA",
+            "LLaMA",
+            MIXED_ENTROPY,
+            "secondary",
+            None,
+            "the mixing null: LLaMA's values mixed by LIMe's routers against LLaMA's values",
+            reference_endpoint=values,
+        ),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            routed,
+            "secondary",
+            None,
+            "beyond mixing: LIMe's routed values against LLaMA's values mixed by the same routers",
+            reference_endpoint=MIXED_ENTROPY,
+        ),
+        Claim("LIMe", "LLaMA", separability(), "secondary", +1, "the official one-epoch probe (fidelity)"),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            converged_separability(),
+            "secondary",
+            +1,
+            "the converged standardised probe (the separability reading; Fig. 2b)",
+        ),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            converged_separability("routed_values"),
+            "secondary",
+            +1,
+            "the official site comparison on the converged probe",
+            reference_endpoint=converged_separability(),
+        ),
+    )
+    exploratory = per_layer(
+        [("LIMe", "LLaMA")], [values, separability(), converged_separability(), VALUE_NORM]
+    )
+    return (
+        Claim("LIMe", "LLaMA", PERPLEXITY, "primary", None, "held-out perplexity, tuned LIMe - tuned LLaMA"),
+        *secondary,
+        *exploratory,
+    )
+
+
 # --------------------------------------------------------------------------- arithmetic
 
 ACCURACY = Endpoint("accuracy", "accuracy", "accuracy", {"n_operators": LARGEST}, scale=100, unit="points")
@@ -422,6 +553,25 @@ STUDIES: dict[str, Study] = {
             overrides={"eval_holdout": SWEEP_HOLDOUT},
             measures={"curves": Measure("training-curves", data="none")},
             tiny={**LM_TINY, "measures": {}},
+        ),
+        replace(
+            study(
+                "lm-cpu-fair",
+                "At each model's tuned learning rate, is LIMe's held-out perplexity different from LLaMA's? "
+                "And do entropy and separability, read on instruments that measure what they name, differ?",
+                FAIR_MODELS,
+                range(10),
+                _fair_claims(),
+                lm=True,
+            ),
+            measures=FAIR_MEASURES,
+            tiny={
+                **LM_TINY,
+                "measures": {
+                    "entropy": {"params": {"num_windows": 8}},
+                    "entropy-mixed": {"params": {"num_windows": 8}},
+                },
+            },
         ),
         study(
             "arithmetic-seeds",
