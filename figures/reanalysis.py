@@ -7,7 +7,8 @@ them with the study's declared claims (`lime_probe.studies.STUDIES`), checks tha
 t-interval of the folder's committed differences.csv comes out again (to 1e-9), and writes
 ``reanalysis.md`` and ``reanalysis.csv`` into the folder: each claim's primary endpoint with its paired
 t-interval, the t-test's and the exact sign-flip p and the minimum detectable effect; the per-layer
-differences as exploratory, Holm- and BH-adjusted over layers. Figures are not redrawn.
+differences as exploratory, Holm- and BH-adjusted over layers. For the arithmetic studies
+the per-tier accuracy figure (`accuracy.png`) is redrawn with its 95 % t-intervals; other figures are not.
 
     python figures/reanalysis.py                      # every study below
     python figures/reanalysis.py figures/lm-cpu       # one
@@ -20,13 +21,17 @@ from __future__ import annotations
 import csv
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 LM_STUDIES = ("lm-cpu", "lm-cpu-baselines", "lm-cpu-kv-init")
-ARITHMETIC_STUDIES = ("arithmetic-seeds",)
+ARITHMETIC_STUDIES = ("arithmetic-seeds", "arithmetic-kv-init")
+# written by the study runner itself: each per-run table holds its measure's rows as measured
+RUNNER_STUDIES = ("lm-cpu-10-seeds",)
+ALL = LM_STUDIES + ARITHMETIC_STUDIES + RUNNER_STUDIES
 # per-layer tables (measured on the values, the W_V output): their value column -> the runner's column
 PER_LAYER = {"entropy": ("entropy_mean", "entropy_mean"), "separability": ("accuracy", "accuracy_mean")}
 
@@ -75,6 +80,47 @@ def measured_from_tables(folder: Path) -> tuple[dict, list[int]]:
     return measured, seeds
 
 
+def typed(value: str):
+    """A CSV cell back as the runner wrote it: int, float or bool where it reads as one, else the string."""
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(value, value)
+
+
+def measured_from_runner_tables(folder: Path, measures) -> tuple[dict, list[int]]:
+    """The runner's measurements from a runner-written folder: ``{measure}.csv`` for each per-run measure."""
+    measured: dict = {}
+    for name, m in measures.items():
+        if m.per != "run":
+            continue
+        for r in read_csv(folder / f"{name}.csv"):
+            row = {k: typed(v) for k, v in r.items() if k not in ("model", "seed") and v != ""}
+            runs = measured.setdefault(name, {})
+            runs.setdefault((r["model"], int(r["seed"])), {"rows": []})["rows"].append(row)
+    seeds = sorted({seed for per in measured.values() for _, seed in per})
+    return measured, seeds
+
+
+def check_runner_rows(folder: Path, diff: Sequence[dict]) -> int:
+    """Every row of a runner-written differences.csv again in ``diff``: paired mean, interval and t-test p
+    to 1e-9; returns how many rows were checked."""
+    new = {(r["endpoint"], r["model"], r["reference"], str(r.get("layer", ""))): r for r in diff}
+    old_rows = read_csv(folder / "differences.csv")
+    for old in old_rows:
+        r = new[old["endpoint"], old["model"], old["reference"], old["layer"]]
+        for key in ("diff_mean", "ci_low", "ci_high", "p_t"):
+            if not np.isclose(float(old[key]), r[key], rtol=1e-9, atol=1e-12):
+                raise AssertionError(
+                    f"{folder.name}: {old['endpoint']} {old['model']} {key} {old[key]} != {r[key]}"
+                )
+    if len(old_rows) != len(diff):
+        raise AssertionError(f"{folder.name}: {len(old_rows)} committed rows, {len(diff)} recomputed")
+    return len(old_rows)
+
+
 def same_place(r: dict, layer: str, site: str, tier: str) -> bool:
     """Whether a runner row ``r`` is where a committed row is: its tier, site, layer number, or (layer
     "mean" / "upper half") the claim's own endpoint, which has no layer."""
@@ -95,7 +141,7 @@ def check_against_committed(folder: Path, diff: Sequence[dict]) -> int:
     labels = {r["model"] for r in diff}
     checked = 0
     for old in read_csv(folder / "differences.csv"):
-        model = next(k for k in labels if old.get(k))
+        model = old.get("model") or next(k for k in labels if old.get(k))
         reference = old.get("reference") or "LLaMA"
         layer, site, tier = old.get("layer", ""), old.get("site", ""), old.get("operators", "")
 
@@ -120,42 +166,88 @@ def check_against_committed(folder: Path, diff: Sequence[dict]) -> int:
 
 def reanalyse(folder: Path) -> Path:
     """Write ``folder/reanalysis.md`` and ``reanalysis.csv``; returns the markdown's path."""
+    from lime_probe.output.plots import save_figure
     from lime_probe.output.results import atomic_write_text, rows_to_csv
     from lime_probe.studies import STUDIES
-    from lime_probe.studies.findings import compare, findings
+    from lime_probe.studies.findings import claim_table, compare, findings, tier_figure
 
     name = folder.name
-    if name not in LM_STUDIES + ARITHMETIC_STUDIES:
-        raise ValueError(
-            f"{folder}: not one of the studies this script re-analyses ({', '.join(LM_STUDIES + ARITHMETIC_STUDIES)})"
-        )
+    if name not in ALL:
+        raise ValueError(f"{folder}: not one of the studies this script re-analyses ({', '.join(ALL)})")
     study = STUDIES[name]
-    measured, seeds = measured_from_tables(folder)
-    diff = compare(study, measured, seeds)
-    checked = check_against_committed(folder, diff)
-    intro = (
-        "Recomputed by `python figures/reanalysis.py` from this folder's per-run tables, with the statistics of "
-        "the study runner (`lime_probe.studies.findings`): each claim's primary endpoint with its 95 % paired "
-        "t-interval, the t-test's and the exact sign-flip p and the minimum detectable effect (MDE); the "
-        "per-layer differences as exploratory results, Holm- and BH-adjusted over layers. The folder's "
-        "findings.md and differences.csv were written earlier, with a t-interval per row and a verdict on each "
-        f"layer; every paired mean and t-interval of differences.csv comes out again here ({checked} rows "
-        "checked to 1e-9), so only the inference differs."
-    )
-    if name in ARITHMETIC_STUDIES:
+    if name in RUNNER_STUDIES:
+        measured, seeds = measured_from_runner_tables(folder, study.measures)
+        diff = compare(study, measured, seeds)
+        checked = check_runner_rows(folder, diff)
+        added = compare(replace(study, claims=official_comparison()), measured, seeds)
+        intro = (
+            "Recomputed by `python figures/reanalysis.py` from this folder's per-run tables (each measure's rows "
+            "as the study runner wrote them) with the runner's statistics of today: every row of differences.csv "
+            f"comes out again ({checked} rows, paired mean, interval and t-test p to 1e-9). New here: Holm's "
+            "adjusted p over the secondary endpoints (the runner adjusted over the primary ones only when this "
+            "study was written)."
+        )
+    else:
+        measured, seeds = measured_from_tables(folder)
+        diff = compare(study, measured, seeds)
+        checked = check_against_committed(folder, diff)
+        intro = (
+            "Recomputed by `python figures/reanalysis.py` from this folder's per-run tables, with the statistics "
+            "of the study runner (`lime_probe.studies.findings`): each claim's primary endpoint with its 95 % "
+            "paired t-interval, the t-test's and the exact sign-flip p and the minimum detectable effect (MDE); the "
+            "per-layer differences as exploratory results, Holm- and BH-adjusted over layers. The folder's "
+            "findings.md and differences.csv were written earlier, with a t-interval per row and a verdict on each "
+            f"layer; every paired mean and t-interval of differences.csv comes out again here ({checked} rows "
+            "checked to 1e-9), so only the inference differs."
+        )
+    if name == "arithmetic-kv-init":
+        intro += (
+            " The protocol named the two primary endpoints tested here (3-operator accuracy: routing at LLaMA's "
+            "init, and PyTorch's init without routing); Holm over the secondary endpoints is new. `accuracy.png` "
+            "is redrawn by the runner's per-tier figure from `accuracy.csv`."
+        )
+    elif name in ARITHMETIC_STUDIES:
         intro += (
             " The study's protocol asks about accuracy per operator count and names no single primary endpoint; "
             "this re-analysis makes the hardest tier (3 operators) primary, a choice made after its results were "
             "seen (ours), and the 2-operator tier and the mean value entropy secondary."
         )
+    if name in ARITHMETIC_STUDIES:  # per tier, each model's mean with the 95 % t-interval of the mean
+        save_figure(tier_figure(list(study.models), measured, seeds), folder / "accuracy")
     title, rest = findings(study, diff, seeds).split("\n", 1)
+    if name in RUNNER_STUDIES:
+        rest += "\n".join(
+            [
+                "",
+                "## Added after the results (not pre-registered)",
+                "",
+                "The official analysis's comparison (LIMe's routed values, what its heads read, against LLaMA's "
+                "values, the W_V output), which the protocol did not name; Holm over these two rows only.",
+                "",
+                *claim_table(added, holm_column=True),
+                "",
+            ]
+        )
+        diff = [*diff, *({**r, "role": "added after the results"} for r in added)]
     atomic_write_text(folder / "reanalysis.csv", rows_to_csv(diff))
     return atomic_write_text(folder / "reanalysis.md", f"{title} (re-analysis)\n\n{intro}\n{rest}")
 
 
+def official_comparison() -> tuple:
+    """The official analysis's site comparison for each routing model against LLaMA: its routed values'
+    mean entropy against LLaMA's values' (value_wrapper.py records the routed read for LIMe)."""
+    from lime_probe.studies import Claim
+    from lime_probe.studies.catalog import entropy
+
+    return tuple(
+        Claim(m, "LLaMA", entropy("routed_values"), "secondary", None, reference_endpoint=entropy())
+        for m in ("LIMe", "LIMe-LLaMA-kv-init")
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    folders = [Path(a) for a in args] or [HERE / s for s in LM_STUDIES + ARITHMETIC_STUDIES]
+    folders = [Path(a) for a in args] or [HERE / s for s in ALL]
     try:
         for folder in folders:
             print(reanalyse(folder))

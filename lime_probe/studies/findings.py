@@ -261,6 +261,32 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
     return fig
 
 
+def tier_figure(models: Sequence[str], measured: Measured, seeds: Sequence[int], measure: str = "accuracy"):
+    """Arithmetic accuracy per operator count: each model's mean over ``seeds`` as a bar, its error bar
+    the 95 % t-interval of that mean (one-sample, n - 1 df; not a paired interval)."""
+    from scipy import stats
+
+    from lime_probe.output import plots as F
+
+    means: dict[str, dict[int, float]] = {}
+    intervals: dict[str, dict[int, tuple[float, float]]] = {}
+    for label in models:
+        per_tier: dict[int, list[float]] = {}
+        for s in seeds:
+            for r in measured[measure][label, s]["rows"]:
+                per_tier.setdefault(int(r["n_operators"]), []).append(float(r["accuracy"]))
+        means[label], intervals[label] = {}, {}
+        for n, xs in sorted(per_tier.items()):
+            x = np.array(xs)
+            half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+            means[label][n], intervals[label][n] = x.mean(), (x.mean() - half, x.mean() + half)
+    return F.plot_accuracy_by_operators(
+        means,
+        intervals=intervals,
+        interval_label=f"bars: mean over {len(seeds)} seeds; error bars: 95 % t-interval of the mean",
+    )
+
+
 def endpoints_figure(diff: Sequence[dict], seeds: Sequence[int]):
     """Every primary and secondary comparison as an interval, one panel per endpoint."""
     from lime_probe.output import plots as F
@@ -304,6 +330,9 @@ def draw(study: Study, results: Path, measured: Measured, diff, seeds, runs, out
         F.save_figure(per_layer_figure(study, measured, diff, claims, seeds), results / stem)
     if any(r["role"] != "exploratory" for r in diff):
         F.save_figure(endpoints_figure(diff, seeds), results / "endpoints")
+    for name, m in study.measures.items():
+        if m.analysis == "arithmetic-accuracy":
+            F.save_figure(tier_figure(list(study.models), measured, seeds, name), results / name)
     curves = {label: mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in study.models}
     band = f"mean over {len(seeds)} seeds, band: min-max over {len(seeds)} seeds"
     F.save_figure(F.plot_training_curves(curves, band=band), results / "loss_vs_flops")
