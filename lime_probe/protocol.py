@@ -342,9 +342,10 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             ("sentence as the tokenizer encodes it",),
             "the probe pools the same sequence the minimal-pair score reads (BOS, else EOS, then the sentence "
             "without special tokens), so one forward pass gives both; unchanged for a tokenizer that adds BOS. "
-            "Sec. 5.3 mean-pools over tokens without naming the prefix; dropping it would change every "
-            "committed BLiMP number and need a second pass, so it stays, stated; one shared token in every "
-            "pooled row, good and bad alike",
+            "Sec. 5.3 mean-pools over tokens without naming a prefix. Kept, not dropped: in a causal model the "
+            "prefix's representation is the same for the good and the bad sentence, so it adds no information "
+            "of its own beyond the sentence's length n (the mean is (prefix + n tokens) / (n + 1)); dropping "
+            "it would change every committed BLiMP number",
         ),
     ),
 }
