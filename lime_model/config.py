@@ -21,10 +21,12 @@ class LimeConfig(LlamaConfig):
             keeps anyway (static routers; dynamic ones ignore it). Saves two K/V-sized tensors per
             layer for one more routed read per layer in backward (docs/models.md, bench/RESULTS.md). In training
             mode it also turns the cache off, as transformers does under gradient checkpointing.
-        kv_proj_init: init of the k/v projections. ``"auto"`` (default) as the official code: PyTorch's
-            default ``nn.Linear`` init (uniform(+-1/sqrt(hidden))) when routing is on, LLaMA's
-            normal(0, ``initializer_range``) for ``routing="none"``. ``"torch"`` or ``"normal"`` forces
-            one for either model (an ablation: the two inits differ ~3.6x in std at hidden 64).
+        kv_proj_init: init of the k/v projections. ``"auto"`` (default) as the official code
+            (src/lm/lime.py): PyTorch's default ``nn.Linear`` init (uniform(+-1/sqrt(hidden))) when routing
+            is on, LLaMA's normal(0, ``initializer_range``) for ``routing="none"``. ``"torch"`` or
+            ``"normal"`` forces one for either model (the two inits differ ~3.6x in std at hidden 64).
+            A reading: the paper's App. H LIMe attention keeps LLaMA's k/v projections (normal); the
+            official default is kept because every committed study trained with it (docs/fidelity.md).
         **kwargs: any :class:`transformers.LlamaConfig` field (``hidden_size``, ``num_hidden_layers``,
             ``num_attention_heads``, ``num_key_value_heads``, ...).
 

@@ -17,8 +17,8 @@ def param_groups(
     ``configure_optimizers``) and ``router`` (every parameter under a router module: 0 decay, learning rate
     ``lr * router_lr_mult`` when ``lr`` is given, else an ``lr_mult`` key for the caller's scheduler).
     No decay on the routers is the paper's choice (App. A: "omitting weight decay on the LIMe router
-    weights enjoys better performance") and the official code's default; the router learning rate
-    x10 is the paper's for 1B only (App. A, Table 3).
+    weights enjoys better performance") and the official code's default (train_utils.py); the router
+    learning rate x10 is the paper's for 1B only (App. A, Table 3), the official config.py's at every size.
     A module may override the decay of its own parameters with a ``weight_decay_overrides`` dict
     (parameter name -> decay or not), as the HyperConnections module does. Empty groups are dropped.
     Each group carries a ``name``.

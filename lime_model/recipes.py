@@ -14,8 +14,9 @@ Key meanings (batch sizes count sequences):
 * ``task``: ``"lm"`` (packed text from ``data``) or ``"arithmetic"`` (generated expressions).
 * ``data``, ``split``, ``max_texts``: the text spec of :func:`lime_model.data.load_texts`.
 * ``one_pass``: read (stream) exactly the ``steps x batch_size`` sequences the run consumes, so
-  training makes one pass over fresh data (ours: Sec. 5.1's FineWeb-Edu subset of about 50B tokens
-  holds more than the 42B a 1B run reads, so no token need be seen twice); ``max_texts`` then only caps.
+  training makes one pass over fresh data (as the official train.py, which reads the first steps x batch
+  rows of its prepared set; Sec. 5.1's FineWeb-Edu subset of about 50B tokens holds more than the 42B a
+  1B run reads, so no token need be seen twice); ``max_texts`` then only caps.
 * ``tokenizer``: a tokenizer directory or hub name; ``null`` trains a byte-level BPE of
   ``model.vocab_size`` entries on the data (lm) or uses the task's characters (arithmetic).
 * ``batch_size``: sequences per optimizer step, over all processes; ``micro_batch_size``:
@@ -32,8 +33,10 @@ Key meanings (batch sizes count sequences):
   ``hf:`` spec), ``split``, ``max_texts``, the tokenizer and ``seq_len``; a hit reads no text.
 * ``schedule``: ``cosine`` / ``linear`` decay to ``min_lr`` after ``warmup_steps``, or ``constant``.
 * ``router_lr_mult``: router learning rate / ``lr``. The default, 10, is the paper's at 1B (App. A,
-  Table 3: 1e-2 / 1e-3); App. A found no effect of 1-4 at 135M and used the global rate at 360M, so
-  ``lime-150m`` and ``arithmetic`` use 1; the deep recipes keep the official code's 1e-2.
+  Table 3: 1e-2 / 1e-3) and the official code's at every size (config.py); App. A found no effect of 1-4
+  at 135M and used the global rate at 360M, which ``lime-150m`` and ``arithmetic`` read as applying to
+  them (readings: they use 1); the deep recipes keep the official code's 1e-2 (configs/config_deep.yaml
+  at snapshot 601cd30); the CPU recipes use 10 (ours; each recipe's description says why).
 * ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``.
 * ``log_every``, ``save_every``, ``keep_last``, ``eval_every``: run control; they may change on ``--resume``.
 """

@@ -10,19 +10,20 @@ spec                sources of layer i                                          
 ==================  ============================================================  ===============
 ``none``            none: plain LLaMA attention, no router module                  paper (LLaMA)
 ``full``            ``0..i``                                                       paper
-``average``         ``0..i``, fixed weights ``1/(i+1)`` on the same head            paper
+``average``         ``0..i``, fixed weights ``1/(i+1)`` on the same head            reading (App. F)
 ``first-<j>``       ``0..min(j,i)-1`` plus ``i``                                   reading (App. F/G)
 ``last-<j>``        ``max(0,i-j+1)..i`` (the j most recent, own included)          paper
 ``dilated-<d>``     ``0, d, 2d, ... < i`` plus ``i`` (multiples of d from layer 0)  reading (App. G)
 ``dilated-back-<d>`` ``i, i-d, i-2d, ... >= 0`` (counted back from the own layer)   project variant
-``no-head-mix``     ``0..i``; head h reads only head h of each source              paper
-``per-dim``         ``0..i``; each source head weighted by a ``head_dim`` vector    paper
+``no-head-mix``     ``0..i``; head h reads only head h of each source              paper; init ours
+``per-dim``         ``0..i``; each source head weighted by a ``head_dim`` vector    paper; init ours
 ``dynamic``         ``0..i``; per-token weights, query x learnable keys            paper (App. E)
 ==================  ============================================================  ===============
 
 App. F's first-j attends to "the first min(l, j) buffers plus the immediately preceding layer", App. G's
 to "the first j layers plus itself": a layer's own K/V come from the preceding layer's output, so both
-are read as the own buffer. App. G's dilated-d routes to "a sparsified set of previous layers with fixed
+are read as the own buffer. App. F's average aggregates "via a uniform average, without any learned
+head-specific weighting", not saying which heads feed head h: read as the same head. App. G's dilated-d routes to "a sparsified set of previous layers with fixed
 dilation factor d (e.g., every 8th or 16th layer)" without saying where the set starts. ``dilated-<d>``
 keeps layer 0, which the paper's Fig. 5 shows is the most-read source; the project's earlier reading,
 counted back from the own layer, lives on as ``dilated-back-<d>``. Both readings give identical sets

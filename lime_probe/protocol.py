@@ -3,10 +3,10 @@ where the default comes from.
 
 Sources: "paper" (the LIMe paper states it; `where` names the section, table or appendix and `quote` holds
 the passage), "reading" (the paper is ambiguous; `quote` holds the passages and `note` says how we read
-them), "official code" (github.com/corl-team/lime, src/analysis and src/datasets), "Skean et al. code"
-(github.com/OFSkean/information_flow) and "ours" (neither states it; our choice). Where the paper and the
-official code differ the default follows the paper and the official behaviour is an alternative (or, for
-the value site, is reported beside it).
+them), "official code" (github.com/corl-team/lime; `where` names the file, and the snapshot where it is not
+the current tree), "Skean et al. code" (github.com/OFSkean/information_flow; `where` names the file) and
+"ours" (neither states it; our choice). Where the paper and the official code differ the default follows
+the paper and the official behaviour is an alternative (or, for the value site, is reported beside it).
 
     from lime_probe.protocol import defaults
     defaults("tsne")      # {"site": "values", "l2_normalize": True, ...}
@@ -40,6 +40,8 @@ TABLE2_TASKS = (
     "distractor_agreement_relational_noun",
     "determiner_noun_agreement_with_adjective_1",
 )
+# What the BLiMP tables' "+-" may be: the mean over tasks of each task's std over CV folds, or the std over tasks.
+BLIMP_SPREADS = ("folds", "tasks")
 # The value sites as figures and tables name them: the paper's values and the official analysis's.
 SITE_LABELS = {
     "values": "values (W_V output)",
@@ -51,8 +53,9 @@ SITE_LABELS = {
 class Setting:
     """One setting of an analysis: its default, where that comes from, and the offered alternatives.
 
-    source: one of `SOURCES`; where: the paper's section, table or appendix (for "paper" and "reading");
-    quote: the paper's passages, verbatim (one for "paper", each of the ambiguous ones for "reading").
+    source: one of `SOURCES`; where: the paper's section, table or appendix (for "paper" and "reading"), or
+    the code's file (for "official code" and "Skean et al. code"); quote: the paper's passages, verbatim (one
+    for "paper", each of the ambiguous ones for "reading").
     """
 
     name: str
@@ -82,8 +85,9 @@ def _value_sites(figure: str) -> tuple[Setting, Setting]:
             "also, for a model that routes",
             "official code",
             ("--site values",),
-            "src/analysis/value_wrapper.py records LIMe's routed values; by default both are reported, "
+            "the official analysis records LIMe's routed values as its values; by default both are reported, "
             "labelled; a model without routing has only the W_V output",
+            "src/analysis/value_wrapper.py",
         ),
     )
 
@@ -99,13 +103,26 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             "official code",
             ("documents",),
             "packed fixed-length rows, as the training data",
+            "src/analysis/entropy.py, over the rows of src/datasets/preprocessing_fineweb.py",
+        ),
+        Setting(
+            "framing",
+            "BOS + document + EOS",
+            "official code",
+            (),
+            "each document framed as the official training rows; the project's own training packs document + "
+            "EOS (lime_model.data, ours), so in a project model's windows each document boundary holds one "
+            "separator token it never trained on (GPT-2's tokenizer: BOS = EOS, a doubled EOS); kept so that "
+            "official and project checkpoints are measured on the same tokens",
+            "src/datasets/preprocessing_fineweb.py",
         ),
         Setting(
             "window",
             OFFICIAL_WINDOW,
             "official code",
             ("any length",),
-            "2048-token rows (configs seq_length), capped by the model's max positions (ours)",
+            "2048-token rows, capped by the model's max positions (ours)",
+            "configs/config_base.yaml, data_config.seq_length",
         ),
         Setting("num_windows", 64, "ours", ("any count",), "drawn without replacement, seeded"),
         Setting(
@@ -114,6 +131,7 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             "official code",
             ("layer-by-layer",),
             "z-score over the layer, alpha 0.5; layer-by-layer follows Skean et al. code",
+            "src/analysis/entropy.py, calculate_entropy",
         ),
         Setting("max_normalize", False, "ours", (True,), "Skean et al.'s code divides by log(min(N, D))"),
     ),
@@ -142,27 +160,71 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             "adam-linear",
             "official code",
             ("logreg",),
-            "the paper names no classifier; src/analysis/classification.py: nn.Linear on the raw features, "
-            "Adam lr 1e-2, batch 64, one epoch, accuracy averaged over test batches; logreg is our "
-            "converged standardised logistic regression",
+            "the paper names no classifier; the official probe is nn.Linear on the raw features, Adam lr 1e-2, "
+            "batch 64, one epoch, accuracy averaged over test batches; logreg is our converged standardised "
+            "logistic regression",
+            "src/analysis/classification.py",
         ),
         Setting(
             "n_splits",
             5,
             "paper",
             ("any",),
-            "adam-linear: plain shuffled KFold, as the official code; logreg: stratified (ours)",
+            "adam-linear: plain shuffled KFold, as the official src/analysis/classification.py; logreg: "
+            "stratified (ours)",
             "Sec. 5.3, Fig. 2",
             _FOLDS,
         ),
-        Setting("seed", 0, "ours", ("42: the official code's",), "folds, initialisation, shuffling, balance"),
+        Setting(
+            "seed",
+            0,
+            "ours",
+            ("42: the official src/analysis/classification.py's",),
+            "folds, initialisation, shuffling, balance",
+        ),
         Setting("subtoken", "last", "ours", ("mean",), "multi-token words (numbers, Fig. 4a/8)"),
+        Setting(
+            "context",
+            "documents of at most 256 tokens, at most 1,000",
+            "ours",
+            ("--max-length", "--max-sequences"),
+            "the command's defaults; the official src/analysis/representations.py reads its words in the "
+            "2048-token training rows; the studies probe every window of their held-out text",
+        ),
+        Setting(
+            "count",
+            "every occurrence, balanced to the rarest word",
+            "ours",
+            (),
+            "no target: Sec. 5.3's 1668 occurrences each is the count its text gave; more text gives more "
+            "rows, fewer than 10 per word and test fold is refused (--allow-small-samples)",
+        ),
     ),
     "tsne": (
         *_value_sites("Fig. 3"),
-        Setting("l2_normalize", True, "official code", (False,), "rows L2-normalised before t-SNE"),
         Setting(
-            "perplexity", 30.0, "official code", ("any",), "sklearn's default there; openTSNE here (ours)"
+            "l2_normalize",
+            True,
+            "official code",
+            (False,),
+            "rows L2-normalised before t-SNE",
+            "src/analysis/representations.py, hiddens_tsne",
+        ),
+        Setting(
+            "perplexity",
+            30.0,
+            "official code",
+            ("any",),
+            "sklearn's default there; openTSNE here (ours)",
+            "src/analysis/representations.py, hiddens_tsne",
+        ),
+        Setting(
+            "per_word",
+            100,
+            "ours",
+            ("any count",),
+            "points per word in each map, drawn with the seed (0); the studies draw 150 per word and seed; the "
+            "official hiddens_tsne (src/analysis/representations.py) takes every occurrence unless given a count",
         ),
     ),
     "blimp": (
@@ -189,7 +251,7 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             ("values", "hidden"),
             "paper",
             ("any site",),
-            "and, for a model that routes, routed_values (official code)",
+            "and, for a model that routes, routed_values (official code, src/analysis/value_wrapper.py)",
             "Sec. 5.3",
             (
                 "we extract (i) attention values (the value projections) and (ii) hidden states (the "
@@ -243,17 +305,35 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
         ),
         Setting(
             "table",
-            "per block: mean +- std over tasks",
+            "per block: the mean over tasks",
             "reading",
-            ("one number: each task's mean over the blocks, then mean +- std over tasks (ours)",),
-            "both tables list one accuracy +- a spread per layer without saying what the spread is over; we "
-            "read it as over the ten tasks (`blimp.blimp_layer_table`)",
+            ("one number: each task's mean over the blocks, then the mean over tasks (ours)",),
+            "both tables list one accuracy per layer for the ten tasks without saying how the tasks combine; "
+            "we read it as their mean (`blimp.blimp_layer_table`)",
             "Table 2, Table 11",
             (
                 "BLiMP probing accuracy (5-fold CV) at selected layers",
                 "probing accuracy (5-fold CV) across layers 10–16",
             ),
         ),
+        Setting(
+            "spread",
+            "folds",
+            "reading",
+            ("tasks: the std over tasks of the task accuracies",),
+            "the +-: the mean over tasks of each task's std (ddof=0) over its 5 folds; the captions say only "
+            "5-fold CV, Fig. 2's +- is the std over the five folds, and the paper's +-0.010-0.018 is the size "
+            "of fold noise, not of the spread over tasks; `blimp --spread tasks` reports the latter",
+            "Table 2, Fig. 2",
+            (
+                "BLiMP probing accuracy (5-fold CV) at selected layers",
+                "with standard deviation over five cross-validation folds",
+            ),
+        ),
+        Setting("C", 1.0, "ours", ("any",), "inverse regularisation strength (sklearn's default)"),
+        Setting("solver", "lbfgs", "ours", (), "sklearn's default; features standardised first"),
+        Setting("max_iter", 10_000, "ours", ("any",), "iterations to converge"),
+        Setting("seed", 0, "ours", ("any",), "the shuffle of the pair-grouped folds"),
         Setting("too_long", "skip and count per paradigm", "ours", (), "an all-skipped paradigm is an error"),
         Setting(
             "tokens",
@@ -261,7 +341,11 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             "ours",
             ("sentence as the tokenizer encodes it",),
             "the probe pools the same sequence the minimal-pair score reads (BOS, else EOS, then the sentence "
-            "without special tokens), so one forward pass gives both; unchanged for a tokenizer that adds BOS",
+            "without special tokens), so one forward pass gives both; unchanged for a tokenizer that adds BOS. "
+            "Sec. 5.3 mean-pools over tokens without naming a prefix. Kept, not dropped: in a causal model the "
+            "prefix's representation is the same for the good and the bad sentence, so it adds no information "
+            "of its own beyond the sentence's length n (the mean is (prefix + n tokens) / (n + 1)); dropping "
+            "it would change every committed BLiMP number",
         ),
     ),
 }

@@ -57,25 +57,53 @@ def test_fit_pairs_skips_long_sentences_per_paradigm():
     assert kept.tolist() == list(range(len(data["UID"]))) and set(skipped.values()) == {0}
 
 
-def result(acc_per_layer, layers):
+# fold offsets (mean 0) added to a task's accuracy: fold std 0.02 for "a", 0.04 for "b" (ddof=0)
+WIGGLE = {
+    "a": 0.02 * np.array([1, -1, 1, -1, 0]) * np.sqrt(5 / 4),
+    "b": 0.04 * np.array([1, -1, 0, 1, -1]) * np.sqrt(5 / 4),
+}
+
+
+def result(acc_per_layer, layers, wiggle=None):
+    """A ProbeResult whose every layer's five folds are its accuracy plus `wiggle` (default: none)."""
     acc = np.asarray(acc_per_layer, dtype=float)
-    return ProbeResult(layers, acc, acc * 0, np.repeat(acc[:, None], 5, 1), 0.5, 100, "logreg")
+    folds = acc[:, None] + (np.zeros(5) if wiggle is None else np.asarray(wiggle))[None, :]
+    return ProbeResult(layers, folds.mean(1), folds.std(1), folds, 0.5, 100, "logreg")
 
 
-def test_blimp_table_mean_and_std_over_tasks():
+def test_blimp_table_mean_over_tasks_and_either_spread():
     res = {
-        ("LIMe", "values"): {"a": result([0.9, 0.8], [9, 10]), "b": result([0.6, 0.7], [9, 10])},
+        ("LIMe", "values"): {
+            "a": result([0.9, 0.8], [9, 10], WIGGLE["a"]),
+            "b": result([0.6, 0.7], [9, 10], WIGGLE["b"]),
+        },
         ("LLaMA", "hidden"): {"a": result([0.5], [16]), "b": result([0.7], [16]), "c": result([0.9], [16])},
     }
-    rows = blimp_table(res)
+    assert np.std(WIGGLE["a"]) == pytest.approx(0.02) and np.std(WIGGLE["b"]) == pytest.approx(0.04)
+    rows = blimp_table(res)  # default: the mean over tasks of each task's fold std
     per_task = [0.85, 0.65]
     assert rows[0]["model"] == "LIMe" and rows[0]["site"] == "values" and rows[0]["layers"] == [9, 10]
     assert rows[0]["accuracy_mean"] == pytest.approx(np.mean(per_task))
-    assert rows[0]["accuracy_std"] == pytest.approx(np.std(per_task))
+    assert rows[0]["accuracy_std"] == pytest.approx(0.03) and rows[0]["spread"] == "folds"
     assert rows[0]["tasks"] == pytest.approx({"a": 0.85, "b": 0.65})
-    assert rows[1]["n_tasks"] == 3 and rows[1]["accuracy_std"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
+    assert rows[1]["n_tasks"] == 3 and rows[1]["accuracy_std"] == 0.0  # folds that agree
+    over = blimp_table(res, spread="tasks")
+    assert [r["accuracy_mean"] for r in over] == [r["accuracy_mean"] for r in rows]  # only the +- changes
+    assert over[0]["accuracy_std"] == pytest.approx(np.std(per_task)) and over[0]["spread"] == "tasks"
+    assert over[1]["accuracy_std"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
     with pytest.raises(ValueError, match="different layers"):
         blimp_table({("m", "values"): {"a": result([0.5], [1]), "b": result([0.5], [2])}})
+    with pytest.raises(ValueError, match="spread must be one of"):
+        blimp_table(res, spread="layers")
+
+
+def test_blimp_layer_table_fold_spread_is_the_mean_of_each_tasks_fold_std():
+    res = {("LIMe", "values"): {"a": result([0.9], [9], WIGGLE["a"]), "b": result([0.6], [9], WIGGLE["b"])}}
+    (folds,) = blimp_layer_table(res)
+    (tasks,) = blimp_layer_table(res, spread="tasks")
+    assert folds["accuracy_mean"] == tasks["accuracy_mean"] == pytest.approx(0.75)
+    assert (folds["accuracy_std"], folds["spread"]) == (pytest.approx(0.03), "folds")
+    assert (tasks["accuracy_std"], tasks["spread"]) == (pytest.approx(0.15), "tasks")
 
 
 def test_blimp_layer_table_is_one_row_per_block_over_tasks():
@@ -84,7 +112,7 @@ def test_blimp_layer_table_is_one_row_per_block_over_tasks():
         ("LIMe", "values"): {"a": result([0.9, 0.8], [9, 10]), "b": result([0.6, 0.7], [9, 10])},
         ("LIMe", "hidden"): {"a": result([0.5, 0.6], [10, 11]), "b": result([0.7, 0.9], [10, 11])},
     }
-    rows = blimp_layer_table(res)
+    rows = blimp_layer_table(res, spread="tasks")
     got = {
         (r["site"], r["block"]): (r["layer"], r["accuracy_mean"], r["accuracy_std"], r["n_tasks"])
         for r in rows

@@ -448,10 +448,15 @@ def test_blimp_one_number_chart_says_what_it_is_not_the_per_block_table_2_layout
     ]
     title = F.plot_blimp_table2(rows).axes[0].get_title()
     assert "Table 2" not in title  # the paper's Table 2 is per block: the blimp_table2_layers table
-    assert title == (
+    assert title == (  # rows without a spread are over tasks
         "BLiMP probes, one number per model and site\n"
-        "(each task's mean over the probed layers; mean ± std over 10 tasks)"
+        "(each task's mean over the probed layers; mean over 10 tasks ± std over tasks)"
     )
+    ax = F.plot_blimp_table2([{**r, "spread": "folds"} for r in rows]).axes[0]
+    assert ax.get_title().endswith("mean over 10 tasks ± mean fold std)")
+    assert ax.get_ylabel() == "probe accuracy (mean ± mean fold std)"
+    with pytest.raises(ValueError, match="mix spreads"):
+        F.plot_blimp_table2([{**rows[0], "spread": "folds"}, {**rows[1], "spread": "tasks"}])
 
 
 def test_interval_panels_draw_each_rows_mean_and_interval_with_tick_labels_apart():

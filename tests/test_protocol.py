@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from sklearn.linear_model import LogisticRegression
 
 from lime_probe.extraction import windows
 from lime_probe.probes import blimp, entropy, separability, tsne
@@ -33,8 +34,16 @@ def test_defaults_match_the_functions():
     assert sep["n_splits"] == default_of(separability.token_separability, "n_splits")
     assert sep["balance"] is default_of(separability.token_separability, "balance")
     assert sep["subtoken"] == default_of(separability.pool_spans, "subtoken")
-    assert defaults("blimp")["n_splits"] == default_of(blimp.blimp_probe, "n_splits")
-    assert defaults("blimp")["method"] == default_of(blimp.blimp_probe, "method")
+    bl = defaults("blimp")
+    for name in ("n_splits", "method", "C", "max_iter", "seed"):
+        assert bl[name] == default_of(blimp.blimp_probe, name), name
+    assert bl["solver"] == LogisticRegression().solver  # fit_logreg leaves sklearn's solver
+    assert (
+        bl["spread"]
+        == default_of(blimp.blimp_table, "spread")
+        == default_of(blimp.blimp_layer_table, "spread")
+    )
+    assert defaults("tsne")["per_word"] == default_of(ANALYSES["tsne"].params, "per_word")
     ent = defaults("entropy")
     assert ent["preset"] in entropy.PRESETS
     assert ent["max_normalize"] is entropy.EntropyConfig().max_normalize
@@ -46,7 +55,7 @@ def test_defaults_match_the_functions():
     for name in ("entropy", "separability", "tsne", "blimp"):
         params = {f.name: f.default for f in fields(ANALYSES[name].params)}
         assert params.get("site", params.get("sites")) is None
-        for setting in ("method", "max_pairs", "tasks", "subtoken", "perplexity", "l2_normalize"):
+        for setting in ("method", "max_pairs", "tasks", "subtoken", "perplexity", "l2_normalize", "spread"):
             if setting in params and setting in defaults(name):
                 assert params[setting] == defaults(name)[setting], (name, setting)
     assert defaults("blimp")["max_pairs"] is None  # App. D: every pair

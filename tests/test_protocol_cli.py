@@ -321,7 +321,7 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
     out = tmp_path / "o"
     run_ok(
         capsys, "blimp", "--ckpt", deep_ckpt, "--data", data_dir, "--tasks", "all", "--no-cache", "--seed", 1,
-        "--out", out,
+        "--spread", "tasks", "--out", out,
     )  # fmt: skip
     doc = json.loads((out / "blimp.json").read_text())
     rows = doc["rows"]
@@ -369,8 +369,10 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
     row = next(r for r in rows if (r["paradigm"], r["site"], r["layer"]) == ("agreement_a", "values", 12))
     np.testing.assert_allclose(row["probe_accuracy_mean"], np.mean(acc))
     assert row["n_pairs"] == 8 and row["n_skipped"] == 4
-    # Table 2: a task's accuracy is its mean over the probed layers; mean and std (ddof=0) over tasks
+    # Table 2: a task's accuracy is its mean over the probed layers; mean and (--spread tasks) std (ddof=0) over
+    # tasks; the default spread, over folds, is checked in test_blimp_protocol.py
     table = json.loads((out / "blimp_table2.json").read_text())["rows"]
+    assert {t["spread"] for t in table} == {"tasks"}
     assert (out / "blimp_table2.csv").exists() and (out / "blimp_table2.png").exists()
     for t in table:
         tasks = [

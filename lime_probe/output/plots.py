@@ -694,12 +694,14 @@ LEGEND_ROWS = 14
 
 
 def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:
-    """BLiMP probes as one number per model and site (bars; error bars = std over tasks): each task's mean
-    over the probed layers, then mean +- std over tasks. A summary, not the paper's Table 2 layout, which
-    is per block (`lime_probe.probes.blimp.blimp_layer_table`, the analysis's ``blimp_table2_layers`` table).
+    """BLiMP probes as one number per model and site (bars; error bars = the rows' spread): each task's mean
+    over the probed layers, then the mean over tasks. A summary, not the paper's Table 2 layout, which is per
+    block (`lime_probe.probes.blimp.blimp_layer_table`, the analysis's ``blimp_table2_layers`` table).
 
     ``rows`` are ``blimp.blimp_table`` rows (``model``, ``site``, ``accuracy_mean``, ``accuracy_std``,
-    ``n_tasks``); chance (0.5) is drawn as a dashed line and each bar is labelled with its value.
+    ``n_tasks`` and ``spread``: "folds", the mean over tasks of each task's fold std, or "tasks", the std
+    over tasks; rows without it are over tasks); chance (0.5) is drawn as a dashed line and each bar is
+    labelled with its value.
     """
     models = list(dict.fromkeys(r["model"] for r in rows))
     sites = list(dict.fromkeys(r["site"] for r in rows))
@@ -716,11 +718,15 @@ def plot_blimp_table2(rows: Sequence[Mapping]) -> Figure:
     ax.axhline(0.5, color="0.4", linestyle="--", linewidth=1, label="chance")
     ax.set_xticks(np.arange(len(models)), models)
     ax.set_ylim(0, 1.05)
-    ax.set_ylabel("probe accuracy (mean ± std over tasks)")
-    n_tasks = sorted({r["n_tasks"] for r in rows})
+    n_tasks = "/".join(map(str, sorted({r["n_tasks"] for r in rows})))
+    spreads = {r.get("spread", "tasks") for r in rows}
+    if len(spreads) != 1:
+        raise ValueError(f"plot_blimp_table2: rows mix spreads {sorted(spreads)}")
+    spread = {"folds": "± mean fold std", "tasks": "± std over tasks"}[spreads.pop()]
+    ax.set_ylabel(f"probe accuracy (mean {spread})")
     ax.set_title(
         "BLiMP probes, one number per model and site\n"
-        f"(each task's mean over the probed layers; mean ± std over {'/'.join(map(str, n_tasks))} tasks)"
+        f"(each task's mean over the probed layers; mean over {n_tasks} tasks {spread})"
     )
     ax.legend(fontsize=8, loc="lower right")
     return fig

@@ -17,9 +17,11 @@ first token), and `extract(..., logprobs=True)` returns the scores (`minimal_pai
 
 The paper's Table 2 protocol (`paper_layers`, `fit_pairs`, `blimp_layer_table`, `blimp_table`): probes on
 mean-pooled values and hidden states of the upper blocks (10-16 of 16; the same upper fraction, 7/16, for
-other depths), reported as the paper's Tables 2 and 11 list them, per block: mean +- std over tasks (our
-reading of their unexplained spread); and as one number per model and site: each task's mean over those
-blocks, then mean +- std over tasks (ours).
+other depths), reported as the paper's Tables 2 and 11 list them, per block: the mean over tasks +- a spread;
+and as one number per model and site: each task's mean over those blocks, then the mean over tasks +- a
+spread (ours). The spread (`SPREADS`) is by default "folds", the mean over tasks of each task's std over its
+five CV folds (a reading: both captions say "(5-fold CV)" and Fig. 2 gives "standard deviation over five
+cross-validation folds"); "tasks" is the std over tasks of the task accuracies.
 
 Phenomena are the `linguistics_term` field of the released data: 13 values, since it lists the two
 s-selection paradigms apart where the BLiMP paper's 12 phenomena fold them into argument structure.
@@ -33,7 +35,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,9 +44,13 @@ from tqdm.auto import tqdm
 
 from lime_probe.probes.router_weights import unwrap_model
 from lime_probe.probes.separability import LayerFeatures, Method, ProbeResult, probe_layers
-from lime_probe.protocol import PAPER_LAYER_FRACTION
+from lime_probe.protocol import BLIMP_SPREADS, PAPER_LAYER_FRACTION
 
 HUB_ID = "nyu-mll/blimp"
+# What a table's "+-" is: "folds", the mean over tasks of each task's std over CV folds (the default), or
+# "tasks", the std over tasks of the task accuracies (both ddof=0).
+Spread = Literal["folds", "tasks"]
+SPREADS = BLIMP_SPREADS
 REQUIRED_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID", "linguistics_term")
 
 
@@ -201,54 +207,76 @@ def fit_pairs(data: Any, tokenizer: Any, max_positions: int | None) -> tuple[np.
     return np.flatnonzero(keep), skipped
 
 
-def blimp_table(results: Mapping[tuple[str, str], Mapping[str, ProbeResult]]) -> list[dict]:
+def _check_spread(spread: str) -> None:
+    if spread not in SPREADS:
+        raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
+
+
+def _spread(task_acc: np.ndarray, fold_acc: np.ndarray, spread: Spread) -> float:
+    """The "+-" of one table cell from each task's accuracy (tasks,) and its per-fold accuracy (tasks,
+    folds): "folds", the mean over tasks of each task's std over folds; "tasks", the std over tasks."""
+    return float(fold_acc.std(1).mean() if spread == "folds" else task_acc.std())
+
+
+def _layers_of(per_task: Mapping[str, ProbeResult], where: str) -> list:
+    layers = {tuple(r.layers) for r in per_task.values()}
+    if len(layers) != 1:
+        raise ValueError(f"{where} probe different layers {layers}")
+    return list(layers.pop())
+
+
+def blimp_table(
+    results: Mapping[tuple[str, str], Mapping[str, ProbeResult]], spread: Spread = "folds"
+) -> list[dict]:
     """Table 2 rows from probe results {(model, site): {task: ProbeResult}}, one row per (model, site).
 
-    A task's accuracy is its mean CV accuracy over the probed layers (probe `paper_layers` only);
-    each row holds `accuracy_mean` and `accuracy_std` (ddof=0) over tasks, `n_tasks`, the probed
-    `layers`, and `tasks`: {task: accuracy}.
+    A task's accuracy is its mean CV accuracy over the probed layers (probe `paper_layers` only), its fold
+    accuracies the mean over those layers of each fold's; each row holds `accuracy_mean` over tasks,
+    `accuracy_std` (`spread`: "folds", the mean over tasks of each task's fold std, or "tasks", the std over
+    tasks; ddof=0), `spread`, `n_tasks`, the probed `layers`, and `tasks`: {task: accuracy}.
     """
+    _check_spread(spread)
     rows = []
     for (model, site), per_task in results.items():
         if not per_task:
             raise ValueError(f"blimp_table: no tasks for model {model!r}, site {site!r}")
-        layers = {tuple(r.layers) for r in per_task.values()}
-        if len(layers) > 1:
-            raise ValueError(
-                f"blimp_table: tasks of model {model!r}, site {site!r} probe different layers {layers}"
-            )
+        layers = _layers_of(per_task, f"blimp_table: tasks of model {model!r}, site {site!r}")
         accuracy = {task: float(np.mean(r.accuracy_mean)) for task, r in per_task.items()}
         values = np.array(list(accuracy.values()))
+        folds = np.array([np.asarray(r.fold_accuracy).mean(0) for r in per_task.values()])  # (tasks, folds)
         rows.append(
             {
                 "model": model,
                 "site": site,
                 "accuracy_mean": float(values.mean()),
-                "accuracy_std": float(values.std()),
+                "accuracy_std": _spread(values, folds, spread),
+                "spread": spread,
                 "n_tasks": len(values),
-                "layers": list(layers.pop()),
+                "layers": layers,
                 "tasks": accuracy,
             }
         )
     return rows
 
 
-def blimp_layer_table(results: Mapping[tuple[str, str], Mapping[str, ProbeResult]]) -> list[dict]:
+def blimp_layer_table(
+    results: Mapping[tuple[str, str], Mapping[str, ProbeResult]], spread: Spread = "folds"
+) -> list[dict]:
     """Table 2/11 rows (one accuracy per layer) from probe results {(model, site): {task: ProbeResult}}.
 
     One row per (model, site, probed layer): `block` (1-indexed, as the paper numbers layers: a per-block
     site's index + 1, ``hidden``'s index, the output of that block), `layer` (the site's index),
-    `accuracy_mean` and `accuracy_std` (ddof=0) over tasks of that layer's CV accuracy, and `n_tasks`.
+    `accuracy_mean` over tasks of that layer's CV accuracy, `accuracy_std` (`spread`: "folds", the mean
+    over tasks of each task's std over folds, or "tasks", the std over tasks; ddof=0), `spread` and
+    `n_tasks`.
     """
+    _check_spread(spread)
     rows = []
     for (model, site), per_task in results.items():
-        layers = {tuple(r.layers) for r in per_task.values()}
-        if len(layers) != 1:
-            raise ValueError(
-                f"blimp_layer_table: tasks of model {model!r}, site {site!r} probe different layers {layers}"
-            )
+        layers = _layers_of(per_task, f"blimp_layer_table: tasks of model {model!r}, site {site!r}")
         acc = np.array([r.accuracy_mean for r in per_task.values()])  # (tasks, layers)
-        for k, layer in enumerate(layers.pop()):
+        folds = np.array([r.fold_accuracy for r in per_task.values()])  # (tasks, layers, folds)
+        for k, layer in enumerate(layers):
             rows.append(
                 {
                     "model": model,
@@ -256,7 +284,8 @@ def blimp_layer_table(results: Mapping[tuple[str, str], Mapping[str, ProbeResult
                     "block": int(layer) if site == "hidden" else int(layer) + 1,
                     "layer": layer,
                     "accuracy_mean": float(acc[:, k].mean()),
-                    "accuracy_std": float(acc[:, k].std()),
+                    "accuracy_std": _spread(acc[:, k], folds[:, k], spread),
+                    "spread": spread,
                     "n_tasks": len(acc),
                 }
             )

@@ -5,8 +5,9 @@ The Table 2 protocol by default: ``tasks="table2"`` (`protocol.TABLE2_TASKS`, Ap
 every pair of each (1,000; App. D: "full datasets"), mean-pooled values and hidden states (and, for a model
 that routes, the routed values its heads attend to, the official analysis's values), the paper's layer range
 (`blimp.paper_layers`), a logistic regression with 5-fold CV grouped by pair; reported per block as the
-paper's Tables 2 and 11 (mean +- std over tasks, `blimp.blimp_layer_table`) and as one number per model and
-site (each task's mean over those blocks, then mean +- std over tasks, `blimp.blimp_table`). Pairs with a
+paper's Tables 2 and 11 (the mean over tasks, `blimp.blimp_layer_table`) and as one number per model and
+site (each task's mean over those blocks, then the mean over tasks, `blimp.blimp_table`), each +- the mean over
+tasks of each task's fold std (``spread="folds"``; ``"tasks"``: the std over tasks). Pairs with a
 sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`). All
 sites of a paradigm's good and bad sentences and, for a causal LM, their minimal-pair scores come from one
 extraction pass over the scored sequences (`blimp.scoring_sequences`: the BOS token, else EOS, then the
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lime_probe.extraction.sites import SITES
-from lime_probe.protocol import TABLE2_TASKS, defaults
+from lime_probe.protocol import BLIMP_SPREADS, TABLE2_TASKS, defaults
 
 from .base import (
     Checkpoint,
@@ -73,6 +74,13 @@ class BlimpParams:
         "probe: logistic regression (the paper's, features standardised) or the official code's one-epoch "
         "linear probe",
         choices=METHODS,
+    )
+    spread: str = option(
+        PROTOCOL["spread"],
+        "what the tables' +- is: 'folds', the mean over tasks of each task's std over its 5 CV folds (Fig. 2: "
+        "'standard deviation over five cross-validation folds'; Tables 2 and 11: '(5-fold CV)'), or 'tasks', "
+        "the std over tasks of the task accuracies",
+        choices=BLIMP_SPREADS,
     )
     seed: int = seed_option()
     jobs: int = jobs_option()
@@ -222,9 +230,13 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
         extra.setdefault(ck.label, {})["skipped_pairs"] = skipped
     table2 = [
         {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
-        for r in blimp_table(probes)
+        for r in blimp_table(probes, p.spread)
     ]
-    table2_layers = blimp_layer_table(probes)
+    table2_layers = blimp_layer_table(probes, p.spread)
+    spread = {
+        "folds": "+- the mean over tasks of each task's std over its 5 folds",
+        "tasks": "+- the std over tasks",
+    }[p.spread]
     chosen = "given paradigms" if p.paradigms is not None else f"tasks {p.tasks!r}"
     pairs = "every pair" if p.max_pairs is None else f"at most {p.max_pairs} pairs each"
     probe = {"logreg": "logistic regression", "adam-linear": "one-epoch linear"}[p.method]
@@ -237,8 +249,9 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
             f"Per paradigm ({len(paradigms)}, {chosen}; {pairs}, pairs longer than the model's positions "
             f"skipped and counted): a {probe} probe ({p.method}) telling the mean-pooled representation of the "
             f"good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of {sites_text(rows)}; "
-            "Tables 2 and 11 layout (blimp_table2_layers): per block, mean +- std over tasks; blimp_table2: "
-            "each task's mean over those blocks, then mean +- std over tasks per model and site. For causal LMs also minimal-pair accuracy (summed log-probabilities "
+            f"Tables 2 and 11 layout (blimp_table2_layers): per block, the mean over tasks {spread}; "
+            "blimp_table2: each task's mean over those blocks, then the mean over tasks per model and site "
+            f"{spread}. For causal LMs also minimal-pair accuracy (summed log-probabilities "
             "after the BOS token, good > bad, as lm-evaluation-harness; means over paradigms and phenomena in "
             "the JSON)." + routing_note(rows, p.sites is None)
         ),
