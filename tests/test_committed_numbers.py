@@ -243,50 +243,69 @@ def scale(x: dict) -> float:
     return float(x["row"].get("scale") or 1.0)
 
 
-def find_row(folder: str, mean: str, low: str, high: str) -> dict:
-    """The recomputed row whose difference and interval print as these, in the units the study prints
-    (accuracy in points where the table is in points)."""
+def find_row(folders: list[str], mean: str, low: str, high: str) -> dict:
+    """The recomputed row (of any of ``folders``) whose difference and interval print as these, in the
+    units the study prints (accuracy in points)."""
     hits = [
         x
+        for folder in folders
         for x in quoted_rows(folder)
         if all(
             printed(t, x[k], scale(x)) for t, k in ((mean, "diff_mean"), (low, "ci_low"), (high, "ci_high"))
         )
     ]
-    assert hits, f"{folder}: no recomputed row prints as {mean} [{low}, {high}]"
+    assert hits, f"{folders}: no recomputed row prints as {mean} [{low}, {high}]"
     return hits[0]
+
+
+def blocks(text: str) -> list[str]:
+    """Each table row alone; prose joined per paragraph or bullet, so an interval wrapped over two lines
+    reads whole."""
+    out, current = [], []
+    for line in text.splitlines():
+        starts = line.startswith("|") or not line.strip() or line.lstrip().startswith(("- ", "#"))
+        if starts and current:
+            out.append(" ".join(current))
+            current = []
+        if line.startswith("|"):
+            out.append(line)
+        elif line.strip():
+            current.append(line.strip())
+    return out + ([" ".join(current)] if current else [])
 
 
 def markdown_files():
     for folder, (_, files) in STUDIES.items():
         for name in files:
             yield folder, FIGURES / folder / name
-    for folder in STUDIES:  # the root README's results rows for these studies
-        yield folder, ROOT / "README.md"
+    yield None, ROOT / "README.md"  # its blocks that link a study, read against the studies they link
 
 
 @pytest.mark.parametrize(("folder", "path"), list(markdown_files()), ids=lambda x: str(x).rsplit("/", 2)[-1])
 def test_every_quoted_interval_and_its_row_match_a_recomputed_row(folder, path):
     """Each interval in the text is a recomputed row's; in a table row, every other number in it is one
-    of that row's (the two means, p's, Holm, MDE), and the verdict is the row's."""
-    lines = path.read_text().splitlines()
-    if path.name == "README.md" and path.parent == ROOT:
-        lines = [line for line in lines if f"figures/{folder}/" in line]
-        assert lines, f"the root README quotes nothing of {folder}"
+    of that row's (the two means, p's, Holm, MDE) and the verdict is the row's; in prose, a "(p X,
+    Holm-adjusted Y" after an interval is the row's t-test p and Holm p."""
     checked = 0
-    for line in lines:
-        for m in INTERVAL.finditer(line):
-            x = find_row(folder, *m.groups())
+    for block in blocks(path.read_text()):
+        folders = [folder] if folder else [f for f in STUDIES if f"figures/{f}/" in block]
+        if not folders:
+            continue
+        for m in INTERVAL.finditer(block):
+            x = find_row(folders, *m.groups())
             checked += 1
-            if not line.startswith("|") or line.count(m.group(0)) != 1:
+            after = re.match(rf"(?: nats| points)? \(p (<?{NUMBER}), Holm-adjusted (<?{NUMBER})", block[m.end() :])
+            if after:
+                assert printed(after.group(1), x["p_t"]) and printed(after.group(2), x["p_holm"]), block
+            if not block.startswith("|") or block.count(m.group(0)) != 1:
                 continue
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = [c.strip() for c in block.strip("|").split("|")]
             scaled = [x[k] * scale(x) for k in ("model_mean", "reference_mean", "mde")]
             values = [*scaled, *(x[k] for k in ("p_t", "p_holm", "p_sign_flip"))]
             for cell in cells:
                 if m.group(0) in cell or not re.fullmatch(rf"\*?\*?(<?{NUMBER})\*?\*?", cell):
                     continue
-                assert any(printed(cell, v) for v in values), (path.name, line, cell)
+                assert any(printed(cell, v) for v in values), (path.name, block, cell)
             verdicts = [c for c in cells if c in ("holds", "reversed", "higher", "lower", "not resolved")]
-            assert verdicts in ([], [x["verdict"]]), (path.name, line)
+            assert verdicts in ([], [x["verdict"]]), (path.name, block)
     assert checked, f"{path} quotes no interval"

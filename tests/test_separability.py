@@ -265,3 +265,22 @@ def test_rows_carry_each_layers_mean_feature_norm_beside_both_probes():
     # the same layer position (so the same probe init and batches), raw against 100x smaller features
     raw = separability_rows({"m": ({0: X, 1: X}, y)}, site="values", classes=words, method="adam-linear")
     assert raw[1]["accuracy_mean"] - rows["adam-linear"][1]["accuracy_mean"] > 0.2
+
+
+def test_rescaling_features_moves_the_one_epoch_probe_but_not_the_converged_one():
+    """docs/probes.md: the one-epoch probe measures how fast Adam fits the raw features (their scale
+    matters); the converged standardised probe measures separation (scale-free)."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(4, 32))
+    y = np.repeat(np.arange(4), 100)
+    X = (centres[y] + 1.5 * rng.normal(size=(400, 32))).astype(np.float32)
+    scales = (1.0, 0.02)
+
+    def acc(method, scale):
+        res = token_separability({0: X * scale}, y, method=method, seed=0, progress=False)
+        return float(res.accuracy_mean[0])
+
+    logreg = [acc("logreg", s) for s in scales]
+    one_epoch = [acc("adam-linear", s) for s in scales]
+    assert logreg[0] == pytest.approx(logreg[1], abs=1e-6)
+    assert one_epoch[0] - one_epoch[1] > 0.1  # the same classes, fitted far less in one epoch when small
