@@ -294,7 +294,9 @@ def test_every_quoted_interval_and_its_row_match_a_recomputed_row(folder, path):
         for m in INTERVAL.finditer(block):
             x = find_row(folders, *m.groups())
             checked += 1
-            after = re.match(rf"(?: nats| points)? \(p (<?{NUMBER}), Holm-adjusted (<?{NUMBER})", block[m.end() :])
+            after = re.match(
+                rf"(?: nats| points)? \(p (<?{NUMBER}), Holm-adjusted (<?{NUMBER})", block[m.end() :]
+            )
             if after:
                 assert printed(after.group(1), x["p_t"]) and printed(after.group(2), x["p_holm"]), block
             if not block.startswith("|") or block.count(m.group(0)) != 1:
