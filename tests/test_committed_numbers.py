@@ -19,10 +19,12 @@ from scipy import stats as sps
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
-# the interaction's two sides (arithmetic-kv-init): Effect name -> (model, reference)
+# the interactions' sides: Effect name -> (model, reference)
 EFFECTS = {
     "routing at torch init": ("LIMe", "LLaMA-torch-kv-init"),
     "routing at LLaMA init": ("LIMe-LLaMA-kv-init", "LLaMA"),
+    "routing at PyTorch's init": ("LIMe", "LLaMA-torch-kv-init"),  # lm-cpu-fair's names
+    "routing at LLaMA's init": ("LIMe-LLaMA-kv-init", "LLaMA"),
 }
 # (folder, tables holding the recomputed rows, the markdown files whose tables quote them)
 STUDIES = {
@@ -49,19 +51,29 @@ def runs(folder: str, name: str) -> dict[tuple[str, int, str], list[dict]]:
 # --------------------------------------------------------------------------- endpoints per run
 
 
+@functools.cache
+def seeds_of(folder: str) -> list[int]:
+    """The seeds the study's results hold (all of them, or an interim's complete ones)."""
+    name = "perplexity.csv" if (FIGURES / folder / "perplexity.csv").is_file() else "accuracy.csv"
+    return sorted({int(r["seed"]) for r in table(folder, name)})
+
+
 def per_run(folder: str, label: str, model: str, layer: str) -> np.ndarray:
-    """One value per seed (0-9) of the endpoint printed as ``label`` for ``model`` (at ``layer`` when
+    """One value per seed (in seed order) of the endpoint printed as ``label`` for ``model`` (at ``layer`` when
     given), from the folder's per-run tables."""
     if model in EFFECTS:
         a, b = EFFECTS[model]
         return per_run(folder, label, a, layer) - per_run(folder, label, b, layer)
     m = re.fullmatch(
-        r"(value entropy|separability|BLiMP probe \(Table 2\)|accuracy|perplexity)(?: \((.*)\))?", label
+        r"(value entropy|separability, converged probe|separability|value norm|BLiMP probe \(Table 2\)"
+        r"|accuracy|perplexity)(?: \((.*)\))?",
+        label,
     )
     assert m, f"unknown endpoint label {label!r}"
     name, args = m.group(1), (m.group(2) or "").split("; ")
-    site = args[0] if args[0] in ("values", "routed_values", "hidden") else None
-    seeds = range(10)
+    sites = ("values", "routed_values", "hidden", "router_mixed_values")
+    site = args[0] if args[0] in sites else None
+    seeds = seeds_of(folder)
     if name == "perplexity":
         rows = {
             int(r["seed"]): float(r["perplexity"])
@@ -77,8 +89,12 @@ def per_run(folder: str, label: str, model: str, layer: str) -> np.ndarray:
     csv_name, column = {
         "value entropy": ("entropy.csv", "entropy_mean"),
         "separability": ("separability.csv", "accuracy_mean"),
+        "separability, converged probe": ("separability-converged.csv", "accuracy_mean"),
+        "value norm": ("separability-converged.csv", "feature_norm"),
         "BLiMP probe (Table 2)": ("blimp.csv", "probe_accuracy_mean"),
     }[name]
+    if site == "router_mixed_values":  # the mixing null is its own measure
+        csv_name = "entropy-mixed.csv"
     out = []
     for s in seeds:
         rows = runs(folder, csv_name)[model, s, site]
