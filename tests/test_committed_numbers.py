@@ -30,6 +30,7 @@ EFFECTS = {
 STUDIES = {
     "lm-cpu-10-seeds": (("differences.csv", "reanalysis.csv"), ("findings.md", "reanalysis.md", "README.md")),
     "arithmetic-kv-init": (("reanalysis.csv",), ("reanalysis.md", "README.md")),
+    "lm-cpu-fair": (("differences.csv",), ("findings.md", "README.md")),
 }
 
 

@@ -88,3 +88,27 @@ def test_the_sweep_readme_quotes_the_recomputed_means(sweep):
     assert (
         re.search(r"\*\*Status: complete, 27 of 27 trainings", text) and sum(map(len, sweep.values())) == 27
     )
+
+
+def test_the_fair_studys_descriptive_numbers_are_its_tables():
+    """The prose of figures/lm-cpu-fair/README.md: the probes' ranges and the retrained seeds' perplexity
+    beside the 10-seed study's, read from the per-run tables."""
+    fair = ROOT / "figures" / "lm-cpu-fair"
+    text = " ".join((fair / "README.md").read_text().split())
+    converged = min(float(r["accuracy_mean"]) for r in read_csv(fair / "separability-converged.csv"))
+    one_epoch = [float(r["accuracy_mean"]) for r in read_csv(fair / "separability.csv")]
+    assert f"at {100 * converged:.1f} % or more" in text
+    assert f"ranges from {100 * min(one_epoch):.0f} % to {100 * max(one_epoch):.0f} %" in text
+
+    def ppl(folder: Path, model: str, seed: int) -> float:
+        rows = read_csv(folder / "perplexity.csv")
+        return next(float(r["perplexity"]) for r in rows if r["model"] == model and int(r["seed"]) == seed)
+
+    lm10 = ROOT / "figures" / "lm-cpu-10-seeds"
+    pairs = [
+        f"{ppl(fair, m, s):.2f} against {ppl(lm10, m, s):.2f}" for s in (0, 1) for m in ("LIMe", "LLaMA")
+    ]
+    assert f"LIMe perplexity {pairs[0]}" in text and f"(LLaMA {pairs[1]})" in text
+    assert f"seed 1 gives {pairs[2]} and {pairs[3]}" in text
+    seeds = sorted({int(r["seed"]) for r in read_csv(fair / "perplexity.csv")})
+    assert f"interim, {len(seeds)} of 10 seeds (0-{seeds[-1]})" in text and seeds == list(range(len(seeds)))
