@@ -91,6 +91,14 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _threads(p)
+    p.add_argument(
+        "--reproducible",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="pin MKL, oneDNN and PyTorch's CPU kernels to AVX2, one thread and deterministic algorithms, "
+        "so that the same seed gives the same bits on any x86-64 CPU with AVX2 (lime_model.reproducible); "
+        "recorded in run_info.json and the model card; a run is continued only in the mode it started in",
+    )
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -355,6 +363,12 @@ def _run(args: argparse.Namespace) -> int:
     command = COMMANDS[args.command]
 
     def work() -> None:
+        if getattr(args, "reproducible", False):  # first: the mode's variables are read when torch loads
+            from . import reproducible
+
+            if args.threads not in (None, 1):
+                raise ValueError(f"--reproducible runs on one thread; leave out --threads {args.threads}")
+            reproducible.enable()
         if getattr(args, "threads", None) is not None:
             import torch
 

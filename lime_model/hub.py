@@ -48,6 +48,18 @@ def _n_parameters(run_dir: Path) -> int | None:
     return total
 
 
+def _mode_line(run_dir: Path) -> str:
+    """The run's reproducible mode (`lime_model.reproducible`) as its last start recorded it; on only
+    when every start ran in it."""
+    from .reproducible import describe, run_mode
+
+    path = run_dir / "run_info.json"
+    starts = json.loads(path.read_text()) if path.is_file() else []
+    if not starts or "reproducible" not in starts[-1]:
+        return "reproducible mode: off (not recorded: trained before the mode existed)"
+    return describe({**starts[-1]["reproducible"], "reproducible": run_mode(run_dir)})
+
+
 def model_card(run_dir: str | os.PathLike) -> str:
     """The model card of the finished run in ``run_dir`` (Markdown with Hub metadata)."""
     run_dir = Path(run_dir)
@@ -101,6 +113,7 @@ def model_card(run_dir: str | os.PathLike) -> str:
         f"- AdamW, lr {recipe['lr']} ({recipe['schedule']} to {recipe['min_lr']} after "
         f"{recipe['warmup_steps']} warm-up steps), weight decay {recipe['weight_decay']}, seed {recipe['seed']}",
         "- the full recipe: `recipe.json`; every logged step: `metrics.jsonl`",
+        f"- {_mode_line(run_dir)}; each start's versions and settings: `run_info.json`",
         "",
         "## Results",
         "",

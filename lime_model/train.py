@@ -62,6 +62,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
+from . import reproducible
 from .architectures import config_for
 from .checks import check_device, check_weights
 from .config import LimeConfig
@@ -571,6 +572,8 @@ def train(
             f"micro_batch_size {recipe.micro_batch_size}"
         )
     resume, ckpt = _check_out_dir(out_dir, recipe, resume)
+    if resume:  # half of a run's steps on another code path would be neither mode's result
+        reproducible.check_same_mode(out_dir, reproducible.active())
     saved_tokenizer = resume and (out_dir / "tokenizer_config.json").exists()
     tokenizer = load_tokenizer(str(out_dir)) if saved_tokenizer else None
     try:  # several processes only read the caches: rank 0 tokenising behind a barrier times out at scale
@@ -723,6 +726,7 @@ def run_info(accelerator) -> dict[str, Any]:
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "mixed_precision": accelerator.mixed_precision,
+        "reproducible": reproducible.settings(),
     }
 
 

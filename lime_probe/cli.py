@@ -681,6 +681,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="keep the two training runs here and reuse finished ones (default: runs/ inside --out)",
     )
+    _reproducible_option(p, "on")
 
 
 def _reproduce_options(p: argparse.ArgumentParser) -> None:
@@ -723,6 +724,29 @@ def _reproduce_options(p: argparse.ArgumentParser) -> None:
     )
     add_device_option(p)
     _threads_option(p)
+    _reproducible_option(p, "the study's own: on, unless it declares reproducible=False")
+
+
+def _reproducible_option(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--reproducible",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pin MKL, oneDNN and PyTorch's CPU kernels to AVX2, one thread and deterministic algorithms, "
+        "so that the same seed gives the same bits on any x86-64 CPU with AVX2 (lime_model.reproducible); "
+        "recorded in the runs and the results' metadata; finished runs are reused only in their own mode "
+        f"(default: {default})",
+    )
+
+
+def _reproducible(args: argparse.Namespace) -> bool | None:
+    """The mode a command runs in: its --reproducible flag, else the demo's (on) or the study's; None for
+    a command without the flag."""
+    if not hasattr(args, "reproducible"):
+        return None
+    if args.reproducible is not None:
+        return args.reproducible
+    return STUDIES[args.study].reproducible if args.command == "reproduce" else True
 
 
 def _cache_options(p: argparse.ArgumentParser) -> None:
@@ -765,6 +789,7 @@ def cmd_reproduce(args) -> None:
         seeds=args.seeds,
         size=args.size,
         device=args.device,
+        reproducible=_reproducible(args),
     )
     print(f"results in {results} (findings.md)", file=sys.stderr)
 
@@ -898,6 +923,13 @@ def _run(args: argparse.Namespace) -> int:
             labels_for(args.ckpt, args.label)
         for name in _analyses_of(args):  # parameters check themselves (e.g. --words): no import needed
             params_of(ANALYSES[name], args)
+        if _reproducible(args):  # before anything imports torch: the mode's variables are read as it loads
+            from lime_model import reproducible
+
+            if args.threads not in (None, 1):
+                raise ValueError(f"--reproducible runs on one thread; leave out --threads {args.threads}")
+            reproducible.enable()
+            args.threads = 1
         if hasattr(args, "threads"):  # a torch command: set before any work, record the effective count
             args.threads = configure_threads(args.threads)  # first: before anything imports torch
             import lime_model
