@@ -19,9 +19,11 @@ and Intel Xeon since 2015 has, plus one thread and PyTorch's deterministic algor
                              refuses (with an error) an operation that has no deterministic implementation.
 
 The three libraries read their variables once, when torch loads them, so :func:`enable` must run before
-the first ``import torch``; the programs do it first thing in their commands. In a process where torch is
-already loaded (``import lime_model`` in a library user's process loads it), :func:`enable` checks that the variables were set beforehand (a parent process, a shell)
-and otherwise raises :class:`ModeError`: the mode cannot take effect there. Tested by training twice under
+the first ``import torch``; the programs do it first thing in their commands. A library user's
+``import lime_model`` loads torch (it registers the Auto classes), so a script enters the mode by starting
+Python with ``LIME_REPRODUCIBLE=1``: the package then calls :func:`enable` before anything else. In a
+process where torch is already loaded, :func:`enable` checks that the variables were set beforehand (a
+parent process, a shell) and otherwise raises :class:`ModeError`: the mode cannot take effect there. Tested by training twice under
 different ISA settings on one machine (``tests/test_reproducible.py``): bit-identical weights in the mode,
 different ones without it. That is what it shows; other machines are expected, not shown, to agree.
 """

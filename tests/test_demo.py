@@ -51,14 +51,18 @@ def test_number_rows_maps_to_global_rows():
 
 
 @pytest.mark.slow
-def test_quick_demo_end_to_end(tmp_path, capsys):
+def test_quick_demo_end_to_end(tmp_path):
     import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
     import numpy as np
 
     from lime_model.recipes import load_recipe
+    from lime_model.reproducible import PINNED, run_mode
     from lime_model.tasks.arithmetic import recipe_splits
-    from lime_probe import cli
     from lime_probe.extraction.loading import load
     from lime_probe.extraction.tracing import extract
     from lime_probe.probes.entropy import layer_entropies
@@ -67,9 +71,16 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 
     out = tmp_path / "demo"
     runs = out / "runs"  # the checkpoints are kept inside the output folder by default
-    assert cli.main(["demo", "--quick", "--out", str(out)]) == 0
-    printed = capsys.readouterr()
-    err = printed.err
+    # as a user runs it: a new process, so that the demo's default reproducible mode can pin torch's
+    # libraries before they load (this test process loaded torch without it)
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in PINNED and k != "LIME_REPRODUCIBLE"}
+    printed = subprocess.run(
+        [sys.executable, "-m", "lime_probe.cli", "demo", "--quick", "--out", str(out)],
+        cwd=root, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    err = printed.stderr
     assert all(f"[{k}/7]" in err for k in range(1, 8))  # progress through every stage
     assert (runs / "lime" / "model.safetensors").is_file() and (
         runs / "llama" / "model.safetensors"
@@ -89,6 +100,12 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert (out / "arithmetic_accuracy.png").is_file() and (out / "router_LIMe.pdf").is_file()
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 10
+    # the demo ran in the reproducible mode, and says so in its results and its runs
+    mode = json.loads((out / "entropy_values.json").read_text())["meta"]["reproducible"]
+    assert mode["reproducible"] is True and mode["env"] == PINNED and mode["deterministic_algorithms"]
+    for label in ("lime", "llama"):
+        assert run_mode(runs / label) is True
+        assert "reproducible mode: on" in (runs / label / "README.md").read_text()
 
     # accuracy: what the trainer measured, per model and operator count
     rows = json.loads((out / "arithmetic_accuracy.json").read_text())["rows"]
@@ -137,7 +154,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
             assert {r["layer"] for r in rows} == set(range(n_blocks))
 
     # the headline at the end: each number recomputed from the files the run wrote
-    lines = {ln.split("  ")[0]: ln.split() for ln in printed.out.splitlines()}
+    lines = {ln.split("  ")[0]: ln.split() for ln in printed.stdout.splitlines()}
     header = lines["measure"]
     assert header[-2:] == ["LIMe", "LLaMA"]
 
@@ -165,7 +182,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
             for m in ("LIMe", "LLaMA")
         ]
         assert shown(f"separability of {key}, values of block {last}") == [f"{v:.4g}" for v in want]
-    assert f"report: {out / 'report.html'}" in printed.out and f"checkpoints: {runs}" in printed.out
+    assert f"report: {out / 'report.html'}" in printed.stdout and f"checkpoints: {runs}" in printed.stdout
 
 
 def test_demo_writes_to_its_own_ignored_folder_by_default():
