@@ -22,6 +22,11 @@ Registering a new architecture is a few lines, e.g. for a LLaMA-like model::
 
 Module paths are relative to the base model (``model.base_model``, e.g. ``LlamaModel`` inside
 ``LlamaForCausalLM``), so they work for the bare model and for any head on top of it.
+
+A model without a registered adapter needs none for ``hidden`` and ``final`` (`adapter_for`): its blocks are
+the one ModuleList of ``num_hidden_layers`` modules in its base model, its final norm the module named as
+transformers names them (`FINAL_NORM_NAMES`), and ``keys``/``values`` are offered where the blocks use a
+common projection naming (`KV_PROJECTIONS`).
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ class Adapter:
         last block's output).
     sites: per-block site name -> (module path inside a block, reader), or a function of the config
         returning that dict (for readers that need e.g. the head count). Listed in execution order.
+    has_final: whether the model offers ``final`` (False: a discovered causal LM whose final norm was not
+        found, whose last block's output is not what its head reads).
     """
 
     layers: str
@@ -99,6 +106,7 @@ class Adapter:
     sites: dict[str, tuple[str, Take]] | Callable[[Any], dict[str, tuple[str, Take]]] = field(
         default_factory=dict
     )
+    has_final: bool = True
 
     def block_sites(self, config: Any) -> dict[str, tuple[str, Take]]:
         """The per-block sites for this `config`, in execution order."""
@@ -123,6 +131,81 @@ def get_adapter(config: Any) -> Adapter:
             "Register one with lime_probe.extraction.adapters.register_adapter(model_type, Adapter(...))"
         )
     return ADAPTERS[model_type]
+
+
+# The final norm's name in the base models transformers ships: LLaMA family and most recent ones, GPT-2/GPT-J/
+# Falcon/BLOOM, Phi, GPT-NeoX/OPT, Mamba.
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
+# (W_K, W_V) paths inside a block of the common layouts with separate projections: LLaMA family, Phi, OPT,
+# Mistral (self_attn); GPT-J, GPT-Neo (attn); others fuse them and need an adapter for keys/values.
+KV_PROJECTIONS = (
+    ("self_attn.k_proj", "self_attn.v_proj"),
+    ("attn.k_proj", "attn.v_proj"),
+    ("attn.attention.k_proj", "attn.attention.v_proj"),
+    ("attention.k_proj", "attention.v_proj"),
+)
+
+
+def is_encoder(config: Any) -> bool:
+    """Whether `config` is a BERT-style encoder: a masked-LM architecture not configured as a decoder.
+
+    Its attention is bidirectional, so it has no next-token head to score text with; the probes read
+    only its representations, and `load` gives it as the bare base model.
+    """
+    import transformers as tf
+
+    return type(config) in tf.MODEL_FOR_MASKED_LM_MAPPING and not getattr(config, "is_decoder", False)
+
+
+def adapter_for(model: Any) -> Adapter:
+    """The adapter of `model` (a Hugging Face model or an nnsight wrapper of one): the one registered for its
+    ``model_type``, else the one `discover_adapter` finds in its module tree."""
+    hf = getattr(model, "_module", model)
+    model_type = getattr(hf.config, "model_type", None)
+    return ADAPTERS[model_type] if model_type in ADAPTERS else discover_adapter(hf)
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """The paths of `paths` not inside another of them."""
+    return [p for p in paths if not any(p.startswith(q + ".") for q in paths if q != p)]
+
+
+def discover_adapter(model: torch.nn.Module) -> Adapter:
+    """An `Adapter` found in the module tree of `model`'s base model, for a model type without a registered one.
+
+    Blocks: the one outermost ModuleList of ``config.num_hidden_layers`` modules (its inputs and outputs are
+    the residual stream, as ``output_hidden_states`` returns it). Final norm: the one module outside the
+    blocks named as in `FINAL_NORM_NAMES`; an encoder without one has ``final`` = the last block's output
+    (as BERT), a causal LM without one no ``final``. ``keys``/``values``: the first pair of `KV_PROJECTIONS`
+    present in the first block. ValueError in one line where the blocks cannot be found.
+    """
+    base, config = model.base_model, model.config
+    n = getattr(config, "num_hidden_layers", None)
+    lists = _outermost(
+        [name for name, m in base.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    )
+    if not isinstance(n, int) or len(lists) != 1:
+        raise ValueError(
+            f"no extraction adapter for model_type {getattr(config, 'model_type', None)!r}, and its blocks "
+            f"are not one ModuleList of num_hidden_layers={n} modules (found: {lists or 'none'}); register "
+            "one with lime_probe.extraction.adapters.register_adapter(model_type, Adapter(...))"
+        )
+    layers = lists[0]
+    norms = [
+        name
+        for name, _ in base.named_modules()
+        if name.rpartition(".")[2] in FINAL_NORM_NAMES and not name.startswith(layers + ".")
+    ]
+    final_norm = norms[0] if len(norms) == 1 else None
+    block = base.get_submodule(layers)[0]
+    names = {name for name, _ in block.named_modules()}
+    kv = next(((k, v) for k, v in KV_PROJECTIONS if k in names and v in names), None)
+    return Adapter(
+        layers=layers,
+        final_norm=final_norm,
+        sites=proj_sites(*kv) if kv else {},
+        has_final=final_norm is not None or is_encoder(config),
+    )
 
 
 def head_shape(config: Any) -> tuple[int, int]:

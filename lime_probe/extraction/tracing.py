@@ -12,6 +12,7 @@ Sites and their layer indices (L = number of blocks):
   X_L is the last block's output *before* the final norm (Hugging Face's ``output_hidden_states``
   instead ends with the normalised output, which is the ``final`` site here).
 - ``final``: 1 entry (index 0), the final norm's output (encoders without one: the last block's output).
+  Both exist for any causal LM or encoder, with or without a registered adapter (`adapter_for`).
 - ``keys`` / ``values``: L entries, the W_K / W_V projection outputs (before RoPE), heads
   concatenated: dim = kv_heads * head_dim. The LIMe paper's text calls the W_V output "values".
 - ``routed_keys`` / ``routed_values`` (LIMe only): L entries, the output of each layer's
@@ -60,7 +61,7 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from lime_probe.extraction.adapters import Adapter, Take, first, get_adapter, head_shape
+from lime_probe.extraction.adapters import Adapter, Take, adapter_for, first, head_shape
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
 from lime_probe.extraction.loading import input_device, wrap
 from lime_probe.extraction.sites import SITES
@@ -224,7 +225,7 @@ class Read:
 
 def site_sizes(adapter: Adapter, config: Any, n_layers: int) -> dict[str, int]:
     """Number of layer entries of each site this model offers."""
-    sizes = {"hidden": n_layers + 1, "final": 1}
+    sizes = {"hidden": n_layers + 1} | ({"final": 1} if adapter.has_final else {})
     sizes |= {site: n_layers for site in adapter.block_sites(config)}
     return sizes
 
@@ -486,7 +487,7 @@ class _Plan:
 def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None) -> _Plan:
     base = hf.base_model
     prefix = "" if base is hf else f"{hf.base_model_prefix}."
-    adapter = get_adapter(hf.config)
+    adapter = adapter_for(hf)
     n_layers = len(base.get_submodule(adapter.layers))
     sizes = site_sizes(adapter, hf.config, n_layers)
     site_layers = resolve_layers(list(dict.fromkeys(sites)), layers, sizes, hf.config.model_type)
