@@ -70,6 +70,8 @@ _EXPORTS = {
     "cka_matrix": "probes.similarity",
     "effective_rank": "probes.similarity",
     "effective_ranks": "probes.similarity",
+    "logit_lens": "probes.logit_lens",
+    "LensLayer": "probes.logit_lens",
 }
 
 __all__ = sorted(_EXPORTS)
