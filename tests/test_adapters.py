@@ -275,3 +275,59 @@ def test_blocks_that_cannot_be_found_are_refused_in_one_line(tok):
     message = str(info.value)
     assert "\n" not in message and message.startswith("no extraction adapter for model_type 'phi', and its")
     assert "num_hidden_layers=5" in message and "register_adapter" in message
+
+
+def tiny_qwen2(vocab: int):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return tf.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize(
+    ("arch", "blocks", "attn", "mlp"),
+    [
+        ("gpt2", "transformer.h", "attn", "mlp"),  # TransformerLens: blocks.{i}.hook_attn_out, hook_mlp_out
+        ("qwen2", "model.layers", "self_attn", "mlp"),
+        ("gpt_neox", "gpt_neox.layers", "attention", "mlp"),
+        ("lime", "model.layers", "self_attn", "mlp"),
+        ("bert", "bert.encoder.layer", "attention.output.dense", "output.dense"),
+        ("phi", "model.layers", "self_attn", "mlp"),  # no adapter: found by name
+    ],
+)
+def test_attn_out_and_mlp_out_match_hooks(tok, arch, blocks, attn, mlp):
+    """What each block's attention and MLP add to the residual stream: their modules' outputs, captured by hooks;
+    with the residual stream they rebuild each block's output (GPT-2: X_{l+1} = X_l + attn_out + mlp_out)."""
+    if arch == "lime":
+        pytest.importorskip("lime_model")
+    model = {"qwen2": tiny_qwen2, "phi": lambda v: unregistered("phi", v)}.get(
+        arch, lambda v: tiny_model(arch, tok)
+    )(len(tok))
+    hooks = {}
+    for i in range(2):
+        hooks[f"attn{i}"] = (f"{blocks}.{i}.{attn}", out_of)
+        hooks[f"mlp{i}"] = (f"{blocks}.{i}.{mlp}", out_of)
+    refs = reference(model, tok, TEXTS, hooks)
+    acts = extract(model, tok, TEXTS, sites=["hidden", "attn_out", "mlp_out"], batch_size=3, progress=False)
+    for i in range(2):
+        torch.testing.assert_close(acts["attn_out"][i], refs[f"attn{i}"])
+        torch.testing.assert_close(acts["mlp_out"][i], refs[f"mlp{i}"])
+        assert acts["mlp_out"][i].shape[1] == 32  # hidden_size wide, not heads
+    if arch == "gpt2":
+        for i in range(2):
+            rebuilt = acts["hidden"][i] + acts["attn_out"][i] + acts["mlp_out"][i]
+            torch.testing.assert_close(rebuilt, acts["hidden"][i + 1])
+    with pytest.raises(ValueError, match="has no heads"):
+        acts.per_head("mlp_out", 0)

@@ -11,6 +11,8 @@ Sites (see `lime_probe.extract` for shapes and layer indexing):
   mixtures of earlier layers' keys/values that the heads really attend to. The official LIMe
   analysis code records these (not the raw W_V output) as "values" for LIMe models.
 - ``mixed_values`` (ResFormer only): the values its heads attend over (``self_attn.value_mix`` output).
+- ``attn_out`` / ``mlp_out``: the output of each block's attention / MLP module, what it adds to the residual
+  stream (before the residual add, and before any norm the block applies to it, as Gemma 2's).
 
 For DenseFormer the block outputs, hence ``hidden``, are the DWA outputs Y_l (the stream each block reads).
 
@@ -88,6 +90,16 @@ def proj_sites(keys: str, values: str) -> dict[str, tuple[str, Take]]:
     return {"keys": (keys, first), "values": (values, first)}
 
 
+def block_outputs(attn: str, mlp: str) -> dict[str, tuple[str, Take]]:
+    """``attn_out``/``mlp_out`` sites read from a block's attention and MLP modules (paths inside a block); they
+    come after the attention's own sites in execution order."""
+    return {"attn_out": (attn, first), "mlp_out": (mlp, first)}
+
+
+# The LLaMA layout's per-block sites: separate projections inside ``self_attn``, then ``mlp``.
+LLAMA_SITES = proj_sites("self_attn.k_proj", "self_attn.v_proj") | block_outputs("self_attn", "mlp")
+
+
 @dataclass(frozen=True)
 class Adapter:
     """How to find the sites of one architecture.
@@ -144,6 +156,9 @@ KV_PROJECTIONS = (
     ("attn.attention.k_proj", "attn.attention.v_proj"),
     ("attention.k_proj", "attention.v_proj"),
 )
+# A block's attention and MLP modules as transformers names them (``attn_out``/``mlp_out`` where both exist).
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+MLP_NAMES = ("mlp", "feed_forward", "ffn")
 
 
 def is_encoder(config: Any) -> bool:
@@ -177,7 +192,8 @@ def discover_adapter(model: torch.nn.Module) -> Adapter:
     the residual stream, as ``output_hidden_states`` returns it). Final norm: the one module outside the
     blocks named as in `FINAL_NORM_NAMES`; an encoder without one has ``final`` = the last block's output
     (as BERT), a causal LM without one no ``final``. ``keys``/``values``: the first pair of `KV_PROJECTIONS`
-    present in the first block. ValueError in one line where the blocks cannot be found.
+    present in the first block; ``attn_out``/``mlp_out``: its children named as in `ATTENTION_NAMES` and
+    `MLP_NAMES`. ValueError in one line where the blocks cannot be found.
     """
     base, config = model.base_model, model.config
     n = getattr(config, "num_hidden_layers", None)
@@ -200,10 +216,12 @@ def discover_adapter(model: torch.nn.Module) -> Adapter:
     block = base.get_submodule(layers)[0]
     names = {name for name, _ in block.named_modules()}
     kv = next(((k, v) for k, v in KV_PROJECTIONS if k in names and v in names), None)
+    attn = next((a for a in ATTENTION_NAMES if a in names), None)
+    mlp = next((m for m in MLP_NAMES if m in names), None)
     return Adapter(
         layers=layers,
         final_norm=final_norm,
-        sites=proj_sites(*kv) if kv else {},
+        sites=(proj_sites(*kv) if kv else {}) | (block_outputs(attn, mlp) if attn and mlp else {}),
         has_final=final_norm is not None or is_encoder(config),
     )
 
@@ -223,13 +241,16 @@ def _lime_sites(config: Any) -> dict[str, tuple[str, Take]]:
             "routed_keys": ("self_attn.router", routed(0)),
             "routed_values": ("self_attn.router", routed(1)),
         }
-    return sites
+    return sites | block_outputs("self_attn", "mlp")
 
 
 def _neox_sites(config: Any) -> dict[str, tuple[str, Take]]:
     qkv = "attention.query_key_value"
     heads = config.num_attention_heads
-    return {"keys": (qkv, interleaved_slice(1, heads)), "values": (qkv, interleaved_slice(2, heads))}
+    return {
+        "keys": (qkv, interleaved_slice(1, heads)),
+        "values": (qkv, interleaved_slice(2, heads)),
+    } | block_outputs("attention", "mlp")
 
 
 LLAMA_FAMILY = [
@@ -252,16 +273,14 @@ LLAMA_FAMILY = [
 ]
 
 register_adapter("lime", Adapter(layers="layers", final_norm="norm", sites=_lime_sites))
-register_adapter(
-    LLAMA_FAMILY,
-    Adapter(layers="layers", final_norm="norm", sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")),
-)
+register_adapter(LLAMA_FAMILY, Adapter(layers="layers", final_norm="norm", sites=LLAMA_SITES))
 register_adapter(
     "gpt2",
     Adapter(
         layers="h",
         final_norm="ln_f",
-        sites={"keys": ("attn.c_attn", fused_slice(1)), "values": ("attn.c_attn", fused_slice(2))},
+        sites={"keys": ("attn.c_attn", fused_slice(1)), "values": ("attn.c_attn", fused_slice(2))}
+        | block_outputs("attn", "mlp"),
     ),
 )
 register_adapter("gpt_neox", Adapter(layers="layers", final_norm="final_layer_norm", sites=_neox_sites))
@@ -270,16 +289,15 @@ register_adapter(
     Adapter(
         layers="encoder.layer",
         final_norm=None,
-        sites=proj_sites("attention.self.key", "attention.self.value"),
+        # BERT's attention and MLP modules add the residual and normalise: their dense layers are what they add
+        sites=proj_sites("attention.self.key", "attention.self.value")
+        | block_outputs("attention.output.dense", "output.dense"),
     ),
 )
 
 # ---- cross-layer baselines (lime_model.denseformer, lime_model.resformer) ----
 # DenseFormer: a block's output is its DWA's Y_i, the stream the next block reads, so ``hidden`` is Y.
-register_adapter(
-    "denseformer",
-    Adapter(layers="layers", final_norm="norm", sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")),
-)
+register_adapter("denseformer", Adapter(layers="layers", final_norm="norm", sites=LLAMA_SITES))
 # ResFormer: ``values`` are the layer's own W_V output V_n; ``mixed_values`` the V'_n its heads attend over
 # (lambda_1 V_1 + lambda_2 V_n; V_1 itself in the first layer).
 register_adapter(
@@ -290,6 +308,7 @@ register_adapter(
         sites={
             **proj_sites("self_attn.k_proj", "self_attn.v_proj"),
             "mixed_values": ("self_attn.value_mix", first),
+            **block_outputs("self_attn", "mlp"),
         },
     ),
 )
@@ -298,7 +317,4 @@ register_adapter(
 # Each block returns (sum of its n residual streams, streams): ``hidden`` X_l (l >= 1) is that sum, the
 # input of the final norm for l = L; X_0 is the embeddings before their replication into n streams (so
 # X_0 has 1/n of the scale of the streams' sum at init). Keys/values are the W_K/W_V projections.
-register_adapter(
-    "hyperconnections",
-    Adapter(layers="layers", final_norm="norm", sites=proj_sites("self_attn.k_proj", "self_attn.v_proj")),
-)
+register_adapter("hyperconnections", Adapter(layers="layers", final_norm="norm", sites=LLAMA_SITES))
