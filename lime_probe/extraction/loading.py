@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lime_probe.extraction.adapters import get_adapter
+from lime_probe.extraction.adapters import adapter_for, is_encoder
 
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
 _DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -285,17 +285,6 @@ def _dispatched() -> type:
     return DispatchedModel
 
 
-def is_encoder(config: Any) -> bool:
-    """Whether `config` is a BERT-style encoder: a masked-LM architecture not configured as a decoder.
-
-    Its attention is bidirectional, so it has no next-token head to score text with; the probes read
-    only its representations, and `load` gives it as the bare base model.
-    """
-    import transformers as tf
-
-    return type(config) in tf.MODEL_FOR_MASKED_LM_MAPPING and not getattr(config, "is_decoder", False)
-
-
 def load(
     ckpt: str | os.PathLike,
     device: str | torch.device | None = None,
@@ -342,8 +331,8 @@ def load(
             neither a local folder nor a hub model (at `revision`) that is cached or reachable (asked
             once, no retries).
         ValueError: not a checkpoint, unreadable or corrupt weights (a local safetensors file named by
-            `lime_model.checks.check_weights`), no tokenizer, an architecture without an extraction
-            adapter, a device this machine lacks (`lime_model.checks.check_device`), a bad `dtype` or
+            `lime_model.checks.check_weights`), no tokenizer, an architecture whose blocks are not found
+            without an extraction adapter (`lime_probe.extraction.adapters.adapter_for`), a device this machine lacks (`lime_model.checks.check_device`), a bad `dtype` or
             `device_map`, `device` and `device_map` together, or a `revision` for a local folder.
     """
     import transformers as tf
@@ -379,8 +368,6 @@ def load(
             config = tf.AutoConfig.from_pretrained(ckpt, **source)
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"cannot read the config of {where}: {_one(error)}") from None
-        get_adapter(config)  # fail early, naming the supported architectures
-
         if is_encoder(config):
             auto = tf.AutoModel
         elif type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
@@ -401,6 +388,7 @@ def load(
             raise ValueError(f"cannot load the weights of {where}: {_one(error)}") from None
         if "offload_folder" in placement and offload_folder is None:  # lives as long as the model
             weakref.finalize(model, shutil.rmtree, placement["offload_folder"], ignore_errors=True)
+        adapter_for(model)  # an architecture whose blocks cannot be found: refused before any work
         if (
             hub
         ):  # the activation cache keys a hub model on it (`cache.checkpoint_identity`), not on its weights

@@ -12,6 +12,7 @@ Sites and their layer indices (L = number of blocks):
   X_L is the last block's output *before* the final norm (Hugging Face's ``output_hidden_states``
   instead ends with the normalised output, which is the ``final`` site here).
 - ``final``: 1 entry (index 0), the final norm's output (encoders without one: the last block's output).
+  Both exist for any causal LM or encoder, with or without a registered adapter (`adapter_for`).
 - ``keys`` / ``values``: L entries, the W_K / W_V projection outputs (before RoPE), heads
   concatenated: dim = kv_heads * head_dim. The LIMe paper's text calls the W_V output "values".
 - ``routed_keys`` / ``routed_values`` (LIMe only): L entries, the output of each layer's
@@ -19,6 +20,8 @@ Sites and their layer indices (L = number of blocks):
   analysis code records these as the "values" of a LIMe model; both are offered, pick deliberately.
 - ``mixed_values`` (ResFormer only): L entries, the values each layer attends over,
   lambda_1 V_1 + lambda_2 V_n (layer 0: V_1 itself), dim = kv_heads * head_dim.
+- ``attn_out`` / ``mlp_out``: L entries, the output of each block's attention / MLP module (after its output
+  projection, before the residual add and any norm the block applies to it), dim = hidden_size.
 
 Rows: every non-padding token (``pool="none"``), only tokens whose id is in ``token_ids``, or one
 mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: batched results equal
@@ -60,10 +63,10 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from lime_probe.extraction.adapters import Adapter, Take, first, get_adapter, head_shape
+from lime_probe.extraction.adapters import Adapter, Take, adapter_for, first, head_shape
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
 from lime_probe.extraction.loading import input_device, wrap
-from lime_probe.extraction.sites import SITES
+from lime_probe.extraction.sites import HEADED, SITES
 from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
 
 POOLS = ("none", "mean")
@@ -224,7 +227,7 @@ class Read:
 
 def site_sizes(adapter: Adapter, config: Any, n_layers: int) -> dict[str, int]:
     """Number of layer entries of each site this model offers."""
-    sizes = {"hidden": n_layers + 1, "final": 1}
+    sizes = {"hidden": n_layers + 1} | ({"final": 1} if adapter.has_final else {})
     sizes |= {site: n_layers for site in adapter.block_sites(config)}
     return sizes
 
@@ -486,11 +489,11 @@ class _Plan:
 def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None) -> _Plan:
     base = hf.base_model
     prefix = "" if base is hf else f"{hf.base_model_prefix}."
-    adapter = get_adapter(hf.config)
+    adapter = adapter_for(hf)
     n_layers = len(base.get_submodule(adapter.layers))
     sizes = site_sizes(adapter, hf.config, n_layers)
     site_layers = resolve_layers(list(dict.fromkeys(sites)), layers, sizes, hf.config.model_type)
-    heads = {s: head_shape(hf.config) for s in site_layers if s not in ("hidden", "final")}
+    heads = {s: head_shape(hf.config) for s in site_layers if s in HEADED}
     dims = {s: heads[s][0] * heads[s][1] if s in heads else hf.config.hidden_size for s in site_layers}
     return _Plan(
         site_layers,
@@ -693,6 +696,22 @@ def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: boo
         check_unknown_tokens(block, tokenizer, allow=allow)
 
 
+def envoy_path(path: str) -> str:
+    """A module path ending in .input/.output as nnsight spells it: a module named like an attribute every Envoy
+    has (BERT's ``output`` submodules) is served under nnsight's prefixed name (``E_output``)."""
+    *modules, what = path.split(".")
+    prefix = nnsight.Envoy.OVERLOAD_PREFIX
+    return ".".join(
+        [
+            prefix + m
+            if not m.startswith("_") and inspect.isdatadescriptor(getattr(nnsight.Envoy, m, None))
+            else m
+            for m in modules
+        ]
+        + [what]
+    )
+
+
 def _forward(
     nn_model: Any,
     batch: dict[str, torch.Tensor],
@@ -712,7 +731,7 @@ def _forward(
     with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
         rows = nnsight.save({})
         for read in reads:
-            value = nn_model.get(read.path)
+            value = nn_model.get(envoy_path(read.path))
             for site, layer, take in read.targets:
                 rows[f"{site}/{layer}"] = select_rows(take(value), keep, pool).cpu()
         if logprobs:

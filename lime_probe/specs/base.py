@@ -227,9 +227,9 @@ def value_sites(ck: Checkpoint, site: str | None) -> list[str]:
     ``routed_values`` (the official analysis's values). Other models have no routed values: only ``values``."""
     if site is not None:
         return [site]
-    from lime_probe.extraction.adapters import get_adapter
+    from lime_probe.extraction.adapters import adapter_for
 
-    routed = "routed_values" in get_adapter(ck.config).block_sites(ck.config)
+    routed = "routed_values" in adapter_for(ck.model).block_sites(ck.config)
     return ["values", "routed_values"] if routed else ["values"]
 
 
