@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lime_model.checks import quiet_library  # the CLI's quiet loads, shared with lime-model
 from lime_probe.extraction.adapters import adapter_for, is_encoder
 
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
@@ -121,35 +122,6 @@ def _is_hub_id(ckpt: str) -> bool:
     if not HUB_ID.match(ckpt) or Path(ckpt).exists():
         return False
     return "/" not in ckpt or not Path(ckpt.split("/")[0]).is_dir()
-
-
-@contextmanager
-def quiet_library(verbose: bool = False) -> Iterator[None]:
-    """Keep transformers/huggingface_hub load chatter off the console inside the block.
-
-    Their loggers report errors only, their progress bars ("Loading weights") are off and Python
-    warnings are ignored; everything is restored afterwards. With `verbose` the block changes nothing.
-    """
-    if verbose:
-        yield
-        return
-    import transformers
-    from huggingface_hub.utils import logging as hub_logging
-
-    before = hub_logging.get_verbosity(), transformers.logging.get_verbosity()
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    hub_logging.set_verbosity_error()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hub_logging.set_verbosity(before[0])
-        transformers.logging.set_verbosity(before[1])
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
 
 
 def hub_problem(url: str) -> str | None:
@@ -339,6 +311,7 @@ def load(
 
     import lime_model
     from lime_model.checks import check_device, check_weights
+    from lime_model.tokenization import check_vocabulary
 
     lime_model.register_models()  # the "lime" model types with the Auto classes (a no-op once done)
     ckpt = os.fspath(ckpt)
@@ -403,6 +376,7 @@ def load(
                     f"model's tokenizer next to its weights, tokenizer.save_pretrained({ckpt!r})"
                 ) from None
             raise ValueError(f"cannot load the tokenizer of {where}: {_one(error)}") from None
+    check_vocabulary(tokenizer, where, None if hub else ckpt)  # else every text packs into 0 tokens
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return wrap(model.eval(), tokenizer), tokenizer

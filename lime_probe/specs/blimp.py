@@ -23,11 +23,13 @@ from lime_probe.extraction.sites import SITES
 from lime_probe.protocol import BLIMP_SPREADS, TABLE2_TASKS, defaults
 
 from .base import (
+    LAYERS_HELP,
     Checkpoint,
     Result,
     Spec,
     curve,
     group,
+    layer_list,
     option,
     routing_note,
     seed_option,
@@ -60,8 +62,7 @@ class BlimpParams:
     )
     layers: str = option(
         "paper",
-        "layers to probe: 'paper' (the upper 7/16 of blocks, blocks 10-16 of 16), 'all', or comma-separated "
-        "indices",
+        "layers to probe: 'paper' (the upper 7/16 of blocks, blocks 10-16 of 16), or " + LAYERS_HELP,
     )
     max_pairs: int | None = option(
         PROTOCOL["max_pairs"],
@@ -85,15 +86,9 @@ class BlimpParams:
     seed: int = seed_option()
     jobs: int = jobs_option()
 
-
-def _is_causal_lm(ck: Checkpoint) -> bool:
-    """False for BERT-style encoders (a masked-LM architecture not configured as a decoder): their
-    attention is bidirectional, so summed next-token log-probabilities mean nothing."""
-    import transformers as tf
-
-    return (
-        bool(getattr(ck.config, "is_decoder", False)) or type(ck.config) not in tf.MODEL_FOR_MASKED_LM_MAPPING
-    )
+    def __post_init__(self):
+        if self.layers != "paper":
+            layer_list(self.layers, "'paper', ")  # its syntax, before any data or model is read
 
 
 def probed_layers(ck: Checkpoint, layers: str) -> list[int] | None:
@@ -102,16 +97,9 @@ def probed_layers(ck: Checkpoint, layers: str) -> list[int] | None:
     ``hidden`` (`blimp.paper_layers`)."""
     from lime_probe.probes.blimp import paper_layers
 
-    if layers == "all":
-        return None
     if layers == "paper":
         return list(range(-len(paper_layers(int(ck.config.num_hidden_layers))), 0))
-    try:
-        return [int(x) for x in layers.split(",")]
-    except ValueError:
-        raise ValueError(
-            f"--layers must be 'paper', 'all' or comma-separated integers, got {layers!r}"
-        ) from None
+    return layer_list(layers, "'paper', ")
 
 
 def probed_sites(ck: Checkpoint, p: BlimpParams) -> list[str]:
@@ -133,6 +121,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     ``load_blimp`` dataset."""
     import numpy as np
 
+    from lime_model.checks import is_causal_lm
     from lime_probe.extraction.windows import max_positions
     from lime_probe.probes.blimp import (
         blimp_layer_table,
@@ -159,7 +148,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     for ck in cks:
         kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model))
         picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
-        causal = _is_causal_lm(ck)
+        causal = is_causal_lm(ck.config)  # an encoder's pairs are probed, not scored
         sites = probed_sites(ck, p)
         kw = {**(extract_kw or {}), "layers": probed_layers(ck, p.layers)}
         if causal:  # the scored sequences, probed and scored in the same pass
