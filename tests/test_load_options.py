@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
@@ -240,3 +241,58 @@ def test_revisions_are_read_from_the_hub_cache_and_recorded(tmp_path):
     meta = json.loads((tmp_path / "out" / "entropy_values.json").read_text())["meta"]
     assert meta["checkpoints"]["early"] == {"id": "org/tiny", "source": "hub", "revision": "step1"}
     assert meta["checkpoints"]["late"]["revision"] == "step143000"
+
+
+def save_trained_looking(directory: Path, arch: str, **overrides) -> Path:
+    """A tiny checkpoint whose routers (or mixing weights) are far from their init, so that reading them
+    from the wrong place (meta, or a fresh init) cannot pass."""
+    from helpers import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = tiny_model(arch, tok, **overrides)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(k in name for k in (".router.", "dwa", "value_mix")):
+                p.normal_(std=0.3 if name.endswith(("query", "keys")) else 1.0)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("routing", ["full", "per-dim", "dynamic"])
+def test_router_weights_of_offloaded_layers_are_read_from_the_offload_store(tmp_path, routing):
+    from lime_probe.probes.router_weights import initial_weights, mix_by_router, router_weights
+
+    ckpt = save_trained_looking(tmp_path / "m", "lime", routing=routing)
+    plain, tok = load(ckpt)
+    model, _ = load(ckpt, device_map=offload_map("lime"), offload_folder=tmp_path / "offload")
+    router = model._module.model.layers[1].self_attn.router
+    assert {p.device.type for p in router.parameters()} == {"meta"}  # on disk, not in memory
+    hidden = extract(plain, tok, TEXTS, sites=["hidden"], progress=False)["hidden"]
+    want, got = router_weights(plain, hidden), router_weights(model, hidden)
+    np.testing.assert_array_equal(got.per_layer, want.per_layer)
+    np.testing.assert_array_equal(got.per_head, want.per_head)
+    np.testing.assert_array_equal(
+        initial_weights(model, None, hidden)[0].per_layer, initial_weights(plain, None, hidden)[0].per_layer
+    )
+    assert {p.device.type for p in router.parameters()} == {"meta"}  # offloaded again after the read
+    if routing != "dynamic":
+        values = extract(plain, tok, TEXTS, sites=["values"], progress=False)["values"]
+        for layer, mixed in mix_by_router(model, values).items():
+            torch.testing.assert_close(mixed, mix_by_router(plain, values)[layer], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["lime", "denseformer"])
+def test_router_command_on_a_model_offloaded_to_disk(capsys, tmp_path, arch):
+    ckpt = save_trained_looking(tmp_path / "m", arch)
+    data = tmp_path / "texts.txt"
+    data.write_text("\n\n".join(CORPUS))
+    device_map = json.dumps(offload_map(arch))
+
+    def rows(*options) -> list:
+        out = tmp_path / "out"
+        code, _, err = run_cli(capsys, "router", "--ckpt", ckpt, "--data", data, "--out", out, *options)
+        assert code == 0 and "Error" not in err, err
+        return [json.loads(p.read_text())["rows"] for p in sorted(out.glob("router*.json"))]
+
+    assert rows("--device-map", device_map) == rows()

@@ -11,7 +11,7 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +267,21 @@ def input_device(hf: torch.nn.Module, remote: bool | str = False) -> torch.devic
     device = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)
     device = torch.device(device) if device is not None else embedding.weight.device
     return torch.device("cpu") if device.type == "meta" else device
+
+
+@contextmanager
+def onloaded(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`module` with every weight accelerate offloaded (to the CPU or disk: ``meta`` in the model) read
+    from its offload store onto the module's execution device inside the block, and offloaded again after:
+    what reading parameters outside a forward pass needs (during one, accelerate's hooks do this). A module
+    without offloaded weights is left as it is."""
+    from accelerate.utils import align_module_device, has_offloaded_params
+
+    with ExitStack() as stack:
+        for sub in module.modules():  # accelerate hooks each submodule that holds weights of its own
+            if has_offloaded_params(sub):
+                stack.enter_context(align_module_device(sub))
+        yield module
 
 
 @functools.cache
