@@ -154,6 +154,8 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
         (["--device-map", "nowhere.json"], "device map file not found: nowhere.json"),
         (["--device-map", "auto", "--device", "meta"], "give --device or --device-map, not both"),
         (["--revision", "step1"], "--revision names a hub branch, tag or commit, and no --ckpt is a hub id"),
+        (["--device-map", '{"nonexistent.module": "cpu"}'], "entry 'nonexistent.module' names no module of"),
+        (["--device-map", '{"model.embed_tokens": "cpu"}'], "places no device for model.layers, model.norm"),
     ],
 )
 def test_bad_options_exit_2_in_one_line(capsys, tmp_path, options, match):
@@ -296,3 +298,55 @@ def test_router_command_on_a_model_offloaded_to_disk(capsys, tmp_path, arch):
         return [json.loads(p.read_text())["rows"] for p in sorted(out.glob("router*.json"))]
 
     assert rows("--device-map", device_map) == rows()
+
+
+def test_device_maps_naming_no_module_or_leaving_modules_unplaced_are_refused(tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "m", "llama")
+    with pytest.raises(ValueError, match="entry 'model.layer.0' names no module of LlamaForCausalLM"):
+        load(ckpt, device_map={**offload_map("llama"), "model.layer.0": "cpu"})
+    partial = {k: v for k, v in offload_map("llama").items() if k not in ("model.layers.1", "lm_head")}
+    with pytest.raises(ValueError, match=r"places no device for model\.layers\.1, lm_head: give every"):
+        load(ckpt, device_map=partial)
+    # a module's own weights when only its submodules are named; whole-tensor entries count
+    inner = {**partial, "lm_head.weight": "cpu", "model.layers.1.self_attn": "cpu"}
+    with pytest.raises(
+        ValueError, match="no device for model.layers.1.mlp, model.layers.1.input_layernorm, "
+    ):
+        load(ckpt, device_map=inner)
+    model, _ = load(ckpt, device_map={**partial, "lm_head": "cpu", "model.layers.1": "disk"})
+    assert model._module.hf_device_map["model.layers.1"] == "disk"
+
+
+@pytest.mark.parametrize("arch", ["llama", "lime", "gpt2"])
+def test_a_model_all_on_disk_gives_the_plain_activations(tmp_path, arch):
+    """A map whose first entry is "disk" (here the whole model): nnsight's pipeline took that for a torch
+    device; the model runs on the CPU, its weights read from disk for each forward pass."""
+    from lime_probe.extraction.loading import wrap
+
+    ckpt = save_tiny_checkpoint(tmp_path / arch, arch)
+    plain, tok = load(ckpt)
+    want = extract(plain, tok, TEXTS, sites=["hidden"], logprobs=True, progress=False)
+    model, tok = load(ckpt, device_map={"": "disk"})
+    assert {p.device.type for p in model._module.parameters()} == {"meta"}
+    hf = tf.AutoModelForCausalLM.from_pretrained(ckpt, device_map={"": "disk"}, offload_folder=tmp_path / "o")
+    for wrapped in (model, wrap(hf, tok)):
+        got = extract(wrapped, tok, TEXTS, sites=["hidden"], logprobs=True, progress=False)
+        for layer in want.layers("hidden"):
+            torch.testing.assert_close(got["hidden"][layer], want["hidden"][layer], rtol=0, atol=0)
+        torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=0)
+    assert hf.hf_device_map == {"": "disk"}  # the wrap leaves the map as it found it
+
+
+def test_a_disk_first_map_from_the_command_line(capsys, tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "m", "llama")
+    data = tmp_path / "texts.txt"
+    data.write_text("\n\n".join(CORPUS))
+
+    def entropy(*options) -> list:
+        out = tmp_path / "out"
+        argv = ["entropy", "--ckpt", ckpt, "--data", data, "--out", out, "--no-cache", *WINDOWS, *options]
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 0, err
+        return json.loads((out / "entropy_values.json").read_text())["rows"]
+
+    assert entropy("--device-map", '{"": "disk"}') == entropy()
