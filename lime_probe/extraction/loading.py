@@ -332,6 +332,20 @@ def onloaded(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
         yield module
 
 
+def check_remote(model: Any, remote: bool | str) -> None:
+    """ValueError, one line, when `remote` asks a server (NDIF) to run nnsight `model` and the model came
+    from a local folder: the server loads hub models by their id (``model.repo_id``), and nnsight would
+    fail on the path with a raw hub validation error."""
+    if not remote or remote == "local":
+        return
+    repo = getattr(model, "repo_id", None) or getattr(model._module.config, "_name_or_path", "")
+    if not isinstance(repo, str) or not _is_hub_id(repo):
+        raise ValueError(
+            f"NDIF serves hub ids only, and this model comes from {repo or 'no hub id'!r}: extract locally "
+            "(remote=False), or build the model by its hub id, TransformersModel('owner/name', dispatch=False)"
+        )
+
+
 @functools.cache
 def _dispatched() -> type:
     from nnsight.modeling.transformers import TransformersModel

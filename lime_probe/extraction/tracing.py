@@ -62,7 +62,7 @@ from tqdm.auto import tqdm
 
 from lime_probe.extraction.adapters import Adapter, Take, first, get_adapter, head_shape
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
-from lime_probe.extraction.loading import input_device, wrap
+from lime_probe.extraction.loading import check_remote, input_device, wrap
 from lime_probe.extraction.sites import SITES
 from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
 
@@ -547,7 +547,8 @@ def extract(
             same checkpoint, data and settings reuses them, an interrupted one resumes. An iterable
             `texts` is then read twice (first for its digest), so it cannot be a one-pass iterator.
         progress: show a progress bar over sequences.
-        remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally).
+        remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally); a
+            remote run (NDIF) needs a model built by its hub id, not loaded from a local folder.
         pretokenized: `texts` are token id lists (e.g. `lime_probe.extraction.windows.token_windows`), used
             exactly as given: no special tokens added, never truncated (longer than `max_length`
             is an error).
@@ -562,7 +563,8 @@ def extract(
     Raises:
         ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer
             (see `allow_unknown_tokens`), non-finite activations (naming the site and layer); a one-pass
-            iterator, or a model without weights (remote), with `cache_dir`.
+            iterator, or a model without weights (remote), with `cache_dir`; `remote` for a model from a
+            local folder.
     """
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
@@ -580,6 +582,7 @@ def extract(
         pretokenized,
     )
     nn_model = _as_nnsight(model, tokenizer)
+    check_remote(nn_model, remote)
     hf = nn_model._module
     plan = _plan(hf, sites, layers)
     if logprobs and (not hasattr(hf, "get_output_embeddings") or hf.get_output_embeddings() is None):
