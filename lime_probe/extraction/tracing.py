@@ -27,7 +27,8 @@ one-sequence-at-a-time results, with left or right padding (positions are counte
 Batches (ours): sequences are sorted by length, longest first, and cut into batches of at most
 ``batch_tokens`` tokens padding included (`DEFAULT_BATCH_TOKENS`), or of ``batch_size`` sequences when
 that is given; results come back in the input order. The sort runs within blocks of about `SHARD_BYTES`
-of results, so memory stays bounded and a cache shard holds consecutive sequences.
+of results or `BLOCK_TOKENS` tokens, whichever is less, so memory stays bounded (pooled results too) and
+a cache shard holds consecutive sequences.
 
 Streaming: ``texts`` may be any iterable (a generator, `Corpus` over a large .txt/.jsonl file, a
 ``datasets`` dataset with ``streaming=True``, whose rows give their "text"). It is read lazily, one block
@@ -73,6 +74,10 @@ SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is writt
 # a CPU and keeps a GPU busy, while a batch's logits (tokens x vocabulary) stay under about 0.5 GB at a
 # 32,000-token vocabulary.
 DEFAULT_BATCH_TOKENS = 4096
+# Tokens a block holds at most (ours): results alone bound a block only when they are per token; pooled
+# (one row per sequence) they would let it grow with the corpus. 16 batches of the default size: enough
+# sequences to sort by length, a few MB of token ids.
+BLOCK_TOKENS = 16 * DEFAULT_BATCH_TOKENS
 TOKENIZE_CHUNK = 256  # texts per tokenizer call (ours): a stream is read this far ahead of its block
 
 
@@ -323,15 +328,16 @@ def _blocks(
     seqs: Iterable[list[int]], row_bytes: int, per_token: bool, batch_size: int | None, batch_tokens: int
 ) -> Iterator[list[list[int]]]:
     """Consecutive blocks of the token id lists `seqs`, read lazily, each holding about `SHARD_BYTES` of
-    results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) and at least one
-    batch (`batch_size` sequences, or `batch_tokens` tokens); the last block may hold less."""
+    results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) or `BLOCK_TOKENS`
+    tokens, whichever comes first, and at least one batch (`batch_size` sequences, or `batch_tokens`
+    tokens); the last block may hold less."""
     block: list[list[int]] = []
     size = tokens = 0
     for seq in seqs:
         block.append(seq)
         size += row_bytes * (len(seq) if per_token else 1)
         tokens += len(seq)
-        if size >= SHARD_BYTES and (
+        if (size >= SHARD_BYTES or tokens >= BLOCK_TOKENS) and (
             len(block) >= batch_size if batch_size is not None else tokens >= batch_tokens
         ):
             yield block
