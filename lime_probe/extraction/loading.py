@@ -11,7 +11,7 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +87,45 @@ def device_map_of(spec: str | dict | None) -> str | dict | None:
     for module, device in spec.items():
         if device != "disk":
             check_device(device, option=f"device map entry {module!r}:")
-    # "disk" entries last (the order places nothing): transformers' pipeline, which nnsight builds, takes the
-    # device of the map's first entry as its own, and "disk" is no torch device
-    return dict(sorted(spec.items(), key=lambda entry: entry[1] == "disk"))
+    return spec
+
+
+def _unplaced(module: torch.nn.Module, device_map: dict, prefix: str = "") -> list[str]:
+    """The paths under `module` (named `prefix`) that `device_map` gives no device: a module with weights
+    that no entry names, contains or lies inside, or a weight of a module of which only submodules are
+    named. Weights are what ``state_dict`` saves (what accelerate places)."""
+    if prefix in device_map:
+        return []
+    if not any(not prefix or key.startswith(f"{prefix}.") for key in device_map if key):
+        return [prefix or "the whole model"] if module.state_dict() else []
+    own = [n for n, _ in module.named_parameters(recurse=False)]
+    own += [n for n, _ in module.named_buffers(recurse=False) if n not in module._non_persistent_buffers_set]
+    out = [path for n in own if (path := f"{prefix}.{n}" if prefix else n) not in device_map]
+    for name, child in module.named_children():
+        out += _unplaced(child, device_map, f"{prefix}.{name}" if prefix else name)
+    return out
+
+
+def check_device_map(device_map: dict, skeleton: torch.nn.Module) -> None:
+    """ValueError, one line, when the module -> device map `device_map` names something the model
+    (`skeleton`: the architecture, weights on ``meta``) does not have, or leaves some of its weights on no
+    device; transformers would ignore the first and build a model accelerate never dispatched for the
+    second."""
+    known = {name for name, _ in skeleton.named_modules()} | set(skeleton.state_dict())
+    unknown = [key for key in device_map if key not in known]
+    if unknown:
+        children = ", ".join(name for name, _ in skeleton.named_children())
+        raise ValueError(
+            f"device map entry {unknown[0]!r} names no module of {type(skeleton).__name__} (its modules: "
+            f"{children}, and theirs, as printed by print(model))"
+        )
+    unplaced = _unplaced(skeleton, device_map)
+    if unplaced:
+        shown = ", ".join(unplaced[:4]) + (f" and {len(unplaced) - 4} more" if len(unplaced) > 4 else "")
+        raise ValueError(
+            f"the device map places no device for {shown}: give every module a device (an entry for it "
+            'or a module containing it; {"": "cpu"} places the whole model)'
+        )
 
 
 def revisions_for(ckpts: Sequence[str | os.PathLike], revisions: Sequence[str] | None) -> list[str | None]:
@@ -213,17 +249,29 @@ def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
     """Wrap a loaded Hugging Face `model` for nnsight (a `TransformersModel` sharing `tokenizer`).
 
     nnsight sets a causal model's tokenizer to left padding; the tokenizer's own padding side is
-    kept, since `lime_probe.extract` pads batches itself and is correct for either side.
+    kept, since `lime_probe.extract` pads batches itself and is correct for either side. A model
+    dispatched over a device map (`load`'s, or your own ``from_pretrained(..., device_map=...)``) runs
+    where its embedding runs (`input_device`), also when the map offloads all of it to disk.
     """
     from nnsight.modeling.transformers import TransformersModel
 
     side = tokenizer.padding_side
-    with warnings.catch_warnings():  # BERT's `.output` submodules: nnsight renames them, harmlessly
-        warnings.filterwarnings("ignore", message=".*has a submodule named 'output'.*")
-        # a bare base model (LlamaModel, BertModel) has no task nnsight can infer from a head
-        task = "feature-extraction" if model.base_model is model else None
-        dispatched = getattr(model, "hf_device_map", None) is not None
-        wrapped = (_dispatched() if dispatched else TransformersModel)(model, tokenizer=tokenizer, task=task)
+    placed = getattr(model, "hf_device_map", None)
+    if placed is not None:
+        # transformers' pipeline, which nnsight builds, takes the device of the map's first entry as its
+        # own, and "disk" (the whole model, or its first module, offloaded) is no torch device: while it is
+        # built, the map names where the model runs
+        model.hf_device_map = {"": str(input_device(model))}
+    try:
+        with warnings.catch_warnings():  # BERT's `.output` submodules: nnsight renames them, harmlessly
+            warnings.filterwarnings("ignore", message=".*has a submodule named 'output'.*")
+            # a bare base model (LlamaModel, BertModel) has no task nnsight can infer from a head
+            task = "feature-extraction" if model.base_model is model else None
+            kind = _dispatched() if placed is not None else TransformersModel
+            wrapped = kind(model, tokenizer=tokenizer, task=task)
+    finally:
+        if placed is not None:
+            model.hf_device_map = placed
     tokenizer.padding_side = side
     return wrapped
 
@@ -241,6 +289,35 @@ def input_device(hf: torch.nn.Module, remote: bool | str = False) -> torch.devic
     return torch.device("cpu") if device.type == "meta" else device
 
 
+@contextmanager
+def onloaded(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`module` with every weight accelerate offloaded (to the CPU or disk: ``meta`` in the model) read
+    from its offload store onto the module's execution device inside the block, and offloaded again after:
+    what reading parameters outside a forward pass needs (during one, accelerate's hooks do this). A module
+    without offloaded weights is left as it is."""
+    from accelerate.utils import align_module_device, has_offloaded_params
+
+    with ExitStack() as stack:
+        for sub in module.modules():  # accelerate hooks each submodule that holds weights of its own
+            if has_offloaded_params(sub):
+                stack.enter_context(align_module_device(sub))
+        yield module
+
+
+def check_remote(model: Any, remote: bool | str) -> None:
+    """ValueError, one line, when `remote` asks a server (NDIF) to run nnsight `model` and the model came
+    from a local folder: the server loads hub models by their id (``model.repo_id``), and nnsight would
+    fail on the path with a raw hub validation error."""
+    if not remote or remote == "local":
+        return
+    repo = getattr(model, "repo_id", None) or getattr(model._module.config, "_name_or_path", "")
+    if not isinstance(repo, str) or not _is_hub_id(repo):
+        raise ValueError(
+            f"NDIF serves hub ids only, and this model comes from {repo or 'no hub id'!r}: extract locally "
+            "(remote=False), or build the model by its hub id, TransformersModel('owner/name', dispatch=False)"
+        )
+
+
 @functools.cache
 def _dispatched() -> type:
     from nnsight.modeling.transformers import TransformersModel
@@ -255,6 +332,15 @@ def _dispatched() -> type:
             return input_device(self._module)
 
     return DispatchedModel
+
+
+def _skeleton(auto: Any, config: Any) -> torch.nn.Module:
+    """The model `auto` builds from `config`, its weights on ``meta`` (no memory, no init): its module
+    tree."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        return auto.from_config(config)
 
 
 def load(
@@ -304,8 +390,10 @@ def load(
             once, no retries).
         ValueError: not a checkpoint, unreadable or corrupt weights (a local safetensors file named by
             `lime_model.checks.check_weights`), no tokenizer, an architecture whose blocks are not found
-            without an extraction adapter (`lime_probe.extraction.adapters.adapter_for`), a device this machine lacks (`lime_model.checks.check_device`), a bad `dtype` or
-            `device_map`, `device` and `device_map` together, or a `revision` for a local folder.
+            without an extraction adapter (`lime_probe.extraction.adapters.adapter_for`), a device this
+            machine lacks (`lime_model.checks.check_device`), a bad `dtype` or `device_map` (a module ->
+            device map must name modules of the model and place all of them: `check_device_map`), `device`
+            and `device_map` together, or a `revision` for a local folder.
     """
     import transformers as tf
 
@@ -347,6 +435,8 @@ def load(
             auto = tf.AutoModelForCausalLM
         else:
             raise ValueError(f"{where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
+        if isinstance(device_map, dict):
+            check_device_map(device_map, _skeleton(auto, config))
         placement = {}
         if device_map is not None:
             offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")

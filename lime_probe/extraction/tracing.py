@@ -30,7 +30,8 @@ one-sequence-at-a-time results, with left or right padding (positions are counte
 Batches (ours): sequences are sorted by length, longest first, and cut into batches of at most
 ``batch_tokens`` tokens padding included (`DEFAULT_BATCH_TOKENS`), or of ``batch_size`` sequences when
 that is given; results come back in the input order. The sort runs within blocks of about `SHARD_BYTES`
-of results, so memory stays bounded and a cache shard holds consecutive sequences.
+of results or `BLOCK_TOKENS` tokens, whichever is less, so memory stays bounded (pooled results too) and
+a cache shard holds consecutive sequences.
 
 Streaming: ``texts`` may be any iterable (a generator, `Corpus` over a large .txt/.jsonl file, a
 ``datasets`` dataset with ``streaming=True``, whose rows give their "text"). It is read lazily, one block
@@ -65,7 +66,7 @@ from tqdm.auto import tqdm
 
 from lime_probe.extraction.adapters import Adapter, Take, adapter_for, first, head_shape
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
-from lime_probe.extraction.loading import input_device, wrap
+from lime_probe.extraction.loading import check_remote, input_device, wrap
 from lime_probe.extraction.sites import HEADED, SITES
 from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
 
@@ -76,6 +77,10 @@ SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is writt
 # a CPU and keeps a GPU busy, while a batch's logits (tokens x vocabulary) stay under about 0.5 GB at a
 # 32,000-token vocabulary.
 DEFAULT_BATCH_TOKENS = 4096
+# Tokens a block holds at most (ours): results alone bound a block only when they are per token; pooled
+# (one row per sequence) they would let it grow with the corpus. 16 batches of the default size: enough
+# sequences to sort by length, a few MB of token ids.
+BLOCK_TOKENS = 16 * DEFAULT_BATCH_TOKENS
 TOKENIZE_CHUNK = 256  # texts per tokenizer call (ours): a stream is read this far ahead of its block
 
 
@@ -326,15 +331,16 @@ def _blocks(
     seqs: Iterable[list[int]], row_bytes: int, per_token: bool, batch_size: int | None, batch_tokens: int
 ) -> Iterator[list[list[int]]]:
     """Consecutive blocks of the token id lists `seqs`, read lazily, each holding about `SHARD_BYTES` of
-    results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) and at least one
-    batch (`batch_size` sequences, or `batch_tokens` tokens); the last block may hold less."""
+    results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) or `BLOCK_TOKENS`
+    tokens, whichever comes first, and at least one batch (`batch_size` sequences, or `batch_tokens`
+    tokens); the last block may hold less."""
     block: list[list[int]] = []
     size = tokens = 0
     for seq in seqs:
         block.append(seq)
         size += row_bytes * (len(seq) if per_token else 1)
         tokens += len(seq)
-        if size >= SHARD_BYTES and (
+        if (size >= SHARD_BYTES or tokens >= BLOCK_TOKENS) and (
             len(block) >= batch_size if batch_size is not None else tokens >= batch_tokens
         ):
             yield block
@@ -550,7 +556,8 @@ def extract(
             same checkpoint, data and settings reuses them, an interrupted one resumes. An iterable
             `texts` is then read twice (first for its digest), so it cannot be a one-pass iterator.
         progress: show a progress bar over sequences.
-        remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally).
+        remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally); a
+            remote run (NDIF) needs a model built by its hub id, not loaded from a local folder.
         pretokenized: `texts` are token id lists (e.g. `lime_probe.extraction.windows.token_windows`), used
             exactly as given: no special tokens added, never truncated (longer than `max_length`
             is an error).
@@ -565,7 +572,8 @@ def extract(
     Raises:
         ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer
             (see `allow_unknown_tokens`), non-finite activations (naming the site and layer); a one-pass
-            iterator, or a model without weights (remote), with `cache_dir`.
+            iterator, or a model without weights (remote), with `cache_dir`; `remote` for a model from a
+            local folder.
     """
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
@@ -583,6 +591,7 @@ def extract(
         pretokenized,
     )
     nn_model = _as_nnsight(model, tokenizer)
+    check_remote(nn_model, remote)
     hf = nn_model._module
     plan = _plan(hf, sites, layers)
     if logprobs and (not hasattr(hf, "get_output_embeddings") or hf.get_output_embeddings() is None):

@@ -11,7 +11,7 @@ tasks of each task's fold std (``spread="folds"``; ``"tasks"``: the std over tas
 sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`). All
 sites of a paradigm's good and bad sentences and, for a causal LM, their minimal-pair scores come from one
 extraction pass over the scored sequences (`blimp.scoring_sequences`: the BOS token, else EOS, then the
-sentence; ours).
+sentence; ours), the sentence after a space with ``leading_space`` (lm-evaluation-harness's convention).
 """
 
 from __future__ import annotations
@@ -83,6 +83,11 @@ class BlimpParams:
         "the std over tasks of the task accuracies",
         choices=BLIMP_SPREADS,
     )
+    leading_space: bool = option(
+        PROTOCOL["leading_space"],
+        "score (and probe) each sentence after a space, as lm-evaluation-harness does (its per-pair "
+        "log-probabilities); default: as the sentence tokenizes at the start of a text",
+    )
     seed: int = seed_option()
     jobs: int = jobs_option()
 
@@ -146,7 +151,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     uids = np.asarray(data["UID"], dtype=object)
     rows, summary, extra, probes = [], [], {}, {}
     for ck in cks:
-        kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model))
+        kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model), p.leading_space)
         picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
         causal = is_causal_lm(ck.config)  # an encoder's pairs are probed, not scored
         sites = probed_sites(ck, p)
@@ -158,7 +163,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
             part = data.select(picked[q])
             n = len(part)  # good and bad sentences in one pass: rows [:n] good, [n:] bad
             sentences = list(part["sentence_good"]) + list(part["sentence_bad"])
-            texts = scoring_sequences(ck.tokenizer, sentences) if causal else sentences
+            texts = scoring_sequences(ck.tokenizer, sentences, p.leading_space) if causal else sentences
             acts = extract_site(ck, texts, sites, kw, pool="mean")
             if causal:
                 logprobs[q] = acts.logprobs.numpy()
