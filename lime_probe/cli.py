@@ -53,6 +53,7 @@ from lime_model.checks import (
     run_program,
 )
 from lime_model.files import check_writable, umask
+from lime_probe.extraction.sources import check_local, is_hub_id
 from lime_probe.specs import (
     ANALYSES,
     Checkpoint,
@@ -909,6 +910,11 @@ def _analyses_of(args: argparse.Namespace) -> list[str]:
     return []
 
 
+def _loads_models(args: argparse.Namespace) -> bool:
+    """Whether the command loads its ``--ckpt`` as models (not only reading run folders, as router does)."""
+    return args.command == "report" or getattr(ANALYSES.get(args.command), "data_kind", "none") != "none"
+
+
 def _text_data(args: argparse.Namespace) -> str | None:
     """The ``--data`` of a parsed command line when it holds texts (not BLiMP, not reproduce's folder)."""
     kind = "texts" if args.command == "report" else getattr(ANALYSES.get(args.command), "data_kind", "none")
@@ -919,7 +925,8 @@ def check_inputs(args: argparse.Namespace) -> None:
     """Every check of a parsed command line that needs no model, run before torch is imported (it and a
     model take half a minute to load on a busy machine, a mistyped option a second to name): the labels,
     the analyses' parameters (each dataclass checks itself, e.g. --words, --alpha), --layers, the folders
-    written (--out, the activation --cache) and a local --data (`lime_model.data.check_source`)."""
+    written (--out, the activation --cache), a local --data (`lime_model.data.check_source`) and a local
+    --ckpt (`lime_probe.extraction.sources.check_local`)."""
     from lime_model.data import check_source
 
     if getattr(args, "label", None):
@@ -933,6 +940,10 @@ def check_inputs(args: argparse.Namespace) -> None:
             check_writable(getattr(args, option), folder=True, option=f"--{option}")
     if (data := _text_data(args)) is not None:
         check_source(data)
+    if _loads_models(args):  # a local --ckpt; a hub id is the hub's to answer, when it is loaded
+        for ckpt in args.ckpt:
+            if not is_hub_id(ckpt):
+                check_local(Path(ckpt).expanduser())
 
 
 def _run(args: argparse.Namespace) -> int:

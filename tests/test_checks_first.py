@@ -38,8 +38,17 @@ def files(tmp_path_factory) -> dict[str, Path]:
         "empty": root / "empty.txt",
         "text": root / "text.txt",
         "missing": root / "missing.txt",
+        "corrupt": _corrupt(root / "corrupt"),
         "root": root,
     }
+
+
+def _corrupt(folder: Path) -> Path:
+    """A checkpoint folder whose weights file is garbage."""
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\x07garbage")
+    return folder
 
 
 def run_program(module: str, argv: list[str]) -> tuple[int, str, set[str], float]:
@@ -79,6 +88,10 @@ BUDGET = [
      "--layers must be 'paper', 'all' or comma-separated integers, got 'top'"),
     ("probe report --layers abc", "lime_probe.cli", "report --ckpt {llama} --data {text} --layers abc --out {out}",
      "--layers must be 'all' or comma-separated integers"),
+    ("probe missing --ckpt", "lime_probe.cli", "entropy --ckpt {root}/nope --data {text} --out {out}",
+     "checkpoint not found:"),
+    ("probe corrupt --ckpt", "lime_probe.cli", "entropy --ckpt {corrupt} --data {text} --out {out}",
+     "cannot read the weights file"),
     ("model missing --data", "lime_model.cli", "eval --ckpt {llama} --data {missing}", "data not found"),
     ("model empty --data", "lime_model.cli", "eval --ckpt {llama} --data {empty}", "no text in"),
     ("model unwritable --out", "lime_model.cli", f"eval --ckpt {{llama}} --data {{text}} --out {UNWRITABLE}",

@@ -9,7 +9,8 @@ import transformers as tf
 from helpers import save_tiny_checkpoint, tiny_tokenizer
 
 from lime_model.checks import check_device
-from lime_probe.extraction.loading import _is_hub_id, hub_dataset, load
+from lime_probe.extraction.loading import hub_dataset, load
+from lime_probe.extraction.sources import is_hub_id
 from lime_probe.extraction.tracing import extract
 
 
@@ -105,10 +106,10 @@ def test_an_architecture_without_an_adapter_loads_and_gives_its_residual_stream(
 
 
 def test_hub_ids_versus_paths(tmp_path):
-    assert _is_hub_id("EleutherAI/pythia-70m") and _is_hub_id("gpt2")
-    assert not _is_hub_id("./runs/lime") and not _is_hub_id("/abs/path") and not _is_hub_id("a/b/c")
-    assert not _is_hub_id(str(tmp_path))
-    assert not _is_hub_id("~/runs/lime") and not _is_hub_id(".hidden")
+    assert is_hub_id("EleutherAI/pythia-70m") and is_hub_id("gpt2")
+    assert not is_hub_id("./runs/lime") and not is_hub_id("/abs/path") and not is_hub_id("a/b/c")
+    assert not is_hub_id(str(tmp_path))
+    assert not is_hub_id("~/runs/lime") and not is_hub_id(".hidden")
 
 
 @pytest.mark.parametrize("spec", ["./nope", "~/lime-probe-no-such-run", "runs/nope", "runs/deeper/nope"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shutil
 import tempfile
 import warnings
@@ -19,6 +18,7 @@ import torch
 
 from lime_model.checks import quiet_library  # the CLI's quiet loads, shared with lime-model
 from lime_probe.extraction.adapters import adapter_for, is_encoder
+from lime_probe.extraction.sources import check_local, is_hub_id
 
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
 _DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -131,7 +131,7 @@ def check_device_map(device_map: dict, skeleton: torch.nn.Module) -> None:
 def revisions_for(ckpts: Sequence[str | os.PathLike], revisions: Sequence[str] | None) -> list[str | None]:
     """One revision per checkpoint (None for local folders): `revisions` holds one per hub id among `ckpts`,
     in order, or one for all of them."""
-    hub = [_is_hub_id(os.fspath(c)) for c in ckpts]
+    hub = [is_hub_id(os.fspath(c)) for c in ckpts]
     if not revisions:
         return [None] * len(ckpts)
     if not any(hub):
@@ -144,20 +144,6 @@ def revisions_for(ckpts: Sequence[str | os.PathLike], revisions: Sequence[str] |
         )
     given = iter(revisions)
     return [next(given) if h else None for h in hub]
-
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-def _is_hub_id(ckpt: str) -> bool:
-    """Whether `ckpt` reads as a hub id ("name" or "owner/name") and is no existing local path.
-
-    "owner/name" whose "owner" is an existing local folder reads as a path (``runs/lime`` where
-    ``runs/`` exists): a hub owner never shadows a folder the user has.
-    """
-    if not HUB_ID.match(ckpt) or Path(ckpt).exists():
-        return False
-    return "/" not in ckpt or not Path(ckpt.split("/")[0]).is_dir()
 
 
 def hub_problem(url: str) -> str | None:
@@ -236,15 +222,6 @@ def _hub_commit(repo_id: str, revision: str | None) -> str | None:
     return Path(path).parent.name if isinstance(path, str) else None
 
 
-def _check_local(path: Path) -> None:
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if not path.is_dir():
-        raise ValueError(f"not a checkpoint directory: {path} (expected a folder with config.json)")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"not a checkpoint: {path} has no config.json")
-
-
 def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
     """Wrap a loaded Hugging Face `model` for nnsight (a `TransformersModel` sharing `tokenizer`).
 
@@ -311,7 +288,7 @@ def check_remote(model: Any, remote: bool | str) -> None:
     if not remote or remote == "local":
         return
     repo = getattr(model, "repo_id", None) or getattr(model._module.config, "_name_or_path", "")
-    if not isinstance(repo, str) or not _is_hub_id(repo):
+    if not isinstance(repo, str) or not is_hub_id(repo):
         raise ValueError(
             f"NDIF serves hub ids only, and this model comes from {repo or 'no hub id'!r}: extract locally "
             "(remote=False), or build the model by its hub id, TransformersModel('owner/name', dispatch=False)"
@@ -398,7 +375,7 @@ def load(
     import transformers as tf
 
     import lime_model
-    from lime_model.checks import check_device, check_weights
+    from lime_model.checks import check_device
     from lime_model.tokenization import check_vocabulary
 
     lime_model.register_models()  # the "lime" model types with the Auto classes (a no-op once done)
@@ -408,7 +385,7 @@ def load(
     if device_map is not None and device is not None:
         raise ValueError("give a device or a device map, not both: a device map places the model itself")
     device = None if device_map is not None else check_device(device or "cpu")
-    hub = _is_hub_id(ckpt)
+    hub = is_hub_id(ckpt)
     if revision is not None and not hub:
         raise ValueError(f"revision {revision!r} names a hub branch, tag or commit; {ckpt} is a local folder")
     # an unreachable hub model that is in the local hub cache is read from there, with no network retries
@@ -417,8 +394,7 @@ def load(
         source["local_files_only"] = True
     if not hub:
         ckpt = str(Path(ckpt).expanduser())
-        _check_local(Path(ckpt))
-        check_weights(ckpt)  # a corrupt weights file named in milliseconds, not after the config and model
+        check_local(ckpt)  # a corrupt weights file named in milliseconds, not after the config and model
     where = (
         f"hub checkpoint {ckpt!r}" + (f" at revision {revision!r}" if revision else "")
         if hub
