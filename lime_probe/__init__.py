@@ -2,8 +2,9 @@
 
     import lime_probe
     model, tok = lime_probe.load("runs/lime")                 # a checkpoint dir or hub id
-    acts = lime_probe.extract(model, tok, texts, sites=["values", "hidden"])   # texts: list of str
+    acts = lime_probe.extract(model, texts, sites=["values", "hidden"])   # texts: list of str
     Z = acts["values"][3]                                      # (n_tokens, dim), padding removed
+    H = acts.stack("hidden")                                   # (n_layers, n_tokens, dim)
     lime_probe.matrix_entropy(Z, alpha=1.0)                    # Z: (..., t, d) -> (...)
 
 README.md's "Your own checkpoint" has the same example in full, runnable as written.

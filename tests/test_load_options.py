@@ -350,3 +350,36 @@ def test_a_disk_first_map_from_the_command_line(capsys, tmp_path):
         return json.loads((out / "entropy_values.json").read_text())["rows"]
 
     assert entropy("--device-map", '{"": "disk"}') == entropy()
+
+
+def test_from_pretrained_arguments_pass_through_load(tmp_path, monkeypatch):
+    ckpt = save_tiny_checkpoint(tmp_path / "m", "llama")
+    assert load(ckpt)[0]._module.config._attn_implementation == "sdpa"
+    model, tok = load(ckpt, attn_implementation="eager")
+    assert model._module.config._attn_implementation == "eager"
+    # the whole model at a tiny max_memory: accelerate puts all of it on disk, and it runs on the CPU
+    plain = extract(load(ckpt)[0], TEXTS, sites=["hidden"], progress=False)
+    model, _ = load(ckpt, device_map="sequential", max_memory={"cpu": 1})
+    assert set(model._module.hf_device_map.values()) == {"disk"}
+    got = extract(model, TEXTS, sites=["hidden"], progress=False)
+    for layer in plain.layers("hidden"):
+        torch.testing.assert_close(got["hidden"][layer], plain["hidden"][layer], rtol=0, atol=0)
+    # trust_remote_code and token reach the config and tokenizer as well as the model
+    seen = {}
+    for auto in (tf.AutoConfig, tf.AutoTokenizer, tf.AutoModelForCausalLM):
+        original = auto.from_pretrained.__func__
+
+        def spy(cls, *args, _original=original, **kwargs):
+            seen.setdefault(cls.__name__, []).append(
+                {k: kwargs.get(k) for k in ("trust_remote_code", "token")}
+            )
+            return _original(cls, *args, **kwargs)
+
+        monkeypatch.setattr(auto, "from_pretrained", classmethod(spy))
+    load(ckpt, trust_remote_code=False, token="hf_none")
+    assert set(seen) == {"AutoConfig", "AutoTokenizer", "AutoModelForCausalLM"}
+    assert all(
+        call == {"trust_remote_code": False, "token": "hf_none"} for calls in seen.values() for call in calls
+    )
+    with pytest.raises(ValueError, match="load sets 'config' itself"):
+        load(ckpt, config=None)

@@ -12,13 +12,17 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lime_model.checks import quiet_library  # the CLI's quiet loads, shared with lime-model
 from lime_probe.extraction.adapters import adapter_for, is_encoder
 from lime_probe.extraction.sources import check_local, is_hub_id
+
+if TYPE_CHECKING:  # for the signatures only: nnsight and transformers are imported where used
+    from nnsight.modeling.transformers import TransformersModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
 _DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,6 +31,11 @@ DTYPES = tuple(_DTYPES)
 # evenly over the GPUs, "balanced_low_0" keeps GPU 0 light, "sequential" fills them in order; whatever
 # does not fit goes to the CPU, then to disk
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+# `from_pretrained` arguments that also reach the config and the tokenizer (a private hub model's token,
+# a custom architecture's code, another hub cache); the others reach the model's `from_pretrained` only
+SHARED_KWARGS = ("trust_remote_code", "token", "cache_dir")
+# arguments `load` sets itself: `config` is read first (the adapter is checked on it), `torch_dtype` is `dtype`
+OWN_KWARGS = ("config", "torch_dtype")
 # the files a Hugging Face tokenizer is saved as (fast, slow BPE, WordPiece, SentencePiece)
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -222,7 +231,7 @@ def _hub_commit(repo_id: str, revision: str | None) -> str | None:
     return Path(path).parent.name if isinstance(path, str) else None
 
 
-def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
+def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> TransformersModel:
     """Wrap a loaded Hugging Face `model` for nnsight (a `TransformersModel` sharing `tokenizer`).
 
     nnsight sets a causal model's tokenizer to left padding; the tokenizer's own padding side is
@@ -281,7 +290,7 @@ def onloaded(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
         yield module
 
 
-def check_remote(model: Any, remote: bool | str) -> None:
+def check_remote(model: TransformersModel, remote: bool | str) -> None:
     """ValueError, one line, when `remote` asks a server (NDIF) to run nnsight `model` and the model came
     from a local folder: the server loads hub models by their id (``model.repo_id``), and nnsight would
     fail on the path with a raw hub validation error."""
@@ -311,13 +320,13 @@ def _dispatched() -> type:
     return DispatchedModel
 
 
-def _skeleton(auto: Any, config: Any) -> torch.nn.Module:
+def _skeleton(auto: Any, config: Any, trust_remote_code: bool | None) -> torch.nn.Module:
     """The model `auto` builds from `config`, its weights on ``meta`` (no memory, no init): its module
     tree."""
     from accelerate import init_empty_weights
 
     with init_empty_weights():
-        return auto.from_config(config)
+        return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def load(
@@ -329,7 +338,8 @@ def load(
     revision: str | None = None,
     offload_folder: str | os.PathLike | None = None,
     verbose: bool = False,
-) -> tuple[Any, Any]:
+    **from_pretrained_kwargs: Any,
+) -> tuple[TransformersModel, PreTrainedTokenizerBase]:
     """Load a checkpoint for extraction: ``(nnsight model, tokenizer)``.
 
     The weights are read straight into `dtype` (transformers builds the model without weights and fills
@@ -352,6 +362,10 @@ def load(
             with the model).
         verbose: let transformers' load messages (load reports, warnings, progress bars) through;
             by default they are kept off the console.
+        **from_pretrained_kwargs: passed to the model's ``from_pretrained``: ``max_memory`` (with a
+            `device_map`), ``quantization_config``, ``attn_implementation`` ("eager", "sdpa"), and so on;
+            ``trust_remote_code``, ``token`` and ``cache_dir`` reach the config and tokenizer too
+            (`SHARED_KWARGS`). Not ``config`` or ``torch_dtype`` (`dtype`), which `load` sets.
 
     Returns:
         The model wrapped as an nnsight ``TransformersModel`` (the Hugging Face model is its
@@ -379,6 +393,10 @@ def load(
     from lime_model.tokenization import check_vocabulary
 
     lime_model.register_models()  # the "lime" model types with the Auto classes (a no-op once done)
+    own = [k for k in OWN_KWARGS if k in from_pretrained_kwargs]
+    if own:
+        raise ValueError(f"load sets {own[0]!r} itself (config: read from the checkpoint; dtype: `dtype`)")
+    shared = {k: v for k, v in from_pretrained_kwargs.items() if k in SHARED_KWARGS}
     ckpt = os.fspath(ckpt)
     dtype = _resolve_dtype(dtype)
     device_map = device_map_of(device_map)
@@ -392,6 +410,7 @@ def load(
     source = {"revision": revision} if hub else {}
     if hub and _hub_offline(ckpt, revision):
         source["local_files_only"] = True
+    source |= shared
     if not hub:
         ckpt = str(Path(ckpt).expanduser())
         check_local(ckpt)  # a corrupt weights file named in milliseconds, not after the config and model
@@ -412,7 +431,7 @@ def load(
         else:
             raise ValueError(f"{where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
         if isinstance(device_map, dict):
-            check_device_map(device_map, _skeleton(auto, config))
+            check_device_map(device_map, _skeleton(auto, config, shared.get("trust_remote_code")))
         placement = {}
         if device_map is not None:
             offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")
@@ -420,7 +439,9 @@ def load(
         elif device.type != "cpu":  # read straight onto the device: no copy of the weights in host memory
             placement = {"device_map": str(device)}
         try:
-            model = auto.from_pretrained(ckpt, config=config, dtype=dtype, **placement, **source)
+            model = auto.from_pretrained(
+                ckpt, config=config, dtype=dtype, **{**placement, **source, **from_pretrained_kwargs}
+            )
         except Exception as error:  # noqa: BLE001  corrupt/missing weights surface as many error types
             if "offload_folder" in placement and offload_folder is None:
                 shutil.rmtree(placement["offload_folder"], ignore_errors=True)

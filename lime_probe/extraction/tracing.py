@@ -58,7 +58,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nnsight
 import torch
@@ -69,6 +69,10 @@ from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_k
 from lime_probe.extraction.loading import check_remote, input_device, wrap
 from lime_probe.extraction.sites import HEADED, SITES
 from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
+
+if TYPE_CHECKING:
+    from nnsight.modeling.transformers import TransformersModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
@@ -181,6 +185,13 @@ class Activations(Mapping):
                 pending = pending[chunk:]
         if pending:
             yield pending
+
+    def stack(self, site: str, layers: Iterable[int] | None = None) -> torch.Tensor:
+        """`site`'s layers as one tensor: (n_layers, n_rows, dim), entry k being layer ``layers[k]`` (default:
+        every extracted layer, ascending), rows as in ``acts[site][layer]`` (a token, or a sequence when
+        pooled). One copy of those layers; ``acts.stack("hidden").numpy()`` for an array."""
+        chosen = self.layers(site) if layers is None else list(layers)
+        return torch.stack([self[site][layer] for layer in chosen])
 
     def per_head(self, site: str, layer: int) -> torch.Tensor:
         """`site`/`layer` viewed per head: (n_rows, kv_heads, head_dim), for keys/values sites."""
@@ -445,12 +456,23 @@ class Corpus:
 # Extraction
 
 
-def _as_nnsight(model: Any, tokenizer: Any) -> Any:
-    """An nnsight model for `model` (returned as is when it already is one)."""
+def _as_nnsight(
+    model: TransformersModel | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
+) -> tuple[TransformersModel, PreTrainedTokenizerBase]:
+    """An nnsight model for `model` (as is when it already is one) and the tokenizer to use: `tokenizer`,
+    else the nnsight model's own."""
     if isinstance(model, nnsight.Envoy):
-        return model
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("this nnsight model carries no tokenizer: extract(model, tokenizer, texts)")
+        return model, tokenizer
     if isinstance(model, torch.nn.Module):
-        return wrap(model, tokenizer)
+        if tokenizer is None:
+            raise ValueError(
+                f"a {type(model).__name__} carries no tokenizer: extract(model, tokenizer, texts), or load it "
+                "with lime_probe.load"
+            )
+        return wrap(model, tokenizer), tokenizer
     raise TypeError(f"model must be a Hugging Face model or an nnsight model, not {type(model).__name__}")
 
 
@@ -514,9 +536,9 @@ def _is_token_list(t: Any) -> bool:
 
 
 def extract(
-    model: Any,
-    tokenizer: Any,
-    texts: Iterable[str],
+    model: TransformersModel | PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | Iterable[str] | None = None,
+    texts: Iterable[str] | Iterable[list[int]] | None = None,
     *,
     sites: Sequence[str] | str = ("hidden",),
     layers: Iterable[int] | int | None = None,
@@ -535,10 +557,13 @@ def extract(
 ) -> Activations:
     """Run `texts` through `model` and collect the representations at `sites` (see the module doc).
 
+    ``extract(model, texts)`` uses the tokenizer the nnsight model carries (`lime_probe.load`'s does);
+    ``extract(model, tokenizer, texts)`` names one.
+
     Args:
         model: an nnsight model from `lime_probe.load`, or a Hugging Face model (wrapped here).
-        tokenizer: its tokenizer; its ``padding_side`` decides the padding side (results do not
-            depend on it).
+        tokenizer: its tokenizer (default: the nnsight model's own; a Hugging Face model needs it); its
+            ``padding_side`` decides the padding side (results do not depend on it).
         texts: the input texts, one sequence each, truncated to `max_length` tokens (capped at the
             model's ``max_position_embeddings``): a list, or any iterable, read lazily block by block
             (a generator, a `Corpus`, a ``datasets`` dataset, e.g. ``streaming=True``; see the module doc).
@@ -575,6 +600,8 @@ def extract(
             iterator, or a model without weights (remote), with `cache_dir`; `remote` for a model from a
             local folder.
     """
+    if texts is None:  # extract(model, texts): the model's own tokenizer
+        texts, tokenizer = tokenizer, None
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
     _validate(
@@ -590,7 +617,7 @@ def extract(
         },
         pretokenized,
     )
-    nn_model = _as_nnsight(model, tokenizer)
+    nn_model, tokenizer = _as_nnsight(model, tokenizer)
     check_remote(nn_model, remote)
     hf = nn_model._module
     plan = _plan(hf, sites, layers)
