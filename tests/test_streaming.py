@@ -163,8 +163,12 @@ def test_per_document_entropy_reads_data_lazily_and_windows_whole(tmp_path, caps
     assert isinstance(load(str(data), args, EntropyParams(unit="documents"), "--data"), Corpus)
     assert load(str(data), args, EntropyParams(unit="windows"), "--data") == TEXTS[:30]  # drawn from all
 
-    def whole(*a, **k):
-        raise AssertionError("per-document entropy must not read --data whole")
+    first_document = lime_model.data.load_texts
+
+    def whole(*a, max_texts=None, **k):  # the checks before work read the first document only
+        if max_texts != 1:
+            raise AssertionError("per-document entropy must not read --data whole")
+        return first_document(*a, max_texts=max_texts, **k)
 
     ckpt = save_tiny_checkpoint(tmp_path / "llama", "llama")
     monkeypatch.setattr(lime_model.data, "load_texts", whole)
@@ -187,8 +191,12 @@ def test_cka_reads_data_lazily(tmp_path, capsys, monkeypatch):
     data = tmp_path / "t.txt"
     data.write_text("\n\n".join(TEXTS) + "\n")
 
-    def whole(*a, **k):
-        raise AssertionError("cka must not read --data whole")
+    first_document = lime_model.data.load_texts
+
+    def whole(*a, max_texts=None, **k):  # the checks before work read the first document only
+        if max_texts != 1:
+            raise AssertionError("cka must not read --data whole")
+        return first_document(*a, max_texts=max_texts, **k)
 
     ckpt = save_tiny_checkpoint(tmp_path / "llama", "llama")
     monkeypatch.setattr(lime_model.data, "load_texts", whole)
