@@ -198,3 +198,56 @@ def test_demo_writes_to_its_own_ignored_folder_by_default():
     if (root / ".git").exists():
         ignored = subprocess.run(["git", "check-ignore", "-q", f"{out}/report.html"], cwd=root)
         assert ignored.returncode == 0, f"{out} is not git-ignored"
+
+
+def test_the_demo_page_quotes_the_committed_run():
+    """docs/demo.md's numbers, recomputed from the committed demo run's files (figures/*.json), which the
+    reproducible mode wrote."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = " ".join((root / "docs" / "demo.md").read_text().split())
+
+    def rows(stem: str) -> list[dict]:
+        doc = json.loads((root / "figures" / f"{stem}.json").read_text())
+        assert doc["meta"]["reproducible"]["reproducible"] is True, stem  # the run the page describes
+        return doc["rows"]
+
+    acc = {(r["model"], r["n_operators"]): 100 * r["accuracy"] for r in rows("arithmetic_accuracy")}
+    lime, llama = (f"{acc[m, 2]:.0f} % / {acc[m, 3]:.0f} %" for m in ("LIMe", "LLaMA"))
+    assert f"({lime} on 2 / 3 operators vs LLaMA's {llama})" in page
+    assert (
+        f"this one +{acc['LIMe', 2] - acc['LLaMA', 2]:.0f} / +{acc['LIMe', 3] - acc['LLaMA', 3]:.0f}" in page
+    )
+
+    curves = {(r["model"], r["step"]): r for r in rows("training_curves")}
+    steps = sorted({s for m, s in curves if m == "LIMe"})
+    lower = sum(curves["LIMe", s]["loss"] < curves["LLaMA", s]["loss"] for s in steps)
+    extra = 100 * (curves["LIMe", steps[-1]]["flops"] / curves["LLaMA", steps[-1]]["flops"] - 1)
+    assert f"at {lower} of the {len(steps)} logged steps (for {extra:.1f} % more FLOPs per step)" in page
+
+    entropy = {
+        (r["model"], r["layer"]): r["entropy_mean"] for r in rows("entropy_values") if r["site"] == "values"
+    }
+    layers = sorted({la for _, la in entropy})
+    assert all(entropy["LIMe", la] > entropy["LLaMA", la] for la in layers) and "in every layer" in page
+
+    rows("router")  # its mode
+    per_layer = json.loads((root / "figures" / "router.json").read_text())["routers"]["LIMe"]["per_layer"]
+    shares = [
+        f"{100 * sources[0]:.0f} %" for sources in per_layer[1:4]
+    ]  # each layer's share read from layer 0
+    assert f"layers 1-3 read {shares[0]}, {shares[1]} and {shares[2]} of their K/V from layer 0" in page
+
+    def last_block(stem: str) -> dict[str, str]:
+        got = rows(stem)
+        last = max(r["layer"] for r in got)
+        return {r["model"]: f"{100 * r['accuracy_mean']:.1f} %" for r in got if r["layer"] == last}
+
+    small, large = last_block("separability_numbers_1_4"), last_block("separability_numbers_100_103")
+    assert (
+        f"1-4 stay mostly apart ({small['LLaMA']}) and in LIMe's they do not ({small['LIMe']}, chance 25 %;"
+        in page
+    )
+    assert f"100-103: {large['LLaMA']} vs {large['LIMe']})" in page
