@@ -31,7 +31,9 @@ def gradients(routing: str, **overrides) -> dict[str, tuple[torch.Tensor, torch.
     reference = tiny_model("lime", routing=routing, num_hidden_layers=3, **overrides).train()
     model = shard(copy.deepcopy(reference), torch.device("cpu"), world)
     vocab = reference.config.vocab_size
-    ids = torch.randint(5, vocab, (ROWS_PER_PROCESS * world, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        5, vocab, (ROWS_PER_PROCESS * world, SEQ_LEN), generator=torch.Generator().manual_seed(0)
+    )
     targets = ids[:, 1:].numel()
     (token_loss_sum(reference(input_ids=ids).logits, ids) / targets).backward()
     rows = ids.chunk(world)[rank]

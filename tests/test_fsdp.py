@@ -87,7 +87,10 @@ def assert_same_run(one: Path, two: Path) -> None:
     assert weights[0].keys() == weights[1].keys()  # a tied head stored once in both
     for name, value in weights[0].items():
         assert relative_error(weights[1][name], value) <= RTOL, name
-    losses = [[json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    losses = [
+        [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (one, two)
+    ]
     assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=RTOL)
     # the model's own code and class, not FSDP's subclass
     assert (one / "config.json").read_text() == (two / "config.json").read_text()
