@@ -2,11 +2,11 @@
 
 Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``): DDP, or, when the
 recipe sets ``fsdp``, PyTorch's FSDP2 (``fully_shard``, applied here on CPUs and GPUs alike:
-:func:`shard`). Every process
-sees the same global batch order (a seeded permutation per epoch) and takes its own slice; each
-micro-batch's loss is the summed token loss over the number of target tokens in the *global* batch,
-so 1 process with accumulation and N processes give the same gradients. Several processes never
-tokenise: they read the packed-token cache that ``lime-model prepare`` made (:func:`prepare_data`).
+:func:`shard`). Every process sees the same global batch order (a seeded permutation per epoch) and
+takes its own slice; each micro-batch's loss is the summed token loss over the number of target
+tokens in the *global* batch, so 1 process with accumulation and N processes give the same gradients.
+Several processes never tokenise: they read the packed-token cache that ``lime-model prepare`` made
+(:func:`prepare_data`).
 
 An output directory holds::
 
@@ -294,7 +294,7 @@ def _param_order(accelerator, model, optimizer) -> list[str]:
 
 def _named_optimizer_state(accelerator, model, optimizer) -> dict:
     """The full optimizer state keyed by parameter name (gathered from the shards when sharded: a
-    collective; the same format either way, so a checkpoint resumes with or without FSDP)."""
+    collective; the same format either way)."""
     if _sharded(model):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
