@@ -13,14 +13,18 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lime_probe.extraction.adapters import get_adapter
 
+if TYPE_CHECKING:
+    from nnsight.modeling.transformers import TransformersModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
-_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPES = tuple(_DTYPES)
 # accelerate's placement strategies (`infer_auto_device_map`): "auto" and "balanced" spread the model
 # evenly over the GPUs, "balanced_low_0" keeps GPU 0 light, "sequential" fills them in order; whatever
@@ -237,7 +241,7 @@ def _check_local(path: Path) -> None:
         raise ValueError(f"not a checkpoint: {path} has no config.json")
 
 
-def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
+def wrap(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> TransformersModel:
     """Wrap a loaded Hugging Face `model` for nnsight (a `TransformersModel` sharing `tokenizer`).
 
     nnsight sets a causal model's tokenizer to left padding; the tokenizer's own padding side is
@@ -256,7 +260,7 @@ def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
     return wrapped
 
 
-def input_device(hf: torch.nn.Module, remote: bool | str = False) -> torch.device:
+def input_device(hf: PreTrainedModel, remote: bool | str = False) -> torch.device:
     """Where a batch goes: the device the input embedding runs on. For a model dispatched over a device map,
     its module's execution device (accelerate brings an offloaded module's weights there for each pass);
     the CPU for a request to a remote server (`remote` True or a host URL) and for weights on ``meta``
@@ -305,7 +309,7 @@ def load(
     revision: str | None = None,
     offload_folder: str | os.PathLike | None = None,
     verbose: bool = False,
-) -> tuple[Any, Any]:
+) -> tuple[TransformersModel, PreTrainedTokenizerBase]:
     """Load a checkpoint for extraction: ``(nnsight model, tokenizer)``.
 
     The weights are read straight into `dtype` (transformers builds the model without weights and fills
@@ -362,7 +366,7 @@ def load(
     if revision is not None and not hub:
         raise ValueError(f"revision {revision!r} names a hub branch, tag or commit; {ckpt} is a local folder")
     # an unreachable hub model that is in the local hub cache is read from there, with no network retries
-    source = {"revision": revision} if hub else {}
+    source: dict[str, Any] = {"revision": revision} if hub else {}
     if hub and _hub_offline(ckpt, revision):
         source["local_files_only"] = True
     if not hub:
@@ -381,17 +385,18 @@ def load(
             raise ValueError(f"cannot read the config of {where}: {_one(error)}") from None
         get_adapter(config)  # fail early, naming the supported architectures
 
+        auto: type[tf.AutoModel | tf.AutoModelForCausalLM]
         if is_encoder(config):
             auto = tf.AutoModel
         elif type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
             auto = tf.AutoModelForCausalLM
         else:
             raise ValueError(f"{where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
-        placement = {}
+        placement: dict[str, Any] = {}
         if device_map is not None:
             offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")
             placement = {"device_map": device_map, "offload_folder": os.fspath(offload)}
-        elif device.type != "cpu":  # read straight onto the device: no copy of the weights in host memory
+        elif device is not None and device.type != "cpu":  # read straight onto the device: no copy of the weights in host memory
             placement = {"device_map": str(device)}
         try:
             model = auto.from_pretrained(ckpt, config=config, dtype=dtype, **placement, **source)

@@ -54,7 +54,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import nnsight
 import torch
@@ -65,6 +65,10 @@ from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_k
 from lime_probe.extraction.loading import input_device, wrap
 from lime_probe.extraction.sites import SITES
 from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
+
+if TYPE_CHECKING:
+    from nnsight.modeling.transformers import TransformersModel
+    from transformers import PreTrainedTokenizerBase
 
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
@@ -99,7 +103,7 @@ class Activations(Mapping):
 
     def __init__(
         self,
-        parts: list[dict[str, torch.Tensor] | Path],
+        parts: Sequence[dict[str, torch.Tensor] | Path],
         site_layers: dict[str, list[int]],
         heads: dict[str, tuple[int, int]],
         logprobs: bool = False,
@@ -368,7 +372,7 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
 
 def _tokenize(
     tokenizer: Any,
-    texts: Iterable[str] | Iterable[list[int]],
+    texts: Iterable[str | list[int]],
     max_length: int,
     token_budget: int | None,
     pretokenized: bool = False,
@@ -379,7 +383,7 @@ def _tokenize(
     texts, i = iter(texts), 0
     while chunk := list(islice(texts, TOKENIZE_CHUNK)):
         if pretokenized:
-            encoded = [list(t) for t in chunk]
+            encoded = [list(cast(list[int], t)) for t in chunk]  # checked by `_items` / `_validate`
         else:
             encoded = tokenizer(chunk, truncation=True, max_length=max_length)["input_ids"]
         for seq in encoded:
@@ -505,9 +509,9 @@ def _is_token_list(t: Any) -> bool:
 
 
 def extract(
-    model: Any,
-    tokenizer: Any,
-    texts: Iterable[str],
+    model: TransformersModel | torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Iterable[str] | Iterable[list[int]],
     *,
     sites: Sequence[str] | str = ("hidden",),
     layers: Iterable[int] | int | None = None,
@@ -633,7 +637,7 @@ def extract(
         key = extraction_key(
             hf, tokenizer, hashed, max_length=max_length, max_tokens=max_tokens, settings=settings
         )
-        about = describe_texts([first] if streamed else texts)
+        about = describe_texts([first] if streamed and first is not None else texts)
         cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=about)
         if cache.complete:
             return Activations(cache.shards, plan.site_layers, plan.heads, logprobs)
@@ -643,7 +647,7 @@ def extract(
     buffer: list[dict[str, torch.Tensor]] = []
     buffered_bytes = 0
     device = input_device(hf, remote)
-    total = None if streamed else len(seqs)
+    total = len(seqs) if isinstance(seqs, list) else None  # a list unless streamed
     bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
     done = start
     blocks = _blocks(islice(seqs, start, None), plan.row_bytes, pool == "none", batch_size, batch_tokens)
@@ -756,7 +760,7 @@ def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     counts = torch.cat([p.pop("offsets").diff() for p in parts])
     out = {
         "offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
-        "n_tokens": sum(p.pop("n_tokens") for p in parts),
+        "n_tokens": sum((p.pop("n_tokens") for p in parts), torch.zeros(1, dtype=torch.long)),
     }
     for name in list(parts[0]):
         out[name] = torch.cat([p.pop(name) for p in parts])
