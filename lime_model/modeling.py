@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,7 +59,8 @@ class LimeAttention(nn.Module):
         self.q_proj = nn.Linear(hidden, config.num_attention_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
-        self.k_proj.torch_default_init = self.v_proj.torch_default_init = config.kv_proj_torch_init
+        # a flag `_init_weights` reads; torch's stubs type a module's attributes as tensors or modules
+        self.k_proj.torch_default_init = self.v_proj.torch_default_init = config.kv_proj_torch_init  # type: ignore[assignment]
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, hidden, bias=False)
         self.router = build_router(config, layer_idx)
 
@@ -122,6 +124,7 @@ class LimeAttention(nn.Module):
             and cache is None  # cached K/V are more than this call's routed heads
             and router is not None
             and not router.input_dependent
+            and kv_buffer is not None  # every routed model's forward passes one
         ):
             yield
             return
@@ -192,7 +195,7 @@ class LimePreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": LimeDecoderLayer, "attentions": LimeAttention}
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def _init_weights(self, module: Any) -> None:
         """LLaMA's init (normal(0, initializer_range) matrices and embeddings, unit norms), except:
 
         * routers: each router class's own ``reset_parameters`` (identity on the own heads);
@@ -232,7 +235,7 @@ class LimeModel(LimePreTrainedModel):
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
+        position_ids: torch.Tensor | None = None,
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,

@@ -24,7 +24,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
-_DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES: dict[str, torch.dtype | str] = {
+    "auto": "auto",
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 DTYPES = tuple(_DTYPES)
 # accelerate's placement strategies (`infer_auto_device_map`): "auto" and "balanced" spread the model
 # evenly over the GPUs, "balanced_low_0" keeps GPU 0 light, "sequential" fills them in order; whatever
@@ -396,7 +401,9 @@ def load(
         if device_map is not None:
             offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")
             placement = {"device_map": device_map, "offload_folder": os.fspath(offload)}
-        elif device is not None and device.type != "cpu":  # read straight onto the device: no copy of the weights in host memory
+        elif (
+            device is not None and device.type != "cpu"
+        ):  # read straight onto the device: no copy of the weights in host memory
             placement = {"device_map": str(device)}
         try:
             model = auto.from_pretrained(ckpt, config=config, dtype=dtype, **placement, **source)

@@ -168,7 +168,8 @@ def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str], p: TsneParams, extract_kw: dict | None
 ) -> Result:
     """t-SNE of the occurrences of ``p.words`` in ``texts`` per layer at ``p.site`` (default: `value_sites`)."""
-    rows, summary = [], []
+    rows: list[dict] = []
+    summary: list[dict] = []
     for ck in cks:
         sites = value_sites(ck, p.site)
         features = word_features(ck, texts, sites, p.words, extract_kw, subtoken=p.subtoken)
