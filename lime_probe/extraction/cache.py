@@ -100,12 +100,12 @@ def read_tensor(shard: Path, name: str) -> torch.Tensor:
         return f.get_tensor(name)
 
 
-def describe_texts(texts: Sequence[str | Sequence[int]], width: int = 48) -> str:
+def describe_texts(texts: Iterable[str | Sequence[int]], width: int = 48) -> str:
     """A short human description of an extraction's data for the cache listing: the start of its first
     text (at most `width` characters, whitespace collapsed), or the token count of pre-tokenised input."""
-    if not texts:
+    first = next(iter(texts), None)
+    if first is None:
         return ""
-    first = texts[0]
     if not isinstance(first, str):
         return f"{len(first)} token ids"
     text = " ".join(first.split())

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -274,7 +274,8 @@ def input_device(hf: PreTrainedModel, remote: bool | str = False) -> torch.devic
         return torch.device("cpu")
     embedding = hf.get_input_embeddings()
     device = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)
-    device = torch.device(device) if device is not None else embedding.weight.device
+    weight = cast(torch.Tensor, embedding.weight)  # an embedding's weight (torch types it tensor or module)
+    device = torch.device(device) if device is not None else weight.device
     return torch.device("cpu") if device.type == "meta" else device
 
 

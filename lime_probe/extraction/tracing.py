@@ -511,7 +511,7 @@ def _is_token_list(t: Any) -> bool:
 def extract(
     model: TransformersModel | torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    texts: Iterable[str] | Iterable[list[int]],
+    texts: Iterable[str | list[int]],
     *,
     sites: Sequence[str] | str = ("hidden",),
     layers: Iterable[int] | int | None = None,

@@ -369,14 +369,13 @@ def plot_router_beside_initial(weights, initial, *, label: str, initial_label: s
     n, k = trained.shape
     with style():
         fig, axes = _new_figure(3, size=(3 * max(3.6, 0.3 * k + 2.2), max(3.0, 0.3 * n + 1.6)))
-        extra: dict[str, Any]
         common: dict[str, Any] = {
             "row_labels": range(n),
             "col_labels": range(k),
             "xlabel": "buffered layer",
             "annotate": False,
         }
-        for ax, m, title, extra in (
+        panels: tuple[tuple[Any, np.ndarray, str, dict[str, Any]], ...] = (
             (
                 axes[0, 0],
                 trained,
@@ -395,7 +394,8 @@ def plot_router_beside_initial(weights, initial, *, label: str, initial_label: s
                 "trained - initial",
                 {"vmin": -reach, "vmax": reach, "cmap": DIVERGING_CMAP, "cbar_label": "change in share"},
             ),
-        ):
+        )
+        for ax, m, title, extra in panels:
             plot_heatmap(m, **common, ylabel="layer (reader)", title=textwrap.fill(title, 40), ax=ax, **extra)
         fig.suptitle(f"{label}: where each layer reads its keys/values, trained beside initial")
     return fig

@@ -7,8 +7,9 @@ first only (``base.value_sites``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.protocol import defaults
@@ -55,7 +56,7 @@ class TsneParams:
 
 
 def tsne_rows(
-    features: dict[str, tuple[dict, object]],
+    features: Mapping[str, tuple[dict, Any]],
     *,
     site: str,
     per_class: int = 100,
@@ -147,7 +148,7 @@ def _result(
 
 
 def from_features(
-    features: dict[str, tuple[dict, object]],
+    features: Mapping[str, tuple[dict, Any]],
     *,
     site: str,
     name: str,

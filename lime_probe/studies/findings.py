@@ -205,6 +205,7 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
     from lime_probe.output import plots as F
 
     e, key = claims[0].endpoint, claims[0].per
+    assert key is not None  # `draw` groups the claims with a `per` key
     read_at: dict[
         str | Effect, Endpoint
     ] = {}  # each model's own endpoint: a cross-site claim reads its reference elsewhere
