@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedConfig
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
@@ -174,8 +174,13 @@ class LimeDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = self.attention_class(config, layer_idx)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # (hyper-connections' blocks norm with nn.LayerNorm)
+        self.input_layernorm: LlamaRMSNorm | nn.LayerNorm = LlamaRMSNorm(
+            config.hidden_size, eps=config.rms_norm_eps
+        )
+        self.post_attention_layernorm: LlamaRMSNorm | nn.LayerNorm = LlamaRMSNorm(
+            config.hidden_size, eps=config.rms_norm_eps
+        )
 
     def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
         """``(B, T, hidden) -> (B, T, hidden)``; ``kwargs`` go to attention (mask, RoPE, cache, buffer)."""
@@ -185,7 +190,7 @@ class LimeDecoderLayer(nn.Module):
 
 
 class LimePreTrainedModel(PreTrainedModel):
-    config_class = LimeConfig
+    config_class: type[PreTrainedConfig] = LimeConfig  # the baselines' own configs subclass it
     config: LimeConfig
     base_model_prefix = "model"
     _no_split_modules = ["LimeDecoderLayer"]
