@@ -14,6 +14,7 @@ import signal
 import sys
 from importlib import import_module
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "ARCHITECTURES": "architectures",
@@ -38,6 +39,21 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers and editors see it
+    from lime_model.architectures import ARCHITECTURES, config_for
+    from lime_model.config import LimeConfig
+    from lime_model.denseformer import DenseFormerConfig, DenseFormerForCausalLM, DenseFormerModel
+    from lime_model.flops import forward_flops
+    from lime_model.hyperconnections import (
+        HyperConnectionsConfig,
+        HyperConnectionsForCausalLM,
+        HyperConnectionsModel,
+    )
+    from lime_model.modeling import LimeForCausalLM, LimeModel, LimePreTrainedModel
+    from lime_model.optim import param_groups
+    from lime_model.resformer import ResFormerConfig, ResFormerForCausalLM, ResFormerModel
+    from lime_model.routing import RoutingSpec, parse_routing
 
 
 def __getattr__(name: str):

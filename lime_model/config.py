@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import LlamaConfig
 
@@ -37,6 +37,9 @@ class LimeConfig(LlamaConfig):
     """
 
     model_type = "lime"
+    if TYPE_CHECKING:  # None only before LlamaConfig.__post_init__ fills them in
+        num_key_value_heads: int
+        head_dim: int
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from multiprocessing import get_context
@@ -204,7 +204,9 @@ def _tokenize_in_worker(batch: list[str]) -> list[list[int]]:
     return _tokenize(_worker_tokenizer, batch)
 
 
-def _token_chunks(docs: Iterable[str], tokenizer, chunk: int, num_proc: int) -> Iterator[list[list[int]]]:
+def _token_chunks(
+    docs: Iterable[str], tokenizer, chunk: int, num_proc: int
+) -> Generator[list[list[int]], None, None]:
     """The token ids of ``docs``, ``chunk`` documents at a time, in order; with ``num_proc`` > 1 the
     chunks are tokenised by that many worker processes, reading at most ``2 * num_proc`` chunks ahead
     (a streamed corpus is never read further than that)."""

@@ -13,6 +13,8 @@ init, so a fresh DenseFormer is exactly LLaMA. Block i's DWA weights are
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -83,7 +85,7 @@ class DenseFormerDecoderLayer(LimeDecoderLayer):
         sources = config.dwa_sources(layer_idx + 1)
         self.dwa = DepthWeightedAverage(sources) if sources else None
 
-    def forward(
+    def forward(  # type: ignore[override]  # takes its model's list of block outputs as well
         self, hidden_states: torch.Tensor, block_outputs: list[torch.Tensor], **kwargs
     ) -> torch.Tensor:
         """``(B, T, hidden) -> (B, T, hidden)``; appends X_i to ``block_outputs`` (X_0..X_{i-1} on entry)."""
@@ -111,8 +113,9 @@ class DenseFormerModel(LimeModel):
         L = self.config.num_hidden_layers
         alpha = torch.full((L, L + 1), float("nan"))
         for i, layer in enumerate(self.layers):
-            if layer.dwa is not None:
-                alpha[i, layer.dwa.sources] = layer.dwa.weight.detach().float().cpu()
+            dwa = cast(DenseFormerDecoderLayer, layer).dwa
+            if dwa is not None:
+                alpha[i, dwa.sources] = dwa.weight.detach().float().cpu()
         return {"DWA weights": alpha}
 
 

@@ -7,11 +7,11 @@ these, so one definition serves both. Imports nothing heavy.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
-def texts_hash(texts: Sequence[str] | Sequence[Sequence[int]]) -> str:
+def texts_hash(texts: Iterable[str | Sequence[int]]) -> str:
     """SHA-256 (hex) of the texts in order; stable across processes and runs.
 
     Token id lists (pre-tokenised input) hash as their space-joined ids behind a marker, so they never

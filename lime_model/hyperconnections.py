@@ -22,6 +22,7 @@ names and shapes (``layers.N.hc_attn.static_alpha`` ...); every other parameter 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -117,7 +118,8 @@ class HyperConnection(nn.Module):
         self, streams: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         """``streams (B, T, n, d)``; ``sublayer`` maps its input ``(B, T, d)`` to its output ``(B, T, d)``."""
-        alpha, beta = self.static_alpha, self.static_beta
+        alpha: torch.Tensor = self.static_alpha
+        beta: torch.Tensor = self.static_beta
         if self.dynamic:
             normed = self.norm(streams)
             alpha = alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)
@@ -137,7 +139,9 @@ class HyperConnectionsDecoderLayer(LimeDecoderLayer):
         self.hc_attn = HyperConnection(config, layer_idx)
         self.hc_mlp = HyperConnection(config, layer_idx)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(  # type: ignore[override]  # its model's run_layers reads the streams as well
+        self, hidden_states: torch.Tensor, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Streams ``(B, T, n, d)`` (the first block: embeddings ``(B, T, d)``, replicated n times) ->
         (their sum ``(B, T, d)``, the hidden state probes and ``output_hidden_states`` see; the streams)."""
         streams = hidden_states
@@ -172,7 +176,8 @@ class HyperConnectionsModel(LimeModel):
         destination streams of each sub-layer's output. ``A_r^T (2L*n, n)``: row ``s*n + j`` = destination
         stream j of sub-layer s, cols = source streams. The dynamic parts (per token) are not included.
         """
-        hcs = [hc for layer in self.layers for hc in (layer.hc_attn, layer.hc_mlp)]
+        blocks = [cast(HyperConnectionsDecoderLayer, layer) for layer in self.layers]
+        hcs = [hc for layer in blocks for hc in (layer.hc_attn, layer.hc_mlp)]
         alpha = torch.stack([hc.static_alpha.detach() for hc in hcs])  # (2L, n, n+1)
         return {
             "HC width A_m (sub-layer x source stream)": alpha[:, :, 0],

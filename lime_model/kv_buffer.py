@@ -200,6 +200,7 @@ class KVBuffer:
                 if w is None:  # a reader of its own heads only (the layer itself): the identity
                     own = source(r, r + 1)
                     rows = own.clone() if rows is None else rows.add_(own)
+            assert rows is not None  # every reader mixes or reads its own heads
             grads.append(self.heads(rows, B, T).permute(1, 2, 0, 3).reshape(shape))
         for r, _, pos in readers:  # its lowest source reads a reader's gradient last
             if pos == 0:
@@ -286,6 +287,7 @@ def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
                     out = torch.bmm(w, src)
                 else:
                     out = torch.baddbmm(out, w, src, out=out)
+    assert out is not None  # a mix has at least one source
     return out.view(kv, *row) if mode == "matrix" else out.transpose(0, 1)
 
 
@@ -371,5 +373,5 @@ def routed_read(
         Routed ``(keys, values)``, each ``(B, kv, T, head_dim)`` (keys before RoPE).
     """
     B, T, _ = keys.shape
-    routed = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
-    return tuple(buffer.attention_heads(x, B, T) for x in routed)
+    routed_keys, routed_values = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
+    return buffer.attention_heads(routed_keys, B, T), buffer.attention_heads(routed_values, B, T)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedConfig
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
@@ -58,7 +59,8 @@ class LimeAttention(nn.Module):
         self.q_proj = nn.Linear(hidden, config.num_attention_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
-        self.k_proj.torch_default_init = self.v_proj.torch_default_init = config.kv_proj_torch_init
+        # a flag `_init_weights` reads; torch's stubs type a module's attributes as tensors or modules
+        self.k_proj.torch_default_init = self.v_proj.torch_default_init = config.kv_proj_torch_init  # type: ignore[assignment]
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, hidden, bias=False)
         self.router = build_router(config, layer_idx)
 
@@ -122,6 +124,7 @@ class LimeAttention(nn.Module):
             and cache is None  # cached K/V are more than this call's routed heads
             and router is not None
             and not router.input_dependent
+            and kv_buffer is not None  # every routed model's forward passes one
         ):
             yield
             return
@@ -171,8 +174,13 @@ class LimeDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = self.attention_class(config, layer_idx)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # (hyper-connections' blocks norm with nn.LayerNorm)
+        self.input_layernorm: LlamaRMSNorm | nn.LayerNorm = LlamaRMSNorm(
+            config.hidden_size, eps=config.rms_norm_eps
+        )
+        self.post_attention_layernorm: LlamaRMSNorm | nn.LayerNorm = LlamaRMSNorm(
+            config.hidden_size, eps=config.rms_norm_eps
+        )
 
     def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
         """``(B, T, hidden) -> (B, T, hidden)``; ``kwargs`` go to attention (mask, RoPE, cache, buffer)."""
@@ -182,7 +190,7 @@ class LimeDecoderLayer(nn.Module):
 
 
 class LimePreTrainedModel(PreTrainedModel):
-    config_class = LimeConfig
+    config_class: type[PreTrainedConfig] = LimeConfig  # the baselines' own configs subclass it
     config: LimeConfig
     base_model_prefix = "model"
     _no_split_modules = ["LimeDecoderLayer"]
@@ -192,7 +200,7 @@ class LimePreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": LimeDecoderLayer, "attentions": LimeAttention}
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def _init_weights(self, module: Any) -> None:
         """LLaMA's init (normal(0, initializer_range) matrices and embeddings, unit norms), except:
 
         * routers: each router class's own ``reset_parameters`` (identity on the own heads);
@@ -232,7 +240,7 @@ class LimeModel(LimePreTrainedModel):
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
+        position_ids: torch.Tensor | None = None,
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,

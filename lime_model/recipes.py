@@ -208,7 +208,7 @@ class Recipe:
         heads = self.model.get("num_attention_heads")
         kv = self.model.get("num_key_value_heads") or heads
         hidden = self.model.get("hidden_size")
-        if None in (heads, hidden):
+        if heads is None or hidden is None:
             raise ValueError("the recipe's model needs hidden_size and num_attention_heads")
         if hidden % heads or heads % kv:
             raise ValueError(
@@ -300,7 +300,7 @@ def _read(name_or_path: str) -> dict:
             raise FileNotFoundError(
                 f"recipe not found: {name_or_path} (not a file; shipped recipes: {', '.join(recipe_names())})"
             )
-        path = Path(str(resources.files("lime_model").joinpath("recipes", f"{name_or_path}.json")))
+        path = Path(str(resources.files("lime_model") / "recipes" / f"{name_or_path}.json"))
     try:
         recipe = json.loads(path.read_text())
     except json.JSONDecodeError as e:

@@ -13,6 +13,8 @@ position, so the cache stores V'_n. Layer n's lambdas are ``model.layers.{n-1}.s
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -102,8 +104,9 @@ class ResFormerModel(LimeModel):
         lambda on its own V_n); row 0 is NaN (the first layer provides V_1 and mixes nothing)."""
         lam = torch.full((self.config.num_hidden_layers, 2), float("nan"))
         for i, layer in enumerate(self.layers):
-            if layer.self_attn.value_mix.weight is not None:
-                lam[i] = layer.self_attn.value_mix.weight.detach().float().cpu()
+            value_mix = cast(ResFormerAttention, layer.self_attn).value_mix
+            if value_mix.weight is not None:
+                lam[i] = value_mix.weight.detach().float().cpu()
         return {"value residual lambdas": lam}
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # routers read a LimeConfig, whose module imports the routing
     from transformers import PreTrainedConfig
 
 # (layer i, the spec's n or None) -> the ascending layers whose K/V layer i mixes, i last
-Sources = Callable[[int, int | None], list[int]]
+Sources = Callable[[int, Any], list[int]]  # (layer, the spec's n: int, or None for "full")
 
 
 def all_layers(i: int, n: None) -> list[int]:
@@ -109,7 +109,7 @@ class LimeRouter(nn.Module):
         self.sources: list[int] = config.routing_spec.sources(layer_idx)
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.weight = None
+        self.weight: nn.Parameter | None = None
         if self.learned:
             self.make_parameters(config)
         self.reset_parameters()
@@ -190,7 +190,9 @@ class AverageRouter(LimeRouter):
 
     def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         kv, S = self.num_kv_heads, len(self.sources)
-        like = {} if hidden_states is None else {"dtype": hidden_states.dtype, "device": hidden_states.device}
+        like: dict[str, Any] = (
+            {} if hidden_states is None else {"dtype": hidden_states.dtype, "device": hidden_states.device}
+        )
         eye = torch.eye(kv, **like)
         return (eye[:, None, :, None] / S).expand(kv, S, kv, 1).unsqueeze(0)
 

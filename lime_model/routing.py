@@ -99,7 +99,7 @@ class RoutingSpec:
     @property
     def input_dependent(self) -> bool:
         """Whether the routing weights depend on the token (the router analysis then needs hidden states)."""
-        return self.enabled and self.router.input_dependent
+        return self.router is not None and self.router.input_dependent
 
     def sources(self, layer_idx: int) -> list[int]:
         """Ascending indices of the layers whose K/V layer ``layer_idx`` mixes (its own is last)."""

@@ -51,7 +51,7 @@ import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,7 @@ def _epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
 def total_steps(recipe: Recipe, n_rows: int) -> int:
     if recipe.steps is not None:
         return recipe.steps
+    assert recipe.epochs is not None  # a recipe gives steps or epochs (Recipe.__post_init__)
     return max(1, math.ceil(recipe.epochs * n_rows / recipe.batch_size))
 
 
@@ -166,6 +167,7 @@ def prepare_data(
         lengths = (input_ids != tokenizer.pad_token_id).sum(1)
         eval_ids, eval_labels = arithmetic.encode(test_s[: recipe.eval_max_rows], tokenizer, recipe.seq_len)
         return TrainingData(tokenizer, input_ids, labels, test_s, lengths, eval_ids, eval_labels)
+    assert recipe.data is not None  # a text task names its data (Recipe.__post_init__)
     source = data_mod.TextSource(recipe.data, recipe.split, recipe.max_texts)
     cache = default_cache_dir(recipe.cache_dir)
     if tokenizer is None:
@@ -177,7 +179,7 @@ def prepare_data(
             tokenizer = _cached_bpe(source, recipe.model["vocab_size"], cache, build)
     check_vocab(tokenizer, recipe)
     max_rows = None
-    if recipe.one_pass:  # exactly the rows the steps consume, plus the held-out share
+    if recipe.one_pass and recipe.steps is not None:  # the rows the steps consume, plus the held-out share
         max_rows = math.ceil(recipe.steps * recipe.batch_size / (1 - recipe.eval_holdout))
     rows = torch.from_numpy(
         data_mod.packed_sequences(
@@ -206,6 +208,7 @@ def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir, build: 
     """:func:`train_bpe` on ``source``, saved under ``cache_dir`` and loaded from there next time
     (``build=False``: only loaded, :class:`~lime_model.data.NotPrepared` if it is not there)."""
     folder = data_mod.cache_path(cache_dir, "bpe", {"texts": source.key(), "vocab_size": vocab_size})
+    assert folder is not None  # `cache_dir` is given
     if not folder.is_dir():
         if not build:
             raise data_mod.NotPrepared(f"no BPE tokenizer at {folder}")
@@ -414,7 +417,7 @@ def _publish_final(out_dir: Path, ckpt: Path) -> None:
         if f.name in (STATE_JSON, STATE_TENSORS):
             continue
         with open(f, "rb") as src:
-            atomic_write(out_dir / f.name, lambda dst, src=src: shutil.copyfileobj(src, dst))
+            atomic_write(out_dir / f.name, partial(shutil.copyfileobj, src))
 
 
 def _check_out_dir(out_dir: Path, recipe: Recipe, resume: bool) -> tuple[bool, Path | None]:
@@ -743,6 +746,7 @@ def _logged_step(line: str) -> float:
 
 def _held_out(model, data: TrainingData, recipe: Recipe) -> dict[str, float]:
     """``val_loss`` (mean token NLL of the held-out rows) and ``val_perplexity`` (its exp)."""
+    assert data.eval_input_ids is not None and data.eval_labels is not None  # `has_eval`
     total, count = token_nll(model, data.eval_input_ids, data.eval_labels, recipe.micro_batch_size)
     return {"val_loss": total / count, "val_perplexity": math.exp(total / count)}
 
@@ -809,7 +813,7 @@ def evaluate_arithmetic(
     check_weights(run_dir)
     check_device(device)
     check_writable(run_dir / "arithmetic_eval.json", option="--ckpt")
-    model = AutoModelForCausalLM.from_pretrained(run_dir).to(device)
+    model = AutoModelForCausalLM.from_pretrained(run_dir).to(device)  # type: ignore[arg-type]  # transformers' wrapper of `to` hides its signature
     _, test = arithmetic.recipe_splits(recipe, with_train=False)
     acc = arithmetic.evaluate(
         model,

@@ -23,6 +23,7 @@ import signal
 import sys
 from importlib import import_module
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 
 def _exit_interrupted(signum, frame) -> None:
@@ -77,6 +78,40 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers and editors see it
+    from lime_probe.extraction.adapters import Adapter, register_adapter
+    from lime_probe.extraction.loading import load, wrap
+    from lime_probe.extraction.tracing import Activations, Corpus, extract
+    from lime_probe.probes.blimp import (
+        BlimpScores,
+        blimp_probe,
+        load_blimp,
+        score_minimal_pairs,
+        sentence_logprobs,
+    )
+    from lime_probe.probes.entropy import (
+        PRESETS,
+        EntropyAccumulator,
+        EntropyConfig,
+        EntropyResult,
+        FeatureMoments,
+        layer_entropies,
+        layer_entropy,
+        matrix_entropy,
+        stream_entropy,
+    )
+    from lime_probe.probes.router_weights import RouterAnalysis, router_weights
+    from lime_probe.probes.separability import (
+        ProbeResult,
+        balance_classes,
+        token_separability,
+        word_rows,
+        word_token_ids,
+    )
+    from lime_probe.probes.similarity import cka_matrix, effective_rank, effective_ranks, linear_cka
+    from lime_probe.probes.stats import bootstrap_ci, summarize
+    from lime_probe.probes.tsne import tsne_embed, tsne_layers
 
 
 def __getattr__(name: str):

@@ -392,7 +392,7 @@ def cmd_report(args, out: Path) -> str | None:
                 flag = REPORT_JOINED[name]
                 data = DATA_KINDS[spec.data_kind].load(getattr(args, _dest(flag)), args, params[name], flag)
             else:
-                data = texts[: sizes[name]] if name in sizes else None
+                data = texts[: sizes[name]] if name in sizes and isinstance(texts, list) else None
             result = run_analysis(spec, chosen, data, args)
         except BAD_INPUT as e:
             skipped.append({"analysis": name, "reason": one_line(e)})
@@ -436,7 +436,9 @@ def cmd_demo(args, out: Path) -> None:
 # join through an option of report's own (BLiMP: --blimp), {analysis: flag}.
 REPORTABLE = [n for n, s in ANALYSES.items() if DATA_KINDS[s.data_kind].report is None]
 REPORT_DEFAULT = [n for n, s in ANALYSES.items() if DATA_KINDS[s.data_kind].texts]
-REPORT_JOINED = {n: DATA_KINDS[s.data_kind].report[0] for n, s in ANALYSES.items() if n not in REPORTABLE}
+REPORT_JOINED = {
+    n: report[0] for n, s in ANALYSES.items() if (report := DATA_KINDS[s.data_kind].report) is not None
+}
 
 
 def _dest(flag: str) -> str:
@@ -652,7 +654,9 @@ def _report_options(p: argparse.ArgumentParser) -> None:
     )
     for name, flag in REPORT_JOINED.items():
         j = p.add_argument_group(f"{name} (with {flag})")
-        j.add_argument(flag, **DATA_KINDS[ANALYSES[name].data_kind].report[1])
+        report = DATA_KINDS[ANALYSES[name].data_kind].report
+        assert report is not None  # what REPORT_JOINED holds
+        j.add_argument(flag, **report[1])
         add_param_options(j, ANALYSES[name].params, skip=seen, own_defaults=own)
     p.add_argument(
         "--allow-skips",
@@ -680,7 +684,9 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
 
 
 def _reproduce_options(p: argparse.ArgumentParser) -> None:
-    p.description += "\n".join(f"  {s.name:<19} {s.question}" for s in STUDIES.values())
+    p.description = (p.description or "") + "\n".join(
+        f"  {s.name:<19} {s.question}" for s in STUDIES.values()
+    )
     p.add_argument(
         "--study", required=True, choices=STUDIES, metavar="NAME", help="the study to run (listed above)"
     )

@@ -144,7 +144,7 @@ def _is_legal(tokens: list[int | str], k: int) -> bool:
         return False
     before = tokens[k - 2] if k >= 2 else "("
     after = tokens[k + 2] if k + 2 < len(tokens) else ")"
-    if PREC[tokens[k]] == 2:  # × ÷ run unless a × ÷ on their left must run first
+    if PREC[str(tokens[k])] == 2:  # × ÷ run unless a × ÷ on their left must run first
         return before not in ("×", "÷")
     # + - run only as the first operation of their group and when no × ÷ binds their right operand
     return before == "(" and after not in ("×", "÷")
@@ -154,6 +154,7 @@ def reduce_once(tokens: list[int | str]) -> list[int | str]:
     """Compute the leftmost legal operation; drop parentheses left around a lone number."""
     k = next(k for k, t in enumerate(tokens) if t in PREC and _is_legal(tokens, k))
     a, op, b = tokens[k - 1], tokens[k], tokens[k + 1]
+    assert isinstance(a, int) and isinstance(op, str) and isinstance(b, int)  # `_is_legal`
     value = {"+": lambda: a + b, "-": lambda: a - b, "×": lambda: a * b, "÷": lambda: a // b}[op]()
     out = tokens[: k - 1] + [value] + tokens[k + 2 :]
     i = k - 1

@@ -35,9 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from lime_probe.extraction.sites import routes
 
@@ -185,7 +188,7 @@ def _outermost(paths: list[str]) -> list[str]:
     return [p for p in paths if not any(p.startswith(q + ".") for q in paths if q != p)]
 
 
-def discover_adapter(model: torch.nn.Module) -> Adapter:
+def discover_adapter(model: PreTrainedModel) -> Adapter:
     """An `Adapter` found in the module tree of `model`'s base model, for a model type without a registered one.
 
     Blocks: the one outermost ModuleList of ``config.num_hidden_layers`` modules (its inputs and outputs are
@@ -213,7 +216,7 @@ def discover_adapter(model: torch.nn.Module) -> Adapter:
         if name.rpartition(".")[2] in FINAL_NORM_NAMES and not name.startswith(layers + ".")
     ]
     final_norm = norms[0] if len(norms) == 1 else None
-    block = base.get_submodule(layers)[0]
+    block = cast(torch.nn.ModuleList, base.get_submodule(layers))[0]  # the ModuleList found above
     names = {name for name, _ in block.named_modules()}
     kv = next(((k, v) for k, v in KV_PROJECTIONS if k in names and v in names), None)
     attn = next((a for a in ATTENTION_NAMES if a in names), None)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -33,6 +33,9 @@ from lime_model.digests import texts_hash, tokenizer_hash
 from lime_model.files import atomic_path, atomic_write
 from lime_probe.extraction import provenance
 from lime_probe.extraction.cachedir import CACHE_USE, MANIFEST
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def fingerprint(obj: Any) -> str:
@@ -62,9 +65,9 @@ def checkpoint_identity(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def extraction_key(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer: Any,
-    texts: Sequence[str],
+    texts: Iterable[str | Sequence[int]],
     *,
     max_length: int,
     max_tokens: int | None,
@@ -97,12 +100,12 @@ def read_tensor(shard: Path, name: str) -> torch.Tensor:
         return f.get_tensor(name)
 
 
-def describe_texts(texts: Sequence[str] | Sequence[Sequence[int]], width: int = 48) -> str:
+def describe_texts(texts: Iterable[str | Sequence[int]], width: int = 48) -> str:
     """A short human description of an extraction's data for the cache listing: the start of its first
     text (at most `width` characters, whitespace collapsed), or the token count of pre-tokenised input."""
-    if not texts:
+    first = next(iter(texts), None)
+    if first is None:
         return ""
-    first = texts[0]
     if not isinstance(first, str):
         return f"{len(first)} token ids"
     text = " ".join(first.split())

@@ -251,7 +251,7 @@ def report_growth(root: str | os.PathLike | None, stream: TextIO | None = None) 
         yield
     finally:
         after = cache_size(root)
-        if after > before:
+        if after > before and root is not None:
             print(
                 f"cache: +{format_size(after - before)} in {Path(root).expanduser()} "
                 f"({format_size(after)} in all; 'lime-probe cache' lists and clears it)",

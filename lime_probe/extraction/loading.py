@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -25,7 +25,12 @@ if TYPE_CHECKING:  # for the signatures only: nnsight and transformers are impor
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
-_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES: dict[str, torch.dtype | str] = {
+    "auto": "auto",
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 DTYPES = tuple(_DTYPES)
 # accelerate's placement strategies (`infer_auto_device_map`): "auto" and "balanced" spread the model
 # evenly over the GPUs, "balanced_low_0" keeps GPU 0 light, "sequential" fills them in order; whatever
@@ -247,7 +252,9 @@ def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Transfor
         # transformers' pipeline, which nnsight builds, takes the device of the map's first entry as its
         # own, and "disk" (the whole model, or its first module, offloaded) is no torch device: while it is
         # built, the map names where the model runs
-        model.hf_device_map = {"": str(input_device(model))}
+        # typed Any: torch types a module's attributes as tensors or modules
+        running: Any = {"": str(input_device(model))}
+        model.hf_device_map = running
     try:
         with warnings.catch_warnings():  # BERT's `.output` submodules: nnsight renames them, harmlessly
             warnings.filterwarnings("ignore", message=".*has a submodule named 'output'.*")
@@ -262,7 +269,7 @@ def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Transfor
     return wrapped
 
 
-def input_device(hf: torch.nn.Module, remote: bool | str = False) -> torch.device:
+def input_device(hf: PreTrainedModel, remote: bool | str = False) -> torch.device:
     """Where a batch goes: the device the input embedding runs on. For a model dispatched over a device map,
     its module's execution device (accelerate brings an offloaded module's weights there for each pass);
     the CPU for a request to a remote server (`remote` True or a host URL) and for weights on ``meta``
@@ -271,7 +278,8 @@ def input_device(hf: torch.nn.Module, remote: bool | str = False) -> torch.devic
         return torch.device("cpu")
     embedding = hf.get_input_embeddings()
     device = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)
-    device = torch.device(device) if device is not None else embedding.weight.device
+    weight = cast(torch.Tensor, embedding.weight)  # an embedding's weight (torch types it tensor or module)
+    device = torch.device(device) if device is not None else weight.device
     return torch.device("cpu") if device.type == "meta" else device
 
 
@@ -407,7 +415,7 @@ def load(
     if revision is not None and not hub:
         raise ValueError(f"revision {revision!r} names a hub branch, tag or commit; {ckpt} is a local folder")
     # an unreachable hub model that is in the local hub cache is read from there, with no network retries
-    source = {"revision": revision} if hub else {}
+    source: dict[str, Any] = {"revision": revision} if hub else {}
     if hub and _hub_offline(ckpt, revision):
         source["local_files_only"] = True
     source |= shared
@@ -424,6 +432,7 @@ def load(
             config = tf.AutoConfig.from_pretrained(ckpt, **source)
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"cannot read the config of {where}: {_one(error)}") from None
+        auto: type[tf.AutoModel | tf.AutoModelForCausalLM]
         if is_encoder(config):
             auto = tf.AutoModel
         elif type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
@@ -432,11 +441,13 @@ def load(
             raise ValueError(f"{where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
         if isinstance(device_map, dict):
             check_device_map(device_map, _skeleton(auto, config, shared.get("trust_remote_code")))
-        placement = {}
+        placement: dict[str, Any] = {}
         if device_map is not None:
             offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")
             placement = {"device_map": device_map, "offload_folder": os.fspath(offload)}
-        elif device.type != "cpu":  # read straight onto the device: no copy of the weights in host memory
+        elif (
+            device is not None and device.type != "cpu"
+        ):  # read straight onto the device: no copy of the weights in host memory
             placement = {"device_map": str(device)}
         try:
             model = auto.from_pretrained(

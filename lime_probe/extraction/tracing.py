@@ -58,7 +58,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import nnsight
 import torch
@@ -111,7 +111,7 @@ class Activations(Mapping):
 
     def __init__(
         self,
-        parts: list[dict[str, torch.Tensor] | Path],
+        parts: Sequence[dict[str, torch.Tensor] | Path],
         site_layers: dict[str, list[int]],
         heads: dict[str, tuple[int, int]],
         logprobs: bool = False,
@@ -388,7 +388,7 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
 
 def _tokenize(
     tokenizer: Any,
-    texts: Iterable[str] | Iterable[list[int]],
+    texts: Iterable[str | list[int]],
     max_length: int,
     token_budget: int | None,
     pretokenized: bool = False,
@@ -399,7 +399,7 @@ def _tokenize(
     texts, i = iter(texts), 0
     while chunk := list(islice(texts, TOKENIZE_CHUNK)):
         if pretokenized:
-            encoded = [list(t) for t in chunk]
+            encoded = [list(cast(list[int], t)) for t in chunk]  # checked by `_items` / `_validate`
         else:
             encoded = tokenizer(chunk, truncation=True, max_length=max_length)["input_ids"]
         for seq in encoded:
@@ -472,7 +472,7 @@ def _as_nnsight(
                 f"a {type(model).__name__} carries no tokenizer: extract(model, tokenizer, texts), or load it "
                 "with lime_probe.load"
             )
-        return wrap(model, tokenizer), tokenizer
+        return wrap(cast("PreTrainedModel", model), tokenizer), tokenizer  # a Hugging Face model
     raise TypeError(f"model must be a Hugging Face model or an nnsight model, not {type(model).__name__}")
 
 
@@ -537,8 +537,8 @@ def _is_token_list(t: Any) -> bool:
 
 def extract(
     model: TransformersModel | PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase | Iterable[str] | None = None,
-    texts: Iterable[str] | Iterable[list[int]] | None = None,
+    tokenizer: PreTrainedTokenizerBase | Iterable[str | list[int]] | None = None,
+    texts: Iterable[str | list[int]] | None = None,
     *,
     sites: Sequence[str] | str = ("hidden",),
     layers: Iterable[int] | int | None = None,
@@ -601,7 +601,7 @@ def extract(
             local folder.
     """
     if texts is None:  # extract(model, texts): the model's own tokenizer
-        texts, tokenizer = tokenizer, None
+        texts, tokenizer = cast("Iterable[str | list[int]] | None", tokenizer), None
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
     _validate(
@@ -617,7 +617,9 @@ def extract(
         },
         pretokenized,
     )
-    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    texts = cast("Iterable[str | list[int]]", texts)  # checked by `_validate`
+    # the tokenizer: a tokenizer or None, the texts of ``extract(model, texts)`` moved to `texts` above
+    nn_model, tokenizer = _as_nnsight(model, cast("PreTrainedTokenizerBase | None", tokenizer))
     check_remote(nn_model, remote)
     hf = nn_model._module
     plan = _plan(hf, sites, layers)
@@ -672,7 +674,7 @@ def extract(
         key = extraction_key(
             hf, tokenizer, hashed, max_length=max_length, max_tokens=max_tokens, settings=settings
         )
-        about = describe_texts([first] if streamed else texts)
+        about = describe_texts([first] if streamed and first is not None else texts)
         cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=about)
         if cache.complete:
             return Activations(cache.shards, plan.site_layers, plan.heads, logprobs)
@@ -682,7 +684,7 @@ def extract(
     buffer: list[dict[str, torch.Tensor]] = []
     buffered_bytes = 0
     device = input_device(hf, remote)
-    total = None if streamed else len(seqs)
+    total = len(seqs) if isinstance(seqs, list) else None  # a list unless streamed
     bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
     done = start
     blocks = _blocks(islice(seqs, start, None), plan.row_bytes, pool == "none", batch_size, batch_tokens)
@@ -811,7 +813,7 @@ def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     counts = torch.cat([p.pop("offsets").diff() for p in parts])
     out = {
         "offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
-        "n_tokens": sum(p.pop("n_tokens") for p in parts),
+        "n_tokens": sum((p.pop("n_tokens") for p in parts), torch.zeros(1, dtype=torch.long)),
     }
     for name in list(parts[0]):
         out[name] = torch.cat([p.pop(name) for p in parts])

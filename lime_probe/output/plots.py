@@ -16,11 +16,13 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.rcsetup import cycler
 from matplotlib.ticker import MaxNLocator
 
 from lime_model.files import atomic_path
@@ -50,7 +52,7 @@ STYLE = {
     "lines.linewidth": 1.8,
     "lines.markersize": 4,
     "legend.frameon": False,
-    "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
+    "axes.prop_cycle": cycler(color=PALETTE),
     "pdf.fonttype": 42,  # embed TrueType so PDF text stays editable/searchable
     "svg.hashsalt": "lime-probe",  # SVG element ids are otherwise random per run
 }
@@ -157,6 +159,8 @@ def plot_layer_curves(
             fig, axes = _new_figure()
             ax = axes[0, 0]
         fig = ax.figure
+        low: np.ndarray | None
+        high: np.ndarray | None
         for i, (label, s) in enumerate(series.items()):
             mean = _as_1d(f"{label} mean", s["mean"])
             layers = _as_1d(f"{label} layers", s.get("layers", np.arange(len(mean))))
@@ -293,7 +297,8 @@ def plot_separability(
     ax = fig.axes[0]
     ax.set_ylim(min(chance, *(np.min(s["mean"]) for s in series.values())) - 0.05, 1.02)
     handles, names = ax.get_legend_handles_labels()
-    ax.get_legend().remove()
+    if (legend := ax.get_legend()) is not None:
+        legend.remove()
     with style():
         fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 3))
     return fig
@@ -395,13 +400,13 @@ def plot_router_beside_initial(weights, initial, *, label: str, initial_label: s
     n, k = trained.shape
     with style():
         fig, axes = _new_figure(3, size=(3 * max(3.6, 0.3 * k + 2.2), max(3.0, 0.3 * n + 1.6)))
-        common = {
+        common: dict[str, Any] = {
             "row_labels": range(n),
             "col_labels": range(k),
             "xlabel": "buffered layer",
             "annotate": False,
         }
-        for ax, m, title, extra in (
+        panels: tuple[tuple[Any, np.ndarray, str, dict[str, Any]], ...] = (
             (
                 axes[0, 0],
                 trained,
@@ -420,7 +425,8 @@ def plot_router_beside_initial(weights, initial, *, label: str, initial_label: s
                 "trained - initial",
                 {"vmin": -reach, "vmax": reach, "cmap": DIVERGING_CMAP, "cbar_label": "change in share"},
             ),
-        ):
+        )
+        for ax, m, title, extra in panels:
             plot_heatmap(m, **common, ylabel="layer (reader)", title=textwrap.fill(title, 40), ax=ax, **extra)
         fig.suptitle(f"{label}: where each layer reads its keys/values, trained beside initial")
     return fig
@@ -710,7 +716,8 @@ def plot_blimp_layers(
     )
     ax = fig.axes[0]
     handles, names = ax.get_legend_handles_labels()
-    ax.get_legend().remove()
+    if (legend := ax.get_legend()) is not None:
+        legend.remove()
     with style():
         legend = fig.legend(
             handles, names, loc="outside right center", fontsize=7, ncols=-(-len(names) // LEGEND_ROWS)

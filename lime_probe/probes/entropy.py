@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -104,7 +104,7 @@ def entropy_config(
         config = PRESETS[preset]
     else:
         raise ValueError(f"unknown entropy preset {preset!r}; choose one of {sorted(PRESETS)}")
-    knobs = dict(
+    knobs: dict[str, Any] = dict(
         alpha=alpha, normalize=normalize, eps=eps, clamp_gram=clamp_gram, max_normalize=max_normalize
     )
     return replace(config, **{k: v for k, v in knobs.items() if v is not None})
@@ -192,7 +192,7 @@ class FeatureMoments:
     def __init__(self) -> None:
         self.count = 0
         self._mean: torch.Tensor | None = None
-        self._m2: torch.Tensor | None = None
+        self._m2 = torch.zeros(())  # the sum of squared deviations, once `_mean` is set
 
     def update(self, rows: torch.Tensor) -> FeatureMoments:
         rows = torch.as_tensor(rows, dtype=torch.float64)
@@ -276,7 +276,8 @@ def _as_sequences(seqs: torch.Tensor | np.ndarray | Iterable[torch.Tensor]) -> l
 
 def _groups(seqs: list[torch.Tensor]) -> Iterable[list[int]]:
     """Consecutive runs of sequence indices holding at most `_CHUNK_NUMEL` numbers (or one sequence)."""
-    group, numel = [], 0
+    group: list[int] = []
+    numel = 0
     for i, z in enumerate(seqs):
         if group and numel + z.numel() > _CHUNK_NUMEL:
             yield group
@@ -368,6 +369,7 @@ class EntropyAccumulator:
     def _normalize_(self, Z: torch.Tensor) -> torch.Tensor:
         """Normalise Z (b, t, d) float64 in place per the config (no full-size temporaries) and return it."""
         if self.config.normalize == "zscore":
+            assert self.feature_stats is not None  # required by __init__ for "zscore"
             denom = self.feature_stats.std + self.config.eps
             if not bool((denom > 0).all()):
                 raise ValueError("z-score: a feature has zero std and eps = 0; set eps > 0")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -68,7 +68,7 @@ def lens_logits(hidden: torch.Tensor, norm: torch.nn.Module, unembed: torch.nn.M
     """Lens logits of residual-stream rows: hidden (n, d) -> unembed(norm(hidden)) (n, vocab) float32, run
     in the unembedding's dtype on its device (extraction gives float32; a float16/bfloat16 stream converts
     back exactly)."""
-    weight = unembed.weight
+    weight = cast(torch.Tensor, unembed.weight)  # a linear layer's weight (torch types it tensor or module)
     return unembed(norm(hidden.to(_execution_device(unembed, weight), weight.dtype))).float()
 
 
@@ -83,13 +83,13 @@ def sequence_lens(
     predictions, how many of them agree with `reference` (t-1,) (None: with themselves), their top-1 ids
     (t-1,)). Rows go through the head `LENS_ROWS` at a time."""
     targets = ids[1:]  # position i predicts token i+1; the last position predicts nothing here
-    nll, top1 = 0.0, []
+    nll, rows = 0.0, []
     for start in range(0, len(targets), LENS_ROWS):
         logits = lens_logits(hidden[start : min(start + LENS_ROWS, len(targets))], norm, unembed)
         target = targets[start : start + len(logits)].to(logits.device)
         nll += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
-        top1.append(logits.argmax(-1).cpu())
-    top1 = torch.cat(top1) if top1 else torch.zeros(0, dtype=torch.long)
+        rows.append(logits.argmax(-1).cpu())
+    top1 = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
     agree = len(top1) if reference is None else int((top1 == reference).sum())
     return nll, agree, top1
 

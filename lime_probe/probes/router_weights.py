@@ -34,13 +34,19 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from lime_probe.extraction.loading import onloaded
 from lime_probe.extraction.sites import routes
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from lime_model.modeling import LimeDecoderLayer
+    from lime_model.router import LimeRouter
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,13 @@ def unwrap_model(model: Any) -> torch.nn.Module:
     return module
 
 
-def _layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
+def _hf_model(model: Any) -> PreTrainedModel:
+    """`unwrap_model` of a model the router analysis reads: a Hugging Face (LIMe) model, checked by
+    `_routing_spec`."""
+    return cast("PreTrainedModel", unwrap_model(model))
+
+
+def _layers(model: torch.nn.Module) -> Sequence[LimeDecoderLayer]:
     base = getattr(model, "model", model)  # LimeForCausalLM -> LimeModel
     layers = getattr(base, "layers", None)
     if layers is None:
@@ -83,7 +95,7 @@ def _routing_spec(model: torch.nn.Module):
     return spec
 
 
-def _abs_coefficients(router: torch.nn.Module, layer: int, x: torch.Tensor | None) -> torch.Tensor:
+def _abs_coefficients(router: LimeRouter, layer: int, x: torch.Tensor | None) -> torch.Tensor:
     """A [kv, |S|, kv] for one layer's router: |coefficients| averaged over positions and features."""
     with torch.inference_mode():
         c = router.coefficients(x).detach().float()
@@ -96,7 +108,7 @@ def _abs_coefficients(router: torch.nn.Module, layer: int, x: torch.Tensor | Non
 
 
 def _router_inputs(
-    layer: torch.nn.Module,
+    layer: LimeDecoderLayer,
     i: int,
     hidden_states: Mapping[int, torch.Tensor] | Sequence[torch.Tensor],
     spec: str,
@@ -128,13 +140,13 @@ def router_weights(
     entering layer i for some tokens, (n_tokens, hidden_size); that is the extraction site "hidden" at
     index i (`acts["hidden"][i]`). The layer's input_layernorm is applied here to get the router's input.
     """
-    return _weights(unwrap_model(model), hidden_states, _abs_coefficients)
+    return _weights(_hf_model(model), hidden_states, _abs_coefficients)
 
 
 def _weights(
-    module: torch.nn.Module,
+    module: PreTrainedModel,
     hidden_states: Mapping[int, torch.Tensor] | Sequence[torch.Tensor] | None,
-    abs_coefficients: Callable[[torch.nn.Module, int, torch.Tensor | None], torch.Tensor],
+    abs_coefficients: Callable[[LimeRouter, int, torch.Tensor | None], torch.Tensor],
 ) -> RouterAnalysis:
     """`router_weights` with A [kv, |S|, kv] of each layer's router from ``abs_coefficients(router,
     layer, x)``."""
@@ -158,7 +170,7 @@ def _weights(
         with onloaded(layer):  # a layer offloaded by a device map: its router and norm from the offload store
             x = (
                 _router_inputs(layer, i, hidden_states, str(spec))
-                if router.input_dependent and len(src) > 1
+                if router.input_dependent and len(src) > 1 and hidden_states is not None  # checked above
                 else None
             )
             A = abs_coefficients(router, i, x).double().cpu()  # [kv, |S|, kv]
@@ -185,7 +197,7 @@ def step0_model(model: Any, seed: int) -> torch.nn.Module:
     (``torch.manual_seed(recipe.seed)``) right before it builds the model from its config, so the same
     seed and the checkpoint's config rebuild the initial weights exactly. The global RNG is left as
     it was."""
-    module = unwrap_model(model)
+    module = _hf_model(model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         fresh = type(module)._from_config(copy.deepcopy(module.config))  # AutoModel.from_config's path
@@ -195,11 +207,11 @@ def step0_model(model: Any, seed: int) -> torch.nn.Module:
 INIT_DRAWS = 64  # draws of each router's init averaged into the expected step-0 map (ours)
 
 
-def _expected_abs_coefficients(router: torch.nn.Module, layer: int, x: torch.Tensor | None) -> torch.Tensor:
+def _expected_abs_coefficients(router: LimeRouter, layer: int, x: torch.Tensor | None) -> torch.Tensor:
     """A [kv, |S|, kv] of ``router``'s init: |coefficients| averaged over `INIT_DRAWS` draws of its
     ``reset_parameters`` (seeds 0..INIT_DRAWS-1), on a copy (the model is untouched)."""
     fresh = copy.deepcopy(router)
-    total = 0
+    total = torch.zeros(())
     with torch.random.fork_rng(devices=[]):
         for k in range(INIT_DRAWS):
             torch.manual_seed(k)
@@ -225,7 +237,7 @@ def initial_weights(
             step0_model(model, seed), hidden_states
         ), f"step 0, rebuilt from the run's seed {seed}"
     return (
-        _weights(unwrap_model(model), hidden_states, _expected_abs_coefficients),
+        _weights(_hf_model(model), hidden_states, _expected_abs_coefficients),
         f"expected step 0 of the init (mean |R| over {INIT_DRAWS} draws)",
     )
 
@@ -241,7 +253,7 @@ def mix_by_router(router_model: Any, values: Mapping[int, torch.Tensor]) -> dict
     may rise whatever the values learned). Input-dependent routers (dynamic) are refused: their weights
     depend on the model's own hidden states. Returns ``{layer: (n_tokens, kv * head_dim)}``.
     """
-    module = unwrap_model(router_model)
+    module = _hf_model(router_model)
     spec = _routing_spec(module)
     if spec.input_dependent:
         raise ValueError(
@@ -251,6 +263,8 @@ def mix_by_router(router_model: Any, values: Mapping[int, torch.Tensor]) -> dict
     out = {}
     for i, layer in enumerate(_layers(module)):
         router = layer.self_attn.router
+        if router is None:
+            raise ValueError(f"layer {i} has no self_attn.router although routing is {str(spec)!r}")
         missing = [j for j in router.sources if j not in values]
         if missing:
             raise ValueError(

@@ -213,7 +213,7 @@ def _layer_items(features: LayerFeatures) -> list[tuple[Any, np.ndarray]]:
     items = list(features.items()) if isinstance(features, Mapping) else list(enumerate(features))
     if not items:
         raise ValueError("no layers given")
-    out = []
+    out: list[tuple[Any, np.ndarray]] = []
     for layer, X in items:
         X = X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else np.asarray(X)
         if X.ndim != 2:

@@ -237,7 +237,7 @@ class CkaStream:
     def update(self, *models: Features) -> None:
         if len(models) != self.n_models:
             raise ValueError(f"CkaStream.update: {len(models)} models given, expected {self.n_models}")
-        batch = []
+        batch: list[list[torch.Tensor]] = []
         for m, features in enumerate(models):
             names, mats = _layers(features, f"model {m} layer")
             if batch and mats[0].shape[0] != batch[0][0].shape[0]:

@@ -213,7 +213,11 @@ class Spec:
 
 
 def extract_site(
-    ck: Checkpoint, texts: Iterable[str], site: str | Sequence[str], extract_kw: dict | None = None, **kw
+    ck: Checkpoint,
+    texts: Iterable[str | list[int]],
+    site: str | Sequence[str],
+    extract_kw: dict | None = None,
+    **kw,
 ):
     """``lime_probe.extract`` of one site (or several, in one pass) for one checkpoint; ``extract_kw`` holds
     the size limits, cache and layers (``layers``, ``max_length``, ``max_tokens``, ``batch_size``,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from lime_probe.extraction.sites import SITES
 from lime_probe.protocol import BLIMP_SPREADS, TABLE2_TASKS, defaults
@@ -39,6 +40,10 @@ from .base import (
     value_sites,
 )
 from .separability import METHODS, jobs_option
+
+if TYPE_CHECKING:
+    from lime_probe.probes.blimp import Spread
+    from lime_probe.probes.separability import Method
 
 PROTOCOL = defaults("blimp")
 
@@ -149,7 +154,10 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
         raise ValueError(f"paradigms {missing} are not in the BLiMP data (give --paradigms or --tasks all)")
     data = data.select(np.flatnonzero(np.isin(uids, paradigms)))
     uids = np.asarray(data["UID"], dtype=object)
-    rows, summary, extra, probes = [], [], {}, {}
+    rows: list[dict] = []
+    summary: list[dict] = []
+    extra: dict[str, dict[str, Any]] = {}
+    probes: dict[tuple[str, str], Any] = {}
     for ck in cks:
         kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model), p.leading_space)
         picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
@@ -172,7 +180,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
                     {la: acts[site][la][:n] for la in acts[site]},
                     {la: acts[site][la][n:] for la in acts[site]},
                     np.asarray(part["pairID"]),
-                    method=p.method,
+                    method=cast("Method", p.method),  # one of the option's choices
                     seed=p.seed,
                     progress=False,
                     n_jobs=p.jobs,
@@ -224,9 +232,9 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
         extra.setdefault(ck.label, {})["skipped_pairs"] = skipped
     table2 = [
         {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
-        for r in blimp_table(probes, p.spread)
+        for r in blimp_table(probes, cast("Spread", p.spread))
     ]
-    table2_layers = blimp_layer_table(probes, p.spread)
+    table2_layers = blimp_layer_table(probes, cast("Spread", p.spread))
     spread = {
         "folds": "+- the mean over tasks of each task's std over its 5 folds",
         "tasks": "+- the std over tasks",

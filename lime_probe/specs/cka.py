@@ -10,8 +10,9 @@ tokenize the data alike.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
+from typing import Any
 
 from lime_probe.extraction.sites import SITES
 
@@ -68,21 +69,23 @@ def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw
         raise ValueError("--across-models needs two or more checkpoints (--ckpt)")
     # one stream over every checkpoint when they are compared (same rows), else one each
     streams = [CkaStream(len(cks), across=True)] if p.across_models else [CkaStream() for _ in cks]
-    left = [(extract_kw or {}).get("max_tokens")] * len(cks)  # each checkpoint's token budget left
-    bar = tqdm(total=len(texts) if hasattr(texts, "__len__") else None, desc=f"CKA ({p.site})", unit="seq")
+    left: list[int | None] = [(extract_kw or {}).get("max_tokens")] * len(
+        cks
+    )  # each checkpoint's token budget left
+    bar = tqdm(total=len(texts) if isinstance(texts, Sized) else None, desc=f"CKA ({p.site})", unit="seq")
     for chunk in _chunks(texts, CHUNK_SEQUENCES):
-        batch = {}
+        batch: dict[int, tuple[Any, dict]] = {}
         for m, ck in enumerate(cks):
-            if left[m] is not None and left[m] <= 0:
+            if (budget := left[m]) is not None and budget <= 0:
                 continue
             acts = extract_site(
-                ck, chunk, p.site, {**(extract_kw or {}), "max_tokens": left[m], "progress": False}
+                ck, chunk, p.site, {**(extract_kw or {}), "max_tokens": budget, "progress": False}
             )
             if batch and p.across_models:
                 _same_tokens(cks[0], batch[0][0], ck, acts)
             batch[m] = (acts, {la: acts[p.site][la] for la in acts.layers(p.site)})
-            if left[m] is not None:
-                left[m] -= int(acts.token_ids.shape[0])  # rows are tokens (no pooling)
+            if budget is not None:
+                left[m] = budget - int(acts.token_ids.shape[0])  # rows are tokens (no pooling)
         if not batch:
             break
         if p.across_models:

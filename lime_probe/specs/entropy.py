@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lime_probe.protocol import defaults
 
@@ -114,7 +115,7 @@ def compute(
     rows = []
     for ck in cks:
         sites = value_sites(ck, p.site)
-        unit = {"unit": p.unit, "window": None, "window_source": None, "num_windows": None}
+        unit: dict[str, Any] = {"unit": p.unit, "window": None, "window_source": None, "num_windows": None}
         if p.unit == "windows":
             window, source = window_for(ck, p)
             ids = token_windows(texts, ck.tokenizer, window, p.num_windows, seed=p.seed)

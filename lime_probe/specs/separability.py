@@ -14,11 +14,15 @@ official analysis's); other models have the first only (``base.value_sites``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.protocol import defaults
+
+if TYPE_CHECKING:
+    from lime_probe.probes.separability import Method, SubToken
 
 from .base import (
     Checkpoint,
@@ -132,11 +136,14 @@ def word_features(
     acts = extract_site(ck, texts, sites, extract_kw)
     spans, y = word_spans(acts.token_ids, acts.offsets, ck.tokenizer, words)
     check_class_counts(y, list(words), minimum, f"{ck.label}: words")
-    return {s: ({layer: pool_spans(acts[s][layer], spans, subtoken) for layer in acts[s]}, y) for s in sites}
+    return {
+        s: ({layer: pool_spans(acts[s][layer], spans, cast("SubToken", subtoken)) for layer in acts[s]}, y)
+        for s in sites
+    }
 
 
 def separability_rows(
-    features: dict[str, tuple[dict, object]],
+    features: Mapping[str, tuple[dict, Any]],
     *,
     site: str,
     classes: Sequence,
@@ -156,7 +163,13 @@ def separability_rows(
     rows = []
     for label, (per_layer, y) in features.items():
         res = token_separability(
-            per_layer, y, method=method, seed=seed, classes=list(classes), n_splits=N_SPLITS, n_jobs=jobs
+            per_layer,
+            y,
+            method=cast("Method", method),  # one of the option's choices
+            seed=seed,
+            classes=list(classes),
+            n_splits=N_SPLITS,
+            n_jobs=jobs,
         )
         for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
             X = per_layer[layer]
@@ -215,7 +228,7 @@ def _result(
 
 
 def from_features(
-    features: dict[str, tuple[dict, object]],
+    features: Mapping[str, tuple[dict, Any]],
     *,
     site: str,
     classes: Sequence,

@@ -7,8 +7,9 @@ first only (``base.value_sites``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.protocol import defaults
@@ -58,7 +59,7 @@ class TsneParams:
 
 
 def tsne_rows(
-    features: dict[str, tuple[dict, object]],
+    features: Mapping[str, tuple[dict, Any]],
     *,
     site: str,
     per_class: int = 100,
@@ -150,7 +151,7 @@ def _result(
 
 
 def from_features(
-    features: dict[str, tuple[dict, object]],
+    features: Mapping[str, tuple[dict, Any]],
     *,
     site: str,
     name: str,
@@ -171,7 +172,8 @@ def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str], p: TsneParams, extract_kw: dict | None
 ) -> Result:
     """t-SNE of the occurrences of ``p.words`` in ``texts`` per layer at ``p.site`` (default: `value_sites`)."""
-    rows, summary = [], []
+    rows: list[dict] = []
+    summary: list[dict] = []
     for ck in cks:
         sites = value_sites(ck, p.site)
         features = word_features(ck, texts, sites, p.words, extract_kw, subtoken=p.subtoken)

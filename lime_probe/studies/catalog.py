@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .study import LARGEST, Claim, Effect, Endpoint, Measure, Selection, Study
+from .study import LARGEST, Claim, Effect, Endpoint, Measure, Role, Selection, Study
 
 LIME = {"routing": "full"}
 LLAMA = {"routing": "none"}
@@ -79,7 +79,7 @@ LM_TINY = {
 }
 
 
-def paper_claims(model: str = "LIMe", reference: str = "LLaMA", role: str = "primary") -> tuple[Claim, ...]:
+def paper_claims(model: str = "LIMe", reference: str = "LLaMA", role: Role = "primary") -> tuple[Claim, ...]:
     """The paper's language-model claims as ``model`` minus ``reference``, each on its one endpoint; with
     ``role="secondary"`` (a model the paper makes no claim about) no sign."""
     sign = (lambda s: s) if role == "primary" else (lambda s: None)
@@ -376,7 +376,7 @@ ARITHMETIC_MEASURES = {
     # the W_V output of the first 128 test expressions, one per sequence, as the demo measures it
     "entropy": Measure("entropy", {"site": "values", "unit": "documents"}, data="expressions", max_texts=128),
 }
-ARITHMETIC_TINY = {
+ARITHMETIC_TINY: dict[str, Any] = {
     "seeds": (0, 1, 2),
     "overrides": {
         "steps": 150,
@@ -396,7 +396,7 @@ ARITHMETIC_TINY = {
 }
 
 
-def arithmetic_claims(model: str, reference: str, role: str) -> tuple[Claim, ...]:
+def arithmetic_claims(model: str, reference: str, role: Role) -> tuple[Claim, ...]:
     """The hardest tier at ``role``; the 2-operator tier and the mean value entropy secondary; value
     entropy per layer exploratory. Every sign is +1 (the model higher), as the protocols state."""
     return (

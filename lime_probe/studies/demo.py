@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -201,7 +202,7 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
                 "train_per_tier": settings.train_per_tier,
                 "test_per_tier": settings.test_per_tier,
             }
-            overrides = {"arithmetic": {k: v for k, v in sizes.items() if v is not None}}
+            overrides: dict[str, Any] = {"arithmetic": {k: v for k, v in sizes.items() if v is not None}}
             if settings.steps is not None:
                 overrides["steps"] = settings.steps
             with warnings.catch_warnings():  # the recipe repeats its 10,000 expressions by design

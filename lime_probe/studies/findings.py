@@ -205,7 +205,10 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
     from lime_probe.output import plots as F
 
     e, key = claims[0].endpoint, claims[0].per
-    read_at = {}  # each model's own endpoint: a cross-site claim reads its reference elsewhere
+    assert key is not None  # `draw` groups the claims with a `per` key
+    read_at: dict[
+        str | Effect, Endpoint
+    ] = {}  # each model's own endpoint: a cross-site claim reads its reference elsewhere
     for c in claims:
         read_at |= {c.reference: c.endpoints[1], c.model: c.endpoints[0]}
     labels = [x for x in study.models if x in read_at]
@@ -421,6 +424,7 @@ def exploratory_table(diff: Sequence[dict], alpha: float = 0.05) -> list[str]:
 
 def selection_section(study: Study, selection: Sequence[dict], n: int) -> list[str]:
     """The candidates of each family, their mean and std over ``n`` seeds, and the one the rule chose."""
+    assert study.select is not None  # a selection is made only for a study that declares its rule
     e = study.select.endpoint
     lines = [
         "## Selection",

@@ -117,7 +117,7 @@ def train_seed(
         done = finished(run)
         progress.step(f"training {label} seed {seed}", reused=done)
         if not done:
-            extra = {"data": str(data.train)} if data is not None else {}
+            extra: dict[str, Any] = {"data": str(data.train)} if data is not None else {}
             with warnings.catch_warnings():  # the arithmetic recipes repeat their expressions by design
                 warnings.simplefilter("ignore", SecondEpochWarning)
                 train(
@@ -186,6 +186,8 @@ def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[An
     from lime_probe.extraction.windows import max_positions, token_windows
 
     window = max_positions(ck.model)
+    if window is None:
+        raise ValueError(f"{ck.label} states no maximum length to cut windows of")
     return token_windows(texts, ck.tokenizer, window, None), {
         "max_length": window,
         "pretokenized": True,

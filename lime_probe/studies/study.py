@@ -23,6 +23,7 @@ from typing import Any, Literal
 # model's length ("test-windows", as training packs text), BLiMP, the run's own held-out arithmetic
 # expressions (one per sequence, as in training), or nothing but the run folder.
 DataSource = Literal["test", "test-windows", "blimp", "expressions", "none"]
+Role = Literal["primary", "secondary", "exploratory"]  # a claim's role
 ROLES = ("primary", "secondary", "exploratory")
 LARGEST = "largest"  # an `Endpoint.where` value: the largest value of that key present (the hardest tier)
 
@@ -134,7 +135,7 @@ class Claim:
     model: str | Effect
     reference: str | Effect
     endpoint: Endpoint
-    role: Literal["primary", "secondary", "exploratory"] = "primary"
+    role: Role = "primary"
     sign: int | None = None
     text: str = ""
     per: str | None = None
