@@ -72,4 +72,6 @@ _PROGRAM = next(
 if _PROGRAM == "lime-model":  # lime-probe installs its own handler (lime_probe/__init__.py)
     signal.signal(signal.SIGINT, _exit_interrupted)
 elif _PROGRAM is None:  # a library user: ``import lime_model`` makes the Auto classes load our checkpoints
+    if os.environ.get("LIME_REPRODUCIBLE") == "1":  # the mode must pin torch's libraries before they load
+        import_module(".reproducible", __name__).enable()
     register_models()

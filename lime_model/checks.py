@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,10 +37,15 @@ __all__ = [
     "OneLineParser",
     "add_device_option",
     "build_parser",
+    "check_causal_lm",
     "check_device",
+    "check_model_dir",
+    "check_positive",
     "check_weights",
+    "is_causal_lm",
     "one_line",
     "positive_int",
+    "quiet_library",
     "run_command",
     "run_program",
 ]
@@ -80,6 +88,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def check_positive(value: float, what: str) -> None:
+    """ValueError naming ``what`` unless ``value`` is a finite number > 0 (a parameter check, run before any
+    data or model is read)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
+
+
 def add_device_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--device``, as both programs take it (checked by :func:`check_device` before any work)."""
     parser.add_argument(
@@ -95,7 +115,9 @@ class Command:
     """One subcommand, declared once: ``PROG NAME``'s one-line ``help`` (also its description unless
     ``description``), its ``example`` lines (shown under ``examples:`` and run as written by
     tests/test_docs_examples.py), ``options(parser)`` adding its options, and ``run`` (called by its
-    program with the parsed arguments). ``interrupted``: what a Ctrl-C leaves behind, said after
+    program with the parsed arguments). ``check(args)``: the checks of its input that need no model, run by
+    its program before torch is imported, so a mistyped path or number is named in a second, not after a
+    minute of imports and loading. ``interrupted``: what a Ctrl-C leaves behind, said after
     ``PROG NAME: interrupted; `` (``str.format``-ted with the parsed arguments; empty: nothing said)."""
 
     name: str
@@ -105,6 +127,7 @@ class Command:
     options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
     description: str = ""
     interrupted: str = "nothing was written"
+    check: Callable[[argparse.Namespace], None] = lambda args: None
 
 
 def build_parser(prog: str, description: str, commands: Iterable[Command]) -> OneLineParser:
@@ -236,7 +259,63 @@ def check_weights(ckpt: str | os.PathLike) -> None:
 
     for path in weight_files(ckpt):
         try:
-            with safe_open(path, framework="pt"):
+            with safe_open(path, framework="numpy"):  # "pt" would import torch: this runs before it
                 pass
         except Exception as e:  # noqa: BLE001  safetensors raises its own error types, and OSError
             raise ValueError(f"cannot read the weights file {path}: {one_line(e)}") from None
+
+
+def check_model_dir(ckpt: str | os.PathLike) -> None:
+    """FileNotFoundError unless ``ckpt`` is a folder with a ``config.json``; ValueError naming a missing,
+    truncated or corrupt weights file (:func:`check_weights`). Imports no torch: run before any."""
+    if not (Path(ckpt) / "config.json").is_file():
+        raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
+    check_weights(ckpt)
+
+
+def is_causal_lm(config) -> bool:
+    """Whether the Hugging Face ``config`` names a model with a next-token head: a causal-LM architecture,
+    and no BERT-style encoder (a masked LM not configured as a decoder; BERT is in both Auto mappings, and
+    its bidirectional attention sees the token it would predict). The model types must be registered."""
+    import transformers as tf
+
+    if type(config) in tf.MODEL_FOR_MASKED_LM_MAPPING and not getattr(config, "is_decoder", False):
+        return False
+    return type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING
+
+
+def check_causal_lm(config, what: str, purpose: str = "perplexity") -> None:
+    """ValueError, one line naming ``what`` and its model type, unless ``config`` is a causal LM
+    (:func:`is_causal_lm`): ``purpose`` scores next-token predictions, which such a model has not."""
+    if not is_causal_lm(config):
+        raise ValueError(
+            f"{what} ({config.model_type}) is not a causal LM: {purpose} needs a next-token head, which it has not"
+        )
+
+
+@contextmanager
+def quiet_library(verbose: bool = False) -> Iterator[None]:
+    """Keep transformers/huggingface_hub load chatter (load reports, warnings, progress bars) off the
+    console inside the block: their loggers report errors only, their progress bars ("Loading weights")
+    are off and Python warnings are ignored; everything is restored afterwards. With ``verbose`` the block
+    changes nothing."""
+    if verbose:
+        yield
+        return
+    import transformers
+    from huggingface_hub.utils import logging as hub_logging
+
+    before = hub_logging.get_verbosity(), transformers.logging.get_verbosity()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    hub_logging.set_verbosity_error()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hub_logging.set_verbosity(before[0])
+        transformers.logging.set_verbosity(before[1])
+        if bars:
+            transformers.utils.logging.enable_progress_bar()

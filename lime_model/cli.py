@@ -10,7 +10,8 @@ unavailable ``--device``, a corrupt weights file), one ``lime-model: error: ...`
 any work; 1 an unexpected failure, one line (``--debug`` shows the traceback); 130 interrupted
 (Ctrl-C): an interrupted ``train`` is continued by running the same command again, an interrupted
 evaluation has written nothing (``lime_model.checks.run_command``). Nothing heavy (torch, transformers) is
-imported before the arguments are parsed, so ``--help`` and usage errors are instant.
+imported before the arguments are parsed and the inputs that need no model are checked (each command's
+``Command.check``: paths, data, output folder), so ``--help``, usage errors and such mistakes are instant.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import os
 import sys
 
 from . import checks
-from .checks import Command, add_device_option, positive_int, run_command, run_program
+from .checks import Command, add_device_option, check_model_dir, positive_int, run_command, run_program
 from .downstream import DEFAULT_PRESET, PRESETS
+from .files import check_writable
 
 PROG = "lime-model"
 DATA = "../shared/data/wikitext-2"
@@ -91,6 +93,14 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _threads(p)
+    p.add_argument(
+        "--reproducible",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="pin MKL, oneDNN and PyTorch's CPU kernels to AVX2, one thread and deterministic algorithms, "
+        "so that the same seed gives the same bits on any x86-64 CPU with AVX2 (lime_model.reproducible); "
+        "recorded in run_info.json and the model card; a run is continued only in the mode it started in",
+    )
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -165,12 +175,29 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
     _threads(p)
 
 
-def _eval(args: argparse.Namespace) -> None:
-    from .evaluate import perplexity
-    from .files import check_writable
+def _check_data(*specs: str | None) -> None:
+    """The data specs given (None: not given), checked as far as their first document (``check_source``)."""
+    from .data import check_source
 
+    for spec in specs:
+        if spec is not None:
+            check_source(spec)
+
+
+def _check_out(args: argparse.Namespace) -> None:
     if args.out is not None:
         check_writable(args.out, folder=True)
+
+
+def _check_eval(args: argparse.Namespace) -> None:
+    check_model_dir(args.ckpt)
+    _check_out(args)
+    _check_data(args.data)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .evaluate import perplexity
+
     result = perplexity(
         args.ckpt,
         args.data,
@@ -245,6 +272,16 @@ def _eval_downstream(args: argparse.Namespace) -> None:
     print(path)
 
 
+def _check_train(args: argparse.Namespace) -> None:
+    _check_out(args)
+    _check_data(args.data, args.eval_data)
+
+
+def _check_downstream(args: argparse.Namespace) -> None:
+    check_model_dir(args.ckpt)
+    _check_out(args)
+
+
 def _recipes(args: argparse.Namespace) -> None:
     from .recipes import recipe_names
 
@@ -267,6 +304,7 @@ accelerate launch --num_processes 8 -m lime_model.cli train --recipe lime-1b-gqa
 """,
             _train,
             _train_options,
+            check=_check_train,
             description="Train a recipe into a run directory. A run stopped by Ctrl-C, a crash or --stop-after is\n"
             "continued by the same command: from its last checkpoint (every save_every steps), or from the\n"
             "start before the first.",
@@ -282,6 +320,7 @@ lime-model prepare --recipe cpu-tiny --data {DATA}/valid.txt --num-proc 2
 """,
             _prepare,
             _prepare_options,
+            check=lambda args: _check_data(args.data, args.eval_data),
             description="Tokenise and pack a recipe's data (and --eval-data) once, with --num-proc processes, into\n"
             "the cache that train reads ($LIME_MODEL_CACHE, else ~/.cache/lime_model; or the recipe's\n"
             "cache_dir); a BPE the recipe trains on the data is trained and cached too. A train on several\n"
@@ -297,6 +336,7 @@ lime-model eval --ckpt runs/tiny --data {DATA}/test.txt --window 64 --device cud
 """,
             _eval,
             _eval_options,
+            check=_check_eval,
             description="Perplexity (exp of the mean token NLL) over non-overlapping windows of --window tokens\n"
             "(documents joined with eos, as training packs them; the tail is dropped), so every checkpoint\n"
             "with the same tokenizer is scored on the same windows.",
@@ -322,6 +362,7 @@ lime-model eval-downstream --ckpt runs/lime --tasks agreement_demo
 """,
             _eval_downstream,
             _eval_downstream_options,
+            check=_check_downstream,
             description="Runs lm-evaluation-harness (lm-eval, optional: pip install 'lime-probe[eval]') with its\n"
             "Hugging Face wrapper on a checkpoint; writes lm-eval's results plus our run info to\n"
             "CKPT/downstream/<preset or tasks>[.Nshot][.limitN].json (or into --out). Hub tasks download their\n"
@@ -355,6 +396,13 @@ def _run(args: argparse.Namespace) -> int:
     command = COMMANDS[args.command]
 
     def work() -> None:
+        command.check(args)  # before torch: see Command.check
+        if getattr(args, "reproducible", False):  # before torch loads: it reads the mode's variables then
+            from . import reproducible
+
+            if args.threads not in (None, 1):
+                raise ValueError(f"--reproducible runs on one thread; leave out --threads {args.threads}")
+            reproducible.enable()
         if getattr(args, "threads", None) is not None:
             import torch
 

@@ -125,6 +125,14 @@ def load_texts(spec: str, split: str | None = None, max_texts: int | None = None
     return texts
 
 
+def check_source(spec: str, split: str | None = None) -> None:
+    """Check a data spec reading no more than its first document, as a command line does before it loads
+    torch: a local file or folder must exist in a supported format (`data_files`), be UTF-8 and hold text
+    (`load_texts`' errors). A hub spec is left to the hub, asked when it is read."""
+    if not spec.startswith("hf:"):
+        load_texts(spec, split, max_texts=1)
+
+
 @dataclass(frozen=True)
 class TextSource:
     """The first ``max_texts`` (default: all) documents of a data ``spec``, not read until :meth:`load`.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from .checks import check_device, check_weights, one_line
+from .checks import check_device, check_model_dir, one_line
 from .files import atomic_write, check_writable
 
 
@@ -200,9 +200,7 @@ def evaluate_downstream(
     if preset is not None and num_fewshot is None:
         num_fewshot = PRESETS[preset].num_fewshot
     ckpt = Path(ckpt)
-    if not (ckpt / "config.json").is_file():
-        raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
-    check_weights(ckpt)
+    check_model_dir(ckpt)
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1, got {limit}")
     if batch_size < 1:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .checks import check_device, check_weights
+from .checks import check_causal_lm, check_device, check_model_dir, quiet_library
 from .files import atomic_write, check_writable
 from .tokenization import load_tokenizer
 
@@ -85,19 +85,20 @@ def perplexity(
     The checkpoint's files, the data source, ``device`` and ``out`` are checked before the model is
     loaded (ValueError, FileNotFoundError or PermissionError naming the problem).
     """
-    from transformers import AutoModelForCausalLM  # any of lime_model's registered archs
+    from transformers import AutoConfig, AutoModelForCausalLM  # any of lime_model's registered archs
 
     ckpt = Path(ckpt)
-    if not (ckpt / "config.json").is_file():
-        raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
-    check_weights(ckpt)
+    check_model_dir(ckpt)
     device = check_device(device)
     if out is not None:
         check_writable(out)
     source = data_mod.TextSource(data, split)
     source.key()  # a missing or unreadable data source fails here, before the model is loaded
-    # read straight onto the device: no copy of the weights in host memory on the way to a GPU
-    model = AutoModelForCausalLM.from_pretrained(ckpt, device_map=str(device))
+    with quiet_library():  # transformers' load report would bury the one line that matters
+        config = AutoConfig.from_pretrained(ckpt)
+        check_causal_lm(config, str(ckpt))  # first: a BERT loads "fine" with its weights MISSING
+        # read straight onto the device: no copy of the weights in host memory on the way to a GPU
+        model = AutoModelForCausalLM.from_pretrained(ckpt, config=config, device_map=str(device))
     tokenizer = load_tokenizer(str(ckpt))
     window = window or model.config.max_position_embeddings
     if window < 2:

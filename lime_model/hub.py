@@ -12,11 +12,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .files import atomic_write
 
 CARD = "README.md"
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
+
+LICENSE = "apache-2.0"  # the card's license: that of the model code saved with the weights (pyproject.toml)
 
 
 def _final_metrics(run_dir: Path) -> dict[str, Any]:
@@ -48,8 +52,23 @@ def _n_parameters(run_dir: Path) -> int | None:
     return total
 
 
-def model_card(run_dir: str | os.PathLike) -> str:
-    """The model card of the finished run in ``run_dir`` (Markdown with Hub metadata)."""
+def _mode_line(run_dir: Path) -> str:
+    """The run's reproducible mode (`lime_model.reproducible`) as its last start recorded it; on only
+    when every start ran in it."""
+    from .reproducible import describe, run_mode
+
+    path = run_dir / "run_info.json"
+    starts = json.loads(path.read_text()) if path.is_file() else []
+    if not starts or "reproducible" not in starts[-1]:
+        return "reproducible mode: off (not recorded: trained before the mode existed)"
+    return describe({**starts[-1]["reproducible"], "reproducible": run_mode(run_dir)})
+
+
+def model_card(run_dir: str | os.PathLike) -> ModelCard:
+    """The model card of the finished run in ``run_dir``: Markdown after the Hub's metadata (library,
+    pipeline, license, tags, the hub dataset trained on), as ``huggingface_hub`` writes and reads it."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     run_dir = Path(run_dir)
     recipe = json.loads((run_dir / "recipe.json").read_text())
     config = json.loads((run_dir / "config.json").read_text())
@@ -59,14 +78,14 @@ def model_card(run_dir: str | os.PathLike) -> str:
     kind = arch if arch != "lime" else "LIMe" if routing != "none" else "LLaMA (LIMe, routing none)"
     n_params = _n_parameters(run_dir)
     data = recipe["data"] or ("generated arithmetic expressions" if recipe["task"] == "arithmetic" else "")
-    tags = ["lime-model", arch, "custom_code"] + ([f"routing-{routing}"] if arch == "lime" else [])
-    datasets = [data[3:].split(":")[0]] if data.startswith("hf:") else []
-
-    out = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:"]
-    out += [f"- {t}" for t in tags]
-    if datasets:
-        out += ["datasets:"] + [f"- {d}" for d in datasets]
-    out += ["---", "", f"# {name}", ""]
+    metadata = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        license=LICENSE,
+        tags=["lime-model", arch, "custom_code"] + ([f"routing-{routing}"] if arch == "lime" else []),
+        datasets=[data[3:].split(":")[0]] if data.startswith("hf:") else None,
+    )
+    out = [f"# {name}", ""]
     if recipe["description"]:  # written for the recipe's own sizes, which --set may have changed
         out += [
             f"The recipe's description, as written: {recipe['description']} (The sections below "
@@ -101,6 +120,7 @@ def model_card(run_dir: str | os.PathLike) -> str:
         f"- AdamW, lr {recipe['lr']} ({recipe['schedule']} to {recipe['min_lr']} after "
         f"{recipe['warmup_steps']} warm-up steps), weight decay {recipe['weight_decay']}, seed {recipe['seed']}",
         "- the full recipe: `recipe.json`; every logged step: `metrics.jsonl`",
+        f"- {_mode_line(run_dir)}; each start's versions and settings: `run_info.json`",
         "",
         "## Results",
         "",
@@ -127,25 +147,29 @@ def model_card(run_dir: str | os.PathLike) -> str:
         "With stock `transformers` (this folder holds the model's code; `lime_model` need not be installed):",
         "",
         "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast",
         "",
         f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)',
-        f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+        f'tokenizer = PreTrainedTokenizerFast.from_pretrained("{name}")',
         "```",
         "",
-        "With `lime_model` installed, `import lime_model` registers the architecture and the same call "
-        "loads it without `trust_remote_code`. Benchmarks with lm-evaluation-harness:",
+        "The tokenizer runs no code of this folder, so it loads without `trust_remote_code` (`AutoTokenizer` "
+        "would read `config.json` to find it and ask about the model's code). With `lime_model` installed, "
+        "`import lime_model` registers the architecture and the model loads without `trust_remote_code` too. "
+        "Benchmarks with lm-evaluation-harness:",
         "",
         "```",
         f"lm_eval --model hf --model_args pretrained={name},trust_remote_code=True --tasks TASKS",
         "```",
         "",
+        f"License: {LICENSE}, the license of the model's code in this folder (`lime-model`'s).",
+        "",
     ]
-    return "\n".join(out)
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n".join(out))
 
 
 def write_model_card(run_dir: str | os.PathLike) -> Path:
     """Write (atomically) ``run_dir/README.md``, :func:`model_card`; returns its path."""
     path = Path(run_dir) / CARD
-    atomic_write(path, model_card(run_dir))
+    atomic_write(path, str(model_card(run_dir)))
     return path

@@ -144,10 +144,8 @@ class KVBuffer:
                 block.view(-1, B * T).copy_(x.reshape(B * T, -1).t())
             else:
                 self.heads(block, B, T).copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
-        # detached: a per-position weight's graph leads back through earlier layers to the autograd
-        # nodes that hold this buffer, and a reference from here would close a cycle that keeps
-        # every step's graph alive until Python's cycle collector runs
-        weight = None if weight is None else weight.detach()
+        if weight is not None:
+            weight = _own_copy(weight)
         for pos, source in enumerate(sources):
             self.readers[source].append((layer_idx, weight, pos))
 
@@ -208,6 +206,21 @@ class KVBuffer:
                 for store in self.grad_out:
                     store[r] = None  # free it; a retained graph's next backward starts afresh
         return grads
+
+
+def _own_copy(weight: torch.Tensor) -> torch.Tensor:
+    """A routing weight as the buffer keeps it for its sources' backward (:meth:`KVBuffer.take_grad`).
+
+    Detached: a per-position weight's graph leads back through earlier layers to the autograd nodes
+    that hold this buffer, and a reference from here would close a cycle that keeps every step's
+    graph alive until Python's cycle collector runs. Copied when it is a view of a parameter (a static
+    router's): FSDP frees a layer's gathered parameters when the layer's backward ends, before the
+    earlier layers' backward reads the weight. The copy is ``kv x S*kv`` numbers (``x head_dim``
+    per-dim), 1 / (B*T) of the read that uses it; a computed weight (the dynamic router's, as large as
+    the positions) is the buffer's own already and is not copied.
+    """
+    base = weight if weight._base is None else weight._base
+    return weight.detach().clone() if isinstance(base, torch.nn.Parameter) else weight.detach()
 
 
 def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:

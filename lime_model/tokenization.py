@@ -58,6 +58,24 @@ def char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
     return _wrap(backend, unk=UNK)
 
 
+def check_vocabulary(
+    tokenizer: PreTrainedTokenizerBase, where: str, folder: str | Path | None = None
+) -> None:
+    """ValueError naming the missing files when ``tokenizer`` knows no token but its special ones: transformers
+    loads a folder without its vocabulary files (GPT-2's without vocab.json and merges.txt) as such a
+    tokenizer, silently, and every text then encodes to nothing. ``folder``: where the files were looked for."""
+    if len(tokenizer) > len(set(tokenizer.all_special_ids)):
+        return
+    files = list(dict.fromkeys(type(tokenizer).vocab_files_names.values()))
+    missing = [f for f in files if folder is None or not (Path(folder) / f).is_file()] or files
+    raise ValueError(
+        f"the tokenizer of {where} ({type(tokenizer).__name__}) has no vocabulary, only its "
+        f"{len(tokenizer)} special token(s): {', '.join(missing)} missing"
+        + (f" from {folder}" if folder is not None else "")
+        + "; save the complete tokenizer there (tokenizer.save_pretrained)"
+    )
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """A tokenizer directory (or hub name); gives it an eos and a pad token if it lacks them."""
     path = Path(name_or_path)
@@ -67,6 +85,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else name_or_path)
     except OSError as e:
         raise FileNotFoundError(f"cannot load tokenizer {name_or_path!r}: {str(e).splitlines()[0]}") from None
+    check_vocabulary(tokenizer, repr(name_or_path), path if path.is_dir() else None)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {name_or_path!r} has no eos token, needed between packed documents")
     if tokenizer.pad_token_id is None:

@@ -1,12 +1,12 @@
 """The training loop: data, model, AdamW with warmup + decay, metrics, atomic checkpoints, resume.
 
-Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``; DDP, or FSDP when
-the recipe sets ``fsdp`` and the processes have GPUs: accelerate shards only there). Every process
-sees the same global batch order (a seeded permutation per epoch) and takes its own slice; each
-micro-batch's loss is the summed token loss over the number of target tokens in the *global* batch,
-so 1 process with accumulation and N processes give the same gradients. Several processes never
-tokenise: they read the packed-token cache that ``lime-model prepare`` made (:func:`prepare_data`).
-FSDP trains models without LIMe routing only (see :func:`accelerator_for`).
+Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``): DDP, or, when the
+recipe sets ``fsdp``, PyTorch's FSDP2 (``fully_shard``, applied here on CPUs and GPUs alike:
+:func:`shard`). Every process sees the same global batch order (a seeded permutation per epoch) and
+takes its own slice; each micro-batch's loss is the summed token loss over the number of target
+tokens in the *global* batch, so 1 process with accumulation and N processes give the same gradients.
+Several processes never tokenise: they read the packed-token cache that ``lime-model prepare`` made
+(:func:`prepare_data`).
 
 An output directory holds::
 
@@ -62,6 +62,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
+from . import reproducible
 from .architectures import config_for
 from .checks import check_device, check_weights
 from .config import LimeConfig
@@ -69,9 +70,9 @@ from .evaluate import default_cache_dir, token_loss_sum, token_nll
 from .files import atomic_dir, atomic_write, check_writable
 from .flops import forward_flops
 from .hub import write_model_card
+from .modeling import LimeDecoderLayer
 from .optim import param_groups
 from .recipes import Recipe, identity, load_recipe
-from .routing import parse_routing
 from .tasks import arithmetic
 from .tokenization import char_tokenizer, load_tokenizer, train_bpe
 
@@ -247,10 +248,43 @@ def checkpoints(out_dir: Path) -> list[Path]:
     return sorted(root.glob("step-*"), key=lambda p: int(p.name[5:])) if root.is_dir() else []
 
 
-def _uses_fsdp(accelerator) -> bool:
-    from accelerate.utils import DistributedType
+def _sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
 
-    return accelerator.distributed_type == DistributedType.FSDP
+    return isinstance(model, FSDPModule)
+
+
+def _full_state_options():
+    """Whole tensors, gathered on the CPU of the main process (the others get none): what it saves."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _full_state_dict(accelerator, model) -> dict:
+    """The whole model's state dict on the main process (a collective when sharded). The names of a
+    tied parameter share one tensor, as in an unsharded model's, so ``save_pretrained`` stores it once."""
+    if not _sharded(model):
+        return accelerator.get_state_dict(model)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_full_state_options())
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        source = first.setdefault(id(param), name)
+        if source != name and source in state:  # gathered twice
+            state[name] = state[source]
+    return state
+
+
+def _savable(accelerator, model):
+    """The model whose ``save_pretrained`` writes a checkpoint's files, given the weights. A sharded
+    model's class is FSDP's subclass, whose module would be saved as the model's code and named in
+    ``auto_map``: the unsharded class stands in, built on the meta device (no memory)."""
+    if not _sharded(model):
+        return accelerator.unwrap_model(model)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(model.config)
 
 
 def _param_order(accelerator, model, optimizer) -> list[str]:
@@ -260,11 +294,12 @@ def _param_order(accelerator, model, optimizer) -> list[str]:
 
 
 def _named_optimizer_state(accelerator, model, optimizer) -> dict:
-    """The full optimizer state keyed by parameter name (FSDP gathers it; a collective there)."""
-    if _uses_fsdp(accelerator):
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    """The full optimizer state keyed by parameter name (gathered from the shards when sharded: a
+    collective; the same format either way)."""
+    if _sharded(model):
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return FSDP.optim_state_dict(model, optimizer)
+        return get_optimizer_state_dict(model, optimizer.optimizer, options=_full_state_options())
     state = optimizer.state_dict()
     order = _param_order(accelerator, model, optimizer)
     return {
@@ -274,10 +309,11 @@ def _named_optimizer_state(accelerator, model, optimizer) -> dict:
 
 
 def _load_named_optimizer_state(accelerator, model, optimizer, named: dict) -> None:
-    if _uses_fsdp(accelerator):
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    if _sharded(model):  # every process holds the whole state (it read the files): each keeps its shard
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        optimizer.load_state_dict(FSDP.optim_state_dict_to_load(model, optimizer, named))
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(model, optimizer.optimizer, named, options=options)
         return
     index = {n: i for i, n in enumerate(_param_order(accelerator, model, optimizer))}
     optimizer.load_state_dict(
@@ -292,7 +328,7 @@ def _save_checkpoint(
     accelerator, model, optimizer, scheduler, tokenizer, recipe, step: int, tokens: int, out_dir: Path
 ) -> None:
     """Write ``checkpoints/step-N`` atomically: HF model + tokenizer, optimizer/RNG tensors, JSON state."""
-    state_dict = accelerator.get_state_dict(model)  # collectives under FSDP: every rank calls them
+    state_dict = _full_state_dict(accelerator, model)  # collectives under FSDP: every rank calls them
     opt_state = _named_optimizer_state(accelerator, model, optimizer)
     if accelerator.is_main_process:
         root = out_dir / CHECKPOINTS
@@ -302,7 +338,7 @@ def _save_checkpoint(
         # the same step saved again (a resumed run) is swapped out whole
         with atomic_dir(root / f"step-{step:08d}") as tmp:
             with _quiet_hf_progress():
-                accelerator.unwrap_model(model).save_pretrained(
+                _savable(accelerator, model).save_pretrained(
                     tmp, state_dict=state_dict, safe_serialization=True
                 )
             tokenizer.save_pretrained(tmp)
@@ -432,46 +468,64 @@ def _finished(out_dir: Path, recipe: Recipe) -> bool:
 
 
 def accelerator_for(recipe: Recipe, **tracking: Any):
-    """The ``accelerate.Accelerator`` of a recipe: its mixed precision ("auto": bf16 where supported), FSDP,
-    compile; ``tracking``: the trackers' arguments (:func:`tracker_options`)."""
-    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    """The ``accelerate.Accelerator`` of a recipe: its mixed precision ("auto": bf16 where supported) and
+    compile; ``tracking``: the trackers' arguments (:func:`tracker_options`). FSDP is not accelerate's
+    (its plugin shards only on GPUs): :func:`shard` applies it."""
+    from accelerate import Accelerator
     from accelerate.utils import TorchDynamoPlugin
 
     precision = recipe.mixed_precision
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    fsdp = None
-    if recipe.fsdp:
-        fsdp = FullyShardedDataParallelPlugin(
-            auto_wrap_policy="transformer_based_wrap",
-            transformer_cls_names_to_wrap=["LimeDecoderLayer"],
-            state_dict_type="FULL_STATE_DICT",
-            use_orig_params=True,
-        )
     dynamo = TorchDynamoPlugin(backend="inductor") if recipe.compile else None
     # cpu=True is what makes accelerate join a torchrun/accelerate-launch group over gloo without GPUs
     accelerator = Accelerator(
         mixed_precision=precision,
-        fsdp_plugin=fsdp,
         dynamo_plugin=dynamo,
         cpu=not torch.cuda.is_available(),
         **tracking,
     )
-    if _uses_fsdp(accelerator) and parse_routing(recipe.routing).enabled:
-        # an earlier layer's backward reads the K/V buffer's views of later layers' router weights,
-        # which FSDP has freed (resharded) by then
-        raise ValueError(
-            f"FSDP does not support LIMe routing (routing {recipe.routing!r}): train it with DDP "
-            "(--set fsdp=false) or use --routing none"
-        )
-    if recipe.fsdp and not _uses_fsdp(accelerator):  # accelerate shards only on GPUs
-        accelerator.print(
-            f"lime-model: note: fsdp requested, running {accelerator.distributed_type.value} instead"
-        )
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if accelerator.num_processes != launched:
         raise RuntimeError(f"launched {launched} processes but accelerate joined {accelerator.num_processes}")
     return accelerator
+
+
+def shard(model, device: torch.device, world: int):
+    """``model`` sharded over the ``world`` processes with FSDP2 (``fully_shard``, in place): each
+    decoder layer a unit whose parameters are gathered for its forward and again for its backward, the
+    rest (embeddings, final norm, head) the root's. LIMe's K/V buffer keeps copies of the router
+    weights that earlier layers' backward reads (:func:`lime_model.kv_buffer._own_copy`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in [m for m in model.modules() if isinstance(m, LimeDecoderLayer)]:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _prepare(accelerator, model, optimizer):
+    """The model and optimizer through accelerate; a sharded model only gets its mixed precision
+    (autocast, as under DDP): accelerate would wrap it in DDP."""
+    if not _sharded(model):
+        return accelerator.prepare(model, optimizer)
+    return accelerator.prepare_model(model, evaluation_mode=True), accelerator.prepare_optimizer(optimizer)
+
+
+@contextmanager
+def _no_sync(accelerator, model):
+    """No gradient synchronisation inside (a micro-batch that is not the last): DDP's ``no_sync``, or
+    FSDP2's switch, which accelerate's ``no_sync`` sets only on models it sharded itself."""
+    if not _sharded(model):
+        with accelerator.no_sync(model):
+            yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 REPORT_TO = ("none", "tensorboard", "wandb")
@@ -524,9 +578,9 @@ def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, rec
         rows = local[m : m + micro]
         input_ids = data.input_ids[rows].to(accelerator.device, torch.long)
         labels = data.labels[rows].to(accelerator.device, torch.long)
-        with nullcontext() if m + micro >= per_rank else accelerator.no_sync(model):
+        with nullcontext() if m + micro >= per_rank else _no_sync(accelerator, model):
             loss = token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
-            accelerator.backward(loss * world)  # DDP averages gradients over processes
+            accelerator.backward(loss * world)  # DDP and FSDP average gradients over processes
         loss_sum += loss.detach()
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
     lr = optimizer.param_groups[0]["lr"]  # the "decay" group's; routers run at lr x router_lr_mult
@@ -571,6 +625,8 @@ def train(
             f"micro_batch_size {recipe.micro_batch_size}"
         )
     resume, ckpt = _check_out_dir(out_dir, recipe, resume)
+    if resume:  # half of a run's steps on another code path would be neither mode's result
+        reproducible.check_same_mode(out_dir, reproducible.active())
     saved_tokenizer = resume and (out_dir / "tokenizer_config.json").exists()
     tokenizer = load_tokenizer(str(out_dir)) if saved_tokenizer else None
     try:  # several processes only read the caches: rank 0 tokenising behind a barrier times out at scale
@@ -601,6 +657,11 @@ def train(
     )
     torch.manual_seed(recipe.seed)
     model = AutoModelForCausalLM.from_config(config)  # the arch's class (registered by lime_model)
+    if ckpt is not None:
+        _load_weights(ckpt, model)
+    model.train()
+    if recipe.fsdp and world > 1:  # before the optimizer: sharding replaces the parameters
+        model = shard(model, accelerator.device, world)
     steps = total_steps(recipe, len(data.input_ids))
     optimizer = torch.optim.AdamW(
         param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr),
@@ -608,10 +669,7 @@ def train(
         eps=recipe.eps,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, recipe, steps))
-    if ckpt is not None:
-        _load_weights(ckpt, model)
-    model.train()
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = _prepare(accelerator, model, optimizer)
     start, tokens = (
         (0, 0) if ckpt is None else _load_training_state(ckpt, accelerator, model, optimizer, scheduler)
     )
@@ -723,6 +781,7 @@ def run_info(accelerator) -> dict[str, Any]:
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "mixed_precision": accelerator.mixed_precision,
+        "reproducible": reproducible.settings(),
     }
 
 

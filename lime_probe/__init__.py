@@ -2,14 +2,16 @@
 
     import lime_probe
     model, tok = lime_probe.load("runs/lime")                 # a checkpoint dir or hub id
-    acts = lime_probe.extract(model, tok, texts, sites=["values", "hidden"])   # texts: list of str
+    acts = lime_probe.extract(model, texts, sites=["values", "hidden"])   # texts: list of str
     Z = acts["values"][3]                                      # (n_tokens, dim), padding removed
+    H = acts.stack("hidden")                                   # (n_layers, n_tokens, dim)
     lime_probe.matrix_entropy(Z, alpha=1.0)                    # Z: (..., t, d) -> (...)
 
 README.md's "Your own checkpoint" has the same example in full, runnable as written.
 
 Sites: ``hidden`` (residual stream X_0..X_L), ``final`` (after the final norm), ``values`` and
-``keys`` (the W_V / W_K outputs, which the paper's text calls values), and for LIMe
+``keys`` (the W_V / W_K outputs, which the paper's text calls values), ``attn_out`` and ``mlp_out`` (what
+each block's attention and MLP add to the residual stream), and for LIMe
 ``routed_values`` / ``routed_keys`` (the router's output, what the heads attend to; the official
 analysis code records these for LIMe).
 
@@ -70,6 +72,8 @@ _EXPORTS = {
     "cka_matrix": "probes.similarity",
     "effective_rank": "probes.similarity",
     "effective_ranks": "probes.similarity",
+    "logit_lens": "probes.logit_lens",
+    "LensLayer": "probes.logit_lens",
 }
 
 __all__ = sorted(_EXPORTS)

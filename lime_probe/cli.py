@@ -19,8 +19,9 @@ then report, demo, reproduce (a study of ``lime_probe.studies.STUDIES``) and cac
 its commands the same way; options that both programs take have the same names and meanings (``--out``: the
 folder a command writes into), and both map how a command ends to an exit code with
 ``lime_model.checks.run_command``. This module parses arguments, stages the output and prints tables. It
-imports nothing heavy (torch, transformers, matplotlib) before the arguments are parsed, so ``--help`` and
-usage errors are instant; Ctrl-C at any point, imports included, prints one line and exits 130.
+imports nothing heavy (torch, transformers, matplotlib) before the arguments are parsed and every input
+that needs no model is checked (:func:`check_inputs`), so ``--help``, usage errors and a bad path, number or
+output folder are named within a second; Ctrl-C at any point, imports included, prints one line and exits 130.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from lime_model.checks import (
     run_program,
 )
 from lime_model.files import check_writable, umask
+from lime_probe.extraction.sources import check_local, is_hub_id
 from lime_probe.specs import (
     ANALYSES,
     Checkpoint,
@@ -61,7 +63,7 @@ from lime_probe.specs import (
     load_checkpoints,
     named_checkpoints,
 )
-from lime_probe.specs.base import THREADS_HELP, configure_threads
+from lime_probe.specs.base import LAYERS_HELP, THREADS_HELP, configure_threads, layer_list
 from lime_probe.studies import STUDIES  # declarations only: no model code
 
 PROG = "lime-probe"
@@ -70,20 +72,11 @@ PROG = "lime-probe"
 # --------------------------------------------------------------------------- options
 
 
-def _layer_list(spec: str | None) -> list[int] | None:
-    if spec in (None, "", "all"):
-        return None
-    try:
-        return [int(x) for x in spec.split(",")]
-    except ValueError:
-        raise ValueError(f"--layers must be 'all' or comma-separated integers, got {spec!r}") from None
-
-
 def extract_options(args, own_layers: bool = False) -> dict:
     """The extraction settings of a parsed command line, as ``extract`` keywords; with ``own_layers``
     (the analysis reads ``--layers`` itself) no layer selection."""
     return {
-        "layers": None if own_layers else _layer_list(getattr(args, "layers", None)),
+        "layers": None if own_layers else layer_list(getattr(args, "layers", None)),
         "max_length": args.max_length,
         "max_tokens": args.max_tokens,
         "batch_size": args.batch_size,
@@ -227,12 +220,16 @@ def _field_value(v):
     return tuple(v) if isinstance(v, list) else v  # nargs="+" options hold lists, the dataclasses tuples
 
 
+def _own_layers(spec: Spec) -> bool:
+    """Whether the analysis reads ``--layers`` itself (a parameter of its own, e.g. BLiMP's 'paper')."""
+    return "layers" in {f.name for f in dataclasses.fields(spec.params)}
+
+
 def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
     """``spec.compute`` with the parameters and extraction settings of ``args``."""
     from lime_probe.extraction.cachedir import cache_use
 
-    own_layers = "layers" in {f.name for f in dataclasses.fields(spec.params)}
-    extract_kw = extract_options(args, own_layers) if spec.data_kind != "none" else None
+    extract_kw = extract_options(args, _own_layers(spec)) if spec.data_kind != "none" else None
     with cache_use(spec.name):  # its cache entries are listed under its name
         return spec.compute(cks, data, params_of(spec, args), extract_kw)
 
@@ -521,9 +518,7 @@ def _checkpoint_options(
             + ")",
         )
     if layers:
-        g.add_argument(
-            "--layers", default="all", help="'all' or comma-separated layer indices (default: all)"
-        )
+        g.add_argument("--layers", default="all", help=LAYERS_HELP + " (default: all)")
     g.add_argument(
         "--max-length",
         type=positive_int,
@@ -643,7 +638,7 @@ def _report_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--layers",
         default=argparse.SUPPRESS,  # left out, an analysis with layers of its own (BLiMP) keeps them
-        help="'all' or comma-separated layer indices (default: all; BLiMP: the paper's range)",
+        help=LAYERS_HELP + " (default: all; BLiMP: the paper's range)",
     )
     for name in REPORTABLE:  # each option once; left out, every analysis keeps its own default
         seen += add_param_options(g, ANALYSES[name].params, skip=seen, own_defaults=own)
@@ -681,6 +676,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="keep the two training runs here and reuse finished ones (default: runs/ inside --out)",
     )
+    _reproducible_option(p, "on")
 
 
 def _reproduce_options(p: argparse.ArgumentParser) -> None:
@@ -723,6 +719,29 @@ def _reproduce_options(p: argparse.ArgumentParser) -> None:
     )
     add_device_option(p)
     _threads_option(p)
+    _reproducible_option(p, "the study's own: on, unless it declares reproducible=False")
+
+
+def _reproducible_option(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--reproducible",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pin MKL, oneDNN and PyTorch's CPU kernels to AVX2, one thread and deterministic algorithms, "
+        "so that the same seed gives the same bits on any x86-64 CPU with AVX2 (lime_model.reproducible); "
+        "recorded in the runs and the results' metadata; finished runs are reused only in their own mode "
+        f"(default: {default})",
+    )
+
+
+def _reproducible(args: argparse.Namespace) -> bool | None:
+    """The mode a command runs in: its --reproducible flag, else the demo's (on) or the study's; None for
+    a command without the flag."""
+    if not hasattr(args, "reproducible"):
+        return None
+    if args.reproducible is not None:
+        return args.reproducible
+    return STUDIES[args.study].reproducible if args.command == "reproduce" else True
 
 
 def _cache_options(p: argparse.ArgumentParser) -> None:
@@ -765,6 +784,7 @@ def cmd_reproduce(args) -> None:
         seeds=args.seeds,
         size=args.size,
         device=args.device,
+        reproducible=_reproducible(args),
     )
     print(f"results in {results} (findings.md)", file=sys.stderr)
 
@@ -890,14 +910,54 @@ def _analyses_of(args: argparse.Namespace) -> list[str]:
     return []
 
 
+def _loads_models(args: argparse.Namespace) -> bool:
+    """Whether the command loads its ``--ckpt`` as models (not only reading run folders, as router does)."""
+    return args.command == "report" or getattr(ANALYSES.get(args.command), "data_kind", "none") != "none"
+
+
+def _text_data(args: argparse.Namespace) -> str | None:
+    """The ``--data`` of a parsed command line when it holds texts (not BLiMP, not reproduce's folder)."""
+    kind = "texts" if args.command == "report" else getattr(ANALYSES.get(args.command), "data_kind", "none")
+    return getattr(args, "data", None) if DATA_KINDS[kind].texts else None
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Every check of a parsed command line that needs no model, run before torch is imported (it and a
+    model take half a minute to load on a busy machine, a mistyped option a second to name): the labels,
+    the analyses' parameters (each dataclass checks itself, e.g. --words, --alpha), --layers, the folders
+    written (--out, the activation --cache), a local --data (`lime_model.data.check_source`) and a local
+    --ckpt (`lime_probe.extraction.sources.check_local`)."""
+    from lime_model.data import check_source
+
+    if getattr(args, "label", None):
+        labels_for(args.ckpt, args.label)
+    for name in _analyses_of(args):
+        params_of(ANALYSES[name], args)
+    if not (args.command in ANALYSES and _own_layers(ANALYSES[args.command])):  # else its parameter
+        layer_list(getattr(args, "layers", None))
+    for option in ("out", "cache"):
+        if getattr(args, option, None) is not None:
+            check_writable(getattr(args, option), folder=True, option=f"--{option}")
+    if (data := _text_data(args)) is not None:
+        check_source(data)
+    if _loads_models(args):  # a local --ckpt; a hub id is the hub's to answer, when it is loaded
+        for ckpt in args.ckpt:
+            if not is_hub_id(ckpt):
+                check_local(Path(ckpt).expanduser())
+
+
 def _run(args: argparse.Namespace) -> int:
     command, where = COMMANDS[args.command], f"{PROG} {args.command}"
 
     def work() -> int:
-        if getattr(args, "label", None):  # checked before any import or output
-            labels_for(args.ckpt, args.label)
-        for name in _analyses_of(args):  # parameters check themselves (e.g. --words): no import needed
-            params_of(ANALYSES[name], args)
+        check_inputs(args)
+        if _reproducible(args):  # before anything imports torch: the mode's variables are read as it loads
+            from lime_model import reproducible
+
+            if args.threads not in (None, 1):
+                raise ValueError(f"--reproducible runs on one thread; leave out --threads {args.threads}")
+            reproducible.enable()
+            args.threads = 1
         if hasattr(args, "threads"):  # a torch command: set before any work, record the effective count
             args.threads = configure_threads(args.threads)  # first: before anything imports torch
             import lime_model
@@ -905,8 +965,6 @@ def _run(args: argparse.Namespace) -> int:
             lime_model.register_models()  # what `import lime_model` does for a library user (see there)
         if getattr(args, "device", None) is not None:  # a device this machine lacks fails before any work
             check_device(args.device)
-        if getattr(args, "cache", None) is not None:  # the activation cache, written during the work
-            check_writable(args.cache, folder=True, option="--cache")
         from lime_probe.extraction.cachedir import report_growth
 
         with report_growth(getattr(args, "cache", None)), one_line_warnings(where):

@@ -347,6 +347,17 @@ PROTOCOL: dict[str, tuple[Setting, ...]] = {
             "of its own beyond the sentence's length n (the mean is (prefix + n tokens) / (n + 1)); dropping "
             "it would change every committed BLiMP number",
         ),
+        Setting(
+            "leading_space",
+            False,
+            "ours",
+            (True,),
+            "score (and probe) each sentence as it tokenizes at the start of a text; `blimp --leading-space` "
+            "scores it after a space, as lm-evaluation-harness does (its BLiMP task puts the sentence after the "
+            "default target delimiter, a space), and gives lm-eval's per-pair log-probabilities. The paper "
+            "probes only (Sec. 5.3) and names no minimal-pair scoring; kept off so that the committed BLiMP "
+            "numbers stay what they are",
+        ),
     ),
 }
 

@@ -14,6 +14,18 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The whole suite run without naming tests (``./dev test``) is its quick tier: the tests marked ``slow``
+    (over ~5 s: trainings, studies, notebooks, subprocesses that load torch) are left out, so the run fits
+    20 minutes on a quiet 2-core machine; ``-m slow`` runs them alone (`.ci/run` runs both tiers), and any
+    ``-m`` or named files or tests run as asked. The 15 slowest tests are listed at the end, so a test that
+    grows past the tier's budget shows."""
+    if not config.option.markexpr and config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.option.markexpr = "not slow"
+    if config.option.durations is None:
+        config.option.durations = 15
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     root = os.environ.get("LIME_PROBE_DATA")

@@ -196,3 +196,23 @@ def write_blimp_dir(directory: str | Path) -> Path:
         ]
         (directory / f"{uid}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return directory
+
+
+def torchrun(*args: str, env: dict[str, str] | None = None, timeout: int = 400):
+    """Run ``args`` (a script and its arguments, or ``-m module ...``) under torchrun on two CPU processes
+    (gloo; a free port); asserts they succeed and returns the completed process. The processes import
+    the ``lime_model`` under test: a script's folder, not the working directory, heads their
+    ``sys.path``, so the package's root goes on ``PYTHONPATH``. One thread each."""
+    import os
+    import subprocess
+    import sys
+
+    import lime_model
+
+    root = str(Path(lime_model.__file__).parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc

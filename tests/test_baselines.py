@@ -393,6 +393,7 @@ def test_router_draws_every_mixing_weight_next_to_lime(capsys, tmp_path, ckpts):
     }
 
 
+@pytest.mark.slow  # 8-14 s each under load: five models
 @pytest.mark.parametrize(
     ("command", "extra"), [("entropy", ["--unit", "documents"]), ("separability", ["--allow-small-samples"])]
 )

@@ -629,6 +629,7 @@ def test_cka_matches_the_library(capsys, tmp_path, ckpts, text_file):
     )
 
 
+@pytest.mark.slow  # ~7 s under load
 def test_router_matches_the_library_and_rejects_llama(capsys, tmp_path, ckpts):
     from lime_probe.extraction.loading import load
     from lime_probe.probes.router_weights import router_weights
@@ -650,6 +651,7 @@ def blimp_dir(tmp_path_factory) -> Path:
     return write_blimp_dir(tmp_path_factory.mktemp("blimp"))
 
 
+@pytest.mark.slow  # ~8 s under load
 def test_blimp_matches_the_library(capsys, tmp_path, ckpts, blimp_dir):
     from lime_probe.extraction.loading import load
     from lime_probe.extraction.tracing import extract
@@ -710,6 +712,7 @@ def test_blimp_with_wrong_fields_is_exit_2(capsys, tmp_path, ckpts):
     assert code == 2 and "missing field" in err and not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # ~11 s under load: every analysis twice
 def test_report_is_self_contained_and_matches_the_commands(capsys, tmp_path, ckpts, text_file):
     common = [
         "--ckpt",

@@ -51,14 +51,18 @@ def test_number_rows_maps_to_global_rows():
 
 
 @pytest.mark.slow
-def test_quick_demo_end_to_end(tmp_path, capsys):
+def test_quick_demo_end_to_end(tmp_path):
     import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
     import numpy as np
 
     from lime_model.recipes import load_recipe
+    from lime_model.reproducible import PINNED, run_mode
     from lime_model.tasks.arithmetic import recipe_splits
-    from lime_probe import cli
     from lime_probe.extraction.loading import load
     from lime_probe.extraction.tracing import extract
     from lime_probe.probes.entropy import layer_entropies
@@ -67,9 +71,16 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
 
     out = tmp_path / "demo"
     runs = out / "runs"  # the checkpoints are kept inside the output folder by default
-    assert cli.main(["demo", "--quick", "--out", str(out)]) == 0
-    printed = capsys.readouterr()
-    err = printed.err
+    # as a user runs it: a new process, so that the demo's default reproducible mode can pin torch's
+    # libraries before they load (this test process loaded torch without it)
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in PINNED and k != "LIME_REPRODUCIBLE"}
+    printed = subprocess.run(
+        [sys.executable, "-m", "lime_probe.cli", "demo", "--quick", "--out", str(out)],
+        cwd=root, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    err = printed.stderr
     assert all(f"[{k}/7]" in err for k in range(1, 8))  # progress through every stage
     assert (runs / "lime" / "model.safetensors").is_file() and (
         runs / "llama" / "model.safetensors"
@@ -89,6 +100,12 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert (out / "arithmetic_accuracy.png").is_file() and (out / "router_LIMe.pdf").is_file()
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 10
+    # the demo ran in the reproducible mode, and says so in its results and its runs
+    mode = json.loads((out / "entropy_values.json").read_text())["meta"]["reproducible"]
+    assert mode["reproducible"] is True and mode["env"] == PINNED and mode["deterministic_algorithms"]
+    for label in ("lime", "llama"):
+        assert run_mode(runs / label) is True
+        assert "reproducible mode: on" in (runs / label / "README.md").read_text()
 
     # accuracy: what the trainer measured, per model and operator count
     rows = json.loads((out / "arithmetic_accuracy.json").read_text())["rows"]
@@ -137,7 +154,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
             assert {r["layer"] for r in rows} == set(range(n_blocks))
 
     # the headline at the end: each number recomputed from the files the run wrote
-    lines = {ln.split("  ")[0]: ln.split() for ln in printed.out.splitlines()}
+    lines = {ln.split("  ")[0]: ln.split() for ln in printed.stdout.splitlines()}
     header = lines["measure"]
     assert header[-2:] == ["LIMe", "LLaMA"]
 
@@ -165,7 +182,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
             for m in ("LIMe", "LLaMA")
         ]
         assert shown(f"separability of {key}, values of block {last}") == [f"{v:.4g}" for v in want]
-    assert f"report: {out / 'report.html'}" in printed.out and f"checkpoints: {runs}" in printed.out
+    assert f"report: {out / 'report.html'}" in printed.stdout and f"checkpoints: {runs}" in printed.stdout
 
 
 def test_demo_writes_to_its_own_ignored_folder_by_default():
@@ -181,3 +198,56 @@ def test_demo_writes_to_its_own_ignored_folder_by_default():
     if (root / ".git").exists():
         ignored = subprocess.run(["git", "check-ignore", "-q", f"{out}/report.html"], cwd=root)
         assert ignored.returncode == 0, f"{out} is not git-ignored"
+
+
+def test_the_demo_page_quotes_the_committed_run():
+    """docs/demo.md's numbers, recomputed from the committed demo run's files (figures/*.json), which the
+    reproducible mode wrote."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = " ".join((root / "docs" / "demo.md").read_text().split())
+
+    def rows(stem: str) -> list[dict]:
+        doc = json.loads((root / "figures" / f"{stem}.json").read_text())
+        assert doc["meta"]["reproducible"]["reproducible"] is True, stem  # the run the page describes
+        return doc["rows"]
+
+    acc = {(r["model"], r["n_operators"]): 100 * r["accuracy"] for r in rows("arithmetic_accuracy")}
+    lime, llama = (f"{acc[m, 2]:.0f} % / {acc[m, 3]:.0f} %" for m in ("LIMe", "LLaMA"))
+    assert f"({lime} on 2 / 3 operators vs LLaMA's {llama})" in page
+    assert (
+        f"this one +{acc['LIMe', 2] - acc['LLaMA', 2]:.0f} / +{acc['LIMe', 3] - acc['LLaMA', 3]:.0f}" in page
+    )
+
+    curves = {(r["model"], r["step"]): r for r in rows("training_curves")}
+    steps = sorted({s for m, s in curves if m == "LIMe"})
+    lower = sum(curves["LIMe", s]["loss"] < curves["LLaMA", s]["loss"] for s in steps)
+    extra = 100 * (curves["LIMe", steps[-1]]["flops"] / curves["LLaMA", steps[-1]]["flops"] - 1)
+    assert f"at {lower} of the {len(steps)} logged steps (for {extra:.1f} % more FLOPs per step)" in page
+
+    entropy = {
+        (r["model"], r["layer"]): r["entropy_mean"] for r in rows("entropy_values") if r["site"] == "values"
+    }
+    layers = sorted({la for _, la in entropy})
+    assert all(entropy["LIMe", la] > entropy["LLaMA", la] for la in layers) and "in every layer" in page
+
+    rows("router")  # its mode
+    per_layer = json.loads((root / "figures" / "router.json").read_text())["routers"]["LIMe"]["per_layer"]
+    shares = [
+        f"{100 * sources[0]:.0f} %" for sources in per_layer[1:4]
+    ]  # each layer's share read from layer 0
+    assert f"layers 1-3 read {shares[0]}, {shares[1]} and {shares[2]} of their K/V from layer 0" in page
+
+    def last_block(stem: str) -> dict[str, str]:
+        got = rows(stem)
+        last = max(r["layer"] for r in got)
+        return {r["model"]: f"{100 * r['accuracy_mean']:.1f} %" for r in got if r["layer"] == last}
+
+    small, large = last_block("separability_numbers_1_4"), last_block("separability_numbers_100_103")
+    assert (
+        f"1-4 stay mostly apart ({small['LLaMA']}) and in LIMe's they do not ({small['LIMe']}, chance 25 %;"
+        in page
+    )
+    assert f"100-103: {large['LLaMA']} vs {large['LIMe']})" in page

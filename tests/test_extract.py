@@ -306,3 +306,23 @@ def test_the_batch_size_help_names_the_default_token_budget():
     entropy = build_parser()._subparsers._group_actions[0].choices["entropy"]
     (action,) = [a for a in entropy._actions if a.dest == "batch_size"]
     assert action.default is None and f"fit {DEFAULT_BATCH_TOKENS} tokens" in action.help
+
+
+def test_the_models_own_tokenizer_and_a_stacked_site(tmp_path):
+    from helpers import save_tiny_checkpoint
+
+    from lime_probe.extraction.loading import load
+
+    model, tok = load(save_tiny_checkpoint(tmp_path / "m", "llama"))
+    texts = ["The cat is on the mat.", "A dog ran far away."]
+    named = extract(model, tok, texts, sites=["hidden", "values"], progress=False)
+    own = extract(model, texts, sites=["hidden", "values"], progress=False)  # the model carries its tokenizer
+    assert own.layers("hidden") == named.layers("hidden")
+    for layer in named.layers("hidden"):
+        assert torch.equal(own["hidden"][layer], named["hidden"][layer])
+    stacked = own.stack("hidden")  # (layers, rows, dim)
+    assert stacked.shape == (3, len(own.token_ids), 32)
+    assert torch.equal(stacked[2], own["hidden"][2])
+    assert torch.equal(own.stack("values", [1, 0]), torch.stack([own["values"][1], own["values"][0]]))
+    with pytest.raises(ValueError, match="carries no tokenizer: extract\\(model, tokenizer, texts\\)"):
+        extract(model._module, texts, progress=False)

@@ -66,7 +66,7 @@ def test_model_card(run):
     recipe = json.loads((run / "recipe.json").read_text())
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = lines[-1]
-    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert card.startswith("---\n")
     assert "- routing-full" in card and "routing `full`" in card
     assert f"The recipe's description, as written: {recipe['description']}" in card  # --set may differ
     assert f"data `{recipe['data']}`" in card
@@ -76,6 +76,31 @@ def test_model_card(run):
     n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(run).parameters())
     assert f"({n_params:,} parameters)" in card  # tied head: counted once by both
     assert 'from_pretrained("lime-run", trust_remote_code=True)' in card
+
+
+def test_model_card_parses_with_a_license_and_its_tokenizer_line_needs_no_remote_code(run, tmp_path):
+    """The card is what ``huggingface_hub`` reads (metadata with a license); its usage block's tokenizer
+    line, run as written beside the folder in a process without ``lime_model``, loads the run's tokenizer
+    without asking about remote code (stdin closed: a prompt would show in the output)."""
+    from huggingface_hub import ModelCard
+    from transformers import AutoTokenizer
+
+    card = ModelCard.load(run / "README.md")
+    assert card.data.license == "apache-2.0"
+    assert card.data.library_name == "transformers" and "routing-full" in card.data.tags
+    code = card.text.split("```python\n")[1].split("```")[0]
+    (line,) = [ln for ln in code.splitlines() if ln.startswith("tokenizer =")]
+    assert "trust_remote_code" not in line
+    imports = [ln for ln in code.splitlines() if ln.startswith("from ")]
+    script = "\n".join([*imports, line, "print(tokenizer('the cat sat')['input_ids'])"])
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=run.parent, env=_clean_env(tmp_path), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "custom code" not in done.stdout + done.stderr, done.stdout + done.stderr
+    want = AutoTokenizer.from_pretrained(run)("the cat sat")["input_ids"]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == want
 
 
 def test_lime_probe_still_loads_the_registered_classes(run):

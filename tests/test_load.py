@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
-from helpers import save_tiny_checkpoint
+from helpers import save_tiny_checkpoint, tiny_tokenizer
 
 from lime_model.checks import check_device
-from lime_probe.extraction.loading import _is_hub_id, hub_dataset, load
+from lime_probe.extraction.loading import hub_dataset, load
+from lime_probe.extraction.sources import is_hub_id
 from lime_probe.extraction.tracing import extract
 
 
@@ -84,25 +85,31 @@ def test_missing_tokenizer_says_how_to_save_one(tmp_path):
     assert f"tokenizer.save_pretrained('{ckpt}')" in message and "\n" not in message
 
 
-def test_unsupported_architecture(tmp_path):
+def test_an_architecture_without_an_adapter_loads_and_gives_its_residual_stream(tmp_path):
+    """OPT has no registered adapter: it loads, and its blocks (``decoder.layers``) give ``hidden``."""
     config = tf.OPTConfig(
         hidden_size=16,
         num_hidden_layers=1,
         ffn_dim=32,
         num_attention_heads=2,
-        vocab_size=50,
+        vocab_size=len(tiny_tokenizer()),
         word_embed_proj_dim=16,
     )
     tf.OPTForCausalLM(config).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="no extraction adapter for model_type 'opt'; supported: .*gpt2"):
-        load(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    model, tok = load(tmp_path)
+    acts = extract(model, tok, ["The cat is on the mat."], sites="hidden", progress=False)
+    ids = tok("The cat is on the mat.", return_tensors="pt")
+    with torch.no_grad():
+        want = model._module(**ids, output_hidden_states=True).hidden_states[0][0]
+    torch.testing.assert_close(acts["hidden"][0], want)
 
 
 def test_hub_ids_versus_paths(tmp_path):
-    assert _is_hub_id("EleutherAI/pythia-70m") and _is_hub_id("gpt2")
-    assert not _is_hub_id("./runs/lime") and not _is_hub_id("/abs/path") and not _is_hub_id("a/b/c")
-    assert not _is_hub_id(str(tmp_path))
-    assert not _is_hub_id("~/runs/lime") and not _is_hub_id(".hidden")
+    assert is_hub_id("EleutherAI/pythia-70m") and is_hub_id("gpt2")
+    assert not is_hub_id("./runs/lime") and not is_hub_id("/abs/path") and not is_hub_id("a/b/c")
+    assert not is_hub_id(str(tmp_path))
+    assert not is_hub_id("~/runs/lime") and not is_hub_id(".hidden")
 
 
 @pytest.mark.parametrize("spec", ["./nope", "~/lime-probe-no-such-run", "runs/nope", "runs/deeper/nope"])

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
@@ -153,6 +154,8 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
         (["--device-map", "nowhere.json"], "device map file not found: nowhere.json"),
         (["--device-map", "auto", "--device", "meta"], "give --device or --device-map, not both"),
         (["--revision", "step1"], "--revision names a hub branch, tag or commit, and no --ckpt is a hub id"),
+        (["--device-map", '{"nonexistent.module": "cpu"}'], "entry 'nonexistent.module' names no module of"),
+        (["--device-map", '{"model.embed_tokens": "cpu"}'], "places no device for model.layers, model.norm"),
     ],
 )
 def test_bad_options_exit_2_in_one_line(capsys, tmp_path, options, match):
@@ -240,3 +243,143 @@ def test_revisions_are_read_from_the_hub_cache_and_recorded(tmp_path):
     meta = json.loads((tmp_path / "out" / "entropy_values.json").read_text())["meta"]
     assert meta["checkpoints"]["early"] == {"id": "org/tiny", "source": "hub", "revision": "step1"}
     assert meta["checkpoints"]["late"]["revision"] == "step143000"
+
+
+def save_trained_looking(directory: Path, arch: str, **overrides) -> Path:
+    """A tiny checkpoint whose routers (or mixing weights) are far from their init, so that reading them
+    from the wrong place (meta, or a fresh init) cannot pass."""
+    from helpers import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = tiny_model(arch, tok, **overrides)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(k in name for k in (".router.", "dwa", "value_mix")):
+                p.normal_(std=0.3 if name.endswith(("query", "keys")) else 1.0)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("routing", ["full", "per-dim", "dynamic"])
+def test_router_weights_of_offloaded_layers_are_read_from_the_offload_store(tmp_path, routing):
+    from lime_probe.probes.router_weights import initial_weights, mix_by_router, router_weights
+
+    ckpt = save_trained_looking(tmp_path / "m", "lime", routing=routing)
+    plain, tok = load(ckpt)
+    model, _ = load(ckpt, device_map=offload_map("lime"), offload_folder=tmp_path / "offload")
+    router = model._module.model.layers[1].self_attn.router
+    assert {p.device.type for p in router.parameters()} == {"meta"}  # on disk, not in memory
+    hidden = extract(plain, tok, TEXTS, sites=["hidden"], progress=False)["hidden"]
+    want, got = router_weights(plain, hidden), router_weights(model, hidden)
+    np.testing.assert_array_equal(got.per_layer, want.per_layer)
+    np.testing.assert_array_equal(got.per_head, want.per_head)
+    np.testing.assert_array_equal(
+        initial_weights(model, None, hidden)[0].per_layer, initial_weights(plain, None, hidden)[0].per_layer
+    )
+    assert {p.device.type for p in router.parameters()} == {"meta"}  # offloaded again after the read
+    if routing != "dynamic":
+        values = extract(plain, tok, TEXTS, sites=["values"], progress=False)["values"]
+        for layer, mixed in mix_by_router(model, values).items():
+            torch.testing.assert_close(mixed, mix_by_router(plain, values)[layer], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["lime", "denseformer"])
+def test_router_command_on_a_model_offloaded_to_disk(capsys, tmp_path, arch):
+    ckpt = save_trained_looking(tmp_path / "m", arch)
+    data = tmp_path / "texts.txt"
+    data.write_text("\n\n".join(CORPUS))
+    device_map = json.dumps(offload_map(arch))
+
+    def rows(*options) -> list:
+        out = tmp_path / "out"
+        code, _, err = run_cli(capsys, "router", "--ckpt", ckpt, "--data", data, "--out", out, *options)
+        assert code == 0 and "Error" not in err, err
+        return [json.loads(p.read_text())["rows"] for p in sorted(out.glob("router*.json"))]
+
+    assert rows("--device-map", device_map) == rows()
+
+
+def test_device_maps_naming_no_module_or_leaving_modules_unplaced_are_refused(tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "m", "llama")
+    with pytest.raises(ValueError, match="entry 'model.layer.0' names no module of LlamaForCausalLM"):
+        load(ckpt, device_map={**offload_map("llama"), "model.layer.0": "cpu"})
+    partial = {k: v for k, v in offload_map("llama").items() if k not in ("model.layers.1", "lm_head")}
+    with pytest.raises(ValueError, match=r"places no device for model\.layers\.1, lm_head: give every"):
+        load(ckpt, device_map=partial)
+    # a module's own weights when only its submodules are named; whole-tensor entries count
+    inner = {**partial, "lm_head.weight": "cpu", "model.layers.1.self_attn": "cpu"}
+    with pytest.raises(
+        ValueError, match="no device for model.layers.1.mlp, model.layers.1.input_layernorm, "
+    ):
+        load(ckpt, device_map=inner)
+    model, _ = load(ckpt, device_map={**partial, "lm_head": "cpu", "model.layers.1": "disk"})
+    assert model._module.hf_device_map["model.layers.1"] == "disk"
+
+
+@pytest.mark.parametrize("arch", ["llama", "lime", "gpt2"])
+def test_a_model_all_on_disk_gives_the_plain_activations(tmp_path, arch):
+    """A map whose first entry is "disk" (here the whole model): nnsight's pipeline took that for a torch
+    device; the model runs on the CPU, its weights read from disk for each forward pass."""
+    from lime_probe.extraction.loading import wrap
+
+    ckpt = save_tiny_checkpoint(tmp_path / arch, arch)
+    plain, tok = load(ckpt)
+    want = extract(plain, tok, TEXTS, sites=["hidden"], logprobs=True, progress=False)
+    model, tok = load(ckpt, device_map={"": "disk"})
+    assert {p.device.type for p in model._module.parameters()} == {"meta"}
+    hf = tf.AutoModelForCausalLM.from_pretrained(ckpt, device_map={"": "disk"}, offload_folder=tmp_path / "o")
+    for wrapped in (model, wrap(hf, tok)):
+        got = extract(wrapped, tok, TEXTS, sites=["hidden"], logprobs=True, progress=False)
+        for layer in want.layers("hidden"):
+            torch.testing.assert_close(got["hidden"][layer], want["hidden"][layer], rtol=0, atol=0)
+        torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=0)
+    assert hf.hf_device_map == {"": "disk"}  # the wrap leaves the map as it found it
+
+
+def test_a_disk_first_map_from_the_command_line(capsys, tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "m", "llama")
+    data = tmp_path / "texts.txt"
+    data.write_text("\n\n".join(CORPUS))
+
+    def entropy(*options) -> list:
+        out = tmp_path / "out"
+        argv = ["entropy", "--ckpt", ckpt, "--data", data, "--out", out, "--no-cache", *WINDOWS, *options]
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 0, err
+        return json.loads((out / "entropy_values.json").read_text())["rows"]
+
+    assert entropy("--device-map", '{"": "disk"}') == entropy()
+
+
+def test_from_pretrained_arguments_pass_through_load(tmp_path, monkeypatch):
+    ckpt = save_tiny_checkpoint(tmp_path / "m", "llama")
+    assert load(ckpt)[0]._module.config._attn_implementation == "sdpa"
+    model, tok = load(ckpt, attn_implementation="eager")
+    assert model._module.config._attn_implementation == "eager"
+    # the whole model at a tiny max_memory: accelerate puts all of it on disk, and it runs on the CPU
+    plain = extract(load(ckpt)[0], TEXTS, sites=["hidden"], progress=False)
+    model, _ = load(ckpt, device_map="sequential", max_memory={"cpu": 1})
+    assert set(model._module.hf_device_map.values()) == {"disk"}
+    got = extract(model, TEXTS, sites=["hidden"], progress=False)
+    for layer in plain.layers("hidden"):
+        torch.testing.assert_close(got["hidden"][layer], plain["hidden"][layer], rtol=0, atol=0)
+    # trust_remote_code and token reach the config and tokenizer as well as the model
+    seen = {}
+    for auto in (tf.AutoConfig, tf.AutoTokenizer, tf.AutoModelForCausalLM):
+        original = auto.from_pretrained.__func__
+
+        def spy(cls, *args, _original=original, **kwargs):
+            seen.setdefault(cls.__name__, []).append(
+                {k: kwargs.get(k) for k in ("trust_remote_code", "token")}
+            )
+            return _original(cls, *args, **kwargs)
+
+        monkeypatch.setattr(auto, "from_pretrained", classmethod(spy))
+    load(ckpt, trust_remote_code=False, token="hf_none")
+    assert set(seen) == {"AutoConfig", "AutoTokenizer", "AutoModelForCausalLM"}
+    assert all(
+        call == {"trust_remote_code": False, "token": "hf_none"} for calls in seen.values() for call in calls
+    )
+    with pytest.raises(ValueError, match="load sets 'config' itself"):
+        load(ckpt, config=None)

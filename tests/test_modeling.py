@@ -116,7 +116,7 @@ def test_forward_and_gradients_match_eq4_loop(routing, kv):
     assert_forward_and_gradients_match(make(routing, kv=kv), reference_logits)
 
 
-@pytest.mark.parametrize("kv", [2, 4])
+@pytest.mark.parametrize("kv", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: ~8 s under load
 def test_dynamic_routing_matches_appendix_e_loop(kv):
     model = make("dynamic", kv=kv)
     assert_forward_and_gradients_match(model, lambda m, ids: reference_logits(m, ids, appendix_e_coef))

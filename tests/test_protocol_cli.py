@@ -66,6 +66,7 @@ def manual_windows(tok, texts, window: int, count: int, seed: int) -> list[list[
     return [stream[s : s + window] for s in picked]
 
 
+@pytest.mark.slow  # ~11 s under load
 def test_entropy_windows_equal_hand_built_windows(capsys, tmp_path, ckpts, text_file):
     from lime_probe.extraction.loading import load
     from lime_probe.extraction.tracing import extract
@@ -104,6 +105,7 @@ def test_entropy_windows_equal_hand_built_windows(capsys, tmp_path, ckpts, text_
     assert len({r["windows_digest"] for r in rows}) == 1
 
 
+@pytest.mark.slow  # ~40 s under load: 2048-token windows
 def test_entropy_default_window_is_capped_by_max_positions(capsys, tmp_path, ckpts, text_file):
     out = tmp_path / "o"
     run_ok(
@@ -120,6 +122,7 @@ def test_entropy_default_window_is_capped_by_max_positions(capsys, tmp_path, ckp
     assert "llama: 128 tokens (max_positions)" in result.text
 
 
+@pytest.mark.slow  # ~23 s under load
 def test_entropy_documents_mode_and_max_normalize(capsys, tmp_path, ckpts, text_file):
     from lime_probe.extraction.loading import load
     from lime_probe.extraction.tracing import extract
@@ -395,6 +398,7 @@ def test_blimp_table2_protocol_by_hand(capsys, tmp_path, deep_ckpt):
         )
 
 
+@pytest.mark.slow  # ~8 s under load
 def test_blimp_all_pairs_too_long_names_the_paradigm(capsys, tmp_path):
     from helpers import write_blimp_dir
 
@@ -441,6 +445,7 @@ def test_table2_preset_is_appendix_d_with_table_10_examples(shared_data):
     assert (row["source"], row["where"]) == ("paper", "App. D")
 
 
+@pytest.mark.slow  # ~19 s under load: every pair of ten paradigms
 def test_blimp_defaults_to_every_pair_of_the_table2_tasks(shared_data):
     """The default run reads App. D's ten files and keeps all 1,000 pairs of each (no --max-pairs)."""
     from lime_probe.probes.blimp import load_blimp
@@ -510,6 +515,7 @@ def test_entropy_window_over_the_model_positions_is_exit_2(capsys, tmp_path, ckp
     assert code == 2 and "--window 129 is over llama's 128 positions" in err
 
 
+@pytest.mark.slow  # ~70 s under load
 def test_entropy_mixing_null_of_lime_by_its_own_router_is_its_routed_values_entropy(
     capsys, tmp_path, ckpts, text_file
 ):

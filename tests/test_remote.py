@@ -38,6 +38,7 @@ def test_a_model_without_weights_sends_its_inputs_from_the_cpu(tmp_path, monkeyp
     # as a user of NDIF builds it: the architecture on `meta`, no weights read (`dispatch=False`)
     model = TransformersModel(str(ckpt), tokenizer=tok, dispatch=False, task="text-generation")
     assert {p.device.type for p in model._module.parameters()} == {"meta"}
+    model.repo_id = "org/tiny"  # as if built from the hub: NDIF serves hub ids only
     capture = Capture()
     monkeypatch.setattr(model, "_remote_backend", lambda *args: capture)
     text = "The cat is on the mat."
@@ -73,3 +74,12 @@ def test_the_local_simulation_of_the_remote_path_gives_the_local_activations(tmp
         for layer in want.layers(site):
             torch.testing.assert_close(got[site][layer], want[site][layer], rtol=0, atol=0)
     torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=0)
+
+
+def test_a_model_from_a_local_folder_is_refused_for_ndif_in_one_line(tmp_path):
+    from lime_probe.extraction.loading import load
+
+    model, tok = load(save_tiny_checkpoint(tmp_path / "m", "llama"))
+    with pytest.raises(ValueError, match=r"^NDIF serves hub ids only, and this model comes from '/") as error:
+        extract(model, tok, ["The cat is on the mat."], progress=False, remote=True)
+    assert "\n" not in str(error.value)

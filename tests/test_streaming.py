@@ -79,6 +79,20 @@ def test_the_stream_is_read_block_by_block(model, tok, monkeypatch):
     assert first_forward[0] < len(TEXTS) // 2
 
 
+def test_pooled_blocks_hold_tokens_independent_of_the_corpus_size_at_default_settings(model, monkeypatch):
+    """Pooled rows (one per document) of a small model never fill a block's `SHARD_BYTES`: the block is
+    bounded in tokens too, so the tokens held at once do not grow with the number of documents."""
+    monkeypatch.setattr(tracing, "SHARD_BYTES", 32 * 2**20)  # the default, not `small_blocks`'
+    row_bytes = tracing._plan(model, ["hidden"], None).row_bytes  # every layer, one row per document
+
+    def largest_block(n_docs: int) -> int:
+        docs = ([7] * 32 for _ in range(n_docs))  # 32 tokens each
+        blocks = tracing._blocks(docs, row_bytes, False, None, tracing.DEFAULT_BATCH_TOKENS)
+        return max(sum(map(len, block)) for block in blocks)
+
+    assert largest_block(20_000) == largest_block(200_000) <= tracing.BLOCK_TOKENS + 32
+
+
 def test_an_endless_stream_stops_at_the_token_budget(model, tok):
     streamed = extract(model, tok, itertools.cycle(TEXTS), sites=SITES, max_tokens=300, progress=False)
     assert len(streamed.token_ids) == 300
@@ -149,8 +163,12 @@ def test_per_document_entropy_reads_data_lazily_and_windows_whole(tmp_path, caps
     assert isinstance(load(str(data), args, EntropyParams(unit="documents"), "--data"), Corpus)
     assert load(str(data), args, EntropyParams(unit="windows"), "--data") == TEXTS[:30]  # drawn from all
 
-    def whole(*a, **k):
-        raise AssertionError("per-document entropy must not read --data whole")
+    first_document = lime_model.data.load_texts
+
+    def whole(*a, max_texts=None, **k):  # the checks before work read the first document only
+        if max_texts != 1:
+            raise AssertionError("per-document entropy must not read --data whole")
+        return first_document(*a, max_texts=max_texts, **k)
 
     ckpt = save_tiny_checkpoint(tmp_path / "llama", "llama")
     monkeypatch.setattr(lime_model.data, "load_texts", whole)
@@ -173,8 +191,12 @@ def test_cka_reads_data_lazily(tmp_path, capsys, monkeypatch):
     data = tmp_path / "t.txt"
     data.write_text("\n\n".join(TEXTS) + "\n")
 
-    def whole(*a, **k):
-        raise AssertionError("cka must not read --data whole")
+    first_document = lime_model.data.load_texts
+
+    def whole(*a, max_texts=None, **k):  # the checks before work read the first document only
+        if max_texts != 1:
+            raise AssertionError("cka must not read --data whole")
+        return first_document(*a, max_texts=max_texts, **k)
 
     ckpt = save_tiny_checkpoint(tmp_path / "llama", "llama")
     monkeypatch.setattr(lime_model.data, "load_texts", whole)

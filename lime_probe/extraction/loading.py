@@ -5,19 +5,24 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shutil
 import tempfile
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lime_probe.extraction.adapters import get_adapter
+from lime_model.checks import quiet_library  # the CLI's quiet loads, shared with lime-model
+from lime_probe.extraction.adapters import adapter_for, is_encoder
+from lime_probe.extraction.sources import check_local, is_hub_id
+
+if TYPE_CHECKING:  # for the signatures only: nnsight and transformers are imported where used
+    from nnsight.modeling.transformers import TransformersModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # "auto": the dtype the checkpoint's config names (torch_dtype), else that of its stored weights
 _DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,6 +31,11 @@ DTYPES = tuple(_DTYPES)
 # evenly over the GPUs, "balanced_low_0" keeps GPU 0 light, "sequential" fills them in order; whatever
 # does not fit goes to the CPU, then to disk
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+# `from_pretrained` arguments that also reach the config and the tokenizer (a private hub model's token,
+# a custom architecture's code, another hub cache); the others reach the model's `from_pretrained` only
+SHARED_KWARGS = ("trust_remote_code", "token", "cache_dir")
+# arguments `load` sets itself: `config` is read first (the adapter is checked on it), `torch_dtype` is `dtype`
+OWN_KWARGS = ("config", "torch_dtype")
 # the files a Hugging Face tokenizer is saved as (fast, slow BPE, WordPiece, SentencePiece)
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -86,15 +96,51 @@ def device_map_of(spec: str | dict | None) -> str | dict | None:
     for module, device in spec.items():
         if device != "disk":
             check_device(device, option=f"device map entry {module!r}:")
-    # "disk" entries last (the order places nothing): transformers' pipeline, which nnsight builds, takes the
-    # device of the map's first entry as its own, and "disk" is no torch device
-    return dict(sorted(spec.items(), key=lambda entry: entry[1] == "disk"))
+    return spec
+
+
+def _unplaced(module: torch.nn.Module, device_map: dict, prefix: str = "") -> list[str]:
+    """The paths under `module` (named `prefix`) that `device_map` gives no device: a module with weights
+    that no entry names, contains or lies inside, or a weight of a module of which only submodules are
+    named. Weights are what ``state_dict`` saves (what accelerate places)."""
+    if prefix in device_map:
+        return []
+    if not any(not prefix or key.startswith(f"{prefix}.") for key in device_map if key):
+        return [prefix or "the whole model"] if module.state_dict() else []
+    own = [n for n, _ in module.named_parameters(recurse=False)]
+    own += [n for n, _ in module.named_buffers(recurse=False) if n not in module._non_persistent_buffers_set]
+    out = [path for n in own if (path := f"{prefix}.{n}" if prefix else n) not in device_map]
+    for name, child in module.named_children():
+        out += _unplaced(child, device_map, f"{prefix}.{name}" if prefix else name)
+    return out
+
+
+def check_device_map(device_map: dict, skeleton: torch.nn.Module) -> None:
+    """ValueError, one line, when the module -> device map `device_map` names something the model
+    (`skeleton`: the architecture, weights on ``meta``) does not have, or leaves some of its weights on no
+    device; transformers would ignore the first and build a model accelerate never dispatched for the
+    second."""
+    known = {name for name, _ in skeleton.named_modules()} | set(skeleton.state_dict())
+    unknown = [key for key in device_map if key not in known]
+    if unknown:
+        children = ", ".join(name for name, _ in skeleton.named_children())
+        raise ValueError(
+            f"device map entry {unknown[0]!r} names no module of {type(skeleton).__name__} (its modules: "
+            f"{children}, and theirs, as printed by print(model))"
+        )
+    unplaced = _unplaced(skeleton, device_map)
+    if unplaced:
+        shown = ", ".join(unplaced[:4]) + (f" and {len(unplaced) - 4} more" if len(unplaced) > 4 else "")
+        raise ValueError(
+            f"the device map places no device for {shown}: give every module a device (an entry for it "
+            'or a module containing it; {"": "cpu"} places the whole model)'
+        )
 
 
 def revisions_for(ckpts: Sequence[str | os.PathLike], revisions: Sequence[str] | None) -> list[str | None]:
     """One revision per checkpoint (None for local folders): `revisions` holds one per hub id among `ckpts`,
     in order, or one for all of them."""
-    hub = [_is_hub_id(os.fspath(c)) for c in ckpts]
+    hub = [is_hub_id(os.fspath(c)) for c in ckpts]
     if not revisions:
         return [None] * len(ckpts)
     if not any(hub):
@@ -107,49 +153,6 @@ def revisions_for(ckpts: Sequence[str | os.PathLike], revisions: Sequence[str] |
         )
     given = iter(revisions)
     return [next(given) if h else None for h in hub]
-
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-def _is_hub_id(ckpt: str) -> bool:
-    """Whether `ckpt` reads as a hub id ("name" or "owner/name") and is no existing local path.
-
-    "owner/name" whose "owner" is an existing local folder reads as a path (``runs/lime`` where
-    ``runs/`` exists): a hub owner never shadows a folder the user has.
-    """
-    if not HUB_ID.match(ckpt) or Path(ckpt).exists():
-        return False
-    return "/" not in ckpt or not Path(ckpt.split("/")[0]).is_dir()
-
-
-@contextmanager
-def quiet_library(verbose: bool = False) -> Iterator[None]:
-    """Keep transformers/huggingface_hub load chatter off the console inside the block.
-
-    Their loggers report errors only, their progress bars ("Loading weights") are off and Python
-    warnings are ignored; everything is restored afterwards. With `verbose` the block changes nothing.
-    """
-    if verbose:
-        yield
-        return
-    import transformers
-    from huggingface_hub.utils import logging as hub_logging
-
-    before = hub_logging.get_verbosity(), transformers.logging.get_verbosity()
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    hub_logging.set_verbosity_error()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hub_logging.set_verbosity(before[0])
-        transformers.logging.set_verbosity(before[1])
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
 
 
 def hub_problem(url: str) -> str | None:
@@ -228,30 +231,33 @@ def _hub_commit(repo_id: str, revision: str | None) -> str | None:
     return Path(path).parent.name if isinstance(path, str) else None
 
 
-def _check_local(path: Path) -> None:
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if not path.is_dir():
-        raise ValueError(f"not a checkpoint directory: {path} (expected a folder with config.json)")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"not a checkpoint: {path} has no config.json")
-
-
-def wrap(model: torch.nn.Module, tokenizer: Any) -> Any:
+def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> TransformersModel:
     """Wrap a loaded Hugging Face `model` for nnsight (a `TransformersModel` sharing `tokenizer`).
 
     nnsight sets a causal model's tokenizer to left padding; the tokenizer's own padding side is
-    kept, since `lime_probe.extract` pads batches itself and is correct for either side.
+    kept, since `lime_probe.extract` pads batches itself and is correct for either side. A model
+    dispatched over a device map (`load`'s, or your own ``from_pretrained(..., device_map=...)``) runs
+    where its embedding runs (`input_device`), also when the map offloads all of it to disk.
     """
     from nnsight.modeling.transformers import TransformersModel
 
     side = tokenizer.padding_side
-    with warnings.catch_warnings():  # BERT's `.output` submodules: nnsight renames them, harmlessly
-        warnings.filterwarnings("ignore", message=".*has a submodule named 'output'.*")
-        # a bare base model (LlamaModel, BertModel) has no task nnsight can infer from a head
-        task = "feature-extraction" if model.base_model is model else None
-        dispatched = getattr(model, "hf_device_map", None) is not None
-        wrapped = (_dispatched() if dispatched else TransformersModel)(model, tokenizer=tokenizer, task=task)
+    placed = getattr(model, "hf_device_map", None)
+    if placed is not None:
+        # transformers' pipeline, which nnsight builds, takes the device of the map's first entry as its
+        # own, and "disk" (the whole model, or its first module, offloaded) is no torch device: while it is
+        # built, the map names where the model runs
+        model.hf_device_map = {"": str(input_device(model))}
+    try:
+        with warnings.catch_warnings():  # BERT's `.output` submodules: nnsight renames them, harmlessly
+            warnings.filterwarnings("ignore", message=".*has a submodule named 'output'.*")
+            # a bare base model (LlamaModel, BertModel) has no task nnsight can infer from a head
+            task = "feature-extraction" if model.base_model is model else None
+            kind = _dispatched() if placed is not None else TransformersModel
+            wrapped = kind(model, tokenizer=tokenizer, task=task)
+    finally:
+        if placed is not None:
+            model.hf_device_map = placed
     tokenizer.padding_side = side
     return wrapped
 
@@ -267,6 +273,35 @@ def input_device(hf: torch.nn.Module, remote: bool | str = False) -> torch.devic
     device = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)
     device = torch.device(device) if device is not None else embedding.weight.device
     return torch.device("cpu") if device.type == "meta" else device
+
+
+@contextmanager
+def onloaded(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`module` with every weight accelerate offloaded (to the CPU or disk: ``meta`` in the model) read
+    from its offload store onto the module's execution device inside the block, and offloaded again after:
+    what reading parameters outside a forward pass needs (during one, accelerate's hooks do this). A module
+    without offloaded weights is left as it is."""
+    from accelerate.utils import align_module_device, has_offloaded_params
+
+    with ExitStack() as stack:
+        for sub in module.modules():  # accelerate hooks each submodule that holds weights of its own
+            if has_offloaded_params(sub):
+                stack.enter_context(align_module_device(sub))
+        yield module
+
+
+def check_remote(model: TransformersModel, remote: bool | str) -> None:
+    """ValueError, one line, when `remote` asks a server (NDIF) to run nnsight `model` and the model came
+    from a local folder: the server loads hub models by their id (``model.repo_id``), and nnsight would
+    fail on the path with a raw hub validation error."""
+    if not remote or remote == "local":
+        return
+    repo = getattr(model, "repo_id", None) or getattr(model._module.config, "_name_or_path", "")
+    if not isinstance(repo, str) or not is_hub_id(repo):
+        raise ValueError(
+            f"NDIF serves hub ids only, and this model comes from {repo or 'no hub id'!r}: extract locally "
+            "(remote=False), or build the model by its hub id, TransformersModel('owner/name', dispatch=False)"
+        )
 
 
 @functools.cache
@@ -285,15 +320,13 @@ def _dispatched() -> type:
     return DispatchedModel
 
 
-def is_encoder(config: Any) -> bool:
-    """Whether `config` is a BERT-style encoder: a masked-LM architecture not configured as a decoder.
+def _skeleton(auto: Any, config: Any, trust_remote_code: bool | None) -> torch.nn.Module:
+    """The model `auto` builds from `config`, its weights on ``meta`` (no memory, no init): its module
+    tree."""
+    from accelerate import init_empty_weights
 
-    Its attention is bidirectional, so it has no next-token head to score text with; the probes read
-    only its representations, and `load` gives it as the bare base model.
-    """
-    import transformers as tf
-
-    return type(config) in tf.MODEL_FOR_MASKED_LM_MAPPING and not getattr(config, "is_decoder", False)
+    with init_empty_weights():
+        return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def load(
@@ -305,7 +338,8 @@ def load(
     revision: str | None = None,
     offload_folder: str | os.PathLike | None = None,
     verbose: bool = False,
-) -> tuple[Any, Any]:
+    **from_pretrained_kwargs: Any,
+) -> tuple[TransformersModel, PreTrainedTokenizerBase]:
     """Load a checkpoint for extraction: ``(nnsight model, tokenizer)``.
 
     The weights are read straight into `dtype` (transformers builds the model without weights and fills
@@ -328,6 +362,10 @@ def load(
             with the model).
         verbose: let transformers' load messages (load reports, warnings, progress bars) through;
             by default they are kept off the console.
+        **from_pretrained_kwargs: passed to the model's ``from_pretrained``: ``max_memory`` (with a
+            `device_map`), ``quantization_config``, ``attn_implementation`` ("eager", "sdpa"), and so on;
+            ``trust_remote_code``, ``token`` and ``cache_dir`` reach the config and tokenizer too
+            (`SHARED_KWARGS`). Not ``config`` or ``torch_dtype`` (`dtype`), which `load` sets.
 
     Returns:
         The model wrapped as an nnsight ``TransformersModel`` (the Hugging Face model is its
@@ -342,33 +380,40 @@ def load(
             neither a local folder nor a hub model (at `revision`) that is cached or reachable (asked
             once, no retries).
         ValueError: not a checkpoint, unreadable or corrupt weights (a local safetensors file named by
-            `lime_model.checks.check_weights`), no tokenizer, an architecture without an extraction
-            adapter, a device this machine lacks (`lime_model.checks.check_device`), a bad `dtype` or
-            `device_map`, `device` and `device_map` together, or a `revision` for a local folder.
+            `lime_model.checks.check_weights`), no tokenizer, an architecture whose blocks are not found
+            without an extraction adapter (`lime_probe.extraction.adapters.adapter_for`), a device this
+            machine lacks (`lime_model.checks.check_device`), a bad `dtype` or `device_map` (a module ->
+            device map must name modules of the model and place all of them: `check_device_map`), `device`
+            and `device_map` together, or a `revision` for a local folder.
     """
     import transformers as tf
 
     import lime_model
-    from lime_model.checks import check_device, check_weights
+    from lime_model.checks import check_device
+    from lime_model.tokenization import check_vocabulary
 
     lime_model.register_models()  # the "lime" model types with the Auto classes (a no-op once done)
+    own = [k for k in OWN_KWARGS if k in from_pretrained_kwargs]
+    if own:
+        raise ValueError(f"load sets {own[0]!r} itself (config: read from the checkpoint; dtype: `dtype`)")
+    shared = {k: v for k, v in from_pretrained_kwargs.items() if k in SHARED_KWARGS}
     ckpt = os.fspath(ckpt)
     dtype = _resolve_dtype(dtype)
     device_map = device_map_of(device_map)
     if device_map is not None and device is not None:
         raise ValueError("give a device or a device map, not both: a device map places the model itself")
     device = None if device_map is not None else check_device(device or "cpu")
-    hub = _is_hub_id(ckpt)
+    hub = is_hub_id(ckpt)
     if revision is not None and not hub:
         raise ValueError(f"revision {revision!r} names a hub branch, tag or commit; {ckpt} is a local folder")
     # an unreachable hub model that is in the local hub cache is read from there, with no network retries
     source = {"revision": revision} if hub else {}
     if hub and _hub_offline(ckpt, revision):
         source["local_files_only"] = True
+    source |= shared
     if not hub:
         ckpt = str(Path(ckpt).expanduser())
-        _check_local(Path(ckpt))
-        check_weights(ckpt)  # a corrupt weights file named in milliseconds, not after the config and model
+        check_local(ckpt)  # a corrupt weights file named in milliseconds, not after the config and model
     where = (
         f"hub checkpoint {ckpt!r}" + (f" at revision {revision!r}" if revision else "")
         if hub
@@ -379,14 +424,14 @@ def load(
             config = tf.AutoConfig.from_pretrained(ckpt, **source)
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"cannot read the config of {where}: {_one(error)}") from None
-        get_adapter(config)  # fail early, naming the supported architectures
-
         if is_encoder(config):
             auto = tf.AutoModel
         elif type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
             auto = tf.AutoModelForCausalLM
         else:
             raise ValueError(f"{where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
+        if isinstance(device_map, dict):
+            check_device_map(device_map, _skeleton(auto, config, shared.get("trust_remote_code")))
         placement = {}
         if device_map is not None:
             offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")
@@ -394,13 +439,16 @@ def load(
         elif device.type != "cpu":  # read straight onto the device: no copy of the weights in host memory
             placement = {"device_map": str(device)}
         try:
-            model = auto.from_pretrained(ckpt, config=config, dtype=dtype, **placement, **source)
+            model = auto.from_pretrained(
+                ckpt, config=config, dtype=dtype, **{**placement, **source, **from_pretrained_kwargs}
+            )
         except Exception as error:  # noqa: BLE001  corrupt/missing weights surface as many error types
             if "offload_folder" in placement and offload_folder is None:
                 shutil.rmtree(placement["offload_folder"], ignore_errors=True)
             raise ValueError(f"cannot load the weights of {where}: {_one(error)}") from None
         if "offload_folder" in placement and offload_folder is None:  # lives as long as the model
             weakref.finalize(model, shutil.rmtree, placement["offload_folder"], ignore_errors=True)
+        adapter_for(model)  # an architecture whose blocks cannot be found: refused before any work
         if (
             hub
         ):  # the activation cache keys a hub model on it (`cache.checkpoint_identity`), not on its weights
@@ -415,6 +463,7 @@ def load(
                     f"model's tokenizer next to its weights, tokenizer.save_pretrained({ckpt!r})"
                 ) from None
             raise ValueError(f"cannot load the tokenizer of {where}: {_one(error)}") from None
+    check_vocabulary(tokenizer, where, None if hub else ckpt)  # else every text packs into 0 tokens
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return wrap(model.eval(), tokenizer), tokenizer

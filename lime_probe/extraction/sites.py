@@ -4,8 +4,22 @@ from typing import Any
 
 # Representations `lime_probe.extract` can read: the residual stream ("hidden", the embeddings and
 # each block's output), the last block's normalised output ("final"), the raw per-layer keys/values
-# and, for LIMe, the routed keys/values the heads really attend to (for ResFormer, its mixed values).
-SITES = ("hidden", "final", "keys", "values", "routed_keys", "routed_values", "mixed_values")
+# and, for LIMe, the routed keys/values the heads really attend to (for ResFormer, its mixed values),
+# and what each block's attention and MLP add to the residual stream ("attn_out", "mlp_out").
+SITES = (
+    "hidden",
+    "final",
+    "keys",
+    "values",
+    "routed_keys",
+    "routed_values",
+    "mixed_values",
+    "attn_out",
+    "mlp_out",
+)
+# The sites that are heads concatenated, kv_heads * head_dim wide (`Activations.per_head`); the others are
+# hidden_size wide.
+HEADED = ("keys", "values", "routed_keys", "routed_values", "mixed_values")
 
 # The paper's separability words (single tokens with their leading space).
 DEFAULT_WORDS = (" is", " are", " was", " were")

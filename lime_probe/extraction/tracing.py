@@ -12,6 +12,7 @@ Sites and their layer indices (L = number of blocks):
   X_L is the last block's output *before* the final norm (Hugging Face's ``output_hidden_states``
   instead ends with the normalised output, which is the ``final`` site here).
 - ``final``: 1 entry (index 0), the final norm's output (encoders without one: the last block's output).
+  Both exist for any causal LM or encoder, with or without a registered adapter (`adapter_for`).
 - ``keys`` / ``values``: L entries, the W_K / W_V projection outputs (before RoPE), heads
   concatenated: dim = kv_heads * head_dim. The LIMe paper's text calls the W_V output "values".
 - ``routed_keys`` / ``routed_values`` (LIMe only): L entries, the output of each layer's
@@ -19,6 +20,8 @@ Sites and their layer indices (L = number of blocks):
   analysis code records these as the "values" of a LIMe model; both are offered, pick deliberately.
 - ``mixed_values`` (ResFormer only): L entries, the values each layer attends over,
   lambda_1 V_1 + lambda_2 V_n (layer 0: V_1 itself), dim = kv_heads * head_dim.
+- ``attn_out`` / ``mlp_out``: L entries, the output of each block's attention / MLP module (after its output
+  projection, before the residual add and any norm the block applies to it), dim = hidden_size.
 
 Rows: every non-padding token (``pool="none"``), only tokens whose id is in ``token_ids``, or one
 mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: batched results equal
@@ -27,7 +30,8 @@ one-sequence-at-a-time results, with left or right padding (positions are counte
 Batches (ours): sequences are sorted by length, longest first, and cut into batches of at most
 ``batch_tokens`` tokens padding included (`DEFAULT_BATCH_TOKENS`), or of ``batch_size`` sequences when
 that is given; results come back in the input order. The sort runs within blocks of about `SHARD_BYTES`
-of results, so memory stays bounded and a cache shard holds consecutive sequences.
+of results or `BLOCK_TOKENS` tokens, whichever is less, so memory stays bounded (pooled results too) and
+a cache shard holds consecutive sequences.
 
 Streaming: ``texts`` may be any iterable (a generator, `Corpus` over a large .txt/.jsonl file, a
 ``datasets`` dataset with ``streaming=True``, whose rows give their "text"). It is read lazily, one block
@@ -54,17 +58,21 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from lime_probe.extraction.adapters import Adapter, Take, first, get_adapter, head_shape
+from lime_probe.extraction.adapters import Adapter, Take, adapter_for, first, head_shape
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
-from lime_probe.extraction.loading import input_device, wrap
-from lime_probe.extraction.sites import SITES
+from lime_probe.extraction.loading import check_remote, input_device, wrap
+from lime_probe.extraction.sites import HEADED, SITES
 from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
+
+if TYPE_CHECKING:
+    from nnsight.modeling.transformers import TransformersModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
@@ -73,6 +81,10 @@ SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is writt
 # a CPU and keeps a GPU busy, while a batch's logits (tokens x vocabulary) stay under about 0.5 GB at a
 # 32,000-token vocabulary.
 DEFAULT_BATCH_TOKENS = 4096
+# Tokens a block holds at most (ours): results alone bound a block only when they are per token; pooled
+# (one row per sequence) they would let it grow with the corpus. 16 batches of the default size: enough
+# sequences to sort by length, a few MB of token ids.
+BLOCK_TOKENS = 16 * DEFAULT_BATCH_TOKENS
 TOKENIZE_CHUNK = 256  # texts per tokenizer call (ours): a stream is read this far ahead of its block
 
 
@@ -174,6 +186,13 @@ class Activations(Mapping):
         if pending:
             yield pending
 
+    def stack(self, site: str, layers: Iterable[int] | None = None) -> torch.Tensor:
+        """`site`'s layers as one tensor: (n_layers, n_rows, dim), entry k being layer ``layers[k]`` (default:
+        every extracted layer, ascending), rows as in ``acts[site][layer]`` (a token, or a sequence when
+        pooled). One copy of those layers; ``acts.stack("hidden").numpy()`` for an array."""
+        chosen = self.layers(site) if layers is None else list(layers)
+        return torch.stack([self[site][layer] for layer in chosen])
+
     def per_head(self, site: str, layer: int) -> torch.Tensor:
         """`site`/`layer` viewed per head: (n_rows, kv_heads, head_dim), for keys/values sites."""
         if site not in self.heads:
@@ -224,7 +243,7 @@ class Read:
 
 def site_sizes(adapter: Adapter, config: Any, n_layers: int) -> dict[str, int]:
     """Number of layer entries of each site this model offers."""
-    sizes = {"hidden": n_layers + 1, "final": 1}
+    sizes = {"hidden": n_layers + 1} | ({"final": 1} if adapter.has_final else {})
     sizes |= {site: n_layers for site in adapter.block_sites(config)}
     return sizes
 
@@ -323,15 +342,16 @@ def _blocks(
     seqs: Iterable[list[int]], row_bytes: int, per_token: bool, batch_size: int | None, batch_tokens: int
 ) -> Iterator[list[list[int]]]:
     """Consecutive blocks of the token id lists `seqs`, read lazily, each holding about `SHARD_BYTES` of
-    results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) and at least one
-    batch (`batch_size` sequences, or `batch_tokens` tokens); the last block may hold less."""
+    results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) or `BLOCK_TOKENS`
+    tokens, whichever comes first, and at least one batch (`batch_size` sequences, or `batch_tokens`
+    tokens); the last block may hold less."""
     block: list[list[int]] = []
     size = tokens = 0
     for seq in seqs:
         block.append(seq)
         size += row_bytes * (len(seq) if per_token else 1)
         tokens += len(seq)
-        if size >= SHARD_BYTES and (
+        if (size >= SHARD_BYTES or tokens >= BLOCK_TOKENS) and (
             len(block) >= batch_size if batch_size is not None else tokens >= batch_tokens
         ):
             yield block
@@ -436,12 +456,23 @@ class Corpus:
 # Extraction
 
 
-def _as_nnsight(model: Any, tokenizer: Any) -> Any:
-    """An nnsight model for `model` (returned as is when it already is one)."""
+def _as_nnsight(
+    model: TransformersModel | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
+) -> tuple[TransformersModel, PreTrainedTokenizerBase]:
+    """An nnsight model for `model` (as is when it already is one) and the tokenizer to use: `tokenizer`,
+    else the nnsight model's own."""
     if isinstance(model, nnsight.Envoy):
-        return model
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("this nnsight model carries no tokenizer: extract(model, tokenizer, texts)")
+        return model, tokenizer
     if isinstance(model, torch.nn.Module):
-        return wrap(model, tokenizer)
+        if tokenizer is None:
+            raise ValueError(
+                f"a {type(model).__name__} carries no tokenizer: extract(model, tokenizer, texts), or load it "
+                "with lime_probe.load"
+            )
+        return wrap(model, tokenizer), tokenizer
     raise TypeError(f"model must be a Hugging Face model or an nnsight model, not {type(model).__name__}")
 
 
@@ -486,11 +517,11 @@ class _Plan:
 def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None) -> _Plan:
     base = hf.base_model
     prefix = "" if base is hf else f"{hf.base_model_prefix}."
-    adapter = get_adapter(hf.config)
+    adapter = adapter_for(hf)
     n_layers = len(base.get_submodule(adapter.layers))
     sizes = site_sizes(adapter, hf.config, n_layers)
     site_layers = resolve_layers(list(dict.fromkeys(sites)), layers, sizes, hf.config.model_type)
-    heads = {s: head_shape(hf.config) for s in site_layers if s not in ("hidden", "final")}
+    heads = {s: head_shape(hf.config) for s in site_layers if s in HEADED}
     dims = {s: heads[s][0] * heads[s][1] if s in heads else hf.config.hidden_size for s in site_layers}
     return _Plan(
         site_layers,
@@ -505,9 +536,9 @@ def _is_token_list(t: Any) -> bool:
 
 
 def extract(
-    model: Any,
-    tokenizer: Any,
-    texts: Iterable[str],
+    model: TransformersModel | PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | Iterable[str] | None = None,
+    texts: Iterable[str] | Iterable[list[int]] | None = None,
     *,
     sites: Sequence[str] | str = ("hidden",),
     layers: Iterable[int] | int | None = None,
@@ -526,10 +557,13 @@ def extract(
 ) -> Activations:
     """Run `texts` through `model` and collect the representations at `sites` (see the module doc).
 
+    ``extract(model, texts)`` uses the tokenizer the nnsight model carries (`lime_probe.load`'s does);
+    ``extract(model, tokenizer, texts)`` names one.
+
     Args:
         model: an nnsight model from `lime_probe.load`, or a Hugging Face model (wrapped here).
-        tokenizer: its tokenizer; its ``padding_side`` decides the padding side (results do not
-            depend on it).
+        tokenizer: its tokenizer (default: the nnsight model's own; a Hugging Face model needs it); its
+            ``padding_side`` decides the padding side (results do not depend on it).
         texts: the input texts, one sequence each, truncated to `max_length` tokens (capped at the
             model's ``max_position_embeddings``): a list, or any iterable, read lazily block by block
             (a generator, a `Corpus`, a ``datasets`` dataset, e.g. ``streaming=True``; see the module doc).
@@ -547,7 +581,8 @@ def extract(
             same checkpoint, data and settings reuses them, an interrupted one resumes. An iterable
             `texts` is then read twice (first for its digest), so it cannot be a one-pass iterator.
         progress: show a progress bar over sequences.
-        remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally).
+        remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally); a
+            remote run (NDIF) needs a model built by its hub id, not loaded from a local folder.
         pretokenized: `texts` are token id lists (e.g. `lime_probe.extraction.windows.token_windows`), used
             exactly as given: no special tokens added, never truncated (longer than `max_length`
             is an error).
@@ -562,8 +597,11 @@ def extract(
     Raises:
         ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer
             (see `allow_unknown_tokens`), non-finite activations (naming the site and layer); a one-pass
-            iterator, or a model without weights (remote), with `cache_dir`.
+            iterator, or a model without weights (remote), with `cache_dir`; `remote` for a model from a
+            local folder.
     """
+    if texts is None:  # extract(model, texts): the model's own tokenizer
+        texts, tokenizer = tokenizer, None
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
     _validate(
@@ -579,7 +617,8 @@ def extract(
         },
         pretokenized,
     )
-    nn_model = _as_nnsight(model, tokenizer)
+    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    check_remote(nn_model, remote)
     hf = nn_model._module
     plan = _plan(hf, sites, layers)
     if logprobs and (not hasattr(hf, "get_output_embeddings") or hf.get_output_embeddings() is None):
@@ -693,6 +732,22 @@ def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: boo
         check_unknown_tokens(block, tokenizer, allow=allow)
 
 
+def envoy_path(path: str) -> str:
+    """A module path ending in .input/.output as nnsight spells it: a module named like an attribute every Envoy
+    has (BERT's ``output`` submodules) is served under nnsight's prefixed name (``E_output``)."""
+    *modules, what = path.split(".")
+    prefix = nnsight.Envoy.OVERLOAD_PREFIX
+    return ".".join(
+        [
+            prefix + m
+            if not m.startswith("_") and inspect.isdatadescriptor(getattr(nnsight.Envoy, m, None))
+            else m
+            for m in modules
+        ]
+        + [what]
+    )
+
+
 def _forward(
     nn_model: Any,
     batch: dict[str, torch.Tensor],
@@ -712,7 +767,7 @@ def _forward(
     with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
         rows = nnsight.save({})
         for read in reads:
-            value = nn_model.get(read.path)
+            value = nn_model.get(envoy_path(read.path))
             for site, layer, take in read.targets:
                 rows[f"{site}/{layer}"] = select_rows(take(value), keep, pool).cpu()
         if logprobs:

@@ -208,6 +208,37 @@ def plot_entropy(
     return fig
 
 
+def plot_logit_lens(
+    cross_entropy: Mapping[str, Mapping[str, Sequence[float]]],
+    agreement: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    band: str | None = None,
+) -> Figure:
+    """The logit lens per layer, side by side: next-token cross-entropy and top-1 agreement with the model's own
+    prediction, one line per model (series as in ``plot_layer_curves``), on the residual stream's layer axis
+    (as the entropy curve of ``hidden``). ``band`` says in the titles what the bands are."""
+    with style():
+        fig, axes = _new_figure(2)
+    suffix = f"\nband: {band}" if band else ""
+    xlabel = layer_axis_label("hidden")
+    plot_layer_curves(
+        cross_entropy,
+        ylabel="next-token cross-entropy [nats]",
+        title="Logit lens: loss of each layer" + suffix,
+        xlabel=xlabel,
+        ax=axes[0, 0],
+    )
+    plot_layer_curves(
+        agreement,
+        ylabel="top-1 agreement with the model's prediction",
+        title="Logit lens: agreement with the last layer" + suffix,
+        xlabel=xlabel,
+        ax=axes[0, 1],
+    )
+    axes[0, 1].set_ylim(-0.02, 1.02)
+    return fig
+
+
 def gap_note(series: Mapping[str, Mapping[str, Sequence[float]]], bottom: float) -> str:
     """ "y-axis starts at `bottom`, not 0" and, for two or more series, the largest gap between the
     first two at a shared layer: ``A − B = d nats (x % of B)``.

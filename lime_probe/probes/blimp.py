@@ -8,7 +8,10 @@ ungrammatical sentence differing minimally). Two uses, both per paradigm:
 - **Minimal-pair scoring**, the field's standard, as lm-evaluation-harness: each sentence is scored by
   the sum of its tokens' log-probabilities given a one-token prefix, the tokenizer's BOS token (its EOS
   token where it has no BOS, as the harness does), and a pair is correct when good > bad (strictly; an
-  exact tie, practically only for identical token sequences, counts as wrong).
+  exact tie, practically only for identical token sequences, counts as wrong). The harness scores the
+  sentence after a space (its BLiMP task's target delimiter): ``leading_space=True`` does too and gives
+  its per-pair log-probabilities; the default (False, ours) scores the sentence as it tokenizes at the
+  start of a text. With a BPE tokenizer the two tokenize the first word differently.
 
 For a causal LM both come from one forward pass over the scored sequences (`scoring_sequences`: the prefix,
 then the sentence's tokens): the probe mean-pools every position of that sequence (ours; for a tokenizer
@@ -177,12 +180,14 @@ def paper_layers(n_layers: int, site: str = "values") -> list[int]:
     return list(blocks) if site == "hidden" else [b - 1 for b in blocks]
 
 
-def fit_pairs(data: Any, tokenizer: Any, max_positions: int | None) -> tuple[np.ndarray, dict[str, int]]:
+def fit_pairs(
+    data: Any, tokenizer: Any, max_positions: int | None, leading_space: bool = False
+) -> tuple[np.ndarray, dict[str, int]]:
     """Pairs whose two sentences fit the model: (indices of the kept rows, {paradigm: pairs skipped}).
 
     A sentence fits when it has at most `max_positions` tokens both as extracted (with the tokenizer's
-    special tokens) and as scored (one prefix token + its tokens); None keeps everything. Every
-    paradigm is listed in the counts (0 when nothing was skipped).
+    special tokens) and as scored (`scoring_sequences`, with `leading_space`); None keeps everything.
+    Every paradigm is listed in the counts (0 when nothing was skipped).
 
     Raises:
         ValueError: naming the paradigm(s) all of whose pairs are too long.
@@ -194,8 +199,8 @@ def fit_pairs(data: Any, tokenizer: Any, max_positions: int | None) -> tuple[np.
             sentences = list(data[column])
             # measured here, so no "longer than the maximum sequence length" warning (verbose=False)
             with_special = tokenizer(sentences, verbose=False)["input_ids"]
-            plain = tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]
-            lengths = [max(len(a), len(b) + 1) for a, b in zip(with_special, plain, strict=True)]
+            scored = _encode(tokenizer, sentences, leading_space)
+            lengths = [max(len(a), len(b) + 1) for a, b in zip(with_special, scored, strict=True)]
             keep &= np.array(lengths) <= max_positions
     skipped = {p: int((~keep[uids == p]).sum()) for p in sorted(set(uids))}
     empty = [p for p in skipped if not keep[uids == p].any()]
@@ -362,11 +367,20 @@ def prefix_token_id(tokenizer: Any) -> int:
     raise ValueError("the tokenizer has neither a BOS nor an EOS token to use as the scoring prefix")
 
 
-def scoring_sequences(tokenizer: Any, sentences: Sequence[str]) -> list[list[int]]:
+def _encode(tokenizer: Any, sentences: Sequence[str], leading_space: bool) -> list[list[int]]:
+    """Each sentence's token ids without special tokens, after a space with `leading_space`."""
+    texts = [" " + s for s in sentences] if leading_space else list(sentences)
+    return tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def scoring_sequences(
+    tokenizer: Any, sentences: Sequence[str], leading_space: bool = False
+) -> list[list[int]]:
     """The token ids each sentence is scored as: `prefix_token_id`, then the sentence encoded without
-    special tokens -> one list per sentence. ValueError for a sentence with no tokens."""
+    special tokens (after a space with `leading_space`, lm-evaluation-harness's convention) -> one list
+    per sentence. ValueError for a sentence with no tokens."""
     prefix = prefix_token_id(tokenizer)
-    encoded = tokenizer(list(sentences), add_special_tokens=False, verbose=False)["input_ids"]
+    encoded = _encode(tokenizer, sentences, leading_space)
     for s, ids in zip(sentences, encoded, strict=True):
         if not ids:
             raise ValueError(f"sentence {s!r} has no tokens")
@@ -374,12 +388,18 @@ def scoring_sequences(tokenizer: Any, sentences: Sequence[str]) -> list[list[int
 
 
 def sentence_logprobs(
-    model: Any, tokenizer: Any, sentences: Sequence[str], batch_size: int = 32, progress: bool = True
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    batch_size: int = 32,
+    progress: bool = True,
+    leading_space: bool = False,
 ) -> np.ndarray:
     """Sum of token log-probabilities of each sentence after the prefix token -> (n,) float64.
 
-    Tokens are the sentence encoded without special tokens; batches (sorted by length to limit
-    padding) are right-padded with an attention mask, so padding never changes a score.
+    Tokens are the sentence encoded without special tokens (after a space with `leading_space`:
+    `scoring_sequences`); batches (sorted by length to limit padding) are right-padded with an attention
+    mask, so padding never changes a score.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -388,7 +408,7 @@ def sentence_logprobs(
     from lime_probe.extraction.tracing import token_logprobs
 
     module = unwrap_model(model)
-    seqs = scoring_sequences(tokenizer, sentences)
+    seqs = scoring_sequences(tokenizer, sentences, leading_space)
     limit = getattr(getattr(module, "config", None), "max_position_embeddings", None)
     longest = max(len(s) for s in seqs)
     if limit is not None and longest > limit:
@@ -441,15 +461,23 @@ class BlimpScores:
 
 
 def score_minimal_pairs(
-    model: Any, tokenizer: Any, data: Any, batch_size: int = 32, progress: bool = True
+    model: Any,
+    tokenizer: Any,
+    data: Any,
+    batch_size: int = 32,
+    progress: bool = True,
+    leading_space: bool = False,
 ) -> BlimpScores:
-    """Score BLiMP pairs (a `load_blimp` dataset, or any mapping of column lists with `REQUIRED_FIELDS`)."""
+    """Score BLiMP pairs (a `load_blimp` dataset, or any mapping of column lists with `REQUIRED_FIELDS`);
+    `leading_space`: each sentence after a space, as lm-evaluation-harness scores it (`scoring_sequences`)."""
     columns = list(getattr(data, "column_names", None) or data.keys())
     _check_fields(columns, "score_minimal_pairs data")
     good, bad = list(data["sentence_good"]), list(data["sentence_bad"])
     if not good:
         raise ValueError("score_minimal_pairs: no pairs given")
-    scores = sentence_logprobs(model, tokenizer, good + bad, batch_size=batch_size, progress=progress)
+    scores = sentence_logprobs(
+        model, tokenizer, good + bad, batch_size=batch_size, progress=progress, leading_space=leading_space
+    )
     return minimal_pair_scores(scores[: len(good)], scores[len(good) :], data)
 
 

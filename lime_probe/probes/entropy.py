@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lime_model.checks import check_positive
 from lime_probe.probes.stats import summarize
 
 Normalization = Literal["none", "zscore", "center-l2"]
@@ -51,8 +52,7 @@ _CHUNK_NUMEL = 2**24
 
 
 def _check_alpha(alpha: float) -> None:
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+    check_positive(alpha, "alpha")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lime_probe.extraction.loading import onloaded
 from lime_probe.extraction.sites import routes
 
 
@@ -154,12 +155,13 @@ def _weights(
         if router is None:
             raise ValueError(f"layer {i} has no self_attn.router although routing is {str(spec)!r}")
         src = list(router.sources)
-        x = (
-            _router_inputs(layer, i, hidden_states, str(spec))
-            if router.input_dependent and len(src) > 1
-            else None
-        )
-        A = abs_coefficients(router, i, x).double()  # [kv, |S|, kv]
+        with onloaded(layer):  # a layer offloaded by a device map: its router and norm from the offload store
+            x = (
+                _router_inputs(layer, i, hidden_states, str(spec))
+                if router.input_dependent and len(src) > 1
+                else None
+            )
+            A = abs_coefficients(router, i, x).double().cpu()  # [kv, |S|, kv]
         head = A.sum(-1)  # [kv, |S|]
         if not bool((head.sum(-1) > 0).all()):
             raise ValueError(f"layer {i}: a head's router weights are all zero, so they cannot be normalised")
@@ -259,7 +261,7 @@ def mix_by_router(router_model: Any, values: Mapping[int, torch.Tensor]) -> dict
             raise ValueError(
                 f"values have {V.shape[-1]} features per token; the router mixes {kv} heads of {hd} ({kv * hd})"
             )
-        with torch.inference_mode():
+        with torch.inference_mode(), onloaded(router):
             C = router.coefficients(None).detach().float().to(V.device)[0]  # (kv, S, kv, F), F in {1, hd}
         V = V.view(len(router.sources), -1, kv, hd)  # (S, n, kv, hd)
         out[i] = torch.einsum("hpqe,pnqe->nhe", C.expand(kv, len(router.sources), kv, hd), V).reshape(

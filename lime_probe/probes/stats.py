@@ -67,6 +67,29 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def bootstrap_ratio_ci(
+    numerators: ArrayLike, denominators: ArrayLike, level: float = 0.95, n_boot: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of sum(numerators) / sum(denominators), both (n,).
+
+    Resamples the n (numerator, denominator) pairs, e.g. per-sequence sums of a per-token quantity and
+    per-sequence token counts, so the interval is that of a per-token mean with sequences as the unit.
+    """
+    num = _as_finite_1d(numerators, "bootstrap_ratio_ci")
+    den = _as_finite_1d(denominators, "bootstrap_ratio_ci")
+    if num.shape != den.shape or den.sum() <= 0:
+        raise ValueError("bootstrap_ratio_ci: needs pairs of equal length with a positive denominator sum")
+    rng = np.random.default_rng(seed)
+    block = max(1, 2**22 // num.size)
+    ratios = []
+    for i in range(0, n_boot, block):
+        draw = rng.integers(0, num.size, size=(min(block, n_boot - i), num.size))
+        totals = den[draw].sum(axis=1)
+        ratios.append(num[draw].sum(axis=1)[totals > 0] / totals[totals > 0])  # all-empty draws skipped
+    lo, hi = np.quantile(np.concatenate(ratios), [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
 def summarize(values: ArrayLike, level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> Summary:
     """`Summary` of `values` (n,): mean, std (ddof=0) and `bootstrap_ci(values, level, n_boot, seed)`."""
     v = _as_finite_1d(values, "summarize")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import blimp, cka, entropy, perplexity, router, separability, training, tsne
+from . import blimp, cka, entropy, logit_lens, perplexity, router, separability, training, tsne
 from .base import Checkpoint, Result, Spec, labels_for, load_checkpoints, named_checkpoints
 
 ANALYSES: dict[str, Spec] = {
@@ -30,6 +30,7 @@ ANALYSES: dict[str, Spec] = {
         tsne.SPEC,
         blimp.SPEC,
         cka.SPEC,
+        logit_lens.SPEC,
         perplexity.SPEC,
         router.SPEC,
         training.CURVES,

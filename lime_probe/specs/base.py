@@ -65,6 +65,22 @@ def configure_threads(requested: int | None) -> int:
     return torch.get_num_threads()
 
 
+# --layers, as every command reads it: negative indices count from the end, as Python's do
+LAYERS_HELP = "'all' or comma-separated layer indices, negative ones counted from the last (-1: the last)"
+
+
+def layer_list(text: str | None, also: str = "") -> list[int] | None:
+    """The layer indices of a ``--layers`` value (None: all, for None, "" or "all"); ValueError naming the
+    accepted forms (``also``: more of them, e.g. "'paper', ") for anything else. Needs no model: the
+    indices are checked against a model's layers when it is read (`lime_probe.extraction.tracing`)."""
+    if text in (None, "", "all"):
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--layers must be {also}'all' or comma-separated integers, got {text!r}") from None
+
+
 def option(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
     """A parameter field with its command-line help; ``cli`` holds argparse extras (``metavar``,
     ``choices``) and ``positive=True`` for integers that must be > 0."""
@@ -227,9 +243,9 @@ def value_sites(ck: Checkpoint, site: str | None) -> list[str]:
     ``routed_values`` (the official analysis's values). Other models have no routed values: only ``values``."""
     if site is not None:
         return [site]
-    from lime_probe.extraction.adapters import get_adapter
+    from lime_probe.extraction.adapters import adapter_for
 
-    routed = "routed_values" in get_adapter(ck.config).block_sites(ck.config)
+    routed = "routed_values" in adapter_for(ck.model).block_sites(ck.config)
     return ["values", "routed_values"] if routed else ["values"]
 
 

@@ -11,7 +11,7 @@ tasks of each task's fold std (``spread="folds"``; ``"tasks"``: the std over tas
 sentence longer than the model's positions are skipped and counted per paradigm (`blimp.fit_pairs`). All
 sites of a paradigm's good and bad sentences and, for a causal LM, their minimal-pair scores come from one
 extraction pass over the scored sequences (`blimp.scoring_sequences`: the BOS token, else EOS, then the
-sentence; ours).
+sentence; ours), the sentence after a space with ``leading_space`` (lm-evaluation-harness's convention).
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from lime_probe.extraction.sites import SITES
 from lime_probe.protocol import BLIMP_SPREADS, TABLE2_TASKS, defaults
 
 from .base import (
+    LAYERS_HELP,
     Checkpoint,
     Result,
     Spec,
     curve,
     group,
+    layer_list,
     option,
     routing_note,
     seed_option,
@@ -60,8 +62,7 @@ class BlimpParams:
     )
     layers: str = option(
         "paper",
-        "layers to probe: 'paper' (the upper 7/16 of blocks, blocks 10-16 of 16), 'all', or comma-separated "
-        "indices",
+        "layers to probe: 'paper' (the upper 7/16 of blocks, blocks 10-16 of 16), or " + LAYERS_HELP,
     )
     max_pairs: int | None = option(
         PROTOCOL["max_pairs"],
@@ -82,18 +83,17 @@ class BlimpParams:
         "the std over tasks of the task accuracies",
         choices=BLIMP_SPREADS,
     )
+    leading_space: bool = option(
+        PROTOCOL["leading_space"],
+        "score (and probe) each sentence after a space, as lm-evaluation-harness does (its per-pair "
+        "log-probabilities); default: as the sentence tokenizes at the start of a text",
+    )
     seed: int = seed_option()
     jobs: int = jobs_option()
 
-
-def _is_causal_lm(ck: Checkpoint) -> bool:
-    """False for BERT-style encoders (a masked-LM architecture not configured as a decoder): their
-    attention is bidirectional, so summed next-token log-probabilities mean nothing."""
-    import transformers as tf
-
-    return (
-        bool(getattr(ck.config, "is_decoder", False)) or type(ck.config) not in tf.MODEL_FOR_MASKED_LM_MAPPING
-    )
+    def __post_init__(self):
+        if self.layers != "paper":
+            layer_list(self.layers, "'paper', ")  # its syntax, before any data or model is read
 
 
 def probed_layers(ck: Checkpoint, layers: str) -> list[int] | None:
@@ -102,16 +102,9 @@ def probed_layers(ck: Checkpoint, layers: str) -> list[int] | None:
     ``hidden`` (`blimp.paper_layers`)."""
     from lime_probe.probes.blimp import paper_layers
 
-    if layers == "all":
-        return None
     if layers == "paper":
         return list(range(-len(paper_layers(int(ck.config.num_hidden_layers))), 0))
-    try:
-        return [int(x) for x in layers.split(",")]
-    except ValueError:
-        raise ValueError(
-            f"--layers must be 'paper', 'all' or comma-separated integers, got {layers!r}"
-        ) from None
+    return layer_list(layers, "'paper', ")
 
 
 def probed_sites(ck: Checkpoint, p: BlimpParams) -> list[str]:
@@ -133,6 +126,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     ``load_blimp`` dataset."""
     import numpy as np
 
+    from lime_model.checks import is_causal_lm
     from lime_probe.extraction.windows import max_positions
     from lime_probe.probes.blimp import (
         blimp_layer_table,
@@ -157,9 +151,9 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     uids = np.asarray(data["UID"], dtype=object)
     rows, summary, extra, probes = [], [], {}, {}
     for ck in cks:
-        kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model))
+        kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model), p.leading_space)
         picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
-        causal = _is_causal_lm(ck)
+        causal = is_causal_lm(ck.config)  # an encoder's pairs are probed, not scored
         sites = probed_sites(ck, p)
         kw = {**(extract_kw or {}), "layers": probed_layers(ck, p.layers)}
         if causal:  # the scored sequences, probed and scored in the same pass
@@ -169,7 +163,7 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
             part = data.select(picked[q])
             n = len(part)  # good and bad sentences in one pass: rows [:n] good, [n:] bad
             sentences = list(part["sentence_good"]) + list(part["sentence_bad"])
-            texts = scoring_sequences(ck.tokenizer, sentences) if causal else sentences
+            texts = scoring_sequences(ck.tokenizer, sentences, p.leading_space) if causal else sentences
             acts = extract_site(ck, texts, sites, kw, pool="mean")
             if causal:
                 logprobs[q] = acts.logprobs.numpy()

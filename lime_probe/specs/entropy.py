@@ -77,6 +77,10 @@ class EntropyParams:
     )
 
     def __post_init__(self):
+        from lime_model.checks import check_positive  # here: `import lime_model` registers the models
+
+        if self.alpha is not None:
+            check_positive(self.alpha, "--alpha")
         if self.mix_router is not None and self.site not in (None, "values"):
             raise ValueError(f"--mix-router mixes the values; --site {self.site} cannot go with it")
 

@@ -30,10 +30,13 @@ def compute(
     ``extract_kw["batch_size"]`` windows per forward pass (default 8, as ``lime-model eval``)."""
     import torch
 
+    from lime_model.checks import check_causal_lm
     from lime_model.data import packed_sequences
     from lime_model.evaluate import token_nll
     from lime_probe.extraction.windows import max_positions
 
+    for ck in cks:  # all before any work: an encoder is loaded without a head (`lime_probe.load`)
+        check_causal_lm(ck.config, ck.label)
     rows = []
     for ck in cks:
         model = getattr(ck.model, "_module", ck.model)

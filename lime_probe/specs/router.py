@@ -27,18 +27,29 @@ def has_routers(ck: Checkpoint) -> bool:
     return routes(ck.config)
 
 
-def mixing_weights(ck: Checkpoint) -> dict | None:
-    """A baseline's learned cross-layer weights, ``{title: (rows, cols) tensor}``, or None (no such method)."""
+def _base(ck: Checkpoint):
     from lime_probe.probes.router_weights import unwrap_model
 
     module = unwrap_model(ck.model)
-    method = getattr(getattr(module, "base_model", module), "mixing_weights", None)
-    return method() if callable(method) else None
+    return getattr(module, "base_model", module)
+
+
+def mixing_weights(ck: Checkpoint) -> dict | None:
+    """A baseline's learned cross-layer weights, ``{title: (rows, cols) tensor}``, or None (no such method).
+    A model offloaded by a device map reads them from its offload store (its weights brought in for the
+    read: these baselines are small)."""
+    from lime_probe.extraction.loading import onloaded
+
+    base = _base(ck)
+    if not callable(getattr(base, "mixing_weights", None)):
+        return None
+    with onloaded(base):
+        return base.mixing_weights()
 
 
 def has_weights(ck: Checkpoint) -> bool:
     """Whether the analysis applies: LIMe routers or a baseline's mixing weights."""
-    return has_routers(ck) or mixing_weights(ck) is not None
+    return has_routers(ck) or callable(getattr(_base(ck), "mixing_weights", None))
 
 
 def compute(

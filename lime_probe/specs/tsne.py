@@ -51,7 +51,10 @@ class TsneParams:
     seed: int = seed_option()
 
     def __post_init__(self):
+        from lime_model.checks import check_positive  # here: `import lime_model` registers the models
+
         check_words(self.words)
+        check_positive(self.perplexity, "--perplexity")
 
 
 def tsne_rows(

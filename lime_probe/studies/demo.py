@@ -40,6 +40,8 @@ import numpy as np
 import torch
 
 from lime_model.recipes import load_recipe
+from lime_model.reproducible import active, check_same_mode
+from lime_model.reproducible import settings as settings_of_mode
 from lime_model.tasks.arithmetic import make_sample, recipe_splits
 from lime_model.train import SecondEpochWarning, train
 from lime_probe.extraction.loading import load
@@ -192,6 +194,7 @@ def train_models(runs: Path, settings: DemoSettings, seed: int) -> dict[str, Pat
     out = {}
     for label, routing in MODELS.items():
         run = runs / label.lower()
+        check_same_mode(run, active())  # a run of the other mode is neither reused nor continued
         if not (run / "arithmetic_eval.json").is_file():
             resume = run.exists() and any(run.iterdir())
             sizes = {
@@ -238,6 +241,7 @@ def run_demo(
         settings={"quick": quick, "seed": seed, "recipe": RECIPE, **asdict(settings)},
         checkpoints={c.label: c.source for c in cks},
     )
+    meta["reproducible"] = settings_of_mode()
     tok = cks[0].tokenizer
     recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
     _, test = recipe_splits(recipe, with_train=False)

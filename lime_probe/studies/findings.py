@@ -492,6 +492,7 @@ def write_findings(study: Study, results: Path, seeds, runs, measured: Measured,
     """Tables (CSV + JSON with provenance), figures, findings.md and summary.json into ``results``."""
     import torch
 
+    from lime_model import reproducible
     from lime_probe.output.results import atomic_write_text, run_metadata, write_results
 
     measured = {k: {ls: v for ls, v in per.items() if ls[1] in seeds} for k, per in measured.items()}
@@ -509,6 +510,7 @@ def write_findings(study: Study, results: Path, seeds, runs, measured: Measured,
         "torch_threads": torch.get_num_threads(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
     }
+    meta["reproducible"] = reproducible.settings()  # the mode and its pinned settings, as the runs had them
     diff = compare(study, measured, seeds)
     selection = selection_table(study, measured, seeds)
     if selection:

@@ -102,13 +102,18 @@ def finished(run: Path) -> bool:
     return bool(lines) and json.loads(lines[-1])["step"] == json.loads(recipe.read_text())["steps"]
 
 
-def train_seed(study: Study, out: Path, seed: int, data: Data | None, progress: Progress) -> dict[str, Path]:
-    """Train every model of ``study`` at ``seed`` that is not finished; returns {label: run folder}."""
+def train_seed(
+    study: Study, out: Path, seed: int, data: Data | None, progress: Progress, reproducible: bool = False
+) -> dict[str, Path]:
+    """Train every model of ``study`` at ``seed`` that is not finished; returns {label: run folder}. A run
+    trained in the other mode (``reproducible``) is refused, finished or not."""
+    from lime_model.reproducible import check_same_mode
     from lime_model.train import SecondEpochWarning, train
 
     runs = {}
     for label, overrides in study.models.items():
         run = out / "train" / run_name(label, seed)
+        check_same_mode(run, reproducible)
         done = finished(run)
         progress.step(f"training {label} seed {seed}", reused=done)
         if not done:
@@ -284,6 +289,20 @@ def measure_runs(
 # --------------------------------------------------------------------------- the command
 
 
+def apply_mode(reproducible: bool, name: str) -> None:
+    """Enter the reproducible mode, or check that this process is not in it (its pins cannot be undone
+    once torch has loaded them); a one-line ValueError where the process cannot run the study's mode."""
+    from lime_model import reproducible as mode
+
+    if reproducible:
+        mode.enable()
+    elif mode.active():
+        raise ValueError(
+            f"study {name} runs without the reproducible mode, but this process is in it: run it in a new "
+            "process (or with --reproducible)"
+        )
+
+
 def run_study(
     name: str | Study,
     *,
@@ -293,11 +312,14 @@ def run_study(
     seeds: Sequence[int] | None = None,
     size: str = "full",
     device: str = "cpu",
+    reproducible: bool | None = None,
 ) -> Path:
     """Train or reuse the runs of study ``name`` (a key of `STUDIES`, or a `Study`), measure them, compare,
     and write ``results`` (default ``out/results``; ``out`` default ``runs/NAME``). ``seeds`` replaces the
     declared seeds (at least two: the interval needs a spread), e.g. the complete seeds of a study stopped
-    early. ``size="tiny"`` is the study's smoke size. Returns the results folder."""
+    early. ``size="tiny"`` is the study's smoke size. ``reproducible`` overrides the study's mode
+    (`Study.reproducible`); the mode can only be entered before torch loads (`lime_model.reproducible`),
+    as ``lime-probe reproduce`` does. Returns the results folder."""
     from lime_model.files import check_writable
     from lime_probe.studies.catalog import STUDIES
     from lime_probe.studies.findings import write_findings
@@ -319,12 +341,14 @@ def run_study(
     results = Path(results) if results is not None else out / "results"
     check_writable(out, folder=True, option="--out")
     check_writable(results, folder=True, option="--results")
+    mode = study.reproducible if reproducible is None else reproducible
+    apply_mode(mode, study.name)
     per_seed = len(study.models) + sum(m.per == "seed" for m in study.measures.values())
     progress = Progress(len(seeds) * (len(study.models) + per_seed) + 1)
     runs: dict[tuple[str, int], Path] = {}
     measured: dict[str, dict[tuple[str, int], dict]] = {}
     for seed in seeds:
-        trained = train_seed(study, out, seed, shared, progress)
+        trained = train_seed(study, out, seed, shared, progress, mode)
         runs |= {(label, seed): run for label, run in trained.items()}
         for name, per_label in measure_runs(study, out, seed, trained, shared, device, progress).items():
             measured.setdefault(name, {}).update({(label, seed): v for label, v in per_label.items()})

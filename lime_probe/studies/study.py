@@ -190,7 +190,9 @@ class Study:
     results folder. ``select``: a `Selection` the study exists to make (a learning-rate sweep).
     ``tiny``: the smoke size the tests run: ``seeds``, recipe ``overrides``, per model further
     overrides (``models``, for models that set their own length) and, per measure, the `Measure` fields
-    to change (``params`` merged into the declared ones)."""
+    to change (``params`` merged into the declared ones). ``reproducible``: train in the reproducible mode
+    (`lime_model.reproducible`, the default); False for a study whose runs were trained without it, so
+    that its finished runs are reused rather than refused."""
 
     name: str
     question: str
@@ -205,6 +207,7 @@ class Study:
     protocol: str = ""
     results: str = ""
     tiny: Mapping[str, Any] = field(default_factory=dict)
+    reproducible: bool = True
 
     @property
     def needs_data(self) -> bool:

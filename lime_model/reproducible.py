@@ -1,0 +1,138 @@
+"""The reproducible mode: one numerical code path for every x86-64 machine with AVX2, whatever it also has.
+
+On one thread, a CPU run's bits still depend on the machine: MKL, oneDNN and PyTorch's own kernels each
+pick their instruction set (and with it the order of floating-point operations) per CPU, so AVX-512 and
+AVX2 hosts of the same seed diverge. The mode pins each of them to AVX2, the highest set every AMD EPYC
+and Intel Xeon since 2015 has, plus one thread and PyTorch's deterministic algorithms:
+
+    MKL_CBWR=AVX2,STRICT     MKL's conditional numerical reproducibility on its AVX2 branch. COMPATIBLE
+                             (the SSE2 branch) is identical on any x86-64 too but made a 256x512 @ 512x512
+                             GEMM 3.6 times slower on an EPYC (6.0 vs 1.7 ms); AVX2 cost nothing there.
+                             STRICT: the bitwise variant of its level-3 BLAS (GEMM), at no measured cost.
+    ONEDNN_MAX_CPU_ISA=AVX2  oneDNN's kernels (convolutions, some matmuls) capped at AVX2.
+    ATEN_CPU_CAPABILITY=avx2 PyTorch's vectorised kernels (softmax, norms, reductions) on their AVX2 build,
+                             not AVX-512 where the CPU has it; "default" (no vector extensions) would also
+                             pin them but is slower for nothing on machines that all have AVX2.
+    OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, torch.set_num_threads(1)
+                             reductions split over threads sum in another order.
+    torch.use_deterministic_algorithms(True)
+                             refuses (with an error) an operation that has no deterministic implementation.
+
+The three libraries read their variables once, when torch loads them, so :func:`enable` must run before
+the first ``import torch``; the programs do it first thing in their commands. A library user's
+``import lime_model`` loads torch (it registers the Auto classes), so a script enters the mode by starting
+Python with ``LIME_REPRODUCIBLE=1``: the package then calls :func:`enable` before anything else. In a
+process where torch is already loaded, :func:`enable` checks that the variables were set beforehand (a
+parent process, a shell) and otherwise raises :class:`ModeError`: the mode cannot take effect there. Tested by training twice under
+different ISA settings on one machine (``tests/test_reproducible.py``): bit-identical weights in the mode,
+different ones without it. That is what it shows; other machines are expected, not shown, to agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# The variables the mode sets before torch loads (see the module doc for why each value).
+PINNED: dict[str, str] = {
+    "MKL_CBWR": "AVX2,STRICT",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+CAPABILITY = "AVX2"  # what torch.backends.cpu.get_cpu_capability() reports under ATEN_CPU_CAPABILITY=avx2
+
+
+class ModeError(ValueError):
+    """The reproducible mode was asked for where it cannot take effect: a usage error (one line, exit 2)."""
+
+
+def enable() -> None:
+    """Enter the reproducible mode: set :data:`PINNED` (before torch loads), then one torch thread and
+    deterministic algorithms. Raises :class:`ModeError` if torch is already loaded without the pins, or
+    on a CPU without AVX2."""
+    if "torch" in sys.modules:
+        unset = {k: v for k, v in PINNED.items() if os.environ.get(k) != v}
+        if unset:
+            raise ModeError(
+                "the reproducible mode cannot take effect: torch was imported before it could set "
+                + ", ".join(f"{k}={v}" for k, v in unset.items())
+                + " (run the command in a new process, or set them before starting Python)"
+            )
+    else:
+        os.environ.update(PINNED)
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != CAPABILITY:  # a CPU without AVX2: torch falls back and the pinned path is not taken
+        raise ModeError(f"the reproducible mode needs a CPU with AVX2; torch reports capability {capability}")
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+
+def active() -> bool:
+    """Whether this process runs in the mode: the pins in the environment, torch on them, one thread,
+    deterministic algorithms."""
+    if "torch" not in sys.modules or any(os.environ.get(k) != v for k, v in PINNED.items()):
+        return False
+    import torch
+
+    return (
+        torch.backends.cpu.get_cpu_capability() == CAPABILITY
+        and torch.get_num_threads() == 1
+        and torch.are_deterministic_algorithms_enabled()
+    )
+
+
+def settings() -> dict[str, Any]:
+    """What a run records: the mode, the pinned variables' values (None: unset), torch's CPU capability,
+    threads and the deterministic flag, as this process has them."""
+    import torch
+
+    return {
+        "reproducible": active(),
+        "env": {k: os.environ.get(k) for k in PINNED},
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def run_mode(run_dir: str | os.PathLike) -> bool | None:
+    """Whether the run in ``run_dir`` was trained in the mode: True when every start of it recorded the
+    mode in ``run_info.json``; False otherwise (a run from before the mode existed records nothing: not
+    reproducible); None when there is no run there."""
+    path = Path(run_dir) / "run_info.json"
+    if not path.is_file():
+        return None
+    starts = json.loads(path.read_text())
+    return bool(starts) and all(s.get("reproducible", {}).get("reproducible") is True for s in starts)
+
+
+def check_same_mode(run_dir: str | os.PathLike, reproducible: bool) -> None:
+    """Refuse (one-line ValueError) to reuse or continue the run in ``run_dir`` in the other mode."""
+    mode = run_mode(run_dir)
+    if mode is not None and mode != reproducible:
+
+        def name(on: bool) -> str:
+            return "in the reproducible mode" if on else "without the reproducible mode"
+
+        raise ValueError(
+            f"{run_dir} was trained {name(mode)}, this process runs {name(reproducible)}: train into "
+            f"another folder, or run {'with --reproducible' if mode else 'with --no-reproducible'}"
+        )
+
+
+def describe(info: dict[str, Any]) -> str:
+    """One line for the model card from a :func:`settings` record."""
+    if info.get("reproducible"):
+        pins = ", ".join(f"{k}={v}" for k, v in info["env"].items())
+        return f"reproducible mode: on ({pins}; torch CPU capability {info['cpu_capability']}, deterministic algorithms)"
+    return (
+        f"reproducible mode: off (torch CPU capability {info.get('cpu_capability', '?')}, "
+        f"{info.get('torch_threads', '?')} thread(s))"
+    )
