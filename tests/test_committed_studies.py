@@ -6,6 +6,7 @@ import ast
 import csv
 import math
 import re
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -111,4 +112,22 @@ def test_the_fair_studys_descriptive_numbers_are_its_tables():
     assert f"LIMe perplexity {pairs[0]}" in text and f"(LLaMA {pairs[1]})" in text
     assert f"seed 1 gives {pairs[2]} and {pairs[3]}" in text
     seeds = sorted({int(r["seed"]) for r in read_csv(fair / "perplexity.csv")})
-    assert f"interim, {len(seeds)} of 10 seeds (0-{seeds[-1]})" in text and seeds == list(range(len(seeds)))
+    assert "Status: complete, 10 seeds (0-9)." in text and seeds == list(range(10))
+    # the machine's effect over the ten seeds, and the seed-to-seed spread
+    for m, mean_abs, largest in (("LIMe", "1.30", "5.84"), ("LLaMA", "0.89", "2.46")):
+        diffs = [abs(ppl(fair, m, s) - ppl(lm10, m, s)) for s in seeds]
+        assert (f"{sum(diffs) / len(diffs):.2f}", f"{max(diffs):.2f}") == (mean_abs, largest), m
+    assert "by 1.30 on average for LIMe (at most 5.84) and 0.89 for LLaMA (at most 2.46)" in text
+    sd = {m: statistics.stdev(ppl(fair, m, s) for s in seeds) for m in ("LIMe", "LLaMA")}
+    assert f"SD of perplexity is {sd['LIMe']:.2f} against LLaMA's {sd['LLaMA']:.2f}" in text
+
+    def upper_mean(name: str, model: str) -> float:
+        rows = read_csv(fair / name)
+        return statistics.mean(
+            float(r["accuracy_mean"])
+            for r in rows
+            if r["model"] == model and r["site"] == "values" and int(r["layer"]) >= 8
+        )
+
+    one = [f"{100 * upper_mean('separability.csv', m):.1f} %" for m in ("LIMe", "LLaMA")]
+    assert f"({one[0]} against {one[1]})" in text

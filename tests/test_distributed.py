@@ -21,15 +21,20 @@ ARGS = [
 
 
 def write_entry(folder):
-    """A lime-model entry point whose ranks fail if they read any text, or if the DDP model is still alive
+    """A lime-model entry point whose ranks fail if they read the texts (beyond the first document the checks
+    before work read), or if the DDP model is still alive
     when the process group is destroyed."""
     path = folder / "entry.py"
     path.write_text(
         "import os, sys\n"
         "from lime_model import data\n"
         "from lime_model.cli import main\n"
-        "def no_reading(*a, **k):\n"
-        "    raise AssertionError('rank ' + os.environ['RANK'] + ' read the texts')\n"
+        "documents = data._file_documents\n"
+        "def no_reading(*a, **k):  # the checks before work may read a file's first document, no more\n"
+        "    for i, doc in enumerate(documents(*a, **k)):\n"
+        "        if i:\n"
+        "            raise AssertionError('rank ' + os.environ['RANK'] + ' read the texts')\n"
+        "        yield doc\n"
         "data._file_documents = no_reading\n"
         "import gc, torch.distributed as dist\n"
         "from torch.nn.parallel import DistributedDataParallel\n"
