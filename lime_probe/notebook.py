@@ -4,10 +4,10 @@ environment variables, with paths read the way the shell that set them reads the
     from lime_probe.notebook import command_defaults, env_path, env_paths, repo_root
     D = command_defaults("entropy")        # {"site": "values", "max_sequences": 4000, "max_length": 256, ...}
     CKPTS = env_paths("LIME_CKPTS", [f"{repo_root()}/runs/lime"])
-    DATA = env_path("LIME_DATA", f"{repo_root()}/../shared/data/wikitext-2/valid.txt")
+    DATA = env_path("LIME_DATA", "hf:Salesforce/wikitext:wikitext-2-raw-v1:validation")
 
 Jupyter (and ``jupyter nbconvert --execute``, papermill) run a notebook's kernel in the notebook's own
-folder, ``analyses/``, while the user typed ``LIME_DATA=../shared/...`` in the folder they launched it
+folder, ``analyses/``, while the user typed ``LIME_DATA=data/valid.txt`` in the folder they launched it
 from. That folder is ``$PWD``: the shell sets it and the kernel inherits it, its working folder changed
 by Jupyter but its environment not. So a relative path given in a variable is read from ``$PWD`` (as
 every command-line tool reads it); the shipped defaults name the repository's own files, from its root.
