@@ -895,7 +895,7 @@ def attention_for(hf: Any, weights: bool, remote: bool | str = False) -> Iterato
     warnings.warn(
         f"attn_pattern: {type(hf).__name__} runs {own!r} attention, which returns no weights; this "
         "extraction runs eager attention for every site (load with attn_implementation='eager' to choose it)",
-        stacklevel=3,
+        stacklevel=4,  # the caller of `extract` (through contextlib and `extract`)
     )
     hf.set_attn_implementation("eager")
     try:
