@@ -23,6 +23,7 @@ def tok():
     return tiny_tokenizer()
 
 
+@pytest.mark.filterwarnings("ignore:attn_pattern:UserWarning")  # the models run SDPA: eager for the pattern
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "bert", "lime"])
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("batching", [dict(batch_size=3), dict(batch_tokens=40)])
@@ -31,7 +32,10 @@ def test_batched_equals_one_at_a_time(tok, arch, side, batching):
         pytest.importorskip("lime_model")
     model = tiny_model(arch, tok)
     tok.padding_side = side
-    sites = ["hidden", "final", "values", "keys"] + (["routed_values"] if arch == "lime" else [])
+    # the pattern's keys are counted from each sequence's first token, so padding on either side must not move them
+    sites = ["hidden", "final", "values", "keys", "attn_pattern"] + (
+        ["routed_values"] if arch == "lime" else []
+    )
     batched = extract(model, tok, TEXTS, sites=sites, progress=False, **batching)  # sorted, order restored
     alone = extract(model, tok, TEXTS, sites=sites, batch_size=1, progress=False)  # no padding at all
     lengths = [len(tok(t)["input_ids"]) for t in TEXTS]
@@ -170,7 +174,18 @@ def test_iter_sequences_streams_the_same_sequences(tok, tmp_path, monkeypatch, c
         (dict(texts="a string"), "texts must be a list of strings"),
         (dict(sites=[]), "sites must be a non-empty list"),
         (dict(layers=[0.5]), "layers must be integers"),
-        (dict(sites=["attention"]), r"unknown site\(s\) \['attention'\]"),
+        (
+            dict(sites=["attention"]),
+            r"unknown site 'attention'; sites are hidden, .*attn_pattern or module:PATH",
+        ),
+        (
+            dict(sites=["module:layers.{i}.mlp:inputs"]),
+            r"malformed site 'module:layers.\{i\}.mlp:inputs': write",
+        ),
+        (
+            dict(sites=["module:layers.{i}.mlp.down"]),
+            r"names no module of LlamaForCausalLM; nearest: layers.\{i\}.mlp.down_proj",
+        ),
         (dict(sites=["routed_values"]), "site 'routed_values' is not available for model_type 'llama'"),
         (dict(layers=[3], sites=["values"]), "layer 3 out of range for site 'values', which has 2 entries"),
         (dict(pool="max"), "pool must be one of"),

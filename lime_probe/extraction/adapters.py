@@ -13,6 +13,9 @@ Sites (see `lime_probe.extract` for shapes and layer indexing):
 - ``mixed_values`` (ResFormer only): the values its heads attend over (``self_attn.value_mix`` output).
 - ``attn_out`` / ``mlp_out``: the output of each block's attention / MLP module, what it adds to the residual
   stream (before the residual add, and before any norm the block applies to it, as Gemma 2's).
+- ``attn_pattern``: the attention weights each head's softmax gives, the second output of each block's
+  attention module (transformers returns them from eager attention only; `lime_probe.extract` switches to it).
+  For LIMe they are the weights over the routed keys, what its heads really use.
 
 For DenseFormer the block outputs, hence ``hidden``, are the DWA outputs Y_l (the stream each block reads).
 
@@ -53,13 +56,16 @@ def first(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def fused_slice(part: int) -> Take:
-    """Reader for GPT-2's fused ``c_attn`` output (batch, seq, 3*d) laid out [q | k | v]: part 0, 1 or 2."""
+def fused_slice(part: int, q_heads: int = 1, kv_heads: int = 1) -> Take:
+    """Reader for a fused projection laid out [q | k | v] along its last dim, q `q_heads` heads wide and k, v
+    `kv_heads` each (GPT-2's ``c_attn``: equal thirds; Phi-3's ``qkv_proj``: query and key/value heads):
+    part 0, 1 or 2 of the output (batch, seq, (q_heads + 2 * kv_heads) * head_dim)."""
 
     def take(output: Any) -> torch.Tensor:
         out = first(output)
-        d = out.shape[-1] // 3
-        return out[..., part * d : (part + 1) * d]
+        hd = out.shape[-1] // (q_heads + 2 * kv_heads)
+        start = 0 if part == 0 else (q_heads + (part - 1) * kv_heads) * hd
+        return out[..., start : start + (q_heads if part == 0 else kv_heads) * hd]
 
     return take
 
@@ -88,15 +94,30 @@ def routed(part: int) -> Take:
     return take
 
 
+def attention_weights(output: Any) -> torch.Tensor:
+    """Reader for an attention module's ``(output, weights)``: the weights (batch, heads, query, key), each
+    row a softmax over the keys. ValueError where the module returned none (it did not run eager attention)."""
+    if not isinstance(output, (tuple, list)) or len(output) < 2 or output[1] is None:
+        raise ValueError(
+            "the attention module returned no attention weights: load the model with attn_implementation='eager'"
+        )
+    return output[1]
+
+
 def proj_sites(keys: str, values: str) -> dict[str, tuple[str, Take]]:
     """``keys``/``values`` sites read from two separate projection modules (paths inside a block)."""
     return {"keys": (keys, first), "values": (values, first)}
 
 
-def block_outputs(attn: str, mlp: str) -> dict[str, tuple[str, Take]]:
-    """``attn_out``/``mlp_out`` sites read from a block's attention and MLP modules (paths inside a block); they
-    come after the attention's own sites in execution order."""
-    return {"attn_out": (attn, first), "mlp_out": (mlp, first)}
+def block_outputs(attn: str, mlp: str, weights: str | None = None) -> dict[str, tuple[str, Take]]:
+    """``attn_pattern``/``attn_out``/``mlp_out`` sites read from a block's attention and MLP modules (paths inside a
+    block; `weights`: the module returning the attention weights, default `attn`); they come after the attention's
+    own sites in execution order."""
+    return {
+        "attn_pattern": (weights or attn, attention_weights),
+        "attn_out": (attn, first),
+        "mlp_out": (mlp, first),
+    }
 
 
 # The LLaMA layout's per-block sites: separate projections inside ``self_attn``, then ``mlp``.
@@ -152,7 +173,9 @@ def get_adapter(config: Any) -> Adapter:
 # Falcon/BLOOM, Phi, GPT-NeoX/OPT, Mamba.
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 # (W_K, W_V) paths inside a block of the common layouts with separate projections: LLaMA family, Phi, OPT,
-# Mistral (self_attn); GPT-J, GPT-Neo (attn); others fuse them and need an adapter for keys/values.
+# Mistral (self_attn); GPT-J, GPT-Neo (attn). Fused projections are laid out differently per architecture (GPT-2's
+# c_attn [q | k | v], GPT-NeoX's query_key_value per head, Phi-3's qkv_proj, Falcon's grouped): they are read
+# through registered adapters only, never guessed at, so an unregistered fused model has no keys/values sites.
 KV_PROJECTIONS = (
     ("self_attn.k_proj", "self_attn.v_proj"),
     ("attn.k_proj", "attn.v_proj"),
@@ -266,7 +289,6 @@ LLAMA_FAMILY = [
     "qwen3_moe",
     "gemma",
     "gemma2",
-    "phi3",
     "olmo",
     "olmo2",
     "granite",
@@ -286,6 +308,24 @@ register_adapter(
         | block_outputs("attn", "mlp"),
     ),
 )
+# Phi-3 fuses its projections into ``qkv_proj`` [q | k | v] (query heads, then key/value heads)
+register_adapter(
+    "phi3",
+    Adapter(
+        layers="layers",
+        final_norm="norm",
+        sites=lambda config: (
+            {
+                part: (
+                    "self_attn.qkv_proj",
+                    fused_slice(k, config.num_attention_heads, head_shape(config)[0]),
+                )
+                for k, part in ((1, "keys"), (2, "values"))
+            }
+            | block_outputs("self_attn", "mlp")
+        ),
+    ),
+)
 register_adapter("gpt_neox", Adapter(layers="layers", final_norm="final_layer_norm", sites=_neox_sites))
 register_adapter(
     ["bert", "roberta", "xlm-roberta", "camembert"],
@@ -294,7 +334,7 @@ register_adapter(
         final_norm=None,
         # BERT's attention and MLP modules add the residual and normalise: their dense layers are what they add
         sites=proj_sites("attention.self.key", "attention.self.value")
-        | block_outputs("attention.output.dense", "output.dense"),
+        | block_outputs("attention.output.dense", "output.dense", weights="attention.self"),
     ),
 )
 

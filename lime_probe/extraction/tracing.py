@@ -22,6 +22,21 @@ Sites and their layer indices (L = number of blocks):
   lambda_1 V_1 + lambda_2 V_n (layer 0: V_1 itself), dim = kv_heads * head_dim.
 - ``attn_out`` / ``mlp_out``: L entries, the output of each block's attention / MLP module (after its output
   projection, before the residual add and any norm the block applies to it), dim = hidden_size.
+- ``attn_pattern``: L entries, each head's attention weights (the softmax over the keys; for LIMe over the
+  routed keys its heads attend to). A row per query token, dim = heads * W: per head, the weights the token
+  gives to the keys at its sequence's positions 0..W-1, counted from the sequence's first token whatever the
+  padding, zero past the sequence's end (and above the diagonal, being causal). W is `max_length` (capped
+  at the model's positions): set it to the longest sequence to keep rows small. ``acts.per_head(
+  "attn_pattern", l)`` gives (n_rows, heads, W), ``acts.pattern(l, i)`` sequence i's (heads, t_i, t_i)
+  square, to plot; the mean over windows of one length T is ``acts.per_head("attn_pattern", l)[..., :T]
+  .unflatten(0, (-1, T)).mean(0)``, (T, heads, T). Only eager attention returns the weights: a model
+  that runs SDPA or flash attention runs eager attention for the whole extraction (a warning says so;
+  ``acts.attn_implementation`` and the cache key record it).
+- ``module:PATH`` (or ``module:PATH:input``): any module's output (or first positional input), PATH dotted
+  and relative to the base model (``layers.{i}.mlp.down_proj`` in a LLaMA) or the root (``lm_head``); with
+  ``{i}`` an entry per block (``{i}`` = 0..L-1), without it one entry (index 0). The value must be a tensor
+  (batch, seq, ...), the first of a tuple; dims after seq are flattened into dim. A PATH that names no
+  module is refused with the nearest names. The reads are ordered by one two-token forward pass run first.
 
 Rows: every non-padding token (``pool="none"``), only tokens whose id is in ``token_ids``, or one
 mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: batched results equal
@@ -52,7 +67,10 @@ Each forward stops (``tracer.stop()``) right after the last site it needs.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import inspect
+import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,7 +85,7 @@ from tqdm.auto import tqdm
 from lime_probe.extraction.adapters import Adapter, Take, adapter_for, first, head_shape
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key, read_tensor
 from lime_probe.extraction.loading import check_remote, input_device, wrap
-from lime_probe.extraction.sites import HEADED, SITES
+from lime_probe.extraction.sites import HEADED, SITES, check_site, module_site, per_block
 from lime_probe.extraction.windows import DataWarning, check_unknown_tokens
 
 if TYPE_CHECKING:
@@ -101,6 +119,8 @@ class Activations(Mapping):
         sites: the extracted site names.
         heads: site -> (kv_heads, head_dim) for the keys/values sites (see `per_head`).
         shards: the cache shard files backing this result ([] when held in memory).
+        attn_implementation: the attention implementation the forward passes ran ("eager" for attn_pattern).
+        all_tokens: whether every token has a row (pool="none", no token_ids), as `pattern` needs.
         logprobs: DoubleTensor (n_sequences,), each sequence's summed token log-probability
             sum_{i>=1} log p(t_i | t_<i), when extracted with ``logprobs=True``; else None.
 
@@ -115,10 +135,13 @@ class Activations(Mapping):
         site_layers: dict[str, list[int]],
         heads: dict[str, tuple[int, int]],
         logprobs: bool = False,
+        attn_implementation: str | None = None,
+        all_tokens: bool = True,
     ):
         self._parts = parts
         self._site_layers = site_layers
         self.heads = heads
+        self.attn_implementation, self.all_tokens = attn_implementation, all_tokens
         counts = torch.cat([self._load(p, "offsets").diff() for p in parts])
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
         self.token_ids = self._cat("token_ids")
@@ -194,10 +217,24 @@ class Activations(Mapping):
         return torch.stack([self[site][layer] for layer in chosen])
 
     def per_head(self, site: str, layer: int) -> torch.Tensor:
-        """`site`/`layer` viewed per head: (n_rows, kv_heads, head_dim), for keys/values sites."""
+        """`site`/`layer` viewed per head: (n_rows, kv_heads, head_dim) for keys/values sites, (n_rows, heads,
+        W) for ``attn_pattern`` (each query token's weights over key positions 0..W-1)."""
         if site not in self.heads:
             raise ValueError(f"site {site!r} has no heads; per-head views exist for {sorted(self.heads)}")
         return self[site][layer].unflatten(-1, self.heads[site])
+
+    def pattern(self, layer: int, sequence: int) -> torch.Tensor:
+        """Sequence `sequence`'s attention pattern at block `layer`: (heads, t, t), entry [h, q, k] the weight
+        head h gives at token q to token k (each row sums to 1). Needs ``attn_pattern`` with a row per token."""
+        if not self.all_tokens:
+            raise ValueError(
+                "pattern needs a row per token: extract attn_pattern with pool='none', no token_ids"
+            )
+        if not 0 <= sequence < self.n_sequences:
+            raise IndexError(f"sequence {sequence} out of range: this result holds {self.n_sequences}")
+        start, stop = self.offsets[sequence : sequence + 2].tolist()
+        rows = self.per_head("attn_pattern", layer)[start:stop, :, : stop - start]
+        return rows.transpose(0, 1)
 
     def __repr__(self) -> str:
         sites = ", ".join(f"{s}: layers {v}" for s, v in self._site_layers.items())
@@ -251,7 +288,8 @@ def site_sizes(adapter: Adapter, config: Any, n_layers: int) -> dict[str, int]:
 def resolve_layers(
     sites: Sequence[str], layers: Iterable[int] | None, sizes: dict[str, int], model_type: str
 ) -> dict[str, list[int]]:
-    """site -> sorted layer indices; negative indices count from each site's end; ``final`` is always [0]."""
+    """site -> sorted layer indices; negative indices count from each site's end; a site with one entry
+    (``final``, a ``module:`` site without ``{i}``) is always [0]."""
     out = {}
     for site in sites:
         if site not in sizes:
@@ -259,7 +297,7 @@ def resolve_layers(
                 f"site {site!r} is not available for model_type {model_type!r}; available: {list(sizes)}"
             )
         n = sizes[site]
-        if layers is None or site == "final":
+        if layers is None or not per_block(site):
             out[site] = list(range(n))
             continue
         chosen = set()
@@ -297,6 +335,72 @@ def plan_reads(
     if adapter.final_norm is not None and ("final", 0) in wanted:
         reads.append(Read(f"{prefix}{adapter.final_norm}.output", (("final", 0, first),)))
     return reads
+
+
+def module_path(hf: Any, site: str, blocks: str, n_layers: int) -> str:
+    """The module path from the root of `hf` (with ``{i}``) that the ``module:`` `site` names, relative to the
+    base model or else to the root, ``{i}`` standing for blocks 0..`n_layers`-1 (`blocks`: their path from the
+    root). ValueError in one line, with the nearest names, where it names no module."""
+    path, _ = cast("tuple[str, str]", module_site(site))
+    prefix = "" if hf.base_model is hf else f"{hf.base_model_prefix}."
+    names = {name for name, _ in hf.named_modules() if name}
+    for candidate in dict.fromkeys([prefix + path, path]):
+        if all(candidate.replace("{i}", str(i)) in names for i in range(n_layers if "{i}" in path else 1)):
+            return candidate
+    # the model's module names as a site spells them: blocks as {i}, relative to the base model where they can be
+    spelled = {re.sub(rf"^{re.escape(blocks)}\.\d+(?=\.|$)", blocks + ".{i}", n) for n in names}
+    spelled = {n.removeprefix(prefix) if prefix and n.startswith(prefix) else n for n in spelled}
+    near = difflib.get_close_matches(path, sorted(spelled), n=3)
+    hint = (
+        f"; nearest: {', '.join(near)}" if near else f"; the blocks are {blocks.removeprefix(prefix)}.{{i}}"
+    )
+    raise ValueError(f"site {site!r} names no module of {type(hf).__name__}{hint}")
+
+
+def module_reader(site: str) -> Take:
+    """Reader of a ``module:`` site: the module's value, the first of a tuple (`_forward` checks that it is
+    (batch, seq, ...)); ValueError in one line for a value that is no tensor."""
+
+    def take(value: Any) -> torch.Tensor:
+        x = first(value)
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"site {site!r} gives a {type(x).__name__}, not a (batch, seq, ...) tensor")
+        return x
+
+    return take
+
+
+def execution_order(hf: Any, reads: list[Read]) -> list[Read]:
+    """`reads` merged by path and sorted in the order one forward pass produces them (what a trace needs),
+    found by running two tokens through `hf` with plain hooks: module inputs at their pre-hooks, outputs at
+    their hooks, a module called twice by its first call (the one a trace reads). ValueError in one line for
+    a module the pass never called."""
+    merged: dict[str, tuple[tuple[str, int, Take], ...]] = {}
+    for read in reads:
+        merged[read.path] = merged.get(read.path, ()) + read.targets
+    order: dict[str, int] = {}
+    handles = []
+    for path in merged:
+        name, what = path.rsplit(".", 1)
+        module = hf.get_submodule(name)
+
+        def record(*_: Any, path: str = path) -> None:
+            order.setdefault(path, len(order))
+
+        hook = module.register_forward_pre_hook if what == "input" else module.register_forward_hook
+        handles.append(hook(record))
+    try:
+        with torch.inference_mode():
+            hf(input_ids=torch.zeros((1, 2), dtype=torch.long, device=input_device(hf, False)))
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [path for path in merged if path not in order]
+    if missing:
+        raise ValueError(
+            f"module {missing[0].rsplit('.', 1)[0]!r} does not run in a forward pass of this model"
+        )
+    return [Read(path, merged[path]) for path in sorted(merged, key=order.__getitem__)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -491,9 +595,8 @@ def _validate(
             raise ValueError("texts must be a list of strings")
     if not sites:
         raise ValueError(f"sites must be a non-empty list of site names from {SITES}")
-    unknown = [s for s in sites if s not in SITES]
-    if unknown:
-        raise ValueError(f"unknown site(s) {unknown}; sites are {SITES}")
+    for site in sites:
+        check_site(site)
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
     if token_ids is not None and pool != "none":
@@ -506,7 +609,8 @@ def _validate(
 @dataclass(frozen=True)
 class _Plan:
     """What one extraction reads from a model: the layers per site, the trace reads in execution order,
-    the per-head shapes of the keys/values sites, the bytes of one row of every site and layer."""
+    the per-head shapes of the keys/values and attn_pattern sites, the bytes of one row of every site and
+    layer (module sites: an estimate)."""
 
     site_layers: dict[str, list[int]]
     reads: list[Read]
@@ -514,18 +618,40 @@ class _Plan:
     row_bytes: int
 
 
-def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None) -> _Plan:
+def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None, width: int) -> _Plan:
+    """The plan of `sites` at `layers` for `hf`; `width`: the key positions of an ``attn_pattern`` row."""
     base = hf.base_model
     prefix = "" if base is hf else f"{hf.base_model_prefix}."
     adapter = adapter_for(hf)
     n_layers = len(base.get_submodule(adapter.layers))
-    sizes = site_sizes(adapter, hf.config, n_layers)
-    site_layers = resolve_layers(list(dict.fromkeys(sites)), layers, sizes, hf.config.model_type)
+    blocks = f"{prefix}{adapter.layers}"
+    sites = list(dict.fromkeys(sites))
+    if "attn_pattern" in sites and not getattr(hf, "_supports_attention_backend", False):
+        # transformers' attention interface: its eager function returns the softmax weights, as output[1]
+        raise ValueError(
+            f"attn_pattern reads the weights transformers' attention interface returns, and {type(hf).__name__} "
+            "does not use it: read its attention module with a module: site instead"
+        )
+    modules = {s: module_path(hf, s, blocks, n_layers) for s in sites if module_site(s)}
+    sizes = site_sizes(adapter, hf.config, n_layers) | {s: n_layers if per_block(s) else 1 for s in modules}
+    site_layers = resolve_layers(sites, layers, sizes, hf.config.model_type)
     heads = {s: head_shape(hf.config) for s in site_layers if s in HEADED}
+    if "attn_pattern" in site_layers:
+        heads["attn_pattern"] = (hf.config.num_attention_heads, width)
     dims = {s: heads[s][0] * heads[s][1] if s in heads else hf.config.hidden_size for s in site_layers}
+    reads = plan_reads(adapter, hf.config, prefix, n_layers, site_layers)
+    for site, path in modules.items():
+        what = cast("tuple[str, str]", module_site(site))[1]
+        module = hf.get_submodule(path.replace("{i}", "0"))
+        # rows of a Linear are its in/out features wide; of anything else, estimated as hidden_size
+        dims[site] = getattr(module, {"input": "in_features", "output": "out_features"}[what], dims[site])
+        take = module_reader(site)
+        reads += [
+            Read(f"{path.replace('{i}', str(i))}.{what}", ((site, i, take),)) for i in site_layers[site]
+        ]
     return _Plan(
         site_layers,
-        plan_reads(adapter, hf.config, prefix, n_layers, site_layers),
+        execution_order(hf, reads) if modules else reads,
         heads,
         4 * sum(dims[s] * len(ls) for s, ls in site_layers.items()),
     )
@@ -622,11 +748,13 @@ def extract(
     nn_model, tokenizer = _as_nnsight(model, cast("PreTrainedTokenizerBase | None", tokenizer))
     check_remote(nn_model, remote)
     hf = nn_model._module
-    plan = _plan(hf, sites, layers)
+    max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
+    if remote and remote != "local" and any(module_site(s) for s in sites):
+        raise ValueError("module: sites are ordered by a forward pass run here: extract them locally")
+    plan = _plan(hf, sites, layers, max_length)
     if logprobs and (not hasattr(hf, "get_output_embeddings") or hf.get_output_embeddings() is None):
         raise ValueError(f"logprobs=True needs a model with an LM head, not {type(hf).__name__}")
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
-    max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
     streamed = not isinstance(texts, Sequence)
     if streamed:
         if cache_dir is not None and iter(texts) is texts:
@@ -653,76 +781,79 @@ def extract(
     # themselves (exact with right padding)
     with_positions = "position_ids" in inspect.signature(hf.forward).parameters
 
-    cache = None
-    if cache_dir is not None:
-        if any(p.is_meta for p in hf.parameters()):
-            raise ValueError(
-                "cache_dir keys the cache by the model's weights, and this model holds none (built on "
-                "'meta' for a remote run): extract without cache_dir"
+    all_tokens = pool == "none" and select_ids is None
+    with attention_for(hf, "attn_pattern" in plan.site_layers, remote) as attn:
+        cache = None
+        if cache_dir is not None:
+            if any(p.is_meta for p in hf.parameters()):
+                raise ValueError(
+                    "cache_dir keys the cache by the model's weights, and this model holds none (built on "
+                    "'meta' for a remote run): extract without cache_dir"
+                )
+            settings = {
+                "sites": plan.site_layers,
+                "pool": pool,
+                "batch_size": batch_size,
+                "batch_tokens": batch_tokens,
+                "logprobs": logprobs,
+                "padding_side": tokenizer.padding_side,
+                "token_ids": None if select_ids is None else select_ids.tolist(),
+                "attn_implementation": attn,
+            }
+            # a stream hashes as the list of its texts would: one cache for both
+            hashed = _items(texts, pretokenized) if streamed else texts
+            key = extraction_key(
+                hf, tokenizer, hashed, max_length=max_length, max_tokens=max_tokens, settings=settings
             )
-        settings = {
-            "sites": plan.site_layers,
-            "pool": pool,
-            "batch_size": batch_size,
-            "batch_tokens": batch_tokens,
-            "logprobs": logprobs,
-            "padding_side": tokenizer.padding_side,
-            "token_ids": None if select_ids is None else select_ids.tolist(),
-        }
-        # a stream hashes as the list of its texts would: one cache for both
-        hashed = _items(texts, pretokenized) if streamed else texts
-        key = extraction_key(
-            hf, tokenizer, hashed, max_length=max_length, max_tokens=max_tokens, settings=settings
-        )
-        about = describe_texts([first] if streamed and first is not None else texts)
-        cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=about)
-        if cache.complete:
-            return Activations(cache.shards, plan.site_layers, plan.heads, logprobs)
+            about = describe_texts([first] if streamed and first is not None else texts)
+            cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=about)
+            if cache.complete:
+                return Activations(cache.shards, plan.site_layers, plan.heads, logprobs, attn, all_tokens)
 
-    start = cache.done_sequences if cache else 0
-    parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
-    buffer: list[dict[str, torch.Tensor]] = []
-    buffered_bytes = 0
-    device = input_device(hf, remote)
-    total = len(seqs) if isinstance(seqs, list) else None  # a list unless streamed
-    bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
-    done = start
-    blocks = _blocks(islice(seqs, start, None), plan.row_bytes, pool == "none", batch_size, batch_tokens)
-    for block in blocks:
-        if streamed:
-            _check_block(block, tokenizer, allow_unknown_tokens, first=done == start)
-        results, order = [], []
-        for local in plan_batches([len(s) for s in block], batch_size, batch_tokens):
-            index = [done + i for i in local]
-            batch_seqs = [block[i] for i in local]
-            batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side)
-            if not with_positions:
-                del batch["position_ids"]
-            keep = batch["attention_mask"].bool()
-            if select_ids is not None:
-                keep &= torch.isin(batch["input_ids"], select_ids)
-            result = _forward(nn_model, batch, keep.to(device), plan.reads, pool, remote, index, logprobs)
-            result["offsets"] = _offsets(keep, pool)
-            result["token_ids"] = (
-                batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
-            )
-            result["n_tokens"] = torch.tensor([sum(map(len, batch_seqs))])
-            results.append(result)
-            order += local
-            bar.update(len(batch_seqs))
-        done += len(block)
-        merged = _restore_order(_merge(results), order)
-        buffer.append(merged)
-        buffered_bytes += sum(t.numel() * t.element_size() for t in merged.values())
-        if cache is not None and buffered_bytes >= SHARD_BYTES:
-            parts.append(cache.add_shard(_merge(buffer)))
-            buffer, buffered_bytes = [], 0
-    if buffer:
-        parts.append(cache.add_shard(_merge(buffer)) if cache is not None else _merge(buffer))
-    bar.close()
-    if cache is not None:
-        cache.finish()
-    return Activations(parts, plan.site_layers, plan.heads, logprobs)
+        start = cache.done_sequences if cache else 0
+        parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
+        buffer: list[dict[str, torch.Tensor]] = []
+        buffered_bytes = 0
+        device = input_device(hf, remote)
+        total = len(seqs) if isinstance(seqs, list) else None  # a list unless streamed
+        bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
+        done = start
+        blocks = _blocks(islice(seqs, start, None), plan.row_bytes, pool == "none", batch_size, batch_tokens)
+        for block in blocks:
+            if streamed:
+                _check_block(block, tokenizer, allow_unknown_tokens, first=done == start)
+            results, order = [], []
+            for local in plan_batches([len(s) for s in block], batch_size, batch_tokens):
+                index = [done + i for i in local]
+                batch_seqs = [block[i] for i in local]
+                batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side)
+                if not with_positions:
+                    del batch["position_ids"]
+                keep = batch["attention_mask"].bool()
+                if select_ids is not None:
+                    keep &= torch.isin(batch["input_ids"], select_ids)
+                result = _forward(nn_model, batch, keep.to(device), plan, pool, remote, index, logprobs)
+                result["offsets"] = _offsets(keep, pool)
+                result["token_ids"] = (
+                    batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
+                )
+                result["n_tokens"] = torch.tensor([sum(map(len, batch_seqs))])
+                results.append(result)
+                order += local
+                bar.update(len(batch_seqs))
+            done += len(block)
+            merged = _restore_order(_merge(results), order)
+            buffer.append(merged)
+            buffered_bytes += sum(t.numel() * t.element_size() for t in merged.values())
+            if cache is not None and buffered_bytes >= SHARD_BYTES:
+                parts.append(cache.add_shard(_merge(buffer)))
+                buffer, buffered_bytes = [], 0
+        if buffer:
+            parts.append(cache.add_shard(_merge(buffer)) if cache is not None else _merge(buffer))
+        bar.close()
+        if cache is not None:
+            cache.finish()
+        return Activations(parts, plan.site_layers, plan.heads, logprobs, attn, all_tokens)
 
 
 def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: bool) -> None:
@@ -750,11 +881,48 @@ def envoy_path(path: str) -> str:
     )
 
 
+@contextlib.contextmanager
+def attention_for(hf: Any, weights: bool, remote: bool | str = False) -> Iterator[str]:
+    """A context in which `hf` runs the attention implementation it yields: its own, or "eager" where the
+    attention `weights` are read and it runs another (SDPA and flash attention return none), with a
+    one-line warning, restoring its own after. A remote model cannot be switched: ValueError."""
+    own = getattr(hf.config, "_attn_implementation", None) or "eager"
+    if not weights or own == "eager":
+        yield own
+        return
+    if remote and remote != "local":
+        raise ValueError(f"attn_pattern needs eager attention, and this remote model runs {own!r}")
+    warnings.warn(
+        f"attn_pattern: {type(hf).__name__} runs {own!r} attention, which returns no weights; this "
+        "extraction runs eager attention for every site (load with attn_implementation='eager' to choose it)",
+        stacklevel=4,  # the caller of `extract` (through contextlib and `extract`)
+    )
+    hf.set_attn_implementation("eager")
+    try:
+        yield "eager"
+    finally:
+        hf.set_attn_implementation(own)
+
+
+def pattern_rows(weights: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Attention weights (batch, heads, T, T) as a row per query (batch, T, heads * width): per head, the
+    weights over the sequence's keys counted from its first real token (`mask` (batch, T) marks them, one
+    contiguous run whichever side is padded), zero past its end and from T to `width`."""
+    b, h, t, _ = weights.shape
+    mask = mask.to(weights.device)
+    positions = torch.arange(t, device=weights.device)
+    start = (mask.cumsum(1) == 0).sum(1, keepdim=True)  # the first real token (left padding: after the pads)
+    columns = (start + positions).clamp(max=t - 1)  # (batch, T): key k of each sequence
+    aligned = weights.gather(-1, columns[:, None, None, :].expand(b, h, t, t))
+    aligned = aligned * (positions < mask.sum(1, keepdim=True))[:, None, None, :]
+    return torch.nn.functional.pad(aligned, (0, width - t)).transpose(1, 2).flatten(2)
+
+
 def _forward(
     nn_model: Any,
     batch: dict[str, torch.Tensor],
     keep: torch.Tensor,
-    reads: list[Read],
+    plan: _Plan,
     pool: str,
     remote: bool | str,
     index: list[int],
@@ -768,10 +936,19 @@ def _forward(
         nnsight.register(__package__)
     with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
         rows = nnsight.save({})
-        for read in reads:
+        for read in plan.reads:
             value = nn_model.get(envoy_path(read.path))
             for site, layer, take in read.targets:
-                rows[f"{site}/{layer}"] = select_rows(take(value), keep, pool).cpu()
+                x = take(value)
+                if site == "attn_pattern":
+                    x = pattern_rows(x, inputs["attention_mask"], plan.heads[site][1])
+                if x.shape[:2] != keep.shape:
+                    raise ValueError(
+                        f"site {site!r} layer {layer} gives a {tuple(x.shape)} tensor, not (batch, seq, ...) "
+                        f"= {tuple(keep.shape)}"
+                    )
+                # dims after seq flattened: a module site may give (batch, seq, heads, head_dim)
+                rows[f"{site}/{layer}"] = select_rows(x.reshape(*keep.shape, -1), keep, pool).cpu()
         if logprobs:
             rows["logprobs"] = token_logprobs(
                 nn_model.output.logits, inputs["input_ids"], inputs["attention_mask"]

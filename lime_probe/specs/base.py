@@ -11,13 +11,14 @@ stays cheap; each analysis imports what it uses when it runs.
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lime_probe.extraction.sites import SITES
+from lime_probe.extraction.sites import SITES, check_site
 
 # What an analysis's --data holds: texts (required or optional), a BLiMP dataset, or nothing (the
 # analysis reads the checkpoints' own run folders).
@@ -226,9 +227,21 @@ def extract_site(
 
     sites = [site] if isinstance(site, str) else list(site)
     for s in sites:
-        if s not in SITES:
-            raise ValueError(f"unknown site {s!r}; choose from {', '.join(SITES)}")
+        check_site(s)
     return extract(ck.model, ck.tokenizer, texts, sites=sites, **{**(extract_kw or {}), **kw})
+
+
+def site_arg(text: str) -> str:
+    """The command line's type of a site: `text` when it names one (`check_site`: one of `SITES` or
+    ``module:PATH``), else a usage error in one line."""
+    try:
+        return check_site(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# a --site's help: what it may name beyond the listed sites
+SITE_HELP = f"one of {', '.join(SITES)}, or module:PATH[:input] (any module, {{i}} = each block)"
 
 
 def value_site_option() -> Any:
@@ -236,8 +249,9 @@ def value_site_option() -> Any:
     return option(
         None,
         "representation to probe (default: values, the W_V output, and for a model that routes also "
-        "routed_values, what its heads attend to)",
-        choices=SITES,
+        f"routed_values, what its heads attend to): {SITE_HELP}",
+        type=site_arg,
+        metavar="SITE",
     )
 
 

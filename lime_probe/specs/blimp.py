@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from lime_probe.extraction.sites import SITES
 from lime_probe.protocol import BLIMP_SPREADS, TABLE2_TASKS, defaults
 
 from .base import (
     LAYERS_HELP,
+    SITE_HELP,
     Checkpoint,
     Result,
     Spec,
@@ -34,6 +34,7 @@ from .base import (
     option,
     routing_note,
     seed_option,
+    site_arg,
     site_label,
     sites_text,
     slug,
@@ -53,8 +54,8 @@ class BlimpParams:
     sites: tuple[str, ...] | None = option(
         None,
         "representations to probe, mean-pooled per sentence (default: values and hidden, and for a model "
-        "that routes also routed_values, what its heads attend to)",
-        choices=SITES,
+        f"that routes also routed_values, what its heads attend to): {SITE_HELP}",
+        type=site_arg,
         metavar="SITE",
     )
     tasks: str = option(
@@ -278,10 +279,10 @@ def plot(result: Result) -> dict:
                 q: curve(rs, "probe_accuracy_mean", std="probe_accuracy_std")
                 for q, rs in group(mine, "paradigm").items()
             }
-            figures[f"blimp_{site}_{slug(m)}"] = F.plot_blimp_layers(curves, model=m, site=site)
+            figures[f"blimp_{slug(site)}_{slug(m)}"] = F.plot_blimp_layers(curves, model=m, site=site)
         acc = {(r["paradigm"], r["model"]): r["task_accuracy"] for r in summary if r["site"] == site}
         labels = list(group(in_site, "model"))  # routed values: only the models that route
-        figures[f"blimp_{site}_tasks"] = F.plot_heatmap(
+        figures[f"blimp_{slug(site)}_tasks"] = F.plot_heatmap(
             np.array([[acc[q, m] for m in labels] for q in paradigms]),
             row_labels=paradigms,
             col_labels=labels,

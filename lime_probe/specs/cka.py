@@ -14,9 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
-from lime_probe.extraction.sites import SITES
-
-from .base import Checkpoint, Result, Spec, curve, extract_site, group, option, slug
+from .base import SITE_HELP, Checkpoint, Result, Spec, curve, extract_site, group, option, site_arg, slug
 
 # Sequences extracted at once (ours): 8 windows of 512 tokens are one forward batch at the default 4096
 # tokens a batch, so the activations held beside the sums are one batch's.
@@ -25,7 +23,7 @@ CHUNK_SEQUENCES = 8
 
 @dataclass(frozen=True)
 class CkaParams:
-    site: str = option("hidden", "representation to probe", choices=SITES)
+    site: str = option("hidden", f"representation to probe: {SITE_HELP}", type=site_arg, metavar="SITE")
     debiased: bool = option(
         False,
         "debiased linear CKA: HSIC replaced by its unbiased estimator (Song et al. 2012, as Kornblith et al. "
@@ -143,7 +141,7 @@ def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw
     kind = "Debiased linear CKA (HSIC_1 of Song et al. 2012)" if p.debiased else "Linear CKA"
     return Result(
         "cka",
-        f"cka_{p.site}",
+        f"cka_{slug(p.site)}",
         f"Layer similarity ({'debiased ' if p.debiased else ''}CKA) and effective rank of {p.site}",
         rows,
         text=(
@@ -160,7 +158,7 @@ def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw
         ),
         extra={"cka": extra, "debiased": p.debiased} | ({"cka_across": across} if p.across_models else {}),
         columns=("model", "layer", "effective_rank", "cka_with_previous"),
-        tables={f"cka_across_{p.site}": best} if p.across_models else {},
+        tables={f"cka_across_{slug(p.site)}": best} if p.across_models else {},
     )
 
 
@@ -186,18 +184,18 @@ def plot(result: Result) -> dict:
         )
 
     figures = {
-        f"cka_{site}_{slug(label)}": heatmap(
+        f"cka_{slug(site)}_{slug(label)}": heatmap(
             m["cka"], m["layers"], m["layers"], "layer", "layer", f"{label}: {kind} between layers ({site})"
         )
         for label, m in result.extra["cka"].items()
     }
     for m in result.extra.get("cka_across", []):
         a, b = m["models"]
-        figures[f"cka_{site}_{slug(a)}_vs_{slug(b)}"] = heatmap(
+        figures[f"cka_{slug(site)}_{slug(a)}_vs_{slug(b)}"] = heatmap(
             m["cka"], m["rows"], m["cols"], f"{b} layer", f"{a} layer", f"{a} vs {b}: {kind} ({site})"
         )
     ranks = {m: curve(rs, "effective_rank") for m, rs in group(result.rows, "model").items()}
-    figures[f"effective_rank_{site}"] = F.plot_layer_curves(
+    figures[f"effective_rank_{slug(site)}"] = F.plot_layer_curves(
         ranks, ylabel="effective rank (centred)", title=f"Effective rank of {site} per layer"
     )
     return figures

@@ -31,6 +31,7 @@ from .base import (
     seed_option,
     site_curves,
     sites_text,
+    slug,
     value_site_option,
     value_sites,
 )
@@ -162,7 +163,7 @@ def compute(
     scale = ", divided by log(min(tokens, dim))" if first["max_normalize"] else ""
     return Result(
         "entropy",
-        f"entropy_{p.site or 'values'}",
+        f"entropy_{slug(p.site or 'values')}",
         f"Matrix entropy of {p.site or 'values'}",
         rows,
         text=(

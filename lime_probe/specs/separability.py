@@ -37,6 +37,7 @@ from .base import (
     seed_option,
     site_curves,
     sites_text,
+    slug,
     value_site_option,
     value_sites,
 )
@@ -272,7 +273,7 @@ def compute(
     return _result(
         rows,
         classes=p.words,
-        name=f"separability_{p.site or 'values'}",
+        name=f"separability_{slug(p.site or 'values')}",
         what="words",
         method=p.method,
         subtoken=p.subtoken,

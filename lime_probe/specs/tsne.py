@@ -25,6 +25,7 @@ from .base import (
     seed_option,
     site_label,
     sites_text,
+    slug,
     value_site_option,
     value_sites,
 )
@@ -190,7 +191,7 @@ def compute(
     return _result(
         rows,
         summary,
-        name=f"tsne_{p.site or 'values'}",
+        name=f"tsne_{slug(p.site or 'values')}",
         what="words",
         perplexity=p.perplexity,
         seed=p.seed,
