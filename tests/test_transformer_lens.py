@@ -1,12 +1,10 @@
 """``attn_pattern`` and ``module:`` sites against TransformerLens, a second library reading the same tiny
-checkpoints through its own hooks (TransformerBridge). Optional: skipped where ``transformer_lens`` (4.x) is
-not installed; the project does not depend on it."""
+checkpoints through its own hooks (TransformerBridge). A test-only dependency (the ``dev`` extra); the package
+does not depend on it."""
 
 import pytest
 import torch
 from helpers import save_tiny_checkpoint
-
-pytest.importorskip("transformer_lens.model_bridge")  # TransformerLens 4: its TransformerBridge
 
 TEXTS = ["The cat is on the mat and the dogs are in the garden.", "It was", "A model is a function."]
 DOWN = {
