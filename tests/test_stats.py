@@ -93,6 +93,17 @@ def test_paired_difference_p_values_and_mde():
     assert paired_difference([1.0, 1.0], [1.0, 1.0]).p == 1.0
 
 
+def test_a_constant_difference_off_in_its_last_bits_is_zero_spread():
+    """0.4 - 0.3, 0.6 - 0.5 and 1.0 - 0.9 are 0.1 up to rounding: the zero-spread rule applies (p 0.25 at
+    3 seeds), not a t-test on a spread of 3e-17 (p 4e-32)."""
+    d = paired_difference([0.4, 0.6, 1.0], [0.3, 0.5, 0.9])
+    assert len(set(d.pairs)) == 2  # the differences are not bitwise equal
+    assert d.std == 0 and d.ci_low == d.ci_high == d.mean
+    assert d.p == d.p_sign_flip == 0.25 and d.verdict == "not resolved"
+    # a spread just above the values' rounding is a spread
+    assert paired_difference([0.4, 0.6, 1.0 + 1e-9], [0.3, 0.5, 0.9]).std > 0
+
+
 def test_sign_flip_p_of_a_hand_enumerated_case():
     # d = (1, 2, -0.5), sum 2.5. The 8 signed sums: +-3.5, +-2.5, +-1.5, +-0.5; |sum| >= 2.5 for 4 of 8.
     assert sign_flip_p([1.0, 2.0, -0.5]) == 0.5

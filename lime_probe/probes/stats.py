@@ -137,6 +137,10 @@ class Difference:
 
 
 MDE_POWER = 0.8  # the power at which `Difference.mde` is stated (ours: the conventional 80 %)
+# A spread of the differences below this share of the values' magnitude is rounding, and counts as
+# zero (ours): equal differences computed as a - b differ in their last bits (0.4 - 0.3 is not
+# 1.0 - 0.9), and a t-test on that spread would resolve a constant difference at any n.
+ZERO_SPREAD = 1e-12
 
 
 def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Difference:
@@ -146,7 +150,8 @@ def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Differ
     The pairs are independent replicates (one per training seed), so the interval is
     ``mean +- t_{(1+level)/2, n-1} * std / sqrt(n)``. With n = 1 there is no spread to estimate: the
     interval and the MDE are infinite and both p-values 1. With zero spread (every seed's difference
-    equal, as coarse accuracies can give at few seeds) the t statistic is undefined: the interval
+    equal up to rounding, `ZERO_SPREAD`, as coarse accuracies can give at few seeds) the t statistic
+    is undefined: the interval
     has zero width and ``p`` is the exact sign-flip p instead (at least ``2 / 2^n``), so a constant
     difference over 3 seeds is not resolved (p 0.25) and over 10 is (p 0.002).
     """
@@ -165,6 +170,8 @@ def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Differ
         inf = float("inf")
         return Difference(mean, float("nan"), -inf, inf, 1, level, pairs, 1.0, 1.0, inf)
     std = float(d.std(ddof=1))
+    if std <= ZERO_SPREAD * max(np.abs(a).max(), np.abs(b).max()):
+        std = 0.0
     se = std / np.sqrt(n)
     half = float(student_t.ppf((1 + level) / 2, n - 1) * se)
     p_sign_flip = sign_flip_p(d)
