@@ -5,7 +5,9 @@
     path = save_tiny_checkpoint(tmp_path, "gpt2")  # save_pretrained model + tokenizer, returns the dir
 
 Architectures: "llama" (with GQA: 4 heads, 2 kv heads), "lime" and the cross-layer baselines
-"denseformer", "resformer", "hyperconnections" (need `lime_model`), "gpt2", "gpt_neox", "bert". Every model is built from a config with a fixed seed, in eval mode, float32.
+"denseformer", "resformer", "hyperconnections" (need `lime_model`), "gpt2", "gpt_neox", "bert"; and
+"qwen2", "phi", "mistral", "opt". Every model is built from a config with a fixed seed, in eval mode,
+float32.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 ARCHS = ("llama", "lime", "denseformer", "resformer", "hyperconnections", "gpt2", "gpt_neox", "bert")
+HF_CONFIGS = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "mistral": "MistralConfig",
+    "phi": "PhiConfig",
+    "opt": "OPTConfig",
+    "gpt2": "GPT2Config",
+    "gpt_neox": "GPTNeoXConfig",
+    "bert": "BertConfig",
+}  # transformers' config class of each tiny architecture that is not lime_model's
 BASELINES = (
     "denseformer",
     "resformer",
@@ -106,55 +118,36 @@ def tiny_tokenizer(corpus: list[str] | None = None, vocab_size: int = 300) -> Pr
 
 
 def tiny_config(arch: str, vocab_size: int, **overrides):
-    """A config for a tiny random model: 2 layers, hidden 32, 4 heads (LLaMA/LIMe: 2 kv heads)."""
+    """A config for a tiny random model: 2 layers, hidden 32, 4 heads (2 kv heads in the families with
+    grouped-query attention: LLaMA, LIMe and its baselines, Qwen2, Mistral)."""
     import transformers as tf
 
-    common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if arch in ("llama", "lime", *BASELINES):
-        kw = dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            **common,
-        )
-        if arch == "lime":
-            import lime_model  # registers LimeConfig
+    special = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    kw = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, max_position_embeddings=128)  # fmt: skip
+    if arch in ("llama", "lime", "qwen2", "mistral", *BASELINES):
+        kw |= special | dict(num_key_value_heads=2)
+    elif arch == "gpt2":
+        kw = dict(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128, **special)
+    elif arch == "opt":  # the MLP's width is ffn_dim
+        kw = {k: v for k, v in kw.items() if k != "intermediate_size"} | special
+        kw |= dict(ffn_dim=64, word_embed_proj_dim=32)
+    elif arch == "bert":
+        kw["pad_token_id"] = 0
+    else:
+        kw |= special
+    kw |= overrides
+    if arch == "lime":
+        import lime_model  # registers LimeConfig
 
-            return lime_model.LimeConfig(**{"routing": "full", **kw, **overrides})
-        if arch in BASELINES:
-            import lime_model
+        return lime_model.LimeConfig(**{"routing": "full", **kw})
+    if arch in BASELINES:
+        import lime_model
 
-            return lime_model.config_for(arch, **kw, **overrides)
-        return tf.LlamaConfig(**{**kw, **overrides})
-    if arch == "gpt2":
-        return tf.GPT2Config(
-            **{**dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, **common), **overrides}
-        )
-    if arch == "gpt_neox":
-        kw = dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=128,
-            **common,
-        )
-        return tf.GPTNeoXConfig(**{**kw, **overrides})
-    if arch == "bert":
-        kw = dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=128,
-            vocab_size=vocab_size,
-            pad_token_id=0,
-        )
-        return tf.BertConfig(**{**kw, **overrides})
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
+        return lime_model.config_for(arch, **kw)
+    if arch not in HF_CONFIGS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose from {sorted({*ARCHS, *HF_CONFIGS})}")
+    return getattr(tf, HF_CONFIGS[arch])(**kw)
 
 
 def tiny_model(arch: str, tokenizer: PreTrainedTokenizerFast | None = None, seed: int = 0, **overrides):

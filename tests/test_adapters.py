@@ -204,38 +204,12 @@ def test_bare_base_models_without_a_head(tok, arch, value_path):
 # ---- architectures without a registered adapter: blocks, final norm and projections found generically ----
 
 
-def unregistered(arch: str, vocab: int):
-    """A tiny random causal LM of a type with no registered adapter (Mistral's removed in its test)."""
-    import transformers as tf
-
-    common = dict(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2, num_hidden_layers=2)
-    configs = {
-        "phi": lambda: tf.PhiConfig(
-            hidden_size=32, intermediate_size=64, num_attention_heads=4, max_position_embeddings=128, **common
-        ),
-        "mistral": lambda: tf.MistralConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            **common,
-        ),
-        # blocks and final norm one level down (decoder.layers, decoder.final_layer_norm)
-        "opt": lambda: tf.OPTConfig(
-            hidden_size=32, ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32, **common
-        ),
-    }
-    torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(configs[arch]()).eval()
-
-
 @pytest.mark.parametrize("arch", ["phi", "mistral", "opt"])
 def test_unregistered_causal_lms_give_hidden_final_keys_values(tok, arch, monkeypatch):
     """No adapter registered: X_0..X_{L-1} and ``final`` equal ``output_hidden_states``, X_L the last block's
     output, keys/values the projections' outputs captured by hooks."""
     monkeypatch.delitem(ADAPTERS, "mistral")  # a Mistral-like model of a type nobody registered
-    model = unregistered(arch, len(tok))
+    model = tiny_model(arch, tok)
     assert model.config.model_type not in ADAPTERS
     blocks = model.base_model.get_submodule("decoder.layers" if arch == "opt" else "layers")
     prefix = model.base_model_prefix + (".decoder" if arch == "opt" else "")
@@ -252,7 +226,7 @@ def test_unregistered_causal_lms_give_hidden_final_keys_values(tok, arch, monkey
 def test_discovered_adapter_without_a_final_norm_offers_no_final(tok):
     """A causal LM whose final norm has an unknown name: ``hidden`` works, ``final`` is refused in one line
     (its last block's output is not what the head reads)."""
-    model = unregistered("phi", len(tok))
+    model = tiny_model("phi", tok)
     model.model.add_module("my_norm", model.model.final_layernorm)
     del model.model.final_layernorm
     from lime_probe.extraction.adapters import adapter_for
@@ -268,32 +242,13 @@ def test_discovered_adapter_without_a_final_norm_offers_no_final(tok):
 def test_blocks_that_cannot_be_found_are_refused_in_one_line(tok):
     from lime_probe.extraction.adapters import discover_adapter
 
-    model = unregistered("phi", len(tok))
+    model = tiny_model("phi", tok)
     model.config.num_hidden_layers = 5  # no ModuleList of 5 blocks
     with pytest.raises(ValueError) as info:
         discover_adapter(model)
     message = str(info.value)
     assert "\n" not in message and message.startswith("no extraction adapter for model_type 'phi', and its")
     assert "num_hidden_layers=5" in message and "register_adapter" in message
-
-
-def tiny_qwen2(vocab: int):
-    import transformers as tf
-
-    torch.manual_seed(0)
-    config = tf.Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return tf.AutoModelForCausalLM.from_config(config).eval()
 
 
 @pytest.mark.parametrize(
@@ -312,9 +267,7 @@ def test_attn_out_and_mlp_out_match_hooks(tok, arch, blocks, attn, mlp):
     with the residual stream they rebuild each block's output (GPT-2: X_{l+1} = X_l + attn_out + mlp_out)."""
     if arch == "lime":
         pytest.importorskip("lime_model")
-    model = {"qwen2": tiny_qwen2, "phi": lambda v: unregistered("phi", v)}.get(
-        arch, lambda v: tiny_model(arch, tok)
-    )(len(tok))
+    model = tiny_model(arch, tok)
     hooks = {}
     for i in range(2):
         hooks[f"attn{i}"] = (f"{blocks}.{i}.{attn}", out_of)

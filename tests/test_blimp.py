@@ -5,12 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_model
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from lime_probe.probes.blimp import (
     blimp_probe,
@@ -42,20 +43,6 @@ def make_tokenizer(words, bos=True):
     )
 
 
-def make_model(vocab_size, seed=0):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 def words_of(rows):
     return [w for r in rows for s in r[2:] for w in s.split()]
 
@@ -81,7 +68,7 @@ def as_columns(rows):
 @pytest.mark.parametrize("bos", [True, False])
 def test_sentence_logprobs_match_per_sentence_loop(bos):
     tok = make_tokenizer(words_of(ROWS), bos=bos)
-    model = make_model(len(tok))
+    model = tiny_model("llama", tok)
     prefix = tok.convert_tokens_to_ids("<s>" if bos else "</s>")
     assert prefix_token_id(tok) == prefix
     sentences = [r[2] for r in ROWS] + [r[3] for r in ROWS] + ["cat"]
@@ -92,7 +79,7 @@ def test_sentence_logprobs_match_per_sentence_loop(bos):
 
 def test_score_minimal_pairs_aggregates():
     tok = make_tokenizer(words_of(ROWS))
-    model = make_model(len(tok), seed=1)
+    model = tiny_model("llama", tok, seed=1)
     res = score_minimal_pairs(model, tok, as_columns(ROWS), batch_size=4, progress=False)
     prefix = tok.bos_token_id
     correct = [
@@ -112,7 +99,7 @@ def test_score_minimal_pairs_aggregates():
 
 def test_scoring_bad_input():
     tok = make_tokenizer(words_of(ROWS))
-    model = make_model(len(tok))
+    model = tiny_model("llama", tok, max_position_embeddings=64)
     with pytest.raises(ValueError, match="missing field"):
         score_minimal_pairs(model, tok, {"sentence_good": ["a"], "sentence_bad": ["b"]})
     with pytest.raises(ValueError, match="has no tokens"):
@@ -273,7 +260,7 @@ def test_real_blimp_files(shared_data):
     assert len(small) == 9
     sentences = list(small["sentence_good"]) + list(small["sentence_bad"])
     tok = make_tokenizer([w for s in sentences for w in s.split()])
-    model = make_model(len(tok))
+    model = tiny_model("llama", tok)
     res = score_minimal_pairs(model, tok, small, batch_size=4, progress=False)
     assert set(res.per_paradigm) == set(ds["UID"])
     assert set(res.per_phenomenon) == {"anaphor_agreement", "island_effects"}
@@ -311,7 +298,7 @@ def test_blimp_analysis_scores_and_probes_in_one_pass_with_the_loops_scores(bos)
 
     rows = [r for r in ROWS for _ in range(3)]  # at least 5 pairs per paradigm for 5-fold CV
     tok = make_tokenizer(words_of(rows), bos=bos)
-    model = make_model(len(tok), seed=2)
+    model = tiny_model("llama", tok, seed=2)
     prefix = tok.convert_tokens_to_ids("<s>" if bos else "</s>")
     seen = []  # sentences through the model: each once, no second scoring pass
     model.model.embed_tokens.register_forward_hook(lambda mod, args, out: seen.append(len(args[0])))

@@ -78,6 +78,22 @@ def test_model_card(run):
     assert 'from_pretrained("lime-run", trust_remote_code=True)' in card
 
 
+def test_parameter_count_sums_every_shard_without_reading_the_tensors(tmp_path):
+    """The card's count over a sharded model in any dtype: the tensors' element counts, summed here."""
+    from safetensors.torch import save_file
+
+    from lime_model.hub import _n_parameters
+
+    shards = [
+        {"a": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.zeros(5)},
+        {"c": torch.zeros(2, 3, 7, dtype=torch.float16), "d": torch.zeros((), dtype=torch.int64)},
+    ]
+    for i, tensors in enumerate(shards):
+        save_file(tensors, tmp_path / f"model-{i + 1:05d}-of-00002.safetensors", metadata={"format": "pt"})
+    assert _n_parameters(tmp_path) == sum(t.numel() for s in shards for t in s.values()) == 60
+    assert _n_parameters(tmp_path / "absent") is None
+
+
 def test_model_card_parses_with_a_license_and_its_tokenizer_line_needs_no_remote_code(run, tmp_path):
     """The card is what ``huggingface_hub`` reads (metadata with a license); its usage block's tokenizer
     line, run as written beside the folder in a process without ``lime_model``, loads the run's tokenizer

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
-from helpers import save_tiny_checkpoint, tiny_tokenizer
+from helpers import save_tiny_checkpoint, tiny_config, tiny_tokenizer
 
 from lime_model.checks import check_device
 from lime_probe.extraction.loading import hub_dataset, load
@@ -87,17 +87,7 @@ def test_missing_tokenizer_says_how_to_save_one(tmp_path):
 
 def test_an_architecture_without_an_adapter_loads_and_gives_its_residual_stream(tmp_path):
     """OPT has no registered adapter: it loads, and its blocks (``decoder.layers``) give ``hidden``."""
-    config = tf.OPTConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        ffn_dim=32,
-        num_attention_heads=2,
-        vocab_size=len(tiny_tokenizer()),
-        word_embed_proj_dim=16,
-    )
-    tf.OPTForCausalLM(config).save_pretrained(tmp_path)
-    tiny_tokenizer().save_pretrained(tmp_path)
-    model, tok = load(tmp_path)
+    model, tok = load(save_tiny_checkpoint(tmp_path, "opt"))
     acts = extract(model, tok, ["The cat is on the mat."], sites="hidden", progress=False)
     ids = tok("The cat is on the mat.", return_tensors="pt")
     with torch.no_grad():
@@ -194,8 +184,6 @@ def test_an_unreachable_hub_dataset_fails_at_once_in_one_line(monkeypatch):
 
 def _save_bert_base(directory: Path) -> Path:
     """A tiny bare ``BertModel`` checkpoint (as sentence-transformers ships MiniLM: no LM head)."""
-    from helpers import tiny_config, tiny_tokenizer
-
     tok = tiny_tokenizer()
     torch.manual_seed(0)
     tf.BertModel(tiny_config("bert", len(tok))).save_pretrained(directory)

@@ -1,5 +1,5 @@
 """figures/reanalysis.py on copies of the committed study folders: the primary endpoints and the
-per-layer Holm/BH table recomputed independently from the per-run CSVs (scipy, plain loops)."""
+per-layer Holm/BH table recomputed independently from the per-run CSVs (the formulas, `plain_stats`)."""
 
 import csv
 import importlib.util
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as sps
+from plain_stats import bh_loop, holm_loop, paired_t
 
 pytestmark = pytest.mark.slow  # runs the reanalysis script on copies of the study folders
 
@@ -43,15 +43,7 @@ def per_seed(rows, model, key, value, **where):
     return np.array([float(r[value]) for r in sorted(picked, key=lambda r: int(r[key]))])
 
 
-def holm_loop(p):
-    order, out, running = np.argsort(p), np.empty(len(p)), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        out[i] = running
-    return out
-
-
-def test_lm_study_reanalysis_against_scipy_from_the_per_run_tables(tmp_path):
+def test_lm_study_reanalysis_against_the_formulas_from_the_per_run_tables(tmp_path):
     folder = copy_study("lm-cpu", tmp_path)
     assert load_script().main([str(folder)]) == 0
     rows = read_csv(folder / "reanalysis.csv")
@@ -64,24 +56,22 @@ def test_lm_study_reanalysis_against_scipy_from_the_per_run_tables(tmp_path):
     # the primary endpoint: mean over layers, paired by seed
     primary = next(r for r in rows if r["measure"] == "value entropy" and r["layer"] == "")
     a, b = lime.mean(0), llama.mean(0)
-    test = sps.ttest_rel(a, b)
+    _, lo, hi, p_t = paired_t(a, b)
     assert primary["role"] == "primary" and primary["verdict"] == "not resolved"
-    assert float(primary["p_t"]) == pytest.approx(test.pvalue)
-    assert (float(primary["ci_low"]), float(primary["ci_high"])) == pytest.approx(
-        tuple(test.confidence_interval())
-    )
+    assert float(primary["p_t"]) == pytest.approx(p_t)
+    assert (float(primary["ci_low"]), float(primary["ci_high"])) == pytest.approx((lo, hi))
     flips = [abs(np.dot(s, a - b)) >= abs((a - b).sum()) - 1e-12 for s in product((1, -1), repeat=3)]
     assert float(primary["p_sign_flip"]) == pytest.approx(np.mean(flips))
-    # per layer: p from scipy, Holm by a loop, BH by scipy; none survives Holm (the issue's finding)
+    # per layer: p, Holm and BH from their formulas; none survives Holm
     exploratory = [
         r
         for r in rows
         if r["measure"] == "value entropy" and r["role"] == "exploratory" and r["reference"] == "LLaMA"
     ]
-    p = np.array([sps.ttest_rel(lime[i], llama[i]).pvalue for i in range(len(layers))])
-    assert [float(r["p_t"]) for r in exploratory] == pytest.approx(list(p))
-    assert [float(r["p_holm"]) for r in exploratory] == pytest.approx(list(holm_loop(p)))
-    assert [float(r["q_bh"]) for r in exploratory] == pytest.approx(list(sps.false_discovery_control(p)))
+    p = [paired_t(lime[i], llama[i])[3] for i in range(len(layers))]
+    assert [float(r["p_t"]) for r in exploratory] == pytest.approx(p)
+    assert [float(r["p_holm"]) for r in exploratory] == pytest.approx(holm_loop(p))
+    assert [float(r["q_bh"]) for r in exploratory] == pytest.approx(bh_loop(p))
     assert min(float(r["p_holm"]) for r in exploratory) > 0.05
     assert {r["verdict"] for r in exploratory} == {"exploratory"}
     text = (folder / "reanalysis.md").read_text()
@@ -98,7 +88,7 @@ def test_arithmetic_reanalysis_makes_the_hardest_tier_primary(tmp_path):
     d = per_seed(acc, "LIMe", "seed", "accuracy", operators="3") - per_seed(
         acc, "LLaMA", "seed", "accuracy", operators="3"
     )
-    assert float(primary[0]["p_t"]) == pytest.approx(sps.ttest_1samp(d, 0).pvalue)
+    assert float(primary[0]["p_t"]) == pytest.approx(paired_t(d, np.zeros_like(d))[3])
     assert float(primary[0]["p_sign_flip"]) == 2 / 32  # LIMe ahead in all five seeds
     assert "secondary" in {r["role"] for r in rows}
     assert "a choice made after its results were seen" in (folder / "reanalysis.md").read_text()

@@ -1,10 +1,13 @@
-"""Paired differences across seeds against scipy's paired t-test, plain loops written from the formulas
-(bootstrap, Holm, Benjamini-Hochberg, sign-flip enumeration) and a noncentral-t power computation."""
+"""Paired differences across seeds against the t-interval and t-test written from the formulas
+(`plain_stats`), plain loops written from the formulas (bootstrap, Holm, Benjamini-Hochberg, sign-flip
+enumeration) and a noncentral-t power computation."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
+from plain_stats import bh_loop, holm_loop, paired_t, t_quantile
 from scipy import stats as sps
 
 from lime_probe.probes.stats import (
@@ -19,14 +22,17 @@ from lime_probe.probes.stats import (
 )
 
 
-def test_paired_difference_matches_scipy_ttest_rel():
-    a = np.array([5.1, 4.8, 5.6, 5.0])
-    b = np.array([4.9, 4.9, 5.1, 4.6])
+def test_paired_difference_is_the_t_interval_from_the_formula():
+    a = [5.1, 4.8, 5.6, 5.0]
+    b = [4.9, 4.9, 5.1, 4.6]
+    mean, lo, hi, p = paired_t(a, b, level=0.9)
+    assert t_quantile(0.95, 3) == pytest.approx(2.353363, abs=1e-6)  # the printed tables' value
     d = paired_difference(a, b, level=0.9)
-    ci = sps.ttest_rel(a, b).confidence_interval(confidence_level=0.9)
-    assert d.mean == pytest.approx((a - b).mean())
-    assert (d.ci_low, d.ci_high) == pytest.approx((ci.low, ci.high))
-    assert d.pairs == pytest.approx(tuple(a - b)) and d.n == 4
+    assert d.mean == pytest.approx(mean) and (d.ci_low, d.ci_high) == pytest.approx((lo, hi), rel=1e-12)
+    assert d.std == pytest.approx(math.sqrt(sum((x - y - mean) ** 2 for x, y in zip(a, b, strict=True)) / 3))
+    assert d.pairs == pytest.approx(tuple(x - y for x, y in zip(a, b, strict=True))) and d.n == 4
+    # the interval excludes 0 at level 0.9 exactly when the two-sided p is below 0.1
+    assert d.p == pytest.approx(p, rel=1e-9) and (d.verdict != "not resolved") == (p < 0.1)
 
 
 def test_verdicts():
@@ -77,7 +83,7 @@ def test_paired_difference_p_values_and_mde():
     a = np.array([5.1, 4.8, 5.6, 5.0, 5.3])
     b = np.array([4.9, 4.9, 5.1, 4.6, 5.0])
     d = paired_difference(a, b)
-    assert d.p == pytest.approx(sps.ttest_rel(a, b).pvalue)
+    assert d.p == pytest.approx(paired_t(a, b)[3], rel=1e-9)
     assert d.p_sign_flip == sign_flip_p(a - b)
     assert d.mde == pytest.approx(paired_t_mde(5, (a - b).std(ddof=1)))
     # the interval excludes 0 exactly when the t-test's p is below 1 - level
@@ -91,6 +97,17 @@ def test_paired_difference_p_values_and_mde():
     constant10 = paired_difference(np.arange(10.0) + 0.5, np.arange(10.0))
     assert constant10.p == 2 / 2**10 and constant10.verdict == "a > b"
     assert paired_difference([1.0, 1.0], [1.0, 1.0]).p == 1.0
+
+
+def test_a_constant_difference_off_in_its_last_bits_is_zero_spread():
+    """0.4 - 0.3, 0.6 - 0.5 and 1.0 - 0.9 are 0.1 up to rounding: the zero-spread rule applies (p 0.25 at
+    3 seeds), not a t-test on a spread of 3e-17 (p 4e-32)."""
+    d = paired_difference([0.4, 0.6, 1.0], [0.3, 0.5, 0.9])
+    assert len(set(d.pairs)) == 2  # the differences are not bitwise equal
+    assert d.std == 0 and d.ci_low == d.ci_high == d.mean
+    assert d.p == d.p_sign_flip == 0.25 and d.verdict == "not resolved"
+    # a spread just above the values' rounding is a spread
+    assert paired_difference([0.4, 0.6, 1.0 + 1e-9], [0.3, 0.5, 0.9]).std > 0
 
 
 def test_sign_flip_p_of_a_hand_enumerated_case():
@@ -146,42 +163,22 @@ def test_mde_against_a_simulation_and_the_normal_approximation():
         paired_t_mde(1, 1.0)
 
 
-def _holm_loop(p):
-    m = len(p)
-    order = sorted(range(m), key=lambda i: p[i])
-    out, running = [0.0] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
-    return out
-
-
-def _bh_loop(p):
-    m = len(p)
-    order = sorted(range(m), key=lambda i: p[i])
-    out, running = [0.0] * m, 1.0
-    for rank in range(m - 1, -1, -1):
-        i = order[rank]
-        running = min(running, min(1.0, p[i] * m / (rank + 1)))
-        out[i] = running
-    return out
-
-
-def test_holm_and_bh_against_plain_loops_and_scipy():
+def test_holm_and_bh_against_plain_loops():
     p = [0.01, 0.04, 0.03, 0.2, 0.005, 0.04, 0.9]
-    assert holm(p) == pytest.approx(_holm_loop(p))
-    assert benjamini_hochberg(p) == pytest.approx(_bh_loop(p))
-    assert benjamini_hochberg(p) == pytest.approx(sps.false_discovery_control(p, method="bh"))
+    assert holm(p) == pytest.approx(holm_loop(p))
+    assert benjamini_hochberg(p) == pytest.approx(bh_loop(p))
     # by hand: sorted 0.005, 0.01, 0.03, 0.04, 0.04, 0.2, 0.9 -> Holm 7x, 6x, 5x, 4x, 3x (monotone), ...
     assert holm(p)[4] == pytest.approx(0.035) and holm(p)[0] == pytest.approx(0.06)
     assert holm(p)[2] == pytest.approx(0.15) and holm(p)[1] == holm(p)[5] == pytest.approx(0.16)
     rng = np.random.default_rng(1)
     for _ in range(20):
         q = rng.uniform(size=16) ** 3
-        assert holm(q) == pytest.approx(_holm_loop(list(q)))
-        assert benjamini_hochberg(q) == pytest.approx(sps.false_discovery_control(q))
+        assert holm(q) == pytest.approx(holm_loop(list(q)))
+        assert benjamini_hochberg(q) == pytest.approx(bh_loop(list(q)))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         holm([0.5, 1.5])
+    with pytest.raises(ValueError, match=r"benjamini_hochberg: p-values must lie in \[0, 1\]"):
+        benjamini_hochberg([0.5, -0.1])
 
 
 @pytest.mark.parametrize("n", [6, 10, 12, 25])

@@ -1,12 +1,12 @@
 """Studies as declarations, without training: endpoints read from hand-made rows, `compare` against
-scipy and hand-written Holm / BH, the catalog's declarations checked against the registry, the
+the paired t-test, Holm and BH written from their formulas (`plain_stats`), the catalog's declarations checked against the registry, the
 perplexity analysis against lime-model's own evaluation and a hand loop, and bad input to the runner."""
 
 import math
 
 import numpy as np
 import pytest
-from scipy import stats as sps
+from plain_stats import bh_loop, holm_loop, paired_t
 
 from lime_probe.studies import STUDIES, Claim, Effect, Endpoint, Measure, Study, run_study
 from lime_probe.studies.findings import compare
@@ -69,32 +69,6 @@ SEEDS = (0, 1, 2, 3, 4)
 LAYERS = (0, 1, 2, 3)
 SCALAR = Endpoint("score", "score", "x")
 LAYERED = Endpoint("spread", "layered", "y", {"site": "values"}, over=("layer",))
-
-
-def hand_t(a, b):
-    """Mean of a - b, its 95 % t-interval written out, and scipy's paired t-test p."""
-    d = np.asarray(a, float) - np.asarray(b, float)
-    half = sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
-    return d.mean(), d.mean() - half, d.mean() + half, sps.ttest_rel(a, b).pvalue
-
-
-def hand_holm(p):
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    out, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        out[i] = running
-    return out
-
-
-def hand_bh(p):
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    out, running = [0.0] * len(p), 1.0
-    for rank in range(len(p) - 1, -1, -1):
-        i = order[rank]
-        running = min(running, len(p) * p[i] / (rank + 1))
-        out[i] = running
-    return out
 
 
 def hand_verdict(role, sign, lo, hi, mean):
@@ -167,7 +141,7 @@ def synthetic():
     return study, measured, compare(study, measured, SEEDS), values, per_layer
 
 
-def test_each_comparison_is_scipys_paired_t_test_and_a_hand_interval(synthetic):
+def test_each_comparison_is_the_paired_t_test_from_the_formula(synthetic):
     study, _, rows, values, _ = synthetic
     plain = [r for r in rows if r["role"] != "exploratory"]
     assert len(plain) == sum(c.role != "exploratory" for c in study.claims)
@@ -177,7 +151,7 @@ def test_each_comparison_is_scipys_paired_t_test_and_a_hand_interval(synthetic):
         get = values[claim.endpoint.measure]
         a = [get(claim.model, s) for s in SEEDS]
         b = [get(claim.reference, s) for s in SEEDS]
-        mean, lo, hi, p = hand_t(a, b)
+        mean, lo, hi, p = paired_t(a, b)
         assert (row["model"], row["reference"], row["role"]) == (claim.model, claim.reference, claim.role)
         assert row["model_mean"] == pytest.approx(np.mean(a)) and row["reference_mean"] == pytest.approx(
             np.mean(b)
@@ -202,7 +176,7 @@ def test_an_effect_side_is_the_per_seed_difference_of_its_two_models(synthetic):
     x = values["score"]
     a = [x("A", s) - x("C", s) for s in SEEDS]
     b = [x("D", s) - x("B", s) for s in SEEDS]
-    mean, lo, hi, p = hand_t(a, b)
+    mean, lo, hi, p = paired_t(a, b)
     assert row["reference"] == "D-B"
     assert row["per_seed_diff"] == pytest.approx(
         [(x("A", s) - x("C", s)) - (x("D", s) - x("B", s)) for s in SEEDS]
@@ -220,13 +194,13 @@ def test_exploratory_families_are_holm_and_bh_adjusted_within_themselves(synthet
         p = []
         for row in family:
             get = per_layer[row["layer"]]
-            mean, lo, hi, pt = hand_t([get(model, s) for s in SEEDS], [get(ref, s) for s in SEEDS])
+            mean, lo, hi, pt = paired_t([get(model, s) for s in SEEDS], [get(ref, s) for s in SEEDS])
             assert (row["diff_mean"], row["ci_low"], row["ci_high"]) == pytest.approx((mean, lo, hi))
             assert row["p_t"] == pytest.approx(pt, rel=1e-9) and row["verdict"] == "exploratory"
             p.append(pt)
-        assert [r["p_holm"] for r in family] == pytest.approx(hand_holm(p), rel=1e-9)
-        assert [r["q_bh"] for r in family] == pytest.approx(hand_bh(p), rel=1e-9)
-        assert len(set(hand_holm(p))) > 1  # the family is not all adjusted to 1
+        assert [r["p_holm"] for r in family] == pytest.approx(holm_loop(p), rel=1e-9)
+        assert [r["q_bh"] for r in family] == pytest.approx(bh_loop(p), rel=1e-9)
+        assert len(set(holm_loop(p))) > 1  # the family is not all adjusted to 1
 
 
 def test_p_values_are_holm_adjusted_over_the_primaries_and_separately_over_the_secondaries(synthetic):
@@ -234,9 +208,9 @@ def test_p_values_are_holm_adjusted_over_the_primaries_and_separately_over_the_s
     primary = [r for r in rows if r["role"] == "primary"]
     secondary = [r for r in rows if r["role"] == "secondary"]
     assert len(primary) == 3 and len(secondary) >= 2
-    assert [r["p_holm"] for r in primary] == pytest.approx(hand_holm([r["p_t"] for r in primary]), rel=1e-9)
+    assert [r["p_holm"] for r in primary] == pytest.approx(holm_loop([r["p_t"] for r in primary]), rel=1e-9)
     assert [r["p_holm"] for r in secondary] == pytest.approx(
-        hand_holm([r["p_t"] for r in secondary]), rel=1e-9
+        holm_loop([r["p_t"] for r in secondary]), rel=1e-9
     )
 
 
@@ -497,7 +471,7 @@ def test_a_cross_site_claim_reads_each_side_at_its_own_site(synthetic):
 
     a = [at("A", s, "values") for s in SEEDS]
     b = [at("B", s, "hidden") for s in SEEDS]
-    mean, lo, hi, p = hand_t(a, b)
+    mean, lo, hi, p = paired_t(a, b)
     assert rows[0]["diff_mean"] == pytest.approx(mean) and rows[0]["p_t"] == pytest.approx(p, rel=1e-9)
     assert (rows[0]["ci_low"], rows[0]["ci_high"]) == pytest.approx((lo, hi))
     assert rows[0]["endpoint"] == "spread (values; mean over layers) vs spread (hidden; mean over layers)"
@@ -505,7 +479,7 @@ def test_a_cross_site_claim_reads_each_side_at_its_own_site(synthetic):
     assert abs(rows[0]["diff_mean"] - same_site[0]["diff_mean"]) > 1e-6  # the sites matter here
     for r in rows[1:]:
         la = r["layer"]
-        want = hand_t([at("A", s, "values", la) for s in SEEDS], [at("B", s, "hidden", la) for s in SEEDS])
+        want = paired_t([at("A", s, "values", la) for s in SEEDS], [at("B", s, "hidden", la) for s in SEEDS])
         assert r["diff_mean"] == pytest.approx(want[0]) and r["p_t"] == pytest.approx(want[3], rel=1e-9)
 
 

@@ -1,14 +1,14 @@
 """Tiny studies end to end through ``lime-probe reproduce --size tiny``: what the results folder holds,
-its differences recomputed with scipy from the per-run tables, the accuracies against the trainer's own
-evaluation, and reruns that reuse every run and measurement (or recompute exactly what is missing)."""
+its differences recomputed from the per-run tables by the formulas (`plain_stats`), the accuracies
+against the trainer's own evaluation, and reruns that reuse every run and measurement (or recompute
+exactly what is missing)."""
 
 import csv
 import json
-import math
 
 import numpy as np
 import pytest
-from scipy import stats as sps
+from plain_stats import paired_t
 
 from lime_probe import cli
 from lime_probe.studies import STUDIES
@@ -29,20 +29,16 @@ def reproduce(capsys, *argv) -> str:
 
 
 def check_paired(row, a, b):
-    """``row`` of differences.csv is ``a - b`` paired by seed: scipy's paired t-test and a hand interval."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    d = a - b
-    half = sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    """``row`` of differences.csv is ``a - b`` paired by seed: the t-interval and t-test written from their
+    formulas (`plain_stats`); a constant difference has no t-test, and a zero-width interval."""
+    d = np.asarray(a, float) - np.asarray(b, float)
     assert float(row["diff_mean"]) == pytest.approx(d.mean(), abs=1e-12)
-    assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx(
-        (d.mean() - half, d.mean() + half), abs=1e-12
-    )
     assert json.loads(row["per_seed_diff"]) == pytest.approx(list(d), abs=1e-12)
-    if np.ptp(d) > 0:  # a constant difference has no t-test (scipy: nan)
-        t = sps.ttest_rel(a, b)
-        ci = t.confidence_interval(0.95)
-        assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx((ci.low, ci.high))
-        assert float(row["p_t"]) == pytest.approx(t.pvalue)
+    lo = hi = d.mean()
+    if np.ptp(d) > 0:
+        _, lo, hi, p = paired_t(a, b)
+        assert float(row["p_t"]) == pytest.approx(p, rel=1e-9, abs=1e-15)
+    assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx((lo, hi), abs=1e-12)
 
 
 def mtimes(folder, pattern):
@@ -90,7 +86,7 @@ def test_accuracy_is_each_runs_own_evaluation(arith):
         assert float(r["accuracy"]) == trainer[r["n_operators"]]
 
 
-def test_accuracy_differences_are_scipys_paired_t_test_on_the_per_run_tables(arith):
+def test_accuracy_differences_are_the_paired_t_test_on_the_per_run_tables(arith):
     res = arith / "results"
     acc = {
         (r["model"], int(r["seed"]), int(r["n_operators"])): float(r["accuracy"])

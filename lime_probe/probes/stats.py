@@ -137,20 +137,26 @@ class Difference:
 
 
 MDE_POWER = 0.8  # the power at which `Difference.mde` is stated (ours: the conventional 80 %)
+# A spread of the differences below this share of the values' magnitude is rounding, and counts as
+# zero (ours): equal differences computed as a - b differ in their last bits (0.4 - 0.3 is not
+# 1.0 - 0.9), and a t-test on that spread would resolve a constant difference at any n.
+ZERO_SPREAD = 1e-12
 
 
 def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Difference:
     """Mean of ``a - b`` (n,) with Student's t confidence interval (n - 1 degrees of freedom), the
     t-test's p, the exact sign-flip p and the minimum detectable effect (see `Difference`).
 
-    The pairs are independent replicates (one per training seed), so the interval is
+    The pairs are independent replicates (one per training seed), so the interval and p are the
+    one-sample t-test's on the differences (``scipy.stats.ttest_1samp``; the paired t-test):
     ``mean +- t_{(1+level)/2, n-1} * std / sqrt(n)``. With n = 1 there is no spread to estimate: the
     interval and the MDE are infinite and both p-values 1. With zero spread (every seed's difference
-    equal, as coarse accuracies can give at few seeds) the t statistic is undefined: the interval
-    has zero width and ``p`` is the exact sign-flip p instead (at least ``2 / 2^n``), so a constant
-    difference over 3 seeds is not resolved (p 0.25) and over 10 is (p 0.002).
+    equal up to rounding, `ZERO_SPREAD`, as coarse accuracies can give at few seeds) the t statistic
+    is undefined: the interval has zero width and ``p`` is the exact sign-flip p instead (at least
+    ``2 / 2^n``), so a constant difference over 3 seeds is not resolved (p 0.25) and over 10 is
+    (p 0.002).
     """
-    from scipy.stats import t as student_t
+    from scipy.stats import ttest_1samp
 
     a, b = _as_finite_1d(a, "paired_difference a"), _as_finite_1d(b, "paired_difference b")
     if a.shape != b.shape:
@@ -165,12 +171,17 @@ def paired_difference(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Differ
         inf = float("inf")
         return Difference(mean, float("nan"), -inf, inf, 1, level, pairs, 1.0, 1.0, inf)
     std = float(d.std(ddof=1))
-    se = std / np.sqrt(n)
-    half = float(student_t.ppf((1 + level) / 2, n - 1) * se)
+    if std <= ZERO_SPREAD * max(np.abs(a).max(), np.abs(b).max()):
+        std = 0.0
     p_sign_flip = sign_flip_p(d)
-    p = float(2 * student_t.sf(abs(mean) / se, n - 1)) if se > 0 else p_sign_flip
     mde = paired_t_mde(n, std, alpha=1 - level, power=MDE_POWER)
-    return Difference(mean, std, mean - half, mean + half, n, level, pairs, p, p_sign_flip, mde)
+    if std == 0:
+        return Difference(mean, 0.0, mean, mean, n, level, pairs, p_sign_flip, p_sign_flip, mde)
+    test = ttest_1samp(d, 0.0)
+    ci = test.confidence_interval(level)
+    return Difference(
+        mean, std, float(ci.low), float(ci.high), n, level, pairs, float(test.pvalue), p_sign_flip, mde
+    )
 
 
 MAX_SIGN_FLIP_PAIRS = 20  # 2^20 sign patterns (about a second); beyond that a sampled test would be needed
@@ -253,16 +264,11 @@ def benjamini_hochberg(p: ArrayLike) -> np.ndarray:
     share of false rejections among the rejected <= alpha (independent or positively dependent tests).
 
     With the p-values sorted ascending, ``q_(i) = min_{j >= i} min(1, m p_(j) / j)`` (1-based), returned
-    in the input's order.
+    in the input's order (``scipy.stats.false_discovery_control``).
     """
-    p = _as_probabilities(p, "benjamini_hochberg")
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    scaled = np.minimum(1.0, p[order] * m / np.arange(1, m + 1))
-    q = np.minimum.accumulate(scaled[::-1])[::-1]
-    out = np.empty(m)
-    out[order] = q
-    return out
+    from scipy.stats import false_discovery_control
+
+    return false_discovery_control(_as_probabilities(p, "benjamini_hochberg"), method="bh")
 
 
 def _as_probabilities(p: ArrayLike, what: str) -> np.ndarray:
