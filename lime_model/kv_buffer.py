@@ -30,6 +30,10 @@ reader into every source's block (the earlier design). A layer computes it when 
 runs, which is always after every later layer's backward: a later layer's K/V depend, through the
 residual stream, on this layer's output, so autograd's reverse topological order guarantees that
 every reader has kept its gradient.
+
+Under ``torch.compile`` the read is :func:`traced_read` instead: plain tensor operations that Dynamo
+puts in the model's one graph (the custom function's backward changes the buffer's Python state, which
+Dynamo cannot trace, so each routed layer would break the graph), whose backward the compiler derives.
 """
 
 from __future__ import annotations
