@@ -65,6 +65,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -151,8 +152,9 @@ class Steps:
         self.ids = torch.randint(0, args.vocab, shape, generator=gen).to(args.device)
         self.embeds = torch.randn(*shape, args.hidden, generator=gen).to(args.device)
         self.probe = torch.randn(*shape, args.hidden, generator=gen).to(args.device)
-        self.stack = torch.compile(self.model.model) if args.compile else self.model.model
-        self.full = torch.compile(self.model) if args.compile else self.model
+        compiled = partial(torch.compile, backend=args.compile_backend)
+        self.stack = compiled(self.model.model) if args.compile else self.model.model
+        self.full = compiled(self.model) if args.compile else self.model
 
     def run(self, scope: str) -> None:
         with torch.autocast(self.ids.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
@@ -366,6 +368,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile's backend")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument(
         "--clock",

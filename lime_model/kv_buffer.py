@@ -30,6 +30,10 @@ reader into every source's block (the earlier design). A layer computes it when 
 runs, which is always after every later layer's backward: a later layer's K/V depend, through the
 residual stream, on this layer's output, so autograd's reverse topological order guarantees that
 every reader has kept its gradient.
+
+Under ``torch.compile`` the read is :func:`traced_read` instead: plain tensor operations that Dynamo
+puts in the model's one graph (the custom function's backward changes the buffer's Python state, which
+Dynamo cannot trace, so each routed layer would break the graph), whose backward the compiler derives.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class KVBuffer:
         self.grad_out: list[list[torch.Tensor | None]] = [[None] * num_layers for _ in range(2)]
         # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
         self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
+        # under torch.compile: each layer's raw (keys, values), each (B, T, kv, head_dim) (traced_read)
+        self.raw: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def chunk_shape(self, layers: int, positions: int) -> tuple[int, int, int]:
         """The shape of a buffer chunk of ``layers`` layers over ``positions`` (B * T) in this layout."""
@@ -372,6 +378,40 @@ def routed_read(
     Returns:
         Routed ``(keys, values)``, each ``(B, kv, T, head_dim)`` (keys before RoPE).
     """
+    if torch.compiler.is_compiling():
+        return traced_read(buffer, layer_idx, keys, values, weight, sources, mode)
     B, T, _ = keys.shape
     routed_keys, routed_values = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
     return buffer.attention_heads(routed_keys, B, T), buffer.attention_heads(routed_values, B, T)
+
+
+EINSUM = {"matrix": "hs,btsd->bhtd", "per-dim": "hsd,btsd->bhtd", "per-position": "bths,btsd->bhtd"}
+
+
+def traced_read(
+    buffer: KVBuffer,
+    layer_idx: int,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    weight: torch.Tensor | None,
+    sources: list[int],
+    mode: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`routed_read` as plain tensor operations, what ``torch.compile`` traces in its place.
+
+    The custom function's backward reads and writes the buffer's Python state across layers, which
+    Dynamo cannot put in a graph (a break around every routed layer); here the raw K/V are kept in
+    ``buffer.raw`` and the mix is an einsum over the sources side by side, whose gradients autograd
+    derives and the compiler fuses. Same arguments and result as :func:`routed_read`."""
+    B, T, _ = keys.shape
+    kv, hd = buffer.kv, buffer.head_dim
+    buffer.raw[layer_idx] = (keys.view(B, T, kv, hd), values.view(B, T, kv, hd))
+    out = []
+    for i in range(2):
+        src = torch.cat([buffer.raw[j][i] for j in sources], dim=2)  # (B, T, S * kv, hd)
+        if weight is None:
+            out.append(src.transpose(1, 2))
+            continue
+        w = weight.view(B, T, kv, -1) if mode == "per-position" else weight
+        out.append(torch.einsum(EINSUM[mode], w.to(src.dtype), src))  # as the custom read casts it
+    return out[0], out[1]

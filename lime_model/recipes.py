@@ -37,7 +37,9 @@ Key meanings (batch sizes count sequences):
   at 135M and used the global rate at 360M, which ``lime-150m`` and ``arithmetic`` read as applying to
   them (readings: they use 1); the deep recipes keep the official code's 1e-2 (configs/config_deep.yaml
   at snapshot 601cd30); the CPU recipes use 10 (ours; each recipe's description says why).
-* ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``.
+* ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``. ``bf16`` is
+  accelerate's autocast on the CPU too, the GPU's code path (on an AVX2 CPU without bf16 units a step
+  takes about 5x its fp32 time: for testing that path, not for speed).
 * ``log_every``, ``save_every``, ``keep_last``, ``eval_every``: run control; they may change on ``--resume``.
 """
 

@@ -475,8 +475,13 @@ def accelerator_for(recipe: Recipe, **tracking: Any):
     compile; ``tracking``: the trackers' arguments (:func:`tracker_options`). FSDP is not accelerate's
     (its plugin shards only on GPUs): :func:`shard` applies it."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import TorchDynamoPlugin
 
+    # accelerate keeps one state per process: a second run in it would be refused another mixed precision
+    # and would silently keep the first run's compile setting. Each run starts its own (the process
+    # group, PartialState's, is kept).
+    AcceleratorState._reset_state()
     precision = recipe.mixed_precision
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"

@@ -694,7 +694,8 @@ def _reproduce_options(p: argparse.ArgumentParser) -> None:
         "--data",
         default=None,
         metavar="DIR",
-        help="folder holding wikitext-2/{valid,test}.txt and blimp/ (needed by "
+        help="folder holding blimp/ and wikitext-2/{valid,test}.txt or fineweb-edu/{train/,test.jsonl} "
+        "(needed by "
         + ", ".join(n for n, s in STUDIES.items() if s.needs_data)
         + "; the others make their own data)",
     )

@@ -127,14 +127,15 @@ def test_a_library_user_enters_the_mode_through_the_environment():
 
 def test_which_mode_each_command_runs_in():
     from lime_probe import cli
-    from lime_probe.studies.catalog import BEFORE_THE_MODE, STUDIES
+    from lime_probe.studies.catalog import BEFORE_THE_MODE, ON_GPUS, STUDIES
 
     parse = cli.build_parser().parse_args
     assert cli._reproducible(parse(["demo"])) is True
     assert cli._reproducible(parse(["demo", "--no-reproducible"])) is False
-    for name, study in STUDIES.items():  # a study's own mode: off only for runs trained before the mode
-        assert cli._reproducible(parse(["reproduce", "--study", name])) is (name not in BEFORE_THE_MODE)
-        assert study.reproducible is (name not in BEFORE_THE_MODE)
+    for name, study in STUDIES.items():  # a study's own mode: off for runs trained before it or on GPUs
+        off = name in BEFORE_THE_MODE or name in ON_GPUS
+        assert cli._reproducible(parse(["reproduce", "--study", name])) is not off
+        assert study.reproducible is not off
     assert cli._reproducible(parse(["reproduce", "--study", "lm-cpu-fair", "--reproducible"])) is True
     assert STUDIES["arithmetic-dose-response"].reproducible  # declared after the mode: runs in it
     assert cli._reproducible(parse(["entropy", "--ckpt", "x", "--data", "y"])) is None  # no training: no flag

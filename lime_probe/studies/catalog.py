@@ -57,7 +57,7 @@ LM_MEASURES = {
     "tsne": Measure("tsne", {"per_word": 150}, data="test-windows", per="seed", models=("LIMe", "LLaMA")),
     "router": Measure("router", data="none", per="seed", models=("LIMe",)),
 }
-LM_TINY = {
+LM_TINY: dict[str, Any] = {
     "seeds": (0, 1),
     "overrides": {
         "steps": 4,
@@ -364,6 +364,83 @@ def _fair_claims() -> tuple[Claim, ...]:
     )
 
 
+# --------------------------------------------------------------------------- the 150M study (GPUs)
+
+# figures/lime-150m/PROTOCOL.md: LIMe against LLaMA at recipe lime-150m on FineWeb-Edu, 5 seeds, the
+# fair comparison's instruments plus BLiMP; trained on GPUs outside the runner (figures/lime-150m/run.sh).
+MEASURES_150M = {**FAIR_MEASURES, "blimp": LM_MEASURES["blimp"]}
+
+
+def _claims_150m() -> tuple[Claim, ...]:
+    """One primary (held-out perplexity, LIMe - LLaMA, two-sided); the paper's representation claims and
+    the mixing null secondary (Holm over them); per-layer readings exploratory."""
+    values, routed = entropy(), entropy("routed_values")
+    secondary = (
+        Claim("LIMe", "LLaMA", values, "secondary", +1, "value entropy on the W_V output (Fig. 2a)"),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            routed,
+            "secondary",
+            +1,
+            "the official analysis's comparison: LIMe's routed values against LLaMA's values (Fig. 2a)",
+            reference_endpoint=values,
+        ),
+        Claim(
+            "LLaMA",
+            "LLaMA",
+            MIXED_ENTROPY,
+            "secondary",
+            None,
+            "the mixing null: LLaMA's values mixed by LIMe's routers against LLaMA's values",
+            reference_endpoint=values,
+        ),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            routed,
+            "secondary",
+            None,
+            "beyond mixing: LIMe's routed values against LLaMA's values mixed by the same routers",
+            reference_endpoint=MIXED_ENTROPY,
+        ),
+        Claim("LIMe", "LLaMA", separability(), "secondary", +1, "the official one-epoch probe (Fig. 2b)"),
+        Claim("LIMe", "LLaMA", converged_separability(), "secondary", +1, "the converged probe (Fig. 2b)"),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            converged_separability("routed_values"),
+            "secondary",
+            +1,
+            "the official site comparison on the converged probe",
+            reference_endpoint=converged_separability(),
+        ),
+        Claim("LIMe", "LLaMA", blimp("values"), "secondary", +1, "BLiMP probes on values (Table 2)"),
+        Claim("LIMe", "LLaMA", blimp("hidden"), "secondary", +1, "BLiMP probes on hidden states (Table 2)"),
+    )
+    return (
+        Claim("LIMe", "LLaMA", PERPLEXITY, "primary", None, "held-out perplexity on FineWeb-Edu (Sec. 5.1)"),
+        *secondary,
+        *per_layer([("LIMe", "LLaMA")], [values, routed, separability(), converged_separability()]),
+    )
+
+
+# the smoke size: the tests' tiny model on a small text, its own BPE (lime-150m names a hub tokenizer)
+TINY_150M = {
+    **LM_TINY,
+    "overrides": {
+        **LM_TINY["overrides"],
+        "tokenizer": None,
+        "model.num_attention_heads": 4,
+        "model.num_key_value_heads": 4,
+    },
+    "measures": {
+        "entropy": {"params": {"num_windows": 8}},
+        "entropy-mixed": {"params": {"num_windows": 8}},
+        "blimp": {"params": {"max_pairs": 20}},
+    },
+}
+
 # --------------------------------------------------------------------------- arithmetic
 
 ACCURACY = Endpoint("accuracy", "accuracy", "accuracy", {"n_operators": LARGEST}, scale=100, unit="points")
@@ -506,8 +583,12 @@ BEFORE_THE_MODE = frozenset(
     }
 )
 
+# Studies trained on GPUs by `accelerate launch` (their folder's run.sh), outside the mode: it pins CPU
+# kernels and one thread, and makes CUDA's algorithms deterministic at a cost the study does not need.
+ON_GPUS = frozenset({"lime-150m"})
+
 STUDIES: dict[str, Study] = {
-    s.name: replace(s, reproducible=s.name not in BEFORE_THE_MODE)
+    s.name: replace(s, reproducible=s.name not in BEFORE_THE_MODE | ON_GPUS)
     for s in (
         study(
             "lm-cpu",
@@ -588,6 +669,21 @@ STUDIES: dict[str, Study] = {
                     "entropy-mixed": {"params": {"num_windows": 8}},
                 },
             },
+        ),
+        replace(
+            study(
+                "lime-150m",
+                "At 150M parameters on FineWeb-Edu (GPUs, 5 seeds), is LIMe's held-out perplexity different "
+                "from LLaMA's, and do the paper's value-entropy, separability and BLiMP findings hold?",
+                {"LIMe": LIME, "LLaMA": LLAMA},
+                range(5),
+                _claims_150m(),
+                lm=True,
+            ),
+            recipe="lime-150m",
+            data="fineweb-edu",
+            measures=MEASURES_150M,
+            tiny=TINY_150M,
         ),
         study(
             "arithmetic-seeds",

@@ -28,10 +28,19 @@ from typing import Any
 
 from .study import Measure, Study
 
+# A study's ``--data`` folder, by its `Study.data`: (the training text, the held-out text the measures
+# read), each relative to the folder, which also holds blimp/. WikiText-2 trains on valid.txt and is
+# measured on test.txt; FineWeb-Edu is a folder of the training shards (parquet or jsonl, tokenised once
+# by ``lime-model prepare``) and a file of held-out documents never trained on.
+LAYOUTS = {
+    "wikitext": ("wikitext-2/valid.txt", "wikitext-2/test.txt"),
+    "fineweb-edu": ("fineweb-edu/train", "fineweb-edu/test.jsonl"),
+}
+
 
 @dataclass(frozen=True)
 class Data:
-    """The shared data a language-model study reads: WikiText-2 (train on valid, measure on test), BLiMP."""
+    """The shared data a language-model study reads: its training text, held-out text, BLiMP (`LAYOUTS`)."""
 
     train: Path
     test: Path
@@ -57,13 +66,14 @@ class Data:
         return {"test": digest([self.test]), "blimp": digest(sorted(self.blimp.glob("*.jsonl")))}
 
     @classmethod
-    def under(cls, root: str | os.PathLike) -> Data:
+    def under(cls, root: str | os.PathLike, layout: str = "wikitext") -> Data:
         root = Path(root)
-        data = cls(root / "wikitext-2" / "valid.txt", root / "wikitext-2" / "test.txt", root / "blimp")
+        train, test = LAYOUTS[layout]
+        data = cls(root / train, root / test, root / "blimp")
         for path in (data.train, data.test, data.blimp):
             if not path.exists():
                 raise FileNotFoundError(
-                    f"data not found: {path} (--data names the folder holding wikitext-2/ and blimp/)"
+                    f"data not found: {path} (--data names the folder holding {train}, {test} and blimp/)"
                 )
         return data
 
@@ -334,11 +344,12 @@ def run_study(
     seeds = tuple(study.seeds if seeds is None else seeds)
     if len(set(seeds)) < 2 or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be at least two distinct integers, got {list(seeds)}")
-    if study.needs_data and data is None:
-        raise ValueError(f"study {study.name} needs --data (the folder holding wikitext-2/ and blimp/)")
+    if study.data is not None and data is None:
+        train, test = LAYOUTS[study.data]
+        raise ValueError(f"study {study.name} needs --data (the folder holding {train}, {test} and blimp/)")
     if not study.needs_data and data is not None:
         raise ValueError(f"study {study.name} makes its own data; leave out --data")
-    shared = Data.under(data) if data is not None else None
+    shared = Data.under(data, study.data) if data is not None and study.data is not None else None
     out = Path(out) if out is not None else Path("runs") / study.name
     results = Path(results) if results is not None else out / "results"
     check_writable(out, folder=True, option="--out")

@@ -185,8 +185,9 @@ class Selection:
 class Study:
     """A seeded comparison of models trained with one recipe (see the module docstring).
 
-    ``models``: label -> recipe overrides. ``data``: "wikitext" when the recipe trains on and the
-    measures read ``--data`` (wikitext-2/ and blimp/), None when the recipe makes its own (arithmetic).
+    ``models``: label -> recipe overrides. ``data``: the layout of ``--data`` that the recipe trains on
+    and the measures read (`lime_probe.studies.runner.LAYOUTS`: "wikitext", "fineweb-edu"; BLiMP beside
+    it), None when the recipe makes its own (arithmetic).
     ``protocol``: where the protocol is written (a path in the repository), ``results``: the committed
     results folder. ``select``: a `Selection` the study exists to make (a learning-rate sweep).
     ``tiny``: the smoke size the tests run: ``seeds``, recipe ``overrides``, per model further
@@ -203,7 +204,7 @@ class Study:
     measures: Mapping[str, Measure]
     claims: tuple[Claim, ...]
     select: Selection | None = None
-    data: Literal["wikitext"] | None = None
+    data: Literal["wikitext", "fineweb-edu"] | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
     protocol: str = ""
     results: str = ""
