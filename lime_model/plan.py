@@ -18,6 +18,8 @@ What a GPU run would do differently, and how the plan follows it:
 * attention: scaled-dot-product attention with a causal flag and no mask (transformers' SDPA path)
   runs the CPU's flash kernel, which keeps for backward what CUDA's flash kernel keeps (output and
   log-sum-exp), not the T x T matrix.
+* LIMe's K/V buffer is read as on a GPU: one GEMM per contiguous range of source layers (on the CPU,
+  training sums pieces of a few layers each, for speed: :func:`lime_model.kv_buffer.gemm_pieces`).
 * AdamW on CUDA takes torch's foreach path by default (its temporaries are counted: the plan asks for
   it); on the CPU the per-tensor loop.
 * under DDP every process holds the whole step plus DDP's gradient buckets, one more copy of the
@@ -115,7 +117,7 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2) -> StepMemo
     micro, seq_len = recipe.micro_batch_size, recipe.seq_len
     n_micro = min(micro_batches, recipe.batch_size // micro)
     n_targets = n_micro * micro * (seq_len - 1)
-    with FakeTensorMode(), _masks_of_real_inputs(), _kv_buffers() as buffers:
+    with FakeTensorMode(), _masks_of_real_inputs(), _kv_buffers(gpu) as buffers:
         model = AutoModelForCausalLM.from_config(config)
         model.train()
         if precision != "no":  # as accelerate's prepare_model wraps it
@@ -175,13 +177,15 @@ def _nbytes(buffer) -> int:
 
 
 @contextmanager
-def _kv_buffers() -> Iterator[list]:
+def _kv_buffers(gpu: bool) -> Iterator[list]:
     """Weak references to the K/V buffers the model's forwards create inside (each forward its own,
-    locally; a strong reference here would keep them alive past their backward)."""
-    from . import modeling
+    locally; a strong reference here would keep them alive past their backward). With ``gpu`` the
+    buffer lays out and reads its data as on a GPU (one GEMM per source range, one tensor; the CPU's
+    pieces and chunks are for CPU speed: :func:`lime_model.kv_buffer.gemm_pieces`)."""
+    from . import kv_buffer, modeling
 
     made: list = []
-    original = modeling.KVBuffer
+    original, pieces = modeling.KVBuffer, kv_buffer.gemm_pieces
 
     class Recorded(original):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -189,10 +193,12 @@ def _kv_buffers() -> Iterator[list]:
             made.append(weakref.ref(self))
 
     modeling.KVBuffer = Recorded  # type: ignore[misc]
+    if gpu:
+        kv_buffer.gemm_pieces = lambda device: False
     try:
         yield made
     finally:
-        modeling.KVBuffer = original  # type: ignore[misc]
+        modeling.KVBuffer, kv_buffer.gemm_pieces = original, pieces  # type: ignore[misc]
 
 
 @contextmanager
