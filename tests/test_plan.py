@@ -44,6 +44,7 @@ CONFIGS = {
     "per-dim": {"routing": "per-dim"},
     "dynamic": {"routing": "dynamic"},
     "full bf16": {"routing": "full", "mixed_precision": "bf16"},
+    "full+recompute bf16": {"routing": "full", "model.recompute_routed_kv": True, "mixed_precision": "bf16"},
 }
 
 
