@@ -25,6 +25,7 @@ from . import checks
 from .checks import Command, add_device_option, check_model_dir, positive_int, run_command, run_program
 from .downstream import DEFAULT_PRESET, PRESETS
 from .files import check_writable
+from .plan import DEFAULT_GPU_MEMORY, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, parse_memory
 
 PROG = "lime-model"
 DATA = "../shared/data/wikitext-2"
@@ -282,6 +283,60 @@ def _check_downstream(args: argparse.Namespace) -> None:
     _check_out(args)
 
 
+def _plan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--recipe", required=True, help="a recipe name (lime-model recipes lists them) or a JSON path"
+    )
+    p.add_argument(
+        "--gpus", type=positive_int, default=8, metavar="N", help="data-parallel GPUs (default: %(default)s)"
+    )
+    p.add_argument(
+        "--gpu-memory",
+        default=DEFAULT_GPU_MEMORY,
+        metavar="SIZE",
+        help="memory of one GPU, e.g. 80GiB, 141GB (default: %(default)s, an H100's)",
+    )
+    p.add_argument(
+        "--mfu",
+        type=float,
+        default=DEFAULT_MFU,
+        help="model-FLOPs utilisation for the step time, in (0, 1] (default: %(default)s, ours)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=DEFAULT_PEAK_TFLOPS,
+        metavar="T",
+        help="one GPU's peak TFLOP/s (default: %(default)s, H100/H200 SXM dense bf16; ours)",
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe fields, as train takes them"
+    )
+    p.add_argument("--json", metavar="FILE", help="also write the plan to FILE as JSON")
+
+
+def _check_plan(args: argparse.Namespace) -> None:
+    parse_memory(args.gpu_memory)
+    if not 0 < args.mfu <= 1:
+        raise ValueError(f"--mfu must lie in (0, 1], got {args.mfu}")
+    checks.check_positive(args.peak_tflops, "--peak-tflops")
+    if args.json is not None:
+        check_writable(args.json, option="--json")
+
+
+def _plan(args: argparse.Namespace) -> None:
+    from .files import atomic_write
+    from .plan import format_plan, plan
+    from .recipes import load_recipe, parse_set
+
+    # a placeholder for recipes that name no data: the plan reads none
+    recipe = load_recipe(args.recipe, {"data": "(not read)", **parse_set(args.set)})
+    result = plan(recipe, args.gpus, parse_memory(args.gpu_memory), args.mfu, args.peak_tflops)
+    print(format_plan(args.recipe, result))
+    if args.json is not None:
+        atomic_write(args.json, json.dumps({"recipe": args.recipe, **result}, indent=1))
+
+
 def _recipes(args: argparse.Namespace) -> None:
     from .recipes import recipe_names
 
@@ -367,6 +422,23 @@ lime-model eval-downstream --ckpt runs/lime --tasks agreement_demo
             "Hugging Face wrapper on a checkpoint; writes lm-eval's results plus our run info to\n"
             "CKPT/downstream/<preset or tasks>[.Nshot][.limitN].json (or into --out). Hub tasks download their\n"
             "data (network); local task YAMLs (--include-path) and our agreement_demo run offline.",
+        ),
+        Command(
+            "plan",
+            "per-GPU peak memory, tokens, FLOPs and time of a recipe's training step, planned without a GPU",
+            """\
+lime-model plan --recipe cpu-tiny --gpus 1 --gpu-memory 16GiB
+lime-model plan --recipe lime-1b-gqa --gpus 8 --gpu-memory 80GiB --json plan.json  # not run in tests: a few minutes of CPU
+""",
+            _plan,
+            _plan_options,
+            check=_check_plan,
+            description="Runs one training step of the recipe (forward, loss, backward, clipping, AdamW) on\n"
+            "shape-only tensors (FakeTensorMode) under torch's MemTracker: the per-GPU peak memory by\n"
+            "category under DDP (LIMe: with and without recompute_routed_kv), whether it fits --gpu-memory\n"
+            "and by how much; tokens per step, FLOPs per token and the step time at --mfu of --peak-tflops.\n"
+            "Tensor bytes, as torch.cuda.max_memory_allocated counts them (lime_model.plan says what is not\n"
+            "counted); validated against real CPU steps (tests/test_plan.py).",
         ),
         Command(
             "recipes",

@@ -570,6 +570,23 @@ def _hparams(recipe: Recipe) -> dict[str, Any]:
     return flat(recipe.to_dict())
 
 
+def micro_batch_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, n_targets: int) -> torch.Tensor:
+    """One micro-batch's share of the step's loss: its summed token loss (``input_ids``/``labels``
+    ``(micro, seq_len)``) over the number of target tokens in the global batch (a scalar tensor)."""
+    return token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
+
+
+def build_optimizer(model, recipe: Recipe, foreach: bool | None = None) -> torch.optim.AdamW:
+    """The recipe's AdamW over :func:`~lime_model.optim.param_groups` (``foreach``: torch's own choice
+    when None, as training leaves it)."""
+    return torch.optim.AdamW(
+        param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr),
+        betas=(recipe.beta1, recipe.beta2),
+        eps=recipe.eps,
+        foreach=foreach,
+    )
+
+
 def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, recipe, step: int):
     """One optimizer step on global batch ``step``: (this process's share of the loss, grad norm, lr).
 
@@ -587,7 +604,7 @@ def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, rec
         input_ids = data.input_ids[rows].to(accelerator.device, torch.long)
         labels = data.labels[rows].to(accelerator.device, torch.long)
         with nullcontext() if m + micro >= per_rank else _no_sync(accelerator, model):
-            loss = token_loss_sum(model(input_ids=input_ids, use_cache=False).logits, labels) / n_targets
+            loss = micro_batch_loss(model, input_ids, labels, n_targets)
             accelerator.backward(loss * world)  # DDP and FSDP average gradients over processes
         loss_sum += loss.detach()
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe.grad_clip)
@@ -671,11 +688,7 @@ def train(
     if recipe.fsdp and world > 1:  # before the optimizer: sharding replaces the parameters
         model = shard(model, accelerator.device, world)
     steps = total_steps(recipe, len(data.input_ids))
-    optimizer = torch.optim.AdamW(
-        param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr),
-        betas=(recipe.beta1, recipe.beta2),
-        eps=recipe.eps,
-    )
+    optimizer = build_optimizer(model, recipe)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, recipe, steps))
     model, optimizer = _prepare(accelerator, model, optimizer)
     start, tokens = (

@@ -98,6 +98,9 @@ BUDGET = [
      f"--out {UNWRITABLE}: cannot write in"),
     ("model train missing --data", "lime_model.cli", "train --recipe cpu-tiny --data {missing} --out {out}",
      "data not found"),
+    ("model plan --gpu-memory", "lime_model.cli", "plan --recipe cpu-tiny --gpu-memory 80XB",
+     "--gpu-memory expects a size"),
+    ("model plan --mfu", "lime_model.cli", "plan --recipe cpu-tiny --mfu 1.5", "--mfu must lie in"),
 ]  # fmt: skip
 
 

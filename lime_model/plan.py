@@ -1,0 +1,353 @@
+"""A recipe's memory and time plan: one training step run on shape-only tensors, measured by torch's tracker.
+
+The model is built from the recipe as :func:`lime_model.train.train` builds it, under
+``FakeTensorMode`` (tensors with shapes and dtypes but no data, so a 1B model costs no memory), and
+runs training's own step pieces (:func:`~lime_model.train.micro_batch_loss`, backward, gradient
+clipping, :func:`~lime_model.train.build_optimizer`'s AdamW step) under
+``torch.distributed._tools.mem_tracker.MemTracker``, which records every tensor storage alive at each
+op by category (parameters, buffers, gradients, activations, backward temporaries, optimizer state).
+One optimizer step runs, of ``min(accumulation, 2)`` micro-batches, with AdamW's state made
+beforehand (AdamW makes it lazily, in its first step: later steps hold it throughout); a second
+micro-batch runs its forward with the first one's gradients held, as gradient accumulation does.
+
+What a GPU run would do differently, and how the plan follows it:
+
+* mixed precision: ``"auto"`` is bf16 on a GPU (train.py); the forward is wrapped as accelerate wraps
+  it (autocast, outputs converted to fp32). Only CPU kernels exist here, so autocast is the CPU's; its
+  lists differ from CUDA's in details, not in the matmuls it runs in bf16.
+* attention: scaled-dot-product attention with a causal flag and no mask (transformers' SDPA path)
+  runs the CPU's flash kernel, which keeps for backward what CUDA's flash kernel keeps (output and
+  log-sum-exp), not the T x T matrix.
+* LIMe's K/V buffer is read as on a GPU: one GEMM per contiguous range of source layers (on the CPU,
+  training sums pieces of a few layers each, for speed: :func:`lime_model.kv_buffer.gemm_pieces`).
+* AdamW on CUDA takes torch's foreach path by default (its temporaries are counted: the plan asks for
+  it); on the CPU the per-tensor loop.
+* under DDP every process holds the whole step plus DDP's gradient buckets, one more copy of the
+  gradients (accelerate leaves ``gradient_as_bucket_view`` off): added from the parameters' bytes, the
+  one number not traced. Not counted anywhere: the CUDA context, NCCL's buffers and the caching
+  allocator's rounding and fragmentation (what ``torch.cuda.max_memory_reserved`` adds to
+  ``max_memory_allocated``); the plan is tensor bytes, ``max_memory_allocated``'s measure.
+
+Tokens per step, FLOPs per token (3 x :func:`lime_model.flops.forward_flops` per token, the
+``flops`` of metrics.jsonl) and the step time at a stated model-FLOPs utilisation follow from the
+recipe; the peak and the utilisation defaults are ours (:data:`DEFAULT_PEAK_TFLOPS`, :data:`DEFAULT_MFU`).
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+from typing import Any
+
+# ours: the dense bf16 peak of an H100 / H200 SXM (NVIDIA's datasheets: 989 TFLOP/s without sparsity)
+DEFAULT_PEAK_TFLOPS = 989.0
+DEFAULT_MFU = 0.33  # ours: a third of the peak, a common utilisation for a 1B model on 8 GPUs
+DEFAULT_GPU_MEMORY = "80GiB"  # an H100's 80 GB, which are 80 GiB
+CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory(text: str) -> int:
+    """Bytes of a memory size: ``"80GiB"``, ``"141GB"``, ``"80 gib"``, ``"1.5TiB"``, ``"1000000"`` (bytes).
+    ValueError naming the text otherwise (a check before torch)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() or "b" if match else None
+    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ValueError(f"--gpu-memory expects a size like 80GiB or 141GB, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """One planned training step of one process, in bytes: ``peak`` by MemTracker category (and
+    ``Total``) at the step's highest total; ``activations``, the most one micro-batch's forward and
+    loss add (what backward keeps, plus the logits and loss); ``kv_buffer``, LIMe's K/V buffer of one
+    micro-batch (0 for LLaMA and the baselines)."""
+
+    peak: dict[str, int]
+    activations: int
+    kv_buffer: int
+
+
+class _Vocab(SimpleNamespace):
+    """What :func:`lime_model.train.model_config` reads of a tokenizer: its length and special ids."""
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _tokenizer(recipe) -> Any:
+    """A stand-in for the recipe's tokenizer (no hub, no data): ``model.vocab_size`` entries, or the
+    arithmetic task's own characters."""
+    if recipe.model.get("vocab_size") is not None:
+        return _Vocab(size=recipe.model["vocab_size"], bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    if recipe.task != "arithmetic":
+        raise ValueError("the recipe trains its own BPE: set model.vocab_size to plan it")
+    from .tasks import arithmetic
+    from .tokenization import char_tokenizer
+
+    return char_tokenizer(arithmetic.CHARS)
+
+
+def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2) -> StepMemory:
+    """Plan one training step of ``recipe`` on one process (see the module docstring).
+
+    Args:
+        recipe: a :class:`lime_model.recipes.Recipe`.
+        gpu: plan for a GPU (``mixed_precision="auto"`` is bf16, AdamW takes the foreach path), else
+            for the CPU (``"auto"`` is fp32, AdamW's per-tensor loop), as training would choose.
+        micro_batches: micro-batches per optimizer step to run (the recipe's accumulation, at most this).
+    """
+    import torch
+    from accelerate.utils import convert_outputs_to_fp32
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
+
+    from .train import build_optimizer, micro_batch_loss, model_config
+
+    config = model_config(recipe, _tokenizer(recipe))
+    precision = recipe.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if gpu else "no"
+    micro, seq_len = recipe.micro_batch_size, recipe.seq_len
+    n_micro = min(micro_batches, recipe.batch_size // micro)
+    n_targets = n_micro * micro * (seq_len - 1)
+    with FakeTensorMode(), _masks_of_real_inputs(), _kv_buffers(gpu) as buffers:
+        model = AutoModelForCausalLM.from_config(config)
+        model.train()
+        if precision != "no":  # as accelerate's prepare_model wraps it
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+            model.forward = convert_outputs_to_fp32(torch.autocast("cpu", dtype=dtype)(model.forward))
+        optimizer = build_optimizer(model, recipe, foreach=True if gpu else None)
+        for p in model.parameters():  # AdamW makes its state lazily, in its first step: make it now
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tracker = _peak_tracker()
+        tracker.track_external(model, optimizer)
+        activations = kv_buffer = 0
+        with tracker:
+            input_ids = torch.zeros(micro, seq_len, dtype=torch.long)
+            for _ in range(n_micro):
+                tracker.reset_mod_stats()  # its per-module statistics take one forward each
+                before = _total(tracker)
+                loss = micro_batch_loss(model, input_ids, input_ids, n_targets)
+                activations = max(activations, _total(tracker) - before)
+                kv_buffer = max([kv_buffer, *(_nbytes(b()) for b in buffers if b() is not None)])
+                loss.backward()
+                del loss
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return StepMemory({_name(k): v for k, v in peak.items()}, activations, kv_buffer)
+
+
+def _peak_tracker():
+    """A ``MemTracker`` that keeps only the whole step's peak (the per-module peaks, which the plan does not
+    read, cost it most of its time: every op scans every module's statistics)."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+
+    class PeakTracker(MemTracker):
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+    return PeakTracker()
+
+
+def _name(key: Any) -> str:
+    return getattr(key, "value", key)
+
+
+def _total(tracker) -> int:
+    snapshot = tracker.get_tracker_snapshot("current")
+    return sum(s["Total"] for s in snapshot.values())
+
+
+def _nbytes(buffer) -> int:
+    return sum(t.untyped_storage().nbytes() for store in buffer.data for t in store)
+
+
+@contextmanager
+def _kv_buffers(gpu: bool) -> Iterator[list]:
+    """Weak references to the K/V buffers the model's forwards create inside (each forward its own,
+    locally; a strong reference here would keep them alive past their backward). With ``gpu`` the
+    buffer lays out and reads its data as on a GPU (one GEMM per source range, one tensor; the CPU's
+    pieces and chunks are for CPU speed: :func:`lime_model.kv_buffer.gemm_pieces`)."""
+    from . import kv_buffer, modeling
+
+    made: list = []
+    original, pieces = modeling.KVBuffer, kv_buffer.gemm_pieces
+
+    class Recorded(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    modeling.KVBuffer = Recorded  # type: ignore[misc]
+    if gpu:
+        kv_buffer.gemm_pieces = lambda device: False
+    try:
+        yield made
+    finally:
+        modeling.KVBuffer, kv_buffer.gemm_pieces = original, pieces  # type: ignore[misc]
+
+
+@contextmanager
+def _masks_of_real_inputs() -> Iterator[None]:
+    """The model's causal mask decided as for real inputs. Training's forward passes no mask and
+    positions ``0..T-1``, for which transformers returns no mask (SDPA's causal flag then runs the flash
+    kernel); on shape-only tensors it cannot read the positions and builds a full mask instead, which
+    sends grouped-query attention through copies of the K/V heads. So the decision is made on real
+    stand-ins of the inputs' shapes (no data of any size), and a real "no mask" is kept."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from . import modeling
+
+    original = modeling.create_causal_mask
+
+    def create_causal_mask(*, config, inputs_embeds, attention_mask, cache, position_ids):
+        import torch
+
+        with unset_fake_temporarily():
+            B, T = inputs_embeds.shape[:2]
+            real = original(
+                config=config,
+                inputs_embeds=torch.empty(B, T, 0, dtype=inputs_embeds.dtype),
+                attention_mask=None,
+                cache=None,
+                position_ids=torch.arange(T).unsqueeze(0),
+            )
+        if real is None and attention_mask is None and cache is None:
+            return None
+        return original(
+            config=config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
+
+    modeling.create_causal_mask = create_causal_mask
+    try:
+        yield
+    finally:
+        modeling.create_causal_mask = original
+
+
+def plan(
+    recipe,
+    gpus: int = 8,
+    gpu_memory: int = parse_memory(DEFAULT_GPU_MEMORY),
+    mfu: float = DEFAULT_MFU,
+    peak_tflops: float = DEFAULT_PEAK_TFLOPS,
+) -> dict[str, Any]:
+    """The plan of ``recipe`` (a :class:`~lime_model.recipes.Recipe`) on ``gpus`` GPUs of ``gpu_memory``
+    bytes: per-GPU peak memory under DDP (LIMe: with and without ``recompute_routed_kv``), tokens per
+    step, FLOPs per token, step time at ``mfu`` of ``peak_tflops``, GPU-hours, whether it fits. JSON-able."""
+    from .flops import forward_flops
+    from .recipes import load_recipe
+    from .train import model_config
+
+    if recipe.batch_size % (gpus * recipe.micro_batch_size):
+        raise ValueError(
+            f"batch_size {recipe.batch_size} is not a multiple of {gpus} GPUs x micro_batch_size "
+            f"{recipe.micro_batch_size}: choose another --gpus"
+        )
+    config = model_config(recipe, _tokenizer(recipe))
+    variants = {"as recipe": recipe}
+    if config.routing_spec.enabled:
+        flag = bool(recipe.model.get("recompute_routed_kv", False))
+        variants = {
+            f"recompute_routed_kv={str(v).lower()}": load_recipe(recipe, {"model.recompute_routed_kv": v})
+            for v in (flag, not flag)
+        }
+    ddp = {}
+    for name, variant in variants.items():
+        step = step_memory(variant)
+        buckets = step.peak["Parameter"] if gpus > 1 else 0  # DDP's flat gradient copy (see module doc)
+        total = step.peak["Total"] + buckets
+        ddp[name] = {
+            **asdict(step),
+            "ddp_buckets": buckets,
+            "per_gpu": total,
+            "fits": total <= gpu_memory,
+            "margin": gpu_memory - total,
+        }
+    tokens_per_step = recipe.batch_size * recipe.seq_len
+    flops_per_token = 3 * forward_flops(config, recipe.seq_len) / recipe.seq_len
+    step_s = tokens_per_step * flops_per_token / (gpus * peak_tflops * 1e12 * mfu)
+    steps = recipe.steps
+    return {
+        "params": sum(p.numel() for p in _meta_model(config).parameters()),
+        "gpus": gpus,
+        "gpu_memory": gpu_memory,
+        "micro_batch_size": recipe.micro_batch_size,
+        "seq_len": recipe.seq_len,
+        "accumulation": recipe.batch_size // (gpus * recipe.micro_batch_size),
+        "ddp": ddp,
+        "tokens_per_step": tokens_per_step,
+        "flops_per_token": flops_per_token,
+        "mfu": mfu,
+        "peak_tflops": peak_tflops,
+        "step_s": step_s,
+        "steps": steps,
+        "tokens": None if steps is None else steps * tokens_per_step,
+        "gpu_hours": None if steps is None else steps * step_s * gpus / 3600,
+    }
+
+
+def _meta_model(config):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def size(n: float) -> str:
+    """Bytes as GiB, MiB or KiB, whichever keeps 3 digits or more."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def format_plan(name: str, p: dict[str, Any]) -> str:
+    """A plan (:func:`plan`'s dict) as a few readable lines and a table, one row per variant."""
+    lines = [
+        f"{name}: {p['params'] / 1e6:.1f}M parameters; {p['gpus']} GPU(s) of {size(p['gpu_memory'])}; "
+        f"micro-batch {p['micro_batch_size']} x {p['seq_len']} tokens, {p['accumulation']} per GPU per step",
+        "per-GPU peak under DDP, tensor bytes (MemTracker's categories at the step's peak):",
+    ]
+    header = ["variant", *CATEGORIES, "DDP buckets", "per GPU", "fits", "margin", "K/V buffer", "activations"]
+    rows = [header]
+    for variant, d in p["ddp"].items():
+        rows.append(
+            [
+                variant,
+                *(size(d["peak"].get(c, 0)) for c in CATEGORIES),
+                size(d["ddp_buckets"]),
+                size(d["per_gpu"]),
+                "yes" if d["fits"] else "NO",
+                size(d["margin"]),
+                size(d["kv_buffer"]),
+                size(d["activations"]),
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append(
+        f"tokens/step {p['tokens_per_step']:,}; training FLOPs/token {p['flops_per_token']:.4g}; step "
+        f"{p['step_s']:.3g} s at {p['mfu']:.0%} MFU of {p['peak_tflops']:g} TFLOP/s per GPU"
+        + ("" if p["gpu_hours"] is None else f"; {p['steps']:,} steps: {p['gpu_hours']:.3g} GPU-hours")
+    )
+    return "\n".join(lines)
