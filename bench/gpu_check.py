@@ -15,8 +15,8 @@ further row, finishing the one under way, and lists those it skipped):
 - ``memory``: peak GPU memory of one training step (forward, backward, AdamW step after a first one,
   bf16 autocast as training runs it) of the ``lime-1b-gqa`` and ``lime-1b-mha`` recipes at one micro-batch,
   LIMe and LLaMA, against ``lime-model plan``'s figure for the same step
-  (``lime_model.plan.step_memory(recipe, gpu=True, micro_batches=1).peak["Total"]``, bytes) when that
-  module is there.
+  (``lime_model.plan.step_memory(recipe, gpu=True, micro_batches=1).peak["Total"]``, bytes; in the dry run
+  the CPU's plan against the rise of the process's peak RSS).
 - ``probes``: on a random 1B-shape LIMe (full), tokens per second of a plain forward with
   ``output_hidden_states``, of ``lime_probe.extract`` at values and routed values (their ratio to the
   plain forward), of the matrix entropy over every layer's values, and of the BLiMP probe's
@@ -39,7 +39,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -192,14 +191,11 @@ def section_parity(s: dict[str, Any], deadline: float) -> dict[str, Any]:
     return {"rows": rows}
 
 
-def planned_bytes(recipe) -> int | None:
-    """``lime-model plan``'s peak bytes for one micro-batch's training step, None where the module is not
-    there (the seam: ``step_memory(recipe, gpu=True, micro_batches=1).peak["Total"]``)."""
-    try:
-        from lime_model.plan import step_memory
-    except ImportError:
-        return None
-    return int(step_memory(recipe, gpu=True, micro_batches=1).peak["Total"])
+def planned_bytes(recipe, gpu: bool) -> int:
+    """``lime-model plan``'s peak bytes for one micro-batch's training step of one process (no DDP copy)."""
+    from lime_model.plan import step_memory
+
+    return int(step_memory(recipe, gpu=gpu, micro_batches=1).peak["Total"])
 
 
 def measured_peak(recipe, device: str) -> int:
@@ -208,22 +204,19 @@ def measured_peak(recipe, device: str) -> int:
     On the GPU torch's allocator peak; on the CPU the rise of the process's peak RSS over the step."""
     from transformers import AutoModelForCausalLM
 
-    from lime_model.evaluate import token_loss_sum
-    from lime_model.optim import param_groups
-    from lime_model.train import accelerator_for, model_config
+    from lime_model.plan import stand_in_tokenizer
+    from lime_model.train import accelerator_for, build_optimizer, micro_batch_loss, model_config
 
     accelerator = accelerator_for(recipe)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(model_config(recipe, _vocab(recipe))).train()
-    optimizer = torch.optim.AdamW(
-        param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr)
-    )
+    model = AutoModelForCausalLM.from_config(model_config(recipe, stand_in_tokenizer(recipe))).train()
+    optimizer = build_optimizer(model, recipe)
     model, optimizer = accelerator.prepare(model, optimizer)
     ids = torch.randint(0, recipe.model["vocab_size"], (recipe.micro_batch_size, recipe.seq_len))
     ids = ids.to(accelerator.device)
 
     def step() -> None:
-        loss = token_loss_sum(model(input_ids=ids, use_cache=False).logits, ids) / ids.numel()
+        loss = micro_batch_loss(model, ids, ids, ids.numel())
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -243,17 +236,6 @@ def measured_peak(recipe, device: str) -> int:
         peak = (_rss_kb("VmHWM") - before) * 1024
     accelerator.free_memory(model, optimizer)
     return peak
-
-
-class _Vocab(SimpleNamespace):
-    """A stand-in tokenizer of ``n`` tokens (no download): what ``model_config`` reads of one."""
-
-    def __len__(self) -> int:
-        return self.n
-
-
-def _vocab(recipe) -> _Vocab:
-    return _Vocab(n=recipe.model["vocab_size"], bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 def section_memory(s: dict[str, Any], deadline: float, dry_run: bool) -> dict[str, Any]:
@@ -279,7 +261,7 @@ def section_memory(s: dict[str, Any], deadline: float, dry_run: bool) -> dict[st
                     "batch_size": s["batch"],
                 }
             recipe = load_recipe(name, overrides)
-            planned = planned_bytes(recipe)
+            planned = planned_bytes(recipe, gpu=s["device"] == "cuda")
             measured = measured_peak(recipe, s["device"])
             rows.append(
                 {
@@ -287,14 +269,11 @@ def section_memory(s: dict[str, Any], deadline: float, dry_run: bool) -> dict[st
                     "model": "LIMe" if routing == "full" else "LLaMA",
                     "measured_bytes": measured,
                     "planned_bytes": planned,
-                    "measured_over_planned": measured / planned if planned else None,
+                    "measured_over_planned": measured / planned,
                     "what": "allocator peak" if s["device"] == "cuda" else "peak RSS rise over the step",
                 }
             )
-    plan = (
-        "lime_model.plan.step_memory" if rows and rows[0]["planned_bytes"] is not None else "plan unavailable"
-    )
-    return {"rows": rows, "skipped": skipped, "plan": plan}
+    return {"rows": rows, "skipped": skipped}
 
 
 def section_probes(s: dict[str, Any], deadline: float) -> dict[str, Any]:

@@ -81,7 +81,7 @@ class _Vocab(SimpleNamespace):
         return self.size
 
 
-def _tokenizer(recipe) -> Any:
+def stand_in_tokenizer(recipe) -> Any:
     """A stand-in for the recipe's tokenizer (no hub, no data): ``model.vocab_size`` entries, or the
     arithmetic task's own characters."""
     if recipe.model.get("vocab_size") is not None:
@@ -110,7 +110,7 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2) -> StepMemo
 
     from .train import build_optimizer, micro_batch_loss, model_config
 
-    config = model_config(recipe, _tokenizer(recipe))
+    config = model_config(recipe, stand_in_tokenizer(recipe))
     precision = recipe.mixed_precision
     if precision == "auto":
         precision = "bf16" if gpu else "no"
@@ -262,7 +262,7 @@ def plan(
             f"batch_size {recipe.batch_size} is not a multiple of {gpus} GPUs x micro_batch_size "
             f"{recipe.micro_batch_size}: choose another --gpus"
         )
-    config = model_config(recipe, _tokenizer(recipe))
+    config = model_config(recipe, stand_in_tokenizer(recipe))
     variants = {"as recipe": recipe}
     if config.routing_spec.enabled:
         flag = bool(recipe.model.get("recompute_routed_kv", False))
