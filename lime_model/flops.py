@@ -62,3 +62,13 @@ def flops_breakdown(config: LimeConfig, seq_len: int) -> dict[str, int]:
 def forward_flops(config: LimeConfig, seq_len: int) -> int:
     """Forward FLOPs of one sequence (attention and router included); training costs ~3x this."""
     return sum(flops_breakdown(config, seq_len).values())
+
+
+def training_flops_per_token(config: LimeConfig, seq_len: int) -> float:
+    """Training FLOPs per token as a GPU's peak FLOP/s counts them (a multiply-accumulate is two), for
+    step times and utilisation: the paper's convention counts a matmul's MACs once but attention's two
+    products as ``4*H*T^2*D``, already two per MAC, so only the matmuls are doubled; x 3 for the forward
+    and the two backward products."""
+    parts = flops_breakdown(config, seq_len)
+    macs = parts["linear"] + parts["router"] + parts["cross_layer"]
+    return 3 * (2 * macs + parts["attention"] + parts["elementwise"]) / seq_len

@@ -28,8 +28,8 @@ What a GPU run would do differently, and how the plan follows it:
   allocator's rounding and fragmentation (what ``torch.cuda.max_memory_reserved`` adds to
   ``max_memory_allocated``); the plan is tensor bytes, ``max_memory_allocated``'s measure.
 
-Tokens per step, FLOPs per token (3 x :func:`lime_model.flops.forward_flops` per token, the
-``flops`` of metrics.jsonl) and the step time at a stated model-FLOPs utilisation follow from the
+Tokens per step, FLOPs per token (:func:`lime_model.flops.training_flops_per_token`: the paper's count
+with each matmul's multiply-accumulates counted twice, as a GPU's peak FLOP/s counts them) and the step time at a stated model-FLOPs utilisation follow from the
 recipe; the peak and the utilisation defaults are ours (:data:`DEFAULT_PEAK_TFLOPS`, :data:`DEFAULT_MFU`).
 """
 
@@ -253,7 +253,7 @@ def plan(
     """The plan of ``recipe`` (a :class:`~lime_model.recipes.Recipe`) on ``gpus`` GPUs of ``gpu_memory``
     bytes: per-GPU peak memory under DDP (LIMe: with and without ``recompute_routed_kv``), tokens per
     step, FLOPs per token, step time at ``mfu`` of ``peak_tflops``, GPU-hours, whether it fits. JSON-able."""
-    from .flops import forward_flops
+    from .flops import training_flops_per_token
     from .recipes import load_recipe
     from .train import model_config
 
@@ -283,7 +283,7 @@ def plan(
             "margin": gpu_memory - total,
         }
     tokens_per_step = recipe.batch_size * recipe.seq_len
-    flops_per_token = 3 * forward_flops(config, recipe.seq_len) / recipe.seq_len
+    flops_per_token = training_flops_per_token(config, recipe.seq_len)
     step_s = tokens_per_step * flops_per_token / (gpus * peak_tflops * 1e12 * mfu)
     steps = recipe.steps
     return {

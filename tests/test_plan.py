@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from lime_model import train as T
 from lime_model.cli import main
-from lime_model.plan import parse_memory, step_memory
+from lime_model.plan import parse_memory, stand_in_tokenizer, step_memory
 from lime_model.recipes import load_recipe
 
 VOCAB = 256
@@ -173,6 +173,14 @@ def test_cli_prints_and_writes_a_plan(tmp_path, capsys):
     for variant in result["ddp"].values():  # a 1 MiB GPU holds no step; DDP on 2 adds a gradient copy
         assert not variant["fits"] and variant["margin"] == 2**20 - variant["per_gpu"]
         assert variant["ddp_buckets"] == variant["peak"]["Parameter"] > 0
+    # Hardware FLOPs, as a GPU's peak counts them: every weight of a linear layer (the tied head too) does
+    # one multiply-accumulate per token, two FLOPs, three times (forward, two backward products); attention's
+    # two T x T products add 2 x 2 x T x hidden FLOPs per token per layer, again three times.
+    recipe = load_recipe("cpu-tiny", {"model.num_hidden_layers": 2, "seq_len": 32, "data": "unused.txt"})
+    model = AutoModelForCausalLM.from_config(T.model_config(recipe, stand_in_tokenizer(recipe)))
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    attention = 3 * 2 * 2 * 32 * model.config.hidden_size * 2
+    assert 6 * linear + attention <= result["flops_per_token"] <= 1.25 * (6 * linear + attention)
 
 
 @pytest.mark.parametrize(
