@@ -88,7 +88,9 @@ class LimeAttention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        with self.recomputed_in_backward(kv_buffer, hidden_states, keys, values, position_embeddings, cache):
+        with self.recomputed_in_backward(
+            kv_buffer, hidden_states, keys, values, position_embeddings, cache
+        ) as (keys, values):
             output, weights = attention(
                 self,
                 query,
@@ -110,13 +112,15 @@ class LimeAttention(nn.Module):
         values: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         cache: Cache | None,
-    ) -> Iterator[None]:
-        """A context in which autograd keeps, for the routed ``keys`` (after RoPE) and ``values``
-        that attention saves for backward, a recipe that recomputes them from ``kv_buffer`` instead
-        (``config.recompute_routed_kv``, static routers, grad enabled, no cache; else it does
-        nothing). The recipe repeats the forward's operations (in the buffer's dtype, autocast or
-        not), so gradients keep their bits. Tensors are matched by identity: implementations that
-        save views or copies of them (eager) keep those as usual."""
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """A context, giving the ``keys`` and ``values`` attention is to read, in which autograd keeps,
+        for the routed keys (after RoPE) and values that attention saves for backward, a recipe that
+        recomputes them from ``kv_buffer`` instead (``config.recompute_routed_kv``, static routers, grad
+        enabled, no cache; else it gives them unchanged and does nothing). The recipe repeats the
+        forward's operations (in the buffer's dtype, autocast or not), so gradients keep their bits.
+        Tensors are matched by identity, so under autocast they are cast here to its dtype, as attention
+        would cast them (RoPE's fp32 cos/sin make the keys fp32): attention then saves these, not copies.
+        Implementations that save views of them (eager) keep those as usual."""
         router = self.router
         if not (
             self.config.recompute_routed_kv
@@ -126,13 +130,18 @@ class LimeAttention(nn.Module):
             and not router.input_dependent
             and kv_buffer is not None  # every routed model's forward passes one
         ):
-            yield
+            yield keys, values
             return
         cos, sin = position_embeddings
+        device = keys.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            keys, values = keys.to(dtype), values.to(dtype)
+        dtypes = (keys.dtype, values.dtype)
 
         def recompute(which: int) -> torch.Tensor:
             heads = router.reread(kv_buffer, hidden_states, which)
-            return rope(heads, cos, sin) if which == 0 else heads
+            return (rope(heads, cos, sin) if which == 0 else heads).to(dtypes[which])
 
         routed = [keys, values]
 
@@ -145,7 +154,7 @@ class LimeAttention(nn.Module):
 
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                yield
+                yield keys, values
         finally:
             routed.clear()  # the hooks outlive this call; they must not keep the tensors alive
 

@@ -96,16 +96,20 @@ def saved_bytes(loss: torch.Tensor) -> tuple[int, int]:
     return sum(storages.values()), recipes
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_routed_kv_are_not_kept_for_backward(attn):
-    """With SDPA, the graph holds two K/V-sized tensors per layer fewer (recipes instead); eager
-    attention saves views of them, which are kept as usual."""
+@pytest.mark.parametrize("attn, dtype", [("eager", None), ("sdpa", None), ("sdpa", torch.bfloat16)])
+def test_routed_kv_are_not_kept_for_backward(attn, dtype):
+    """With SDPA, the graph holds two K/V-sized tensors per layer fewer (recipes instead), under bf16
+    autocast too (where RoPE's fp32 cos/sin once made attention save a bf16 copy of the keys, which no
+    recipe matched); eager attention saves views of them, which are kept as usual."""
     ids = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
-    (plain_bytes, plain_recipes), (bytes_, recipes) = (
-        saved_bytes(model(ids, labels=ids).loss) for model in pair("full", attn, kv=4)
-    )
+
+    def saved(model):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            return saved_bytes(model(ids, labels=ids).loss)
+
+    (plain_bytes, plain_recipes), (bytes_, recipes) = (saved(model) for model in pair("full", attn, kv=4))
     layers, head_dim = SIZES["num_hidden_layers"], SIZES["hidden_size"] // SIZES["num_attention_heads"]
-    routed = 2 * 4 * 12 * head_dim * 4  # one (B, kv, T, head_dim) fp32 tensor
+    routed = 2 * 4 * 12 * head_dim * (2 if dtype else 4)  # one (B, kv, T, head_dim) tensor, bf16 or fp32
     assert plain_recipes == 0
     if attn == "sdpa":
         assert recipes == 2 * layers
