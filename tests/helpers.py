@@ -209,3 +209,15 @@ def torchrun(*args: str, env: dict[str, str] | None = None, timeout: int = 400):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def bench_script(name: str):
+    """``bench/NAME.py`` imported as a module (``bench/`` holds scripts, not a package)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)

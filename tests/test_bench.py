@@ -1,12 +1,12 @@
 """The benchmark scripts run as documented (at a toy size) and say what they claim to."""
 
 import argparse
-import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--batch", "1", "--seq", "8", "--threads", "1"]
@@ -22,12 +22,7 @@ def run_bench(script: str, *args: str, ok: bool = True) -> subprocess.CompletedP
 
 @pytest.fixture(scope="module")
 def step_overhead():
-    """``bench/step_overhead.py`` as a module (``bench/`` is scripts, not a package)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        return importlib.import_module("step_overhead")
-    finally:
-        sys.path.pop(0)
+    return bench_script("step_overhead")
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
 """``bench/gpu_check.py --dry-run``: every section runs at toy size on the CPU and writes one JSON whose
 numbers are what each section says they are."""
 
-import importlib
 import json
 import math
 import subprocess
@@ -9,17 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        return importlib.import_module("gpu_check")
-    finally:
-        sys.path.pop(0)
+    return bench_script("gpu_check")
 
 
 @pytest.mark.slow

@@ -286,28 +286,11 @@ FAIR_MEASURES = {
 }
 
 
-def _fair_claims() -> tuple[Claim, ...]:
-    """figures/lm-cpu-fair/PROTOCOL.md: one primary (perplexity, tuned LIMe - tuned LLaMA, two-sided);
-    twelve secondaries (Holm over them); per-layer readings exploratory."""
-    values, routed = entropy(), entropy("routed_values")
-    secondary = (
-        Claim("LIMe-router-x1", "LIMe", PERPLEXITY, "secondary", None, "router multiplier 1 against 10"),
-        Claim(
-            "LLaMA-torch-kv-init", "LLaMA", PERPLEXITY, "secondary", None, "PyTorch's k/v init, no routing"
-        ),
-        Claim("LIMe-LLaMA-kv-init", "LLaMA", PERPLEXITY, "secondary", None, "routing at LLaMA's k/v init"),
-        Claim(
-            Effect("routing at PyTorch's init", "LIMe", "LLaMA-torch-kv-init"),
-            Effect("routing at LLaMA's init", "LIMe-LLaMA-kv-init", "LLaMA"),
-            PERPLEXITY,
-            "secondary",
-            None,
-            "routing x k/v init",
-        ),
-        Claim("LIMe", "LLaMA", values, "secondary", +1, "value entropy on the W_V output (Fig. 2a)"),
-        Claim(
-            "LIMe-LLaMA-kv-init", "LLaMA", values, "secondary", None, "routing at LLaMA's init, W_V output"
-        ),
+def _mixing_claims(values: Endpoint, routed: Endpoint) -> tuple[Claim, ...]:
+    """The official analysis's entropy comparison (LIMe's routed values against LLaMA's values) split by
+    the mixing null: how much of it LLaMA's own values mixed by LIMe's routers give, and LIMe beyond that
+    (secondary, two of them without a stated sign)."""
+    return (
         Claim(
             "LIMe",
             "LLaMA",
@@ -335,6 +318,46 @@ def _fair_claims() -> tuple[Claim, ...]:
             "beyond mixing: LIMe's routed values against LLaMA's values mixed by the same routers",
             reference_endpoint=MIXED_ENTROPY,
         ),
+    )
+
+
+def _official_site_converged() -> Claim:
+    """The converged probe on the site the official analysis records for LIMe (its routed values) against
+    LLaMA's values (secondary)."""
+    return Claim(
+        "LIMe",
+        "LLaMA",
+        converged_separability("routed_values"),
+        "secondary",
+        +1,
+        "the official site comparison on the converged probe",
+        reference_endpoint=converged_separability(),
+    )
+
+
+def _fair_claims() -> tuple[Claim, ...]:
+    """figures/lm-cpu-fair/PROTOCOL.md: one primary (perplexity, tuned LIMe - tuned LLaMA, two-sided);
+    twelve secondaries (Holm over them); per-layer readings exploratory."""
+    values, routed = entropy(), entropy("routed_values")
+    secondary = (
+        Claim("LIMe-router-x1", "LIMe", PERPLEXITY, "secondary", None, "router multiplier 1 against 10"),
+        Claim(
+            "LLaMA-torch-kv-init", "LLaMA", PERPLEXITY, "secondary", None, "PyTorch's k/v init, no routing"
+        ),
+        Claim("LIMe-LLaMA-kv-init", "LLaMA", PERPLEXITY, "secondary", None, "routing at LLaMA's k/v init"),
+        Claim(
+            Effect("routing at PyTorch's init", "LIMe", "LLaMA-torch-kv-init"),
+            Effect("routing at LLaMA's init", "LIMe-LLaMA-kv-init", "LLaMA"),
+            PERPLEXITY,
+            "secondary",
+            None,
+            "routing x k/v init",
+        ),
+        Claim("LIMe", "LLaMA", values, "secondary", +1, "value entropy on the W_V output (Fig. 2a)"),
+        Claim(
+            "LIMe-LLaMA-kv-init", "LLaMA", values, "secondary", None, "routing at LLaMA's init, W_V output"
+        ),
+        *_mixing_claims(values, routed),
         Claim("LIMe", "LLaMA", separability(), "secondary", +1, "the official one-epoch probe (fidelity)"),
         Claim(
             "LIMe",
@@ -344,15 +367,7 @@ def _fair_claims() -> tuple[Claim, ...]:
             +1,
             "the converged standardised probe (the separability reading; Fig. 2b)",
         ),
-        Claim(
-            "LIMe",
-            "LLaMA",
-            converged_separability("routed_values"),
-            "secondary",
-            +1,
-            "the official site comparison on the converged probe",
-            reference_endpoint=converged_separability(),
-        ),
+        _official_site_converged(),
     )
     exploratory = per_layer(
         [("LIMe", "LLaMA")], [values, separability(), converged_separability(), VALUE_NORM]
@@ -377,44 +392,10 @@ def _claims_150m() -> tuple[Claim, ...]:
     values, routed = entropy(), entropy("routed_values")
     secondary = (
         Claim("LIMe", "LLaMA", values, "secondary", +1, "value entropy on the W_V output (Fig. 2a)"),
-        Claim(
-            "LIMe",
-            "LLaMA",
-            routed,
-            "secondary",
-            +1,
-            "the official analysis's comparison: LIMe's routed values against LLaMA's values (Fig. 2a)",
-            reference_endpoint=values,
-        ),
-        Claim(
-            "LLaMA",
-            "LLaMA",
-            MIXED_ENTROPY,
-            "secondary",
-            None,
-            "the mixing null: LLaMA's values mixed by LIMe's routers against LLaMA's values",
-            reference_endpoint=values,
-        ),
-        Claim(
-            "LIMe",
-            "LLaMA",
-            routed,
-            "secondary",
-            None,
-            "beyond mixing: LIMe's routed values against LLaMA's values mixed by the same routers",
-            reference_endpoint=MIXED_ENTROPY,
-        ),
+        *_mixing_claims(values, routed),
         Claim("LIMe", "LLaMA", separability(), "secondary", +1, "the official one-epoch probe (Fig. 2b)"),
         Claim("LIMe", "LLaMA", converged_separability(), "secondary", +1, "the converged probe (Fig. 2b)"),
-        Claim(
-            "LIMe",
-            "LLaMA",
-            converged_separability("routed_values"),
-            "secondary",
-            +1,
-            "the official site comparison on the converged probe",
-            reference_endpoint=converged_separability(),
-        ),
+        _official_site_converged(),
         Claim("LIMe", "LLaMA", blimp("values"), "secondary", +1, "BLiMP probes on values (Table 2)"),
         Claim("LIMe", "LLaMA", blimp("hidden"), "secondary", +1, "BLiMP probes on hidden states (Table 2)"),
     )
