@@ -15,6 +15,17 @@ DOWN = {
 MLP = {"gpt2": "h.{i}.mlp", "llama": "layers.{i}.mlp", "gpt_neox": "layers.{i}.mlp"}
 
 
+@pytest.fixture(autouse=True)
+def keep_transformers_verbosity():
+    """Importing TransformerLens turns transformers' logging to errors only, for the whole process: the
+    tests after these read transformers' warnings."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    yield
+    logging.set_verbosity(level)
+
+
 @pytest.mark.parametrize("arch", list(DOWN))
 def test_sites_equal_transformer_lens_hooks(tmp_path, monkeypatch, arch):
     """``blocks.{i}.attn.hook_pattern`` = attn_pattern, ``blocks.{i}.hook_mlp_out`` = the MLP module's output,
