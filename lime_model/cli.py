@@ -435,10 +435,11 @@ lime-model plan --recipe lime-1b-gqa --gpus 8 --gpu-memory 80GiB --json plan.jso
             check=_check_plan,
             description="Runs one training step of the recipe (forward, loss, backward, clipping, AdamW) on\n"
             "shape-only tensors (FakeTensorMode) under torch's MemTracker: the per-GPU peak memory by\n"
-            "category under DDP (LIMe: with and without recompute_routed_kv), whether it fits --gpu-memory\n"
-            "and by how much; tokens per step, FLOPs per token and the step time at --mfu of --peak-tflops.\n"
+            "category under DDP and, on 2 GPUs or more, under FSDP2 (torch's FSDPMemTracker, a fake process\n"
+            "group; LIMe: each with and without recompute_routed_kv), whether it fits --gpu-memory and by\n"
+            "how much; tokens per step, FLOPs per token and the step time at --mfu of --peak-tflops.\n"
             "Tensor bytes, as torch.cuda.max_memory_allocated counts them (lime_model.plan says what is not\n"
-            "counted); validated against real CPU steps (tests/test_plan.py).",
+            "counted); DDP's validated against real CPU steps (tests/test_plan.py).",
         ),
         Command(
             "recipes",

@@ -27,6 +27,13 @@ What a GPU run would do differently, and how the plan follows it:
   one number not traced. Not counted anywhere: the CUDA context, NCCL's buffers and the caching
   allocator's rounding and fragmentation (what ``torch.cuda.max_memory_reserved`` adds to
   ``max_memory_allocated``); the plan is tensor bytes, ``max_memory_allocated``'s measure.
+* under FSDP2 (on 2 GPUs or more) the model is sharded as training shards it
+  (:func:`lime_model.train.shard`: each decoder layer a unit, the rest the root's; no
+  ``MixedPrecisionPolicy``, so parameters, gradients and AdamW's state stay fp32, autocast as under DDP)
+  in a fake process group of N processes, this one rank 0, and measured by
+  ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (its categories: sharded and gathered
+  parameters and gradients, collectives' buffers). The micro-batches before the last run with gradient
+  sync off, as training's do, and FSDP2 then accumulates whole unsharded gradients.
 
 Tokens per step, FLOPs per token (:func:`lime_model.flops.training_flops_per_token`: the paper's count
 with each matmul's multiply-accumulates counted twice, as a GPU's peak FLOP/s counts them) and the step time at a stated model-FLOPs utilisation follow from the
@@ -48,6 +55,11 @@ DEFAULT_PEAK_TFLOPS = 989.0
 DEFAULT_MFU = 0.33  # ours: a third of the peak, a common utilisation for a 1B model on 8 GPUs
 DEFAULT_GPU_MEMORY = "80GiB"  # an H100's 80 GB, which are 80 GiB
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
+# FSDPMemTracker's (its "Inputs" stay empty: the plan counts the input ids as activations, as MemTracker does)
+FSDP_CATEGORIES = (
+    *("Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Unsharded Grad", "Activation", "Temp"),
+    *("All Gather", "Reduce Scatter", "OptState"),
+)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -94,32 +106,42 @@ def stand_in_tokenizer(recipe) -> Any:
     return char_tokenizer(arithmetic.CHARS)
 
 
-def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2) -> StepMemory:
+def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2, fsdp: int = 0) -> StepMemory:
     """Plan one training step of ``recipe`` on one process (see the module docstring).
 
     Args:
         recipe: a :class:`lime_model.recipes.Recipe`.
         gpu: plan for a GPU (``mixed_precision="auto"`` is bf16, AdamW takes the foreach path), else
             for the CPU (``"auto"`` is fp32, AdamW's per-tensor loop), as training would choose.
-        micro_batches: micro-batches per optimizer step to run (the recipe's accumulation, at most this).
+        micro_batches: micro-batches per optimizer step to run (the process's accumulation, at most this).
+        fsdp: shard the model over this many processes with FSDP2 as training does
+            (:func:`lime_model.train.shard`), in a fake process group of this one process as rank 0, and
+            measure with ``FSDPMemTracker`` (its categories in ``peak``); 0: the whole model, unsharded.
     """
     import torch
     from accelerate.utils import convert_outputs_to_fp32
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM
 
-    from .train import build_optimizer, micro_batch_loss, model_config
+    from .train import build_optimizer, micro_batch_loss, model_config, shard
 
     config = model_config(recipe, stand_in_tokenizer(recipe))
     precision = recipe.mixed_precision
     if precision == "auto":
         precision = "bf16" if gpu else "no"
     micro, seq_len = recipe.micro_batch_size, recipe.seq_len
-    n_micro = min(micro_batches, recipe.batch_size // micro)
+    n_micro = min(micro_batches, recipe.batch_size // (max(fsdp, 1) * micro))
     n_targets = n_micro * micro * (seq_len - 1)
-    with FakeTensorMode(), _masks_of_real_inputs(), _kv_buffers(gpu) as buffers:
+    with (
+        _fake_process_group(fsdp) as mesh,
+        FakeTensorMode(),
+        _masks_of_real_inputs(),
+        _kv_buffers(gpu) as buffers,
+    ):
         model = AutoModelForCausalLM.from_config(config)
         model.train()
+        if mesh is not None:  # before the optimizer, as in training: sharding replaces the parameters
+            model = shard(model, mesh)
         if precision != "no":  # as accelerate's prepare_model wraps it
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
             model.forward = convert_outputs_to_fp32(torch.autocast("cpu", dtype=dtype)(model.forward))
@@ -128,13 +150,16 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2) -> StepMemo
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tracker = _peak_tracker()
-        tracker.track_external(model, optimizer)
+        tracker = _peak_tracker(model, optimizer, sharded=mesh is not None)
         activations = kv_buffer = 0
         with tracker:
             input_ids = torch.zeros(micro, seq_len, dtype=torch.long)
-            for _ in range(n_micro):
+            for i in range(n_micro):
                 tracker.reset_mod_stats()  # its per-module statistics take one forward each
+                if (
+                    mesh is not None
+                ):  # gradients reduce-scattered on the last micro-batch only, as in training
+                    model.set_requires_gradient_sync(i == n_micro - 1)
                 before = _total(tracker)
                 loss = micro_batch_loss(model, input_ids, input_ids, n_targets)
                 activations = max(activations, _total(tracker) - before)
@@ -148,19 +173,48 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2) -> StepMemo
     return StepMemory({_name(k): v for k, v in peak.items()}, activations, kv_buffer)
 
 
-def _peak_tracker():
-    """A ``MemTracker`` that keeps only the whole step's peak (the per-module peaks, which the plan does not
-    read, cost it most of its time: every op scans every module's statistics)."""
+@contextmanager
+def _fake_process_group(world: int) -> Iterator[Any]:
+    """With ``world`` > 0, a 1-D CPU device mesh over a fake process group of ``world`` processes, this one
+    rank 0 (collectives return at once, their outputs' shapes right), destroyed on leaving; else None.
+    The mesh is made before ``FakeTensorMode``: it reads its ranks from a real tensor."""
+    if not world:
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("planning FSDP2 needs its own process group: one is initialised already")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield init_device_mesh("cpu", (world,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _peak_tracker(model, optimizer, sharded: bool):
+    """A ``MemTracker`` (``FSDPMemTracker`` for a ``sharded`` model) of ``model`` and ``optimizer`` that
+    keeps only the whole step's peak (the per-module peaks, which the plan does not read, cost it most of
+    its time: every op scans every module's statistics)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
-    class PeakTracker(MemTracker):
+    base = FSDPMemTracker if sharded else MemTracker
+
+    class PeakTracker(base):  # type: ignore[valid-type, misc]
         def _update_peak_stats(self, peak_state: Any) -> None:
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                     self._peak_mem[dev] = snap[_TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(snap)
 
-    return PeakTracker()
+    if sharded:
+        return PeakTracker(model, optimizer)
+    tracker = PeakTracker()
+    tracker.track_external(model, optimizer)
+    return tracker
 
 
 def _name(key: Any) -> str:
@@ -251,7 +305,8 @@ def plan(
     peak_tflops: float = DEFAULT_PEAK_TFLOPS,
 ) -> dict[str, Any]:
     """The plan of ``recipe`` (a :class:`~lime_model.recipes.Recipe`) on ``gpus`` GPUs of ``gpu_memory``
-    bytes: per-GPU peak memory under DDP (LIMe: with and without ``recompute_routed_kv``), tokens per
+    bytes: per-GPU peak memory under DDP and, on 2 GPUs or more, under FSDP2 as training shards
+    (:func:`lime_model.train.shard`; LIMe: each with and without ``recompute_routed_kv``), tokens per
     step, FLOPs per token, step time at ``mfu`` of ``peak_tflops``, GPU-hours, whether it fits. JSON-able."""
     from .flops import training_flops_per_token
     from .recipes import load_recipe
@@ -270,18 +325,14 @@ def plan(
             f"recompute_routed_kv={str(v).lower()}": load_recipe(recipe, {"model.recompute_routed_kv": v})
             for v in (flag, not flag)
         }
-    ddp = {}
+    ddp, fsdp2 = {}, {}
     for name, variant in variants.items():
         step = step_memory(variant)
         buckets = step.peak["Parameter"] if gpus > 1 else 0  # DDP's flat gradient copy (see module doc)
-        total = step.peak["Total"] + buckets
-        ddp[name] = {
-            **asdict(step),
-            "ddp_buckets": buckets,
-            "per_gpu": total,
-            "fits": total <= gpu_memory,
-            "margin": gpu_memory - total,
-        }
+        ddp[name] = {**asdict(step), "ddp_buckets": buckets, **_fit(step.peak["Total"] + buckets, gpu_memory)}
+        if gpus > 1:
+            step = step_memory(variant, fsdp=gpus)
+            fsdp2[name] = {**asdict(step), **_fit(step.peak["Total"], gpu_memory)}
     tokens_per_step = recipe.batch_size * recipe.seq_len
     flops_per_token = training_flops_per_token(config, recipe.seq_len)
     step_s = tokens_per_step * flops_per_token / (gpus * peak_tflops * 1e12 * mfu)
@@ -294,6 +345,7 @@ def plan(
         "seq_len": recipe.seq_len,
         "accumulation": recipe.batch_size // (gpus * recipe.micro_batch_size),
         "ddp": ddp,
+        **({"fsdp2": fsdp2} if fsdp2 else {}),
         "tokens_per_step": tokens_per_step,
         "flops_per_token": flops_per_token,
         "mfu": mfu,
@@ -303,6 +355,10 @@ def plan(
         "tokens": None if steps is None else steps * tokens_per_step,
         "gpu_hours": None if steps is None else steps * step_s * gpus / 3600,
     }
+
+
+def _fit(total: int, gpu_memory: int) -> dict[str, Any]:
+    return {"per_gpu": total, "fits": total <= gpu_memory, "margin": gpu_memory - total}
 
 
 def _meta_model(config):
@@ -322,20 +378,37 @@ def size(n: float) -> str:
 
 
 def format_plan(name: str, p: dict[str, Any]) -> str:
-    """A plan (:func:`plan`'s dict) as a few readable lines and a table, one row per variant."""
+    """A plan (:func:`plan`'s dict) as a few readable lines and a table per strategy, one row per variant."""
     lines = [
         f"{name}: {p['params'] / 1e6:.1f}M parameters; {p['gpus']} GPU(s) of {size(p['gpu_memory'])}; "
         f"micro-batch {p['micro_batch_size']} x {p['seq_len']} tokens, {p['accumulation']} per GPU per step",
         "per-GPU peak under DDP, tensor bytes (MemTracker's categories at the step's peak):",
+        *_table(p["ddp"], CATEGORIES, {"DDP buckets": "ddp_buckets"}),
     ]
-    header = ["variant", *CATEGORIES, "DDP buckets", "per GPU", "fits", "margin", "K/V buffer", "activations"]
+    if "fsdp2" in p:
+        lines.append(
+            "per-GPU peak under FSDP2, tensor bytes (FSDPMemTracker's categories at the step's peak):"
+        )
+        lines += _table(p["fsdp2"], FSDP_CATEGORIES, {})
+    lines.append(
+        f"tokens/step {p['tokens_per_step']:,}; training FLOPs/token {p['flops_per_token']:.4g}; step "
+        f"{p['step_s']:.3g} s at {p['mfu']:.0%} MFU of {p['peak_tflops']:g} TFLOP/s per GPU"
+        + ("" if p["gpu_hours"] is None else f"; {p['steps']:,} steps: {p['gpu_hours']:.3g} GPU-hours")
+    )
+    return "\n".join(lines)
+
+
+def _table(variants: dict[str, Any], categories: tuple[str, ...], extra: dict[str, str]) -> list[str]:
+    """Rows of one strategy's variants: the peak's ``categories``, the ``extra`` columns (header -> key), the
+    per-GPU total and its fit, the K/V buffer and the activations."""
+    header = ["variant", *categories, *extra, "per GPU", "fits", "margin", "K/V buffer", "activations"]
     rows = [header]
-    for variant, d in p["ddp"].items():
+    for variant, d in variants.items():
         rows.append(
             [
                 variant,
-                *(size(d["peak"].get(c, 0)) for c in CATEGORIES),
-                size(d["ddp_buckets"]),
+                *(size(d["peak"].get(c, 0)) for c in categories),
+                *(size(d[key]) for key in extra.values()),
                 size(d["per_gpu"]),
                 "yes" if d["fits"] else "NO",
                 size(d["margin"]),
@@ -344,10 +417,4 @@ def format_plan(name: str, p: dict[str, Any]) -> str:
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.append(
-        f"tokens/step {p['tokens_per_step']:,}; training FLOPs/token {p['flops_per_token']:.4g}; step "
-        f"{p['step_s']:.3g} s at {p['mfu']:.0%} MFU of {p['peak_tflops']:g} TFLOP/s per GPU"
-        + ("" if p["gpu_hours"] is None else f"; {p['steps']:,} steps: {p['gpu_hours']:.3g} GPU-hours")
-    )
-    return "\n".join(lines)
+    return ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]

@@ -499,15 +499,14 @@ def accelerator_for(recipe: Recipe, **tracking: Any):
     return accelerator
 
 
-def shard(model, device: torch.device, world: int):
-    """``model`` sharded over the ``world`` processes with FSDP2 (``fully_shard``, in place): each
+def shard(model, mesh):
+    """``model`` sharded over ``mesh``'s processes with FSDP2 (``fully_shard``, in place): each
     decoder layer a unit whose parameters are gathered for its forward and again for its backward, the
     rest (embeddings, final norm, head) the root's. LIMe's K/V buffer keeps copies of the router
-    weights that earlier layers' backward reads (:func:`lime_model.kv_buffer._own_copy`)."""
-    from torch.distributed.device_mesh import init_device_mesh
+    weights that earlier layers' backward reads (:func:`lime_model.kv_buffer._own_copy`). ``mesh``: a
+    1-D device mesh (``init_device_mesh(device.type, (world,))``)."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (world,))
     for layer in [m for m in model.modules() if isinstance(m, LimeDecoderLayer)]:
         fully_shard(layer, mesh=mesh)
     return fully_shard(model, mesh=mesh)
@@ -686,7 +685,9 @@ def train(
         _load_weights(ckpt, model)
     model.train()
     if recipe.fsdp and world > 1:  # before the optimizer: sharding replaces the parameters
-        model = shard(model, accelerator.device, world)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = shard(model, init_device_mesh(accelerator.device.type, (world,)))
     steps = total_steps(recipe, len(data.input_ids))
     optimizer = build_optimizer(model, recipe)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, recipe, steps))

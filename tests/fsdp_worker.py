@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from helpers import tiny_model
+from torch.distributed.device_mesh import init_device_mesh
 
 from lime_model.evaluate import token_loss_sum
 from lime_model.train import shard
@@ -29,7 +30,7 @@ def gradients(routing: str, **overrides) -> dict[str, tuple[torch.Tensor, torch.
     "none": LLaMA), so that a layer's sources include more than one earlier layer."""
     rank, world = dist.get_rank(), dist.get_world_size()
     reference = tiny_model("lime", routing=routing, num_hidden_layers=3, **overrides).train()
-    model = shard(copy.deepcopy(reference), torch.device("cpu"), world)
+    model = shard(copy.deepcopy(reference), init_device_mesh("cpu", (world,)))
     vocab = reference.config.vocab_size
     ids = torch.randint(
         5, vocab, (ROWS_PER_PROCESS * world, SEQ_LEN), generator=torch.Generator().manual_seed(0)

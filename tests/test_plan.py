@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from lime_model import train as T
 from lime_model.cli import main
+from lime_model.modeling import LimeDecoderLayer
 from lime_model.plan import parse_memory, stand_in_tokenizer, step_memory
 from lime_model.recipes import load_recipe
 
@@ -136,6 +137,56 @@ def test_recompute_saving_is_the_real_one(measured):
     assert measured["llama"][0].kv_buffer == 0
 
 
+def _shard_bytes(tensors, world: int) -> int:
+    """fp32 bytes of rank 0's shards: FSDP2 splits each tensor's first dimension into ``world`` chunks
+    of ``ceil(rows / world)`` rows (the last ones padded), rank 0 holding the first."""
+    return sum(-(-t.shape[0] // world) * t[0].numel() * 4 for t in tensors)
+
+
+@pytest.mark.parametrize("routing", ["none", "full"])
+def test_fsdp2_plan_shards_parameters_and_adam_state(routing):
+    """FSDP2 over N processes, one micro-batch each (gradients reduce-scattered at once): rank 0 holds its
+    shard of every parameter and of AdamW's two moments, 1/N of DDP's bytes up to the padding (computed
+    here from the model's shapes), plus a 4-byte step count per parameter. The step peaks at the end of the
+    forward (activations highest, no gradient made yet: the previous step's were set to None), where
+    every decoder layer has been resharded after its forward and the root's parameters (embeddings, final
+    norm; the tied head) stay gathered, as FSDP2 keeps the root's for the backward that follows; up to
+    two layers' gathered parameters besides are allowed, a layer in flight and one prefetched. The
+    per-GPU total falls below DDP's and with N; the process group is gone afterwards (plan runs twice)."""
+    import torch.distributed as dist
+
+    recipe = load_recipe("cpu-tiny", {**SIZES, "routing": routing, "batch_size": 16})
+    model = AutoModelForCausalLM.from_config(T.model_config(recipe, stand_in_tokenizer(recipe)))
+    params = list(model.parameters())
+    layers = [m for m in model.modules() if isinstance(m, LimeDecoderLayer)]
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    root = sum(4 * p.numel() for p in params if id(p) not in in_layers)
+    layer = 4 * sum(p.numel() for p in layers[0].parameters())
+    ddp = step_memory(recipe, gpu=False, micro_batches=1)
+    totals = []
+    for world in (2, 4):
+        plan = step_memory(recipe, gpu=False, micro_batches=1, fsdp=world)
+        assert not dist.is_initialized()
+        peak = plan.peak
+        assert peak["Sharded Param"] == _shard_bytes(params, world)
+        assert peak["OptState"] == 2 * _shard_bytes(params, world) + 4 * len(params)
+        assert peak["Sharded Param"] < ddp.peak["Parameter"] / world + 4 * sum(p[0].numel() for p in params)
+        assert peak["Unsharded Param"] in {root, root + layer, root + 2 * layer}
+        assert peak["Total"] < ddp.peak["Total"]
+        totals.append(peak["Total"])
+    assert totals[1] < totals[0]
+
+
+def test_fsdp2_accumulation_holds_whole_gradients():
+    """With gradient sync off for all but the last micro-batch (training's ``set_requires_gradient_sync``),
+    FSDP2 accumulates gradients unsharded: the second micro-batch runs with every parameter's whole fp32
+    gradient held, the model's bytes, not 1/N of them."""
+    recipe = load_recipe("cpu-tiny", {**SIZES, "batch_size": 16})
+    model = AutoModelForCausalLM.from_config(T.model_config(recipe, stand_in_tokenizer(recipe)))
+    plan = step_memory(recipe, gpu=False, micro_batches=2, fsdp=2)
+    assert plan.peak["Unsharded Grad"] == 4 * sum(p.numel() for p in model.parameters())
+
+
 def test_parse_memory():
     assert parse_memory("80GiB") == 80 * 2**30
     assert parse_memory("141GB") == 141 * 10**9
@@ -168,7 +219,12 @@ def test_cli_prints_and_writes_a_plan(tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert "recompute_routed_kv=false" in printed and "recompute_routed_kv=true" in printed
+    assert "per-GPU peak under FSDP2" in printed and "Sharded Param" in printed
     result = json.loads(out.read_text())
+    assert set(result["fsdp2"]) == set(result["ddp"])
+    for name, variant in result["fsdp2"].items():  # sharded over 2: less per GPU than DDP's whole copy
+        assert variant["per_gpu"] == variant["peak"]["Total"] < result["ddp"][name]["per_gpu"]
+        assert variant["margin"] == 2**20 - variant["per_gpu"]
     assert result["tokens_per_step"] == 8 * 32 and result["accumulation"] == 1  # 8 rows over 2 GPUs of 4
     for variant in result["ddp"].values():  # a 1 MiB GPU holds no step; DDP on 2 adds a gradient copy
         assert not variant["fits"] and variant["margin"] == 2**20 - variant["per_gpu"]
