@@ -28,7 +28,7 @@ from .files import check_writable
 from .plan import DEFAULT_GPU_MEMORY, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, parse_memory
 
 PROG = "lime-model"
-DATA = "../shared/data/wikitext-2"
+DATA = "data/wikitext-2"  # the README's example folder: WikiText-2 as plain text files
 
 DATA_HELP = "text: a .txt/.jsonl/.parquet file, a folder, or hf:NAME[:CONFIG][:SPLIT]"
 CKPT_HELP = "a run directory or one of its checkpoints/step-N"

@@ -850,7 +850,7 @@ COMMANDS: dict[str, Command] = {
             "report",
             "run several analyses and write one self-contained HTML report",
             "lime-probe report --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-            "    --data ../shared/data/wikitext-2/valid.txt --blimp ../shared/data/blimp --allow-skips \\\n"
+            "    --data data/wikitext-2/valid.txt --blimp data/blimp --allow-skips \\\n"
             "    --out out/report   # then open out/report/report.html (--allow-skips: the cpu-tiny runs' "
             "64-token documents hold too few ' are' for separability)",
             _staged(cmd_report),
@@ -870,9 +870,9 @@ COMMANDS: dict[str, Command] = {
         Command(
             "reproduce",
             "train a study's models over seeds, measure them and test its pre-registered claims (resumable)",
-            "lime-probe reproduce --study lm-cpu --data ../shared/data --size tiny --out /tmp/repro"
+            "lime-probe reproduce --study lm-cpu --data data --size tiny --out /tmp/repro"
             "   # a 2-minute smoke run\n"
-            "lime-probe reproduce --study lm-cpu --data ../shared/data --results figures/lm-cpu"
+            "lime-probe reproduce --study lm-cpu --data data --results figures/lm-cpu"
             "   # not run in tests: about an hour\n"
             "lime-probe reproduce --study arithmetic-seeds --results figures/arithmetic-seeds"
             "   # not run in tests: about 30 min at one thread",

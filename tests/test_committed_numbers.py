@@ -25,12 +25,15 @@ EFFECTS = {
     "routing at LLaMA init": ("LIMe-LLaMA-kv-init", "LLaMA"),
     "routing at PyTorch's init": ("LIMe", "LLaMA-torch-kv-init"),  # lm-cpu-fair's names
     "routing at LLaMA's init": ("LIMe-LLaMA-kv-init", "LLaMA"),
+    "routing at 1,000 steps": ("LIMe-LLaMA-kv-init-1k", "LLaMA-1k"),  # arithmetic-dose-response's
+    "routing at 4,000 steps": ("LIMe-LLaMA-kv-init-4k", "LLaMA-4k"),
 }
 # (folder, tables holding the recomputed rows, the markdown files whose tables quote them)
 STUDIES = {
     "lm-cpu-10-seeds": (("differences.csv", "reanalysis.csv"), ("findings.md", "reanalysis.md", "README.md")),
     "arithmetic-kv-init": (("reanalysis.csv",), ("reanalysis.md", "README.md")),
     "lm-cpu-fair": (("differences.csv",), ("findings.md", "README.md")),
+    "arithmetic-dose-response/interim-4-seeds": (("differences.csv",), ("findings.md",)),
 }
 
 
@@ -84,8 +87,11 @@ def per_run(folder: str, label: str, model: str, layer: str) -> np.ndarray:
         return np.array([rows[s] for s in seeds])
     if name == "accuracy":  # a fraction; "largest n_operators" is the hardest tier in the table
         rows = [r for r in table(folder, "accuracy.csv") if r["model"] == model]
-        tier = max(int(r["operators"]) for r in rows) if args[0] == "largest n_operators" else int(args[0])
-        by_seed = {int(r["seed"]): float(r["accuracy"]) for r in rows if int(r["operators"]) == tier}
+        tiers = [int(r.get("operators") or r["n_operators"]) for r in rows]  # the column's older name first
+        tier = max(tiers) if args[0] == "largest n_operators" else int(args[0])
+        by_seed = {
+            int(r["seed"]): float(r["accuracy"]) for r, t in zip(rows, tiers, strict=True) if t == tier
+        }
         return np.array([by_seed[s] for s in seeds])
     csv_name, column = {
         "value entropy": ("entropy.csv", "entropy_mean"),

@@ -14,8 +14,8 @@ The examples are parsed, never listed here, so a new or changed example is teste
 How a command is run, in one shared scratch folder (so ``runs/lime`` made by one example is there
 for the next), with ``lime-probe``/``lime-model`` called in-process and ``&&`` chains in order:
 
-- The literal ``../shared/data`` is replaced by ``$LIME_PROBE_DATA``; an example that uses it is
-  skipped with a reason where that variable is unset.
+- The README's data folder ``data/`` (a path starting ``data/``, or ``--data data``) is read as
+  ``$LIME_PROBE_DATA``; an example that uses it is skipped with a reason where that variable is unset.
 - Sizes are capped at ``SIZE_CAPS`` (and the cap added where the command takes the flag but the
   example leaves it out, except ``--max-tokens``; word probes keep ``WORD_SEQUENCES`` sequences); ``lime-model train`` gets ``--steps $LIME_PROBE_DOCS_STEPS``
   (default 20), and ``lime-probe`` commands ``--threads 1``.
@@ -38,7 +38,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = "../shared/data"
+# the README's folder of the user's own data: "data/..." as a path of its own, or "--data data"
+DATA = re.compile(r"(?<![\w./-])data(?=/)|(?<=--data )data(?=\s|$)")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A help text's example line marks itself; a document marks a whole block with a comment line right above it,
 # invisible when rendered.
@@ -185,7 +186,7 @@ def run(command: str, data: str | None) -> tuple[int, str]:
 
     mains = {"lime-probe": probe_cli.main, "lime-model": model_cli.main}
     parsers = _parsers()
-    for argv in _steps(command.replace(DATA, data or DATA)):
+    for argv in _steps(with_data(command, data)):
         if argv[0] not in mains:
             return 127, f"{argv[0]}: not a lime-probe/lime-model command (mark it '# not run in tests: ...')"
         argv = _shrink(argv, parsers)
@@ -208,6 +209,11 @@ def _producers() -> dict[str, Example]:
     return out
 
 
+def with_data(text: str, data: str | None) -> str:
+    """``text`` with the README's ``data/`` folder read as ``data`` (left as written when None)."""
+    return DATA.sub(lambda _: data, text) if data else text
+
+
 def _data() -> str | None:
     root = os.environ.get("LIME_PROBE_DATA")
     return root if root and Path(root).is_dir() else None
@@ -216,8 +222,8 @@ def _data() -> str | None:
 def _skip_reason(example: Example) -> str | None:
     if example.skip:
         return f"not run in tests: {example.skip}"
-    if DATA in example.command and _data() is None:
-        return f"uses {DATA}: set LIME_PROBE_DATA to the shared data folder"
+    if DATA.search(example.command) and _data() is None:
+        return "uses data/: set LIME_PROBE_DATA to a folder holding wikitext-2/ and blimp/"
     parsers = _parsers()
     steps = _steps(example.command)
     slow = any(tuple(argv[:2]) in SLOW or "--words" in _options(argv, parsers) for argv in steps)
@@ -252,6 +258,24 @@ def test_examples_were_found():
     assert any(e.where.startswith("lime-probe") for e in EXAMPLES)
 
 
+def test_user_texts_name_no_checkout_data():
+    """The package, its help texts, docs and notebooks name a user's own ``data/``, never this checkout's
+    ``../shared`` (the README alone says where ``./dev`` finds the test data); ``data/`` is read as the
+    variable's folder, wherever it stands as a path of its own."""
+    files = [
+        *ROOT.glob("lime_probe/**/*.py"),
+        *ROOT.glob("lime_model/**/*.py"),
+        *DOCS[1:],
+        *ROOT.glob("analyses/*.ipynb"),
+    ]
+    assert len(files) > 40
+    assert [str(f.relative_to(ROOT)) for f in files if "../shared" in f.read_text()] == []
+    text = 'lime-probe x --data data --blimp data/blimp && load_texts("data/w/t.txt") runs/data/x mydata/y --data data2'
+    assert with_data(text, "/D") == (
+        'lime-probe x --data /D --blimp /D/blimp && load_texts("/D/w/t.txt") runs/data/x mydata/y --data data2'
+    )
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"{e.where}: {e.command[:60]}" for e in EXAMPLES])
 @pytest.mark.slow
 def test_example_runs(example, runs, workdir, monkeypatch, capsys):
@@ -273,21 +297,21 @@ def test_example_runs(example, runs, workdir, monkeypatch, capsys):
 
 
 def test_python_examples_run(tmp_path, monkeypatch):
-    """Each ```python block of README.md and docs/*.md, as written (``../shared/data`` read from
+    """Each ```python block of README.md and docs/*.md, as written (``data/`` read from
     $LIME_PROBE_DATA), in its own namespace, in one folder: first the blocks that save a checkpoint
     (README's model block writes ``runs/lime``), then the rest, each group in document order; a block may
     read the files another wrote, never its variables."""
     blocks = [(path, block) for path in DOCS for block in fenced_blocks(path, "python")]
     assert len(blocks) >= 3
     data = _data()
-    if data is None and any(DATA in line for _, b in blocks for line in b.lines):
-        pytest.skip(f"the examples use {DATA}: set LIME_PROBE_DATA to the shared data folder")
+    if data is None and any(DATA.search(line) for _, b in blocks for line in b.lines):
+        pytest.skip("the examples use data/: set LIME_PROBE_DATA to a folder holding wikitext-2/ and blimp/")
     monkeypatch.chdir(tmp_path)
     writes = [(p, b) for p, b in blocks if any(".save_pretrained(" in line for line in b.lines)]
     for path, block in writes + [pb for pb in blocks if pb not in writes]:
         if block.skip:
             continue
-        code = "\n".join(block.lines).replace(DATA, data or DATA)
+        code = with_data("\n".join(block.lines), data)
         # line numbers in a traceback are the document's
         exec(compile("\n" * (block.first - 1) + code, str(path), "exec"), {"__name__": "__docs__"})
     assert (tmp_path / "runs" / "lime" / "tokenizer.json").is_file()

@@ -299,8 +299,8 @@ def plot(result: Result) -> dict:
 SPEC = Spec(
     name="blimp",
     help="BLiMP good-vs-bad probes (paper Table 2) and minimal-pair scoring",
-    example="lime-probe blimp --ckpt runs/lime --ckpt runs/llama --data ../shared/data/blimp --out out/blimp\n"
-    "lime-probe blimp --ckpt runs/lime --data ../shared/data/blimp --paradigms anaphor_gender_agreement "
+    example="lime-probe blimp --ckpt runs/lime --ckpt runs/llama --data data/blimp --out out/blimp\n"
+    "lime-probe blimp --ckpt runs/lime --data data/blimp --paradigms anaphor_gender_agreement "
     "adjunct_island \\\n    --layers all --max-pairs 500 --out out/blimp-layers",
     params=BlimpParams,
     compute=compute,

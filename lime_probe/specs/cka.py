@@ -204,10 +204,10 @@ def plot(result: Result) -> dict:
 SPEC = Spec(
     name="cka",
     help="linear CKA between layers (within and across models, plain or debiased) and effective rank per layer",
-    example="lime-probe cka --ckpt runs/lime --data ../shared/data/wikitext-2/valid.txt --site hidden --max-tokens 2000 "
+    example="lime-probe cka --ckpt runs/lime --data data/wikitext-2/valid.txt --site hidden --max-tokens 2000 "
     "--out out/cka\n"
     "lime-probe cka --ckpt runs/lime --ckpt runs/llama --across-models --debiased \\\n"
-    "    --data ../shared/data/wikitext-2/valid.txt --max-tokens 20000 --out out/cka-across",
+    "    --data data/wikitext-2/valid.txt --max-tokens 20000 --out out/cka-across",
     params=CkaParams,
     compute=compute,
     plot=plot,

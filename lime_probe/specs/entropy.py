@@ -208,7 +208,7 @@ SPEC = Spec(
     name="entropy",
     help="matrix-based Renyi entropy per layer (paper Sec. 5.3, Figures 2a/4a/7a)",
     example="lime-probe entropy --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-    "    --data ../shared/data/wikitext-2/valid.txt --site values --num-windows 32 --out out/entropy",
+    "    --data data/wikitext-2/valid.txt --site values --num-windows 32 --out out/entropy",
     params=EntropyParams,
     compute=compute,
     plot=plot,

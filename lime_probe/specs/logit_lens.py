@@ -99,7 +99,7 @@ SPEC = Spec(
     help="logit lens per layer: next-token loss and top-1 agreement with the model's own prediction of each "
     "layer's residual stream, read through the final norm and unembedding",
     example="lime-probe logit-lens --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-    "    --data ../shared/data/wikitext-2/test.txt --out out/logit-lens",
+    "    --data data/wikitext-2/test.txt --out out/logit-lens",
     params=LogitLensParams,
     compute=compute,
     plot=plot,

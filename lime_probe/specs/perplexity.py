@@ -77,7 +77,7 @@ SPEC = Spec(
     name="perplexity",
     help="held-out perplexity of a causal LM, windows packed as training packs them (paper Sec. 5.1, Fig. 1)",
     example="lime-probe perplexity --ckpt runs/lime --ckpt runs/llama --label LIMe --label LLaMA \\\n"
-    "    --data ../shared/data/wikitext-2/test.txt --out out/perplexity",
+    "    --data data/wikitext-2/test.txt --out out/perplexity",
     params=PerplexityParams,
     compute=compute,
     plot=plot,

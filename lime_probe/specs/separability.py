@@ -300,10 +300,10 @@ def plot(result: Result) -> dict:
 SPEC = Spec(
     name="separability",
     help="linear-probe separability of word occurrences per layer (paper Figures 2b/7b)",
-    example="lime-probe separability --ckpt runs/lime --ckpt runs/llama --data ../shared/data/wikitext-2 \\\n"
+    example="lime-probe separability --ckpt runs/lime --ckpt runs/llama --data data/wikitext-2 \\\n"
     "    --words ' is' ' are' ' was' ' were' --site values --max-sequences 5000 --out out/sep\n"
     "# few numbers in text: the cpu-tiny runs read 22 of each in both files (64 tokens a document)\n"
-    "lime-probe separability --ckpt runs/lime --data ../shared/data/wikitext-2 --max-sequences 5000 \\\n"
+    "lime-probe separability --ckpt runs/lime --data data/wikitext-2 --max-sequences 5000 \\\n"
     "    --words ' 1' ' 2' ' 3' ' 4' --subtoken mean --allow-small-samples --out out/sep-numbers",
     params=SeparabilityParams,
     compute=compute,

@@ -223,7 +223,7 @@ def plot(result: Result) -> dict:
 SPEC = Spec(
     name="tsne",
     help="t-SNE maps of word occurrences, models x layers (paper Figures 3/8)",
-    example="lime-probe tsne --ckpt runs/lime --ckpt runs/llama --data ../shared/data/wikitext-2/valid.txt --layers 0,1 \\\n"
+    example="lime-probe tsne --ckpt runs/lime --ckpt runs/llama --data data/wikitext-2/valid.txt --layers 0,1 \\\n"
     "    --per-word 150 --perplexity 10 --out out/tsne",
     params=TsneParams,
     compute=compute,
