@@ -33,6 +33,7 @@ STUDIES = {
     "lm-cpu-10-seeds": (("differences.csv", "reanalysis.csv"), ("findings.md", "reanalysis.md", "README.md")),
     "arithmetic-kv-init": (("reanalysis.csv",), ("reanalysis.md", "README.md")),
     "lm-cpu-fair": (("differences.csv",), ("findings.md", "README.md")),
+    "arithmetic-dose-response": (("differences.csv",), ("findings.md", "README.md")),
     "arithmetic-dose-response/interim-4-seeds": (("differences.csv",), ("findings.md",)),
 }
 
