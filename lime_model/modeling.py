@@ -120,7 +120,9 @@ class LimeAttention(nn.Module):
         forward's operations (in the buffer's dtype, autocast or not), so gradients keep their bits.
         Tensors are matched by identity, so under autocast they are cast here to its dtype, as attention
         would cast them (RoPE's fp32 cos/sin make the keys fp32): attention then saves these, not copies.
-        Implementations that save views of them (eager) keep those as usual."""
+        Implementations that save views of them (eager) keep those as usual. The recipe holds nothing
+        of ``hidden_states`` but its shape, dtype and device: under autocast the tensor itself (fp32,
+        of which the projections keep a bf16 copy) would stay alive until backward for the recipe alone."""
         router = self.router
         if not (
             self.config.recompute_routed_kv
@@ -138,9 +140,11 @@ class LimeAttention(nn.Module):
             dtype = torch.get_autocast_dtype(device)
             keys, values = keys.to(dtype), values.to(dtype)
         dtypes = (keys.dtype, values.dtype)
+        # all a static router reads of the attention input, without its data (see the docstring)
+        like = hidden_states.new_empty(*hidden_states.shape[:-1], 0)
 
         def recompute(which: int) -> torch.Tensor:
-            heads = router.reread(kv_buffer, hidden_states, which)
+            heads = router.reread(kv_buffer, like, which)
             return (rope(heads, cos, sin) if which == 0 else heads).to(dtypes[which])
 
         routed = [keys, values]

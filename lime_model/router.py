@@ -158,7 +158,8 @@ class LimeRouter(nn.Module):
     def reread(self, buffer: KVBuffer, hidden_states: torch.Tensor, which: int) -> torch.Tensor:
         """The routed keys (``which=0``) or values (1) of :meth:`forward`, ``(B, kv, T, head_dim)``,
         recomputed from ``buffer`` without autograd, for backward (static routers: their weights do
-        not change between forward and backward)."""
+        not change between forward and backward). Of ``hidden_states`` only the shape ``(B, T, ...)``,
+        dtype and device are read: a stand-in without data serves."""
         B, T = hidden_states.shape[:2]
         weight, mode = self.read_weight(hidden_states)
         with torch.no_grad():

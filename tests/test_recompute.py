@@ -1,13 +1,17 @@
 """``recompute_routed_kv``: attention's saved routed K/V are recomputed in backward from the K/V buffer.
 
 Checked against the same model without the option (an independent path: attention keeps its
-inputs): identical loss and gradient bits, the recomputation really runs, and the routed values are
-no longer kept alive between forward and backward.
+inputs): identical loss and gradient bits, the recomputation really runs, and what the forward leaves
+allocated for backward (the profiler's record of the CPU allocator) drops by the routed keys' and
+values' bytes, computed from their shapes.
 """
+
+from functools import partial
 
 import pytest
 import torch
 from helpers import routed_specs
+from torch.profiler import ProfilerActivity, profile
 
 from lime_model import LimeConfig, LimeForCausalLM, parse_routing
 from lime_model.router import LimeRouter
@@ -73,10 +77,10 @@ def test_bits_under_bf16_autocast(rereads):
     assert all(torch.equal(g, grads_b[n]) for n, g in grads_a.items())
 
 
-def saved_bytes(loss: torch.Tensor) -> tuple[int, int]:
-    """Bytes of the distinct storages autograd keeps for backward from ``loss``, and the number of
-    saved tensors held as recipes instead (``_raw_saved_*`` whose packed form is not a tensor)."""
-    storages, recipes, seen, stack = {}, 0, set(), [loss.grad_fn]
+def recipes(loss: torch.Tensor) -> int:
+    """The number of saved tensors the graph of ``loss`` holds as recipes (``_raw_saved_*`` whose
+    packed form is not a tensor)."""
+    count, seen, stack = 0, set(), [loss.grad_fn]
     while stack:
         node = stack.pop()
         if node is None or node in seen:
@@ -87,35 +91,47 @@ def saved_bytes(loss: torch.Tensor) -> tuple[int, int]:
                 saved = getattr(node, name)
                 for item in saved if isinstance(saved, list) else [saved]:
                     data = getattr(item, "data", None)  # the packed form, not unpacked
-                    if isinstance(data, torch.Tensor):
-                        storage = data.untyped_storage()
-                        storages[storage.data_ptr()] = storage.nbytes()
-                    elif data is not None:
-                        recipes += 1
+                    count += data is not None and not isinstance(data, torch.Tensor)
         stack += [fn for fn, _ in node.next_functions]
-    return sum(storages.values()), recipes
+    return count
 
 
-@pytest.mark.parametrize("attn, dtype", [("eager", None), ("sdpa", None), ("sdpa", torch.bfloat16)])
-def test_routed_kv_are_not_kept_for_backward(attn, dtype):
-    """With SDPA, the graph holds two K/V-sized tensors per layer fewer (recipes instead), under bf16
-    autocast too (where RoPE's fp32 cos/sin once made attention save a bf16 copy of the keys, which no
-    recipe matched); eager attention saves views of them, which are kept as usual."""
+def held(forward) -> tuple[torch.Tensor, int]:
+    """``forward()``'s result and the bytes the CPU allocator still holds for it when it returns
+    (everything backward may read), from the profiler's record of allocations and frees."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = forward()
+    events = prof.profiler.kineto_results.events()
+    return out, sum(e.nbytes() for e in events if e.name() == "[memory]")
+
+
+@pytest.mark.parametrize(
+    "attn, dtype, kv",
+    [("eager", None, 4), ("sdpa", None, 4), ("sdpa", torch.bfloat16, 4), ("sdpa", torch.bfloat16, 2)],
+    ids=["eager", "sdpa", "sdpa-bf16", "sdpa-bf16-gqa"],
+)
+def test_routed_kv_are_not_kept_for_backward(attn, dtype, kv):
+    """With SDPA, what the forward leaves allocated for backward is two routed K/V-sized tensors per
+    layer less (recipes instead), computed from the shapes, under bf16 autocast too. Regressions: RoPE's
+    fp32 cos/sin once made attention save a bf16 copy of the keys, which no recipe matched; and the
+    recipes once kept each layer's fp32 attention input alive, which under autocast nothing else keeps
+    (the projections keep a bf16 copy), so the option cost memory. Eager attention saves views of the
+    routed K/V, which are kept as usual."""
     ids = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
 
-    def saved(model):
+    def forward(model):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
-            return saved_bytes(model(ids, labels=ids).loss)
+            return model(ids, labels=ids).loss
 
-    (plain_bytes, plain_recipes), (bytes_, recipes) = (saved(model) for model in pair("full", attn, kv=4))
+    (loss_a, bytes_a), (loss_b, bytes_b) = (held(partial(forward, m)) for m in pair("full", attn, kv=kv))
     layers, head_dim = SIZES["num_hidden_layers"], SIZES["hidden_size"] // SIZES["num_attention_heads"]
-    routed = 2 * 4 * 12 * head_dim * (2 if dtype else 4)  # one (B, kv, T, head_dim) tensor, bf16 or fp32
-    assert plain_recipes == 0
+    routed = 2 * kv * 12 * head_dim * (2 if dtype else 4)  # one (B, kv, T, head_dim) tensor, bf16 or fp32
+    assert recipes(loss_a) == 0
     if attn == "sdpa":
-        assert recipes == 2 * layers
-        assert plain_bytes - bytes_ == 2 * layers * routed
+        assert recipes(loss_b) == 2 * layers
+        assert bytes_a - bytes_b == 2 * layers * routed
     else:
-        assert (recipes, bytes_) == (0, plain_bytes)
+        assert (recipes(loss_b), bytes_b) == (0, bytes_a)
 
 
 def test_dynamic_routing_and_cached_forwards_are_left_alone(rereads):
