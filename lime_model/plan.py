@@ -156,9 +156,8 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2, fsdp: int =
             input_ids = torch.zeros(micro, seq_len, dtype=torch.long)
             for i in range(n_micro):
                 tracker.reset_mod_stats()  # its per-module statistics take one forward each
-                if (
-                    mesh is not None
-                ):  # gradients reduce-scattered on the last micro-batch only, as in training
+                # gradients reduce-scattered on the last micro-batch only, as in training
+                if mesh is not None:
                     model.set_requires_gradient_sync(i == n_micro - 1)
                 before = _total(tracker)
                 loss = micro_batch_loss(model, input_ids, input_ids, n_targets)
