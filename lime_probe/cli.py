@@ -47,13 +47,18 @@ from lime_model.checks import (
     Command,
     add_device_option,
     check_device,
+    check_window,
     one_line,
     positive_int,
+    print_error,
+    read_config,
     run_command,
     run_program,
 )
 from lime_model.files import check_writable, umask
+from lime_probe.extraction.cachedir import DEFAULT_LIMIT, parse_size, remove_stale_staging, staging_prefix
 from lime_probe.extraction.sources import check_local, is_hub_id
+from lime_probe.interventions.pairs import load_pairs
 from lime_probe.specs import (
     ANALYSES,
     Checkpoint,
@@ -109,7 +114,8 @@ def staged_output(out: str | os.PathLike):
 
     Missing parent folders are created (as ``mkdir -p``) and removed again if the command fails.
     On any exception (including KeyboardInterrupt) the temp folder is removed and ``out`` is
-    left as it was. A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not
+    left as it was. The temp folder's name holds this process's id, so the staging folders of killed runs
+    (``kill -9``) are removed here by the next run (`lime_probe.extraction.cachedir.remove_stale_staging`). A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not
     mkdtemp's private 0o700. ``out`` is checked first, creating nothing (``lime_model.files.check_writable``):
     NotADirectoryError if it or a folder on its way is a file, PermissionError if it cannot be written.
     """
@@ -124,7 +130,8 @@ def staged_output(out: str | os.PathLike):
     published = False
     try:
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+            remove_stale_staging(parent)  # those of runs killed before they could remove their own
+            tmp = Path(tempfile.mkdtemp(prefix=staging_prefix(out), suffix=".partial", dir=parent))
         except OSError as e:
             raise PermissionError(f"--out {out} is not writable ({e.strerror})") from None
         try:
@@ -307,6 +314,7 @@ class DataKind:
     load: Callable[[Any, argparse.Namespace, Any, str], Any] = lambda value, args, params, option: None
     texts: bool = False
     report: tuple[str, dict] | None = None
+    flag: str = "--data"
 
 
 TEXTS_HELP = "a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
@@ -339,6 +347,12 @@ DATA_KINDS: dict[str, DataKind] = {
             },
         ),
     ),
+    "pairs": DataKind(
+        {"required": True, "metavar": "FILE", "help": "a JSONL file of clean/corrupt prompt pairs, one object a "
+         'line: {"clean": ..., "corrupt": ..., "answer": ..., "wrong": ...} (equal token lengths, one-token answers)'},
+        lambda value, args, params, option: load_pairs(value),
+        flag="--pairs",
+    ),  # fmt: skip
     "none": DataKind(),
 }
 
@@ -348,7 +362,8 @@ def _analysis_command(spec: Spec) -> Callable:
         from lime_probe.specs import write_analysis
 
         params = params_of(spec, args)
-        data = DATA_KINDS[spec.data_kind].load(getattr(args, "data", None), args, params, "--data")
+        kind = DATA_KINDS[spec.data_kind]
+        data = kind.load(getattr(args, _dest(kind.flag), None), args, params, kind.flag)
         cks = _checkpoints(spec, args)
         result = run_analysis(spec, cks, data, args)
         write_analysis(result, out, _meta(spec.name, args, cks))
@@ -380,11 +395,14 @@ def cmd_report(args, out: Path) -> str | None:
     texts = _texts(args.data, max(sizes.values())) if sizes else None
     cks = load_checkpoints(args.ckpt, args.label, verbose=args.verbose, **load_options(args))
     meta = _meta("report", args, cks)
-    sections, skipped = [], []
+    sections, skipped, left_out = [], [], []  # left out: applies to none of the checkpoints (not exit 3)
     for name in names:
         spec = ANALYSES[name]
         chosen = [c for c in cks if spec.applies(c)]
         if not chosen:
+            reason = f"it applies to {spec.applies_to or 'other checkpoints'}, and none of these is one"
+            left_out.append({"analysis": name, "reason": reason})
+            print_error(f"{PROG} report: skipped {name}: {reason}")
             continue
         used = dataclasses.asdict(params[name]) | ({"max_sequences": sizes[name]} if name in sizes else {})
         try:
@@ -396,17 +414,21 @@ def cmd_report(args, out: Path) -> str | None:
             result = run_analysis(spec, chosen, data, args)
         except BAD_INPUT as e:
             skipped.append({"analysis": name, "reason": one_line(e)})
-            print(f"{PROG} report: skipped {name}: {one_line(e)}", file=sys.stderr)
+            print_error(f"{PROG} report: skipped {name}: {one_line(e)}")
             continue
         sections.append(write_analysis(result, out, _meta("report", args, cks, used)))
         print(f"\n{result.title}\n{format_table(result.table())}")
     if not sections:
         raise ValueError(
-            "every section failed: " + "; ".join(f"{s['analysis']}: {s['reason']}" for s in skipped)
+            "every section failed: "
+            + "; ".join(f"{s['analysis']}: {s['reason']}" for s in [*skipped, *left_out])
         )
-    if skipped:
-        text = "These analyses were skipped because their input did not allow them; the others are above."
-        sections.append(Section("Skipped sections", text=text, tables=[Table("skipped", skipped)]))
+    if skipped or left_out:
+        text = (
+            "These analyses were skipped because their input did not allow them or they apply to none of "
+            "the checkpoints; the others are above."
+        )
+        sections.append(Section("Skipped sections", text=text, tables=[Table("skipped", skipped + left_out)]))
     labels = " vs ".join(c.label for c in cks)
     write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
     if skipped and not args.allow_skips:
@@ -434,8 +456,8 @@ def cmd_demo(args, out: Path) -> None:
 
 # The analyses report's --analyses chooses from: those that read its --data or the run folders; the others
 # join through an option of report's own (BLiMP: --blimp), {analysis: flag}.
-REPORTABLE = [n for n, s in ANALYSES.items() if DATA_KINDS[s.data_kind].report is None]
-REPORT_DEFAULT = [n for n, s in ANALYSES.items() if DATA_KINDS[s.data_kind].texts]
+REPORTABLE = [n for n, s in ANALYSES.items() if s.in_report and DATA_KINDS[s.data_kind].report is None]
+REPORT_DEFAULT = [n for n, s in ANALYSES.items() if s.in_report and DATA_KINDS[s.data_kind].texts]
 REPORT_JOINED = {
     n: report[0] for n, s in ANALYSES.items() if (report := DATA_KINDS[s.data_kind].report) is not None
 }
@@ -506,7 +528,7 @@ def _checkpoint_options(
         help="hub branch, tag or commit, e.g. step143000 for a Pythia checkpoint; one per hub --ckpt in "
         "order, or one for all (default: main)",
     )
-    g.add_argument("--data", **kind.option)
+    g.add_argument(kind.flag, **kind.option)
     if kind.texts:
         g.add_argument(
             "--max-sequences",
@@ -547,10 +569,19 @@ def _checkpoint_options(
         "--cache",
         default=_default_cache(),
         metavar="DIR",
-        help="activation cache; a rerun or an interrupted run reuses it (default: %(default)s)",
+        help="activation cache; a rerun or an interrupted run reuses it (default: %(default)s, yours alone: "
+        "under $XDG_CACHE_HOME, else ~/.cache)",
     )
     g.add_argument(
         "--no-cache", dest="cache", action="store_const", const=None, help="extract without the on-disk cache"
+    )
+    g.add_argument(
+        "--cache-limit",
+        type=parse_size,
+        default=DEFAULT_LIMIT,
+        metavar="SIZE",
+        help="after the run, remove the least recently used cache entries (never this run's) until the cache "
+        "holds at most SIZE, e.g. 500MB, 20GB; 0: no limit (default: %(default)s)",
     )
     g.add_argument(
         "--allow-unknown-tokens",
@@ -573,7 +604,10 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
 
 
 def _default_cache() -> str:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """This user's own activation cache: under $XDG_CACHE_HOME (an absolute path, as the XDG spec asks), else
+    under ~/.cache."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    root = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(root, "lime-probe")
 
 
@@ -757,7 +791,7 @@ def _cache_options(p: argparse.ArgumentParser) -> None:
         dest="cache_dir",
         default=_default_cache(),
         metavar="DIR",
-        help="the activation cache (default: %(default)s)",
+        help="the activation cache (default: %(default)s, yours alone: under $XDG_CACHE_HOME, else ~/.cache)",
     )
     p.add_argument(
         "--clear",
@@ -831,7 +865,7 @@ STAGED = "nothing was written to {out}"
 def _analysis(spec: Spec) -> Command:
     def options(p: argparse.ArgumentParser) -> None:
         _checkpoint_options(
-            p, data=spec.data_kind, max_sequences=spec.max_sequences, layers=spec.data_kind == "texts"
+            p, data=spec.data_kind, max_sequences=spec.max_sequences, layers=spec.data_kind in ("texts", "pairs")
         )
         _run_options(p)
         add_param_options(p.add_argument_group("analysis"), spec.params)
@@ -931,26 +965,37 @@ def _text_data(args: argparse.Namespace) -> str | None:
 def check_inputs(args: argparse.Namespace) -> None:
     """Every check of a parsed command line that needs no model, run before torch is imported (it and a
     model take half a minute to load on a busy machine, a mistyped option a second to name): the labels,
-    the analyses' parameters (each dataclass checks itself, e.g. --words, --alpha), --layers, the folders
-    written (--out, the activation --cache), a local --data (`lime_model.data.check_source`) and a local
-    --ckpt (`lime_probe.extraction.sources.check_local`)."""
+    the analyses' parameters (each dataclass checks itself, e.g. --words, --alpha), --max-length against
+    what each analysis needs (`Spec.min_length`), --layers, the folders written (--out, the activation
+    --cache, the demo's --runs), a local --data (`lime_model.data.check_source`) and a local --ckpt
+    (`lime_probe.extraction.sources.check_local`; a --window against the positions its config.json states)."""
     from lime_model.data import check_source
 
     if getattr(args, "label", None):
         labels_for(args.ckpt, args.label)
+    windows = set()
     for name in _analyses_of(args):
-        params_of(ANALYSES[name], args)
+        windows.add(getattr(params_of(ANALYSES[name], args), "window", None))
+        if getattr(args, "max_length", None) is not None and args.max_length < ANALYSES[name].min_length:
+            raise ValueError(
+                f"--max-length {args.max_length}: {name} needs at least {ANALYSES[name].min_length} tokens "
+                "per sequence"
+            )
     if not (args.command in ANALYSES and _own_layers(ANALYSES[args.command])):  # else its parameter
         layer_list(getattr(args, "layers", None))
-    for option in ("out", "cache"):
+    for option in ("out", "cache", "runs"):
         if getattr(args, option, None) is not None:
             check_writable(getattr(args, option), folder=True, option=f"--{option}")
     if (data := _text_data(args)) is not None:
         check_source(data)
+    if getattr(args, "pairs", None) is not None:
+        load_pairs(args.pairs)
     if _loads_models(args):  # a local --ckpt; a hub id is the hub's to answer, when it is loaded
         for ckpt in args.ckpt:
             if not is_hub_id(ckpt):
                 check_local(Path(ckpt).expanduser())
+                for window in windows - {None}:
+                    check_window(window, read_config(Path(ckpt).expanduser()), ckpt)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -974,7 +1019,8 @@ def _run(args: argparse.Namespace) -> int:
             check_device(args.device)
         from lime_probe.extraction.cachedir import report_growth
 
-        with report_growth(getattr(args, "cache", None)), one_line_warnings(where):
+        growth = report_growth(getattr(args, "cache", None), getattr(args, "cache_limit", None))
+        with growth, one_line_warnings(where):
             incomplete = command.run(args)
         if incomplete:  # written, but without part of what was asked
             print(f"{where}: incomplete: {incomplete}", file=sys.stderr)

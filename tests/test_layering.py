@@ -44,7 +44,7 @@ def test_extraction_and_probes_import_no_plotting_and_no_training():
 
 # The package's layers, bottom to top: a module may import its own layer and those below, never above.
 # protocol.py is data every layer reads; cli.py, notebook.py and __init__.py sit on top of everything.
-LAYERS = ("protocol", "extraction", "probes", "output", "specs", "studies", "cli notebook __init__")
+LAYERS = ("protocol", "extraction", "probes", "interventions", "output", "specs", "studies", "cli notebook __init__")
 PACKAGE = ROOT / "lime_probe"
 
 
@@ -210,9 +210,9 @@ def test_every_parameter_field_is_an_option():
         dests = {a.dest for a in sub[name]._actions}
         fields = set(spec.params.__dataclass_fields__)
         assert fields <= dests, name
-        args = sub[name].parse_args(
-            ["--ckpt", "x", "--data", "d"] if spec.data_kind == "texts" else ["--ckpt", "x"]
-        )
+        kind = cli.DATA_KINDS[spec.data_kind]
+        required = [kind.flag, "d"] if (kind.option or {}).get("required") else []
+        args = sub[name].parse_args(["--ckpt", "x", *required])
         assert cli.params_of(spec, args) == spec.params()  # option defaults are the dataclass defaults
 
 

@@ -607,18 +607,19 @@ def _validate(
 
 
 @dataclass(frozen=True)
-class _Plan:
+class SitePlan:
     """What one extraction reads from a model: the layers per site, the trace reads in execution order,
-    the per-head shapes of the keys/values and attn_pattern sites, the bytes of one row of every site and
-    layer (module sites: an estimate)."""
+    the per-head shapes of the keys/values and attn_pattern sites, the width of each site's rows and the
+    bytes of one row of every site and layer (module sites: estimates)."""
 
     site_layers: dict[str, list[int]]
     reads: list[Read]
     heads: dict[str, tuple[int, int]]
+    dims: dict[str, int]
     row_bytes: int
 
 
-def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None, width: int) -> _Plan:
+def plan_sites(hf: Any, sites: list[str], layers: Iterable[int] | None, width: int) -> SitePlan:
     """The plan of `sites` at `layers` for `hf`; `width`: the key positions of an ``attn_pattern`` row."""
     base = hf.base_model
     prefix = "" if base is hf else f"{hf.base_model_prefix}."
@@ -649,10 +650,11 @@ def _plan(hf: Any, sites: list[str], layers: Iterable[int] | None, width: int) -
         reads += [
             Read(f"{path.replace('{i}', str(i))}.{what}", ((site, i, take),)) for i in site_layers[site]
         ]
-    return _Plan(
+    return SitePlan(
         site_layers,
         execution_order(hf, reads) if modules else reads,
         heads,
+        dims,
         4 * sum(dims[s] * len(ls) for s, ls in site_layers.items()),
     )
 
@@ -751,7 +753,7 @@ def extract(
     max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
     if remote and remote != "local" and any(module_site(s) for s in sites):
         raise ValueError("module: sites are ordered by a forward pass run here: extract them locally")
-    plan = _plan(hf, sites, layers, max_length)
+    plan = plan_sites(hf, sites, layers, max_length)
     if logprobs and (not hasattr(hf, "get_output_embeddings") or hf.get_output_embeddings() is None):
         raise ValueError(f"logprobs=True needs a model with an LM head, not {type(hf).__name__}")
     select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
@@ -811,6 +813,10 @@ def extract(
                 return Activations(cache.shards, plan.site_layers, plan.heads, logprobs, attn, all_tokens)
 
         start = cache.done_sequences if cache else 0
+        if cache is not None and progress:  # what the cache is about to grow by, before it does
+            rest = None if streamed else cast("list[list[int]]", seqs)[start:]
+            wanted = None if select_ids is None else select_ids.tolist()
+            cache.announce(plan.row_bytes, rest, pooled=pool != "none", token_ids=wanted)
         parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
         buffer: list[dict[str, torch.Tensor]] = []
         buffered_bytes = 0
@@ -922,7 +928,7 @@ def _forward(
     nn_model: Any,
     batch: dict[str, torch.Tensor],
     keep: torch.Tensor,
-    plan: _Plan,
+    plan: SitePlan,
     pool: str,
     remote: bool | str,
     index: list[int],

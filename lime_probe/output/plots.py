@@ -196,12 +196,14 @@ def plot_entropy(
     y-axis starts far above zero and makes small gaps look large. When the axis shows less than
     half of the range from zero, a note under the plot says where it starts and gives the largest
     gap between the first two models, with an interval only where seeds pair them (see `gap_note`).
+    The legend sits right of the plot, never over the curves; the band's words go on a line of their own
+    under the title, which stays within the plot's width.
     """
     order = f" (α={alpha:g})" if alpha is not None else ""
     fig = plot_layer_curves(
         series,
         ylabel=f"matrix entropy{order} [nats]",
-        title=f"Entropy of {site} per layer" + (f", band: {band}" if band else ""),
+        title=f"Entropy of {site} per layer" + ("\n" + textwrap.fill(f"band: {band}", 44) if band else ""),
         xlabel=layer_axis_label(site),
     )
     ax = fig.axes[0]
@@ -209,7 +211,24 @@ def plot_entropy(
     if bottom > 0 and top - bottom < top / 2:
         with style():
             fig.supxlabel(textwrap.fill(gap_note(series, bottom), 70), fontsize=8, color="0.3")
+    _legend_beside(fig)
     return fig
+
+
+def _legend_beside(fig: Figure, **kw: Any) -> None:
+    """Move the legend of ``fig``'s one axes to the right of the plot, in columns of at most `LEGEND_ROWS`
+    entries, and widen the figure by its width, so the plotting area keeps its size (a legend inside the
+    axes covers curves; one larger than them leaves constrained layout no room)."""
+    ax = fig.axes[0]
+    handles, names = ax.get_legend_handles_labels()
+    if (legend := ax.get_legend()) is not None:
+        legend.remove()
+    with style():
+        legend = fig.legend(
+            handles, names, loc="outside right center", ncols=-(-len(names) // LEGEND_ROWS), **kw
+        )
+        width = legend.get_window_extent().width / fig.dpi
+        fig.set_size_inches(fig.get_figwidth() + width + 0.2, fig.get_figheight())
 
 
 def plot_logit_lens(
@@ -387,8 +406,9 @@ def plot_router_beside_initial(weights, initial, *, label: str, initial_label: s
     """Router weights after training | at initialisation | the change (trained - initial), layer x
     buffered layer, each ``(n_layers, n_sources)`` as in `plot_router` (NaN cells blank).
 
-    ``initial_label`` says what the initial map is (the run's own step 0, or the init's expected map);
-    the change is drawn on a diverging scale symmetric about 0."""
+    ``initial_label`` says what the initial map is (the run's own step 0, or the init's expected map), on
+    a line of its own under the main title (a panel title that long would wrap into it); the change is
+    drawn on a diverging scale symmetric about 0."""
     trained, start = np.asarray(weights, dtype=float), np.asarray(initial, dtype=float)
     if trained.ndim != 2 or trained.shape != start.shape:
         raise ValueError(
@@ -416,7 +436,7 @@ def plot_router_beside_initial(weights, initial, *, label: str, initial_label: s
             (
                 axes[0, 1],
                 start,
-                initial_label,
+                "initial",
                 {"vmin": 0.0, "vmax": vmax, "cbar_label": "share of |R| (row sums to 1)"},
             ),
             (
@@ -427,8 +447,10 @@ def plot_router_beside_initial(weights, initial, *, label: str, initial_label: s
             ),
         )
         for ax, m, title, extra in panels:
-            plot_heatmap(m, **common, ylabel="layer (reader)", title=textwrap.fill(title, 40), ax=ax, **extra)
-        fig.suptitle(f"{label}: where each layer reads its keys/values, trained beside initial")
+            plot_heatmap(m, **common, ylabel="layer (reader)", title=title, ax=ax, **extra)
+        fig.suptitle(
+            f"{label}: where each layer reads its keys/values, trained beside initial\n({initial_label})"
+        )
     return fig
 
 
@@ -714,16 +736,7 @@ def plot_blimp_layers(
         title=f"{model}: BLiMP probes per layer ({site}, mean-pooled)",
         xlabel=layer_axis_label(site),
     )
-    ax = fig.axes[0]
-    handles, names = ax.get_legend_handles_labels()
-    if (legend := ax.get_legend()) is not None:
-        legend.remove()
-    with style():
-        legend = fig.legend(
-            handles, names, loc="outside right center", fontsize=7, ncols=-(-len(names) // LEGEND_ROWS)
-        )
-        width = legend.get_window_extent().width / fig.dpi
-        fig.set_size_inches(fig.get_figwidth() + width + 0.2, fig.get_figheight())
+    _legend_beside(fig, fontsize=7)
     return fig
 
 
@@ -785,11 +798,18 @@ def plot_bars(values: Mapping[str, float], *, ylabel: str, title: str = "") -> F
 
 def plot_intervals(rows: Sequence[Mapping], *, title: str) -> Figure:
     """Forest plots, one panel per ``panel`` (an endpoint, in its own unit): one horizontal interval per
-    row (``label``, ``mean``, ``low``, ``high``) and a dashed line at zero."""
+    row (``label``, ``mean``, ``low``, ``high``) and a dashed line at zero.
+
+    Row labels wrap at `LABEL_CHARS` characters and panel titles at the figure's width, so long comparisons
+    ("A vs B", "routing at X - routing at Y") leave the intervals most of the width."""
     panels: dict[str, list[Mapping]] = {}
     for r in rows:
         panels.setdefault(r["panel"], []).append(r)
-    heights = [0.42 * len(p) + 0.9 for p in panels.values()]
+    labels = {p: [textwrap.fill(r["label"], LABEL_CHARS) for r in prs] for p, prs in panels.items()}
+    titles = {p: textwrap.fill(p, 2 * LABEL_CHARS) for p in panels}
+    heights = [
+        0.2 * sum(ln.count("\n") + 2 for ln in labels[p]) + 0.2 * titles[p].count("\n") + 0.7 for p in panels
+    ]
     with style():
         fig = Figure(figsize=(7.5, sum(heights) + 0.6), layout="constrained")
         axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
@@ -798,10 +818,30 @@ def plot_intervals(rows: Sequence[Mapping], *, title: str) -> Figure:
                 err = [[r["mean"] - r["low"]], [r["high"] - r["mean"]]]
                 ax.errorbar(r["mean"], i, xerr=err, fmt="o", color=color(0), capsize=3)
             ax.axvline(0.0, color="0.5", linewidth=0.8, linestyle="--")
-            ax.set_yticks(range(len(prs)), [r["label"] for r in prs])
+            ax.set_yticks(range(len(prs)), labels[panel])
             ax.set_ylim(len(prs) - 0.5, -0.5)
             # Few x ticks: small endpoints (accuracy differences of 0.005) have long labels that would touch.
             ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
-            ax.set_title(panel, fontsize="medium", loc="left")
+            ax.set_title(titles[panel], fontsize="medium", loc="left")
+        fig.suptitle(title)
+    return fig
+
+
+# Characters per line of a forest plot's row label (its panel titles take twice as many).
+LABEL_CHARS = 34
+
+
+def plot_heatmaps(panels: Sequence[Mapping], *, title: str) -> Figure:
+    """Heatmaps side by side, one per panel: each a mapping of `plot_heatmap`'s keywords (``matrix``,
+    ``row_labels``, ``col_labels``, ``xlabel``, ``ylabel``, ``title``, ``cbar_label``, optional ``cmap``,
+    ``vmin``, ``vmax``), under one `title`."""
+    rows = max(len(p["row_labels"]) for p in panels)
+    cols = max(len(p["col_labels"]) for p in panels)
+    fig, axes = _new_figure(
+        len(panels), size=(len(panels) * max(3.8, 0.45 * cols + 2.2), max(3.0, 0.35 * rows + 1.6))
+    )
+    for ax, panel in zip(axes[0], panels, strict=True):
+        plot_heatmap(ax=ax, **panel)
+    with style():
         fig.suptitle(title)
     return fig

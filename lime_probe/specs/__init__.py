@@ -19,7 +19,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import blimp, cka, entropy, logit_lens, perplexity, router, separability, training, tsne
+from . import (
+    ablate_routes,
+    blimp,
+    cka,
+    entropy,
+    logit_lens,
+    patch,
+    perplexity,
+    router,
+    separability,
+    training,
+    tsne,
+)
 from .base import Checkpoint, Result, Spec, labels_for, load_checkpoints, named_checkpoints
 
 ANALYSES: dict[str, Spec] = {
@@ -35,6 +47,8 @@ ANALYSES: dict[str, Spec] = {
         router.SPEC,
         training.CURVES,
         training.ACCURACY,
+        patch.SPEC,
+        ablate_routes.SPEC,
     )
 }
 

@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from lime_probe.extraction.sites import SITES, check_site
 
-# What an analysis's --data holds: texts (required or optional), a BLiMP dataset, or nothing (the
-# analysis reads the checkpoints' own run folders).
-DataKind = Literal["texts", "optional-texts", "blimp", "none"]
+# What an analysis's --data holds: texts (required or optional), a BLiMP dataset, clean/corrupt prompt pairs
+# (given as --pairs), or nothing (the analysis reads the checkpoints' own run folders).
+DataKind = Literal["texts", "optional-texts", "blimp", "pairs", "none"]
 
 
 # The torch thread default (ours), measured on the 2-core machine (bench/RESULTS.md, "Thread default"):
@@ -71,10 +71,10 @@ LAYERS_HELP = "'all' or comma-separated layer indices, negative ones counted fro
 
 
 def layer_list(text: str | None, also: str = "") -> list[int] | None:
-    """The layer indices of a ``--layers`` value (None: all, for None, "" or "all"); ValueError naming the
+    """The layer indices of a ``--layers`` value (None: all, for None or "all"); ValueError naming the
     accepted forms (``also``: more of them, e.g. "'paper', ") for anything else. Needs no model: the
     indices are checked against a model's layers when it is read (`lime_probe.extraction.tracing`)."""
-    if text in (None, "", "all"):
+    if text in (None, "all"):
         return None
     try:
         return [int(x) for x in text.split(",")]
@@ -187,11 +187,14 @@ class Spec:
     ``compute(checkpoints, data, params, extract_kw)``: ``data`` as ``data_kind`` says (texts, a BLiMP
     dataset or None), ``params`` an instance of ``params``, ``extract_kw`` the size limits, layers and
     cache as ``lime_probe.extract`` keywords (None when the analysis reads no data). ``applies(checkpoint)``
-    says whether ``report`` runs it on a checkpoint (the router analysis: LIMe checkpoints only).
+    says whether ``report`` runs it on a checkpoint (the router analysis: LIMe checkpoints only), and
+    ``applies_to`` names those checkpoints in words, for the line saying none of them is one.
     ``streams(params)`` says whether ``compute`` reads its texts only in order, one pass per checkpoint
     (e.g. per-document extraction): the command line then hands it a lazily read `Corpus` instead of a
     list; analyses that pack or sample the whole corpus up front keep a list.
-    ``notebook`` is the stem of its notebook in analyses/.
+    ``notebook`` is the stem of its notebook in analyses/. ``in_report``: whether ``report`` offers it (the
+    interventions, which run a forward pass per cell or cut, are commands of their own). ``min_length``:
+    the fewest tokens per sequence it can measure (the logit lens: 2, a prediction and the token it predicts).
     """
 
     name: str
@@ -205,6 +208,9 @@ class Spec:
     applies: Callable[[Checkpoint], bool] = lambda ck: True
     streams: Callable[[Any], bool] = lambda params: False
     max_sequences: int = 64  # default --max-sequences (word probes need more text)
+    in_report: bool = True
+    applies_to: str = ""
+    min_length: int = 1
 
     def run(
         self, cks: Sequence[Checkpoint], data: Any = None, extract_kw: dict | None = None, **params: Any

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from .route_ablation import route_ablation_claims, route_ablation_measures, route_ablation_tiny
 from .study import LARGEST, Claim, Effect, Endpoint, Measure, Role, Selection, Study
 
 LIME = {"routing": "full"}
@@ -650,6 +651,19 @@ STUDIES: dict[str, Study] = {
                     "entropy-mixed": {"params": {"num_windows": 8}},
                 },
             },
+        ),
+        replace(
+            study(
+                "route-ablation",
+                "Does a trained LIMe use its reads of earlier layers? Held-out loss with every cross-layer read "
+                "cut against its own, per seed, with the mixing null beside it (lm-cpu-fair's LIMe and LLaMA)",
+                {"LIMe": FAIR_LIME, "LLaMA": FAIR_LLAMA},
+                range(5),
+                route_ablation_claims(entropy(), MIXED_ENTROPY),
+                lm=True,
+            ),
+            measures=route_ablation_measures(FAIR_MEASURES["entropy"], FAIR_MEASURES["entropy-mixed"]),
+            tiny=route_ablation_tiny(LM_TINY),
         ),
         replace(
             study(

@@ -1,0 +1,49 @@
+"""Clean/corrupt prompt pairs, the input of activation patching, read from JSONL; imports nothing heavy, so
+the command line checks a pairs file before torch loads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+FIELDS = ("clean", "corrupt", "answer", "wrong")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A clean and a corrupt prompt (equal token lengths) and the answer / wrong-answer tokens (a text that
+    is one token, or its id)."""
+
+    clean: str
+    corrupt: str
+    answer: str | int
+    wrong: str | int
+
+
+def load_pairs(path: str | Path) -> list[Pair]:
+    """The pairs of a JSONL file, one object a line with "clean", "corrupt", "answer" and "wrong" (blank lines
+    skipped); ValueError in one line naming the file and line of anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--pairs {path}: no such file (a JSONL file of clean/corrupt pairs)")
+    pairs = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict) or any(k not in row for k in FIELDS):
+                raise ValueError(f"{path}:{n}: a pair needs the fields {', '.join(FIELDS)}")
+            if not all(isinstance(row[k], str) and row[k] for k in ("clean", "corrupt")):
+                raise ValueError(f"{path}:{n}: clean and corrupt must be non-empty strings")
+            for k in ("answer", "wrong"):
+                if not isinstance(row[k], (str, int)) or isinstance(row[k], bool) or row[k] == "":
+                    raise ValueError(f"{path}:{n}: {k} must be a one-token string or a token id")
+            pairs.append(Pair(row["clean"], row["corrupt"], row["answer"], row["wrong"]))
+    if not pairs:
+        raise ValueError(f"{path}: holds no pairs")
+    return pairs
