@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from .files import DiskFullError
 
 if TYPE_CHECKING:
     import torch
@@ -42,17 +44,30 @@ __all__ = [
     "check_model_dir",
     "check_positive",
     "check_weights",
+    "check_window",
+    "close_progress_bars",
+    "config_positions",
     "is_causal_lm",
     "one_line",
     "positive_int",
+    "print_error",
     "quiet_library",
+    "read_config",
     "run_command",
     "run_program",
 ]
 
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
-# one: the libraries raise ValueError for a wrong name, so a KeyError is a bug.
-BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+# one: the libraries raise ValueError for a wrong name, so a KeyError is a bug. A full disk is the user's to
+# fix too: its line names the file that did not fit.
+BAD_INPUT = (
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    DiskFullError,
+)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -65,6 +80,23 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def close_progress_bars() -> None:
+    """Close every tqdm progress bar still drawn (innermost first), so that the line printed next starts a
+    line of its own instead of following a bar that a failure or Ctrl-C left half-way; tqdm is not imported
+    for it (no bar exists unless it was)."""
+    tqdm = sys.modules.get("tqdm.std")
+    if tqdm is None:
+        return
+    for bar in sorted(tqdm.tqdm._instances, key=lambda b: -abs(getattr(b, "pos", 0))):
+        bar.close()
+
+
+def print_error(line: str) -> None:
+    """``line`` on stderr, on a line of its own (`close_progress_bars` first)."""
+    close_progress_bars()
+    print(line, file=sys.stderr)
 
 
 def one_line(error: BaseException) -> str:
@@ -171,7 +203,7 @@ def run_program(
         return run(args)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print_error(f"{prog}: interrupted")
         return 130
 
 
@@ -194,19 +226,18 @@ def run_command(
         return work() or 0
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
-        print(f"{where}: interrupted" + (f"; {interrupted}" if interrupted else ""), file=sys.stderr)
+        print_error(f"{where}: interrupted" + (f"; {interrupted}" if interrupted else ""))
         return 130
     except BAD_INPUT as e:
         if debug:
             raise
-        print(f"{error_prefix or where}: error: {one_line(e)}", file=sys.stderr)
+        print_error(f"{error_prefix or where}: error: {one_line(e)}")
         return 2
     except Exception as e:
         if debug:
             raise
-        print(
-            f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)",
-            file=sys.stderr,
+        print_error(
+            f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)"
         )
         return 1
 
@@ -271,6 +302,46 @@ def check_model_dir(ckpt: str | os.PathLike) -> None:
     if not (Path(ckpt) / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
     check_weights(ckpt)
+
+
+def config_positions(config: Any) -> int | None:
+    """The positions a model can read (``max_position_embeddings``, or GPT-2's ``n_positions``) from its
+    ``config``: a Hugging Face config, or ``config.json`` read as a dict (no torch needed); None when it
+    states none (e.g. pure RoPE without a stated maximum)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_window(window: int | None, config: Any, what: str, *, minimum: int = 1) -> None:
+    """ValueError in one line unless ``window`` (tokens per window; None: the command's default) is an
+    integer from ``minimum`` to the positions ``config`` states (`config_positions`; ``what`` names the
+    model): a longer window would index past the position embeddings, or run on past what it was trained
+    for, so it is refused rather than cut down silently."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < minimum:
+        raise ValueError(f"--window must be an integer >= {minimum}, got {window!r}")
+    positions = config_positions(config)
+    if positions is not None and window > positions:
+        raise ValueError(
+            f"--window {window} is longer than {what}'s {positions} positions: give --window <= {positions}"
+        )
+
+
+def read_config(ckpt: str | os.PathLike) -> dict:
+    """The ``config.json`` of the checkpoint folder ``ckpt`` as a dict (no torch, no transformers), for
+    checks before a model loads; ValueError naming the file when it is not a JSON object."""
+    path = Path(ckpt) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {one_line(e)}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"cannot read {path}: not a JSON object")
+    return config
 
 
 def is_causal_lm(config) -> bool:

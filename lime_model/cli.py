@@ -7,7 +7,8 @@ command writes into).
 Exit codes: 0 done; 2 bad usage or input (unknown recipe keys, bad routing, missing or empty data, a
 mismatched tokenizer, resuming a folder of another config, an unwritable or misplaced output, an
 unavailable ``--device``, a corrupt weights file), one ``lime-model: error: ...`` line, checked before
-any work; 1 an unexpected failure, one line (``--debug`` shows the traceback); 130 interrupted
+any work; also 2, when it happens, a full disk (the line names the file) and a ``train`` into a run folder
+that another one holds (the line names it); 1 an unexpected failure, one line (``--debug`` shows the traceback); 130 interrupted
 (Ctrl-C): an interrupted ``train`` is continued by running the same command again, an interrupted
 evaluation has written nothing (``lime_model.checks.run_command``). Nothing heavy (torch, transformers) is
 imported before the arguments are parsed and the inputs that need no model are checked (each command's
@@ -22,7 +23,16 @@ import os
 import sys
 
 from . import checks
-from .checks import Command, add_device_option, check_model_dir, positive_int, run_command, run_program
+from .checks import (
+    Command,
+    add_device_option,
+    check_model_dir,
+    check_window,
+    positive_int,
+    read_config,
+    run_command,
+    run_program,
+)
 from .downstream import DEFAULT_PRESET, PRESETS
 from .files import check_writable
 from .plan import DEFAULT_GPU_MEMORY, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, parse_memory
@@ -167,7 +177,11 @@ def _prepare(args: argparse.Namespace) -> None:
 def _eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, metavar="DIR", help=CKPT_HELP)
     p.add_argument("--data", required=True, metavar="SPEC", help=DATA_HELP)
-    p.add_argument("--window", type=int, help="tokens per window (default: the model's training seq_len)")
+    p.add_argument(
+        "--window",
+        type=positive_int,
+        help="tokens per window, at most the model's positions (default: those, the training seq_len)",
+    )
     p.add_argument("--batch-size", type=positive_int, default=8, metavar="B", help="windows per forward pass")
     add_device_option(p)
     p.add_argument(
@@ -192,6 +206,7 @@ def _check_out(args: argparse.Namespace) -> None:
 
 def _check_eval(args: argparse.Namespace) -> None:
     check_model_dir(args.ckpt)
+    check_window(args.window, read_config(args.ckpt), args.ckpt, minimum=2)
     _check_out(args)
     _check_data(args.data)
 
@@ -338,9 +353,25 @@ def _plan(args: argparse.Namespace) -> None:
 
 
 def _recipes(args: argparse.Namespace) -> None:
-    from .recipes import recipe_names
+    import textwrap
 
-    print("\n".join(recipe_names()))
+    from .plan import overview
+    from .recipes import load_recipe, recipe_names
+
+    for name in recipe_names():
+        # a placeholder for recipes that name no data: the overview reads none
+        o = overview(load_recipe(name, {"data": "(not read)"}))
+        tokens = "" if o["tokens"] is None else f"{_count(o['tokens'])} tokens, "
+        print(f"{name}  {_count(o['params'])} parameters; {tokens}{o['length']}")
+        print(textwrap.fill(o["purpose"], 100, initial_indent="    ", subsequent_indent="    "))
+
+
+def _count(n: float) -> str:
+    """``n`` with a unit: 1.23M, 45.6B (three significant digits)."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:g}"
 
 
 # The subcommands; their examples are run as written by tests/test_docs_examples.py.
@@ -443,7 +474,7 @@ lime-model plan --recipe lime-1b-gqa --gpus 8 --gpu-memory 80GiB --json plan.jso
         ),
         Command(
             "recipes",
-            "list the shipped recipes",
+            "list the shipped recipes: each one's parameters, training tokens and purpose",
             "lime-model recipes   # the paper's 1B GQA/MHA, 150M, deep 32/64/128, arithmetic, CPU-sized ones\n",
             _recipes,
         ),

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import LlamaConfig
 
 from .routing import RoutingSpec, parse_routing
 
 KV_PROJ_INITS = ("auto", "torch", "normal")
+# The sizes a model is built from: each, when given, a count (>= 1); None leaves it to LlamaConfig (its
+# default, or for num_key_value_heads and head_dim derived from the others).
+SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
+def check_sizes(fields: Mapping[str, Any], prefix: str = "") -> None:
+    """ValueError naming the first of `SIZES` in ``fields`` that is given but no integer >= 1 (``prefix``
+    goes before its name, e.g. "model." in a recipe): a 0-layer or negative-width model would build, and
+    even train, with nothing in it."""
+    for name in SIZES:
+        value = fields.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{prefix}{name} must be an integer >= 1, got {value!r}")
 
 
 class LimeConfig(LlamaConfig):
@@ -55,7 +79,11 @@ class LimeConfig(LlamaConfig):
         if kv_proj_init not in KV_PROJ_INITS:
             raise ValueError(f"kv_proj_init must be one of {', '.join(KV_PROJ_INITS)}, got {kv_proj_init!r}")
         self.kv_proj_init = kv_proj_init
-        super().__init__(**kwargs)
+        check_sizes(kwargs)  # before LlamaConfig divides by them
+        try:
+            super().__init__(**kwargs)
+        except StrictDataclassError as e:  # transformers' own validation: the ValueError it wraps, one line
+            raise ValueError(" ".join(str(e).split())) from None
         if self.attention_bias:
             raise ValueError("LIMe routes bias-free K/V projections; attention_bias=True is not supported")
         heads, kv = self.num_attention_heads, self.num_key_value_heads

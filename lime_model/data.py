@@ -50,18 +50,26 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                yield row["text"]
+                text = json.loads(line)["text"]
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise ValueError(f'{path}:{lineno}: expected a JSON object with a "text" field') from None
+            if text is None:  # an empty document, as a null in a parquet column
+                continue
+            if not isinstance(text, str):
+                raise ValueError(f'{path}:{lineno}: "text" is {json.dumps(text)[:40]}, expected a string')
+            yield text
 
 
 def _parquet_documents(path: Path) -> Iterator[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.ParquetFile(path)
     if "text" not in table.schema_arrow.names:
         raise ValueError(f'{path}: no "text" column (columns: {", ".join(table.schema_arrow.names)})')
+    kind = table.schema_arrow.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(f'{path}: the "text" column holds {kind}, expected strings')
     for batch in table.iter_batches(columns=["text"]):
         yield from batch.column(0).to_pylist()
 

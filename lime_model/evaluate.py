@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .checks import check_causal_lm, check_device, check_model_dir, quiet_library
+from .checks import check_causal_lm, check_device, check_model_dir, check_window, quiet_library
 from .files import atomic_write, check_writable
-from .tokenization import load_tokenizer
+from .tokenization import check_embedding, load_tokenizer
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -73,8 +73,8 @@ def perplexity(
     Args:
         ckpt: a finished run directory or one of its ``checkpoints/step-N``.
         data: a data spec (see :mod:`lime_model.data`).
-        window: tokens per window; default the model's ``max_position_embeddings`` (the training
-            ``seq_len`` of a ``lime-model`` run).
+        window: tokens per window, 2 to the model's ``max_position_embeddings``; default that (the
+            training ``seq_len`` of a ``lime-model`` run).
         device: where the model runs (``cpu``, ``cuda``, ``cuda:1``, ``mps``).
         out: also write the result there as JSON.
 
@@ -82,8 +82,9 @@ def perplexity(
         ``{"checkpoint", "data", "window", "windows", "tokens", "loss", "perplexity"}`` with ``tokens``
         the number of predicted tokens and ``loss`` their mean NLL (nats).
 
-    The checkpoint's files, the data source, ``device`` and ``out`` are checked before the model is
-    loaded (ValueError, FileNotFoundError or PermissionError naming the problem).
+    The checkpoint's files, the data source, ``device``, ``out`` and ``window`` are checked before the
+    weights are loaded, the tokenizer against the model's embedding after (ValueError, FileNotFoundError or
+    PermissionError naming the problem).
     """
     from transformers import AutoConfig, AutoModelForCausalLM  # any of lime_model's registered archs
 
@@ -97,12 +98,13 @@ def perplexity(
     with quiet_library():  # transformers' load report would bury the one line that matters
         config = AutoConfig.from_pretrained(ckpt)
         check_causal_lm(config, str(ckpt))  # first: a BERT loads "fine" with its weights MISSING
+        check_window(window, config, str(ckpt), minimum=2)  # a window predicts from its first token on
         # read straight onto the device: no copy of the weights in host memory on the way to a GPU
         model = AutoModelForCausalLM.from_pretrained(ckpt, config=config, device_map=str(device))
     tokenizer = load_tokenizer(str(ckpt))
-    window = window or model.config.max_position_embeddings
-    if window < 2:
-        raise ValueError(f"window must be >= 2 tokens, got {window}")
+    check_embedding(tokenizer, model, str(ckpt))
+    if window is None:
+        window = model.config.max_position_embeddings
     rows = torch.from_numpy(data_mod.packed_sequences(source, tokenizer, window, default_cache_dir()))
     total, count = token_nll(model, rows, rows, batch_size)
     result = {

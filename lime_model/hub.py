@@ -74,7 +74,8 @@ def model_card(run_dir: str | os.PathLike) -> ModelCard:
     recipe = json.loads((run_dir / "recipe.json").read_text())
     config = json.loads((run_dir / "config.json").read_text())
     metrics = _final_metrics(run_dir)
-    name = run_dir.resolve().name
+    where = run_dir.resolve()  # a path that loads from any folder; the bare name loads only beside it
+    name = where.name
     arch, routing = config["model_type"], config.get("routing", "none")
     kind = arch if arch != "lime" else "LIMe" if routing != "none" else "LLaMA (LIMe, routing none)"
     n_params = _n_parameters(run_dir)
@@ -145,13 +146,14 @@ def model_card(run_dir: str | os.PathLike) -> ModelCard:
         "",
         "## Use",
         "",
-        "With stock `transformers` (this folder holds the model's code; `lime_model` need not be installed):",
+        "With stock `transformers` (this folder holds the model's code; `lime_model` need not be installed), "
+        "from the folder's path where it was written (its hub id once uploaded):",
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast",
         "",
-        f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)',
-        f'tokenizer = PreTrainedTokenizerFast.from_pretrained("{name}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{where}", trust_remote_code=True)',
+        f'tokenizer = PreTrainedTokenizerFast.from_pretrained("{where}")',
         "```",
         "",
         "The tokenizer runs no code of this folder, so it loads without `trust_remote_code` (`AutoTokenizer` "
@@ -160,7 +162,7 @@ def model_card(run_dir: str | os.PathLike) -> ModelCard:
         "Benchmarks with lm-evaluation-harness:",
         "",
         "```",
-        f"lm_eval --model hf --model_args pretrained={name},trust_remote_code=True --tasks TASKS",
+        f"lm_eval --model hf --model_args pretrained={where},trust_remote_code=True --tasks TASKS",
         "```",
         "",
         f"License: {LICENSE}, the license of the model's code in this folder (`lime-model`'s).",

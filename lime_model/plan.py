@@ -356,6 +356,33 @@ def plan(
     }
 
 
+def overview(recipe) -> dict[str, Any]:
+    """``recipe`` at a glance (``lime-model recipes``): ``params``, its model's parameters (counted on
+    shape-only tensors, a tied head once); ``tokens``, the token positions it trains on (steps x batch x
+    seq_len; an epoch-based arithmetic recipe: epochs x its expressions x seq_len; None for an
+    epoch-based text recipe, whose length is its data's); ``length``, how that reads (``"200 steps of 16
+    x 64"``); ``purpose``, its description."""
+    from .train import model_config
+
+    config = model_config(recipe, stand_in_tokenizer(recipe))
+    per_row = recipe.seq_len
+    if recipe.steps is not None:
+        tokens: float | None = recipe.steps * recipe.batch_size * per_row
+        length = f"{recipe.steps:,} steps of {recipe.batch_size} x {per_row}"
+    elif recipe.task == "arithmetic":
+        rows = recipe.arithmetic.train_per_tier * len(recipe.arithmetic.operators)
+        tokens = recipe.epochs * rows * per_row
+        length = f"{recipe.epochs:g} epochs of {rows:,} expressions x {per_row}"
+    else:
+        tokens, length = None, f"{recipe.epochs:g} epochs of the data x {per_row}"
+    return {
+        "params": sum(p.numel() for p in _meta_model(config).parameters()),
+        "tokens": tokens,
+        "length": length,
+        "purpose": recipe.description,
+    }
+
+
 def _fit(total: int, gpu_memory: int) -> dict[str, Any]:
     return {"per_gpu": total, "fits": total <= gpu_memory, "margin": gpu_memory - total}
 

@@ -58,6 +58,7 @@ from typing import Any
 
 from transformers import LlamaConfig
 
+from .config import check_sizes
 from .routing import parse_routing
 
 MODEL_DEFAULTS: dict[str, Any] = {
@@ -207,6 +208,7 @@ class Recipe:
             default = MODEL_DEFAULTS.get(sub)
             if value is not None and default is not None and not _is_instance(value, type(default)):
                 raise ValueError(f"recipe key 'model.{sub}' must be {type(default).__name__}, got {value!r}")
+        check_sizes(self.model, "recipe key model.")
         heads = self.model.get("num_attention_heads")
         kv = self.model.get("num_key_value_heads") or heads
         hidden = self.model.get("hidden_size")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -74,6 +75,26 @@ def check_vocabulary(
         + (f" from {folder}" if folder is not None else "")
         + "; save the complete tokenizer there (tokenizer.save_pretrained)"
     )
+
+
+def check_embedding(tokenizer: PreTrainedTokenizerBase, model: Any, where: str) -> None:
+    """ValueError in one line when ``tokenizer`` can give token ids that ``model``'s input embedding has
+    no row for (a tokenizer larger than the model's vocabulary): checked once at load, since such an id
+    would otherwise fail mid-run as an IndexError, or silently on a GPU. ``where`` names the checkpoint."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if get is not None else None
+    except NotImplementedError:  # a model that does not say: nothing to check against
+        return
+    weight = getattr(embedding, "weight", None)
+    if weight is None or weight.dim() != 2:
+        return
+    rows = int(weight.shape[0])
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"the tokenizer of {where} has {len(tokenizer)} tokens but the model's embedding holds {rows} "
+            f"rows: ids from {rows} on have no embedding; use the tokenizer the model was trained with"
+        )
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

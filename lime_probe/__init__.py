@@ -3,11 +3,11 @@
     import lime_probe
     model, tok = lime_probe.load("runs/lime")                 # a checkpoint dir or hub id
     acts = lime_probe.extract(model, texts, sites=["values", "hidden"])   # texts: list of str
-    Z = acts["values"][3]                                      # (n_tokens, dim), padding removed
+    Z = acts["values"][1]                                      # block 1: (n_tokens, dim), padding removed
     H = acts.stack("hidden")                                   # (n_layers, n_tokens, dim)
     lime_probe.matrix_entropy(Z, alpha=1.0)                    # Z: (..., t, d) -> (...)
 
-README.md's "Your own checkpoint" has the same example in full, runnable as written.
+README.md's "The Python API" has the same example in full, runnable as written on the run it trains.
 
 Sites: ``hidden`` (residual stream X_0..X_L), ``final`` (after the final norm), ``values`` and
 ``keys`` (the W_V / W_K outputs, which the paper's text calls values), ``attn_out`` and ``mlp_out`` (what
@@ -75,6 +75,17 @@ _EXPORTS = {
     "effective_ranks": "probes.similarity",
     "logit_lens": "probes.logit_lens",
     "LensLayer": "probes.logit_lens",
+    "Edit": "interventions.edits",
+    "RouteEdit": "interventions.edits",
+    "run_with_edits": "interventions.run",
+    "EditedRun": "interventions.run",
+    "Pair": "interventions.pairs",
+    "load_pairs": "interventions.pairs",
+    "activation_patching": "interventions.patching",
+    "attribution_patching": "interventions.patching",
+    "direct_logit_attribution": "interventions.logit_attribution",
+    "route_ablation": "interventions.route_ablation",
+    "generate_with_edits": "interventions.steering",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -83,6 +94,13 @@ if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers a
     from lime_probe.extraction.adapters import Adapter, register_adapter
     from lime_probe.extraction.loading import load, wrap
     from lime_probe.extraction.tracing import Activations, Corpus, extract
+    from lime_probe.interventions.edits import Edit, RouteEdit
+    from lime_probe.interventions.logit_attribution import direct_logit_attribution
+    from lime_probe.interventions.pairs import Pair, load_pairs
+    from lime_probe.interventions.patching import activation_patching, attribution_patching
+    from lime_probe.interventions.route_ablation import route_ablation
+    from lime_probe.interventions.run import EditedRun, run_with_edits
+    from lime_probe.interventions.steering import generate_with_edits
     from lime_probe.probes.blimp import (
         BlimpScores,
         blimp_probe,

@@ -115,9 +115,10 @@ def staged_output(out: str | os.PathLike):
     Missing parent folders are created (as ``mkdir -p``) and removed again if the command fails.
     On any exception (including KeyboardInterrupt) the temp folder is removed and ``out`` is
     left as it was. The temp folder's name holds this process's id, so the staging folders of killed runs
-    (``kill -9``) are removed here by the next run (`lime_probe.extraction.cachedir.remove_stale_staging`). A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not
-    mkdtemp's private 0o700. ``out`` is checked first, creating nothing (``lime_model.files.check_writable``):
-    NotADirectoryError if it or a folder on its way is a file, PermissionError if it cannot be written.
+    (``kill -9``) are removed here by the next run (`lime_probe.extraction.cachedir.remove_stale_staging`).
+    A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not mkdtemp's private 0o700.
+    ``out`` is checked first, creating nothing (``lime_model.files.check_writable``): NotADirectoryError
+    if it or a folder on its way is a file, PermissionError if it cannot be written.
     """
     out = Path(out)
     check_writable(out, folder=True, option="--out")  # before any folder is made
@@ -348,8 +349,12 @@ DATA_KINDS: dict[str, DataKind] = {
         ),
     ),
     "pairs": DataKind(
-        {"required": True, "metavar": "FILE", "help": "a JSONL file of clean/corrupt prompt pairs, one object a "
-         'line: {"clean": ..., "corrupt": ..., "answer": ..., "wrong": ...} (equal token lengths, one-token answers)'},
+        {
+            "required": True,
+            "metavar": "FILE",
+            "help": "a JSONL file of clean/corrupt prompt pairs, one object a "
+            'line: {"clean": ..., "corrupt": ..., "answer": ..., "wrong": ...} (equal token lengths, one-token answers)',
+        },
         lambda value, args, params, option: load_pairs(value),
         flag="--pairs",
     ),  # fmt: skip
@@ -799,7 +804,11 @@ def _cache_options(p: argparse.ArgumentParser) -> None:
         help="remove the entries (all, or those --older-than / of --ckpt), after asking on the terminal",
     )
     p.add_argument(
-        "--older-than", type=float, default=None, metavar="DAYS", help="only entries older than this"
+        "--older-than",
+        type=float,
+        default=None,
+        metavar="DAYS",
+        help="only entries unused for over DAYS days",
     )
     p.add_argument(
         "--ckpt",
@@ -865,7 +874,10 @@ STAGED = "nothing was written to {out}"
 def _analysis(spec: Spec) -> Command:
     def options(p: argparse.ArgumentParser) -> None:
         _checkpoint_options(
-            p, data=spec.data_kind, max_sequences=spec.max_sequences, layers=spec.data_kind in ("texts", "pairs")
+            p,
+            data=spec.data_kind,
+            max_sequences=spec.max_sequences,
+            layers=spec.data_kind in ("texts", "pairs"),
         )
         _run_options(p)
         add_param_options(p.add_argument_group("analysis"), spec.params)
@@ -920,7 +932,7 @@ COMMANDS: dict[str, Command] = {
             "cache",
             "list the activation cache's entries by checkpoint and analysis with their sizes, or clear them",
             "lime-probe cache                        # size per entry and the total\n"
-            "lime-probe cache --clear --older-than 30 --yes   # remove entries last written over 30 days ago\n"
+            "lime-probe cache --clear --older-than 30 --yes   # remove entries last used over 30 days ago\n"
             "lime-probe cache --clear --ckpt runs/lime --yes   # remove one checkpoint's entries",
             cmd_cache,
             _cache_options,
@@ -973,9 +985,11 @@ def check_inputs(args: argparse.Namespace) -> None:
 
     if getattr(args, "label", None):
         labels_for(args.ckpt, args.label)
-    windows = set()
+    windows = set()  # the --window given, checked against each local checkpoint's positions below
     for name in _analyses_of(args):
-        windows.add(getattr(params_of(ANALYSES[name], args), "window", None))
+        window = getattr(params_of(ANALYSES[name], args), "window", None)
+        if window != getattr(ANALYSES[name].params(), "window", None):  # a default is the analysis's to fit
+            windows.add(window)
         if getattr(args, "max_length", None) is not None and args.max_length < ANALYSES[name].min_length:
             raise ValueError(
                 f"--max-length {args.max_length}: {name} needs at least {ANALYSES[name].min_length} tokens "
@@ -991,11 +1005,11 @@ def check_inputs(args: argparse.Namespace) -> None:
     if getattr(args, "pairs", None) is not None:
         load_pairs(args.pairs)
     if _loads_models(args):  # a local --ckpt; a hub id is the hub's to answer, when it is loaded
-        for ckpt in args.ckpt:
+        for ckpt, label in zip(args.ckpt, labels_for(args.ckpt, args.label), strict=True):
             if not is_hub_id(ckpt):
                 check_local(Path(ckpt).expanduser())
-                for window in windows - {None}:
-                    check_window(window, read_config(Path(ckpt).expanduser()), ckpt)
+                for window in windows:
+                    check_window(window, read_config(Path(ckpt).expanduser()), label)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -57,11 +57,12 @@ def command_defaults(command: str) -> dict[str, Any]:
     """Every option default of ``lime-probe COMMAND``, read from the command-line parser itself (the size
     limits such as ``max_sequences`` and ``max_length``, and the analysis's parameters), so a notebook
     measures what the command measures: ``{option dest: default}``."""
-    from lime_probe.cli import build_parser
+    from lime_probe.cli import DATA_KINDS, build_parser
     from lime_probe.specs import ANALYSES
 
     if command not in ANALYSES:
         raise ValueError(f"unknown analysis {command!r}; choose one of {', '.join(ANALYSES)}")
-    required = ["--ckpt", "-"] + (["--data", "-"] if ANALYSES[command].data_kind == "texts" else [])
+    kind = DATA_KINDS[ANALYSES[command].data_kind]  # its data option, where required (--data, --pairs)
+    required = ["--ckpt", "-"] + ([kind.flag, "-"] if (kind.option or {}).get("required") else [])
     args = vars(build_parser().parse_args([command, *required]))
-    return {k: v for k, v in args.items() if k not in ("command", "ckpt", "data")}
+    return {k: v for k, v in args.items() if k not in ("command", "ckpt", "data", "pairs")}

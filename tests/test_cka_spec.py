@@ -53,12 +53,15 @@ def test_streamed_cka_within_and_across_models_equals_the_closed_forms(cks, debi
     best = res.tables["cka_across_hidden"]
     assert [r["most_similar_layer"] for r in best] == [list(B)[j] for j in want.argmax(1)]
     assert [r["cka_same_layer"] for r in best] == pytest.approx(np.diag(want).tolist())
-    assert set(ANALYSES["cka"].plot(res)) == {
-        "cka_hidden_m0",
-        "cka_hidden_m1",
-        "cka_hidden_m0_vs_m1",
-        "effective_rank_hidden",
-    }
+    figures = ANALYSES["cka"].plot(res)
+    assert set(figures) == {"cka_hidden_m0", "cka_hidden_m1", "cka_hidden_m0_vs_m1", "effective_rank_hidden"}
+    # every layer axis says how it counts: hidden's X_0 is the embeddings, as on the other figures
+    counted = "layer l (X_0 = embeddings, X_l = output of block l)"
+    within, versus = figures["cka_hidden_m0"].axes[0], figures["cka_hidden_m0_vs_m1"].axes[0]
+    assert " ".join(within.get_xlabel().split()) == " ".join(within.get_ylabel().split()) == counted
+    assert " ".join(versus.get_xlabel().split()) == f"m1 {counted}"
+    assert " ".join(versus.get_ylabel().split()) == f"m0 {counted}"
+    assert figures["effective_rank_hidden"].axes[0].get_xlabel() == counted
 
 
 def test_cka_without_across_needs_no_shared_tokenizer(cks):

@@ -1,7 +1,8 @@
 """Every number the committed studies quote, recomputed from their per-run tables by code written here
 from the formulas (plain loops, scipy), not by the runner: each row of differences.csv / reanalysis.csv,
-then every table row of findings.md / reanalysis.md and every interval and table row of the READMEs,
-read back at the precision it is printed. A mutated number, p, MDE or verdict fails here.
+then every table row of findings.md / reanalysis.md and every interval and table row of the studies'
+READMEs and docs/results.md, read back at the precision it is printed. A mutated number, p, MDE or verdict
+fails here.
 
 Endpoints are read from their labels as the tables print them ("value entropy (values; mean over
 layers)", "separability (values; upper half)", ...); a label this file does not know fails loudly."""
@@ -302,7 +303,10 @@ def markdown_files():
     for folder, (_, files) in STUDIES.items():
         for name in files:
             yield folder, FIGURES / folder / name
-    yield None, ROOT / "README.md"  # its blocks that link a study, read against the studies they link
+    yield (
+        None,
+        ROOT / "docs" / "results.md",
+    )  # its blocks that link a study, read against the studies they link
 
 
 @pytest.mark.parametrize(("folder", "path"), list(markdown_files()), ids=lambda x: str(x).rsplit("/", 2)[-1])

@@ -296,25 +296,31 @@ def test_example_runs(example, runs, workdir, monkeypatch, capsys):
     assert code == 0, f"{example.where}: exit {code} from `{step}`: {err[-1] if err else ''}"
 
 
-def test_python_examples_run(tmp_path, monkeypatch):
-    """Each ```python block of README.md and docs/*.md, as written (``data/`` read from
-    $LIME_PROBE_DATA), in its own namespace, in one folder: first the blocks that save a checkpoint
-    (README's model block writes ``runs/lime``), then the rest, each group in document order; a block may
-    read the files another wrote, never its variables."""
+@pytest.mark.slow
+def test_python_examples_run(runs, workdir, monkeypatch):
+    """Each ```python block of README.md and docs/*.md, as written (``data/`` read from $LIME_PROBE_DATA),
+    in document order, in its own namespace, in the folder where the documents' own training examples
+    made their runs (``runs/lime`` is README's ``lime-model train --recipe cpu-tiny``); a block may read
+    the files another example wrote, never its variables, and overwrites nothing another example wrote."""
     blocks = [(path, block) for path in DOCS for block in fenced_blocks(path, "python")]
     assert len(blocks) >= 3
     data = _data()
     if data is None and any(DATA.search(line) for _, b in blocks for line in b.lines):
         pytest.skip("the examples use data/: set LIME_PROBE_DATA to a folder holding wikitext-2/ and blimp/")
-    monkeypatch.chdir(tmp_path)
-    writes = [(p, b) for p, b in blocks if any(".save_pretrained(" in line for line in b.lines)]
-    for path, block in writes + [pb for pb in blocks if pb not in writes]:
+    assert runs and all(code == 0 for code, _ in runs.values()), runs
+    monkeypatch.chdir(workdir)
+    made = {f: f.read_bytes() for f in (workdir / "runs").rglob("*") if f.is_file()}
+    ran = 0
+    for path, block in blocks:
         if block.skip:
             continue
         code = with_data("\n".join(block.lines), data)
         # line numbers in a traceback are the document's
         exec(compile("\n" * (block.first - 1) + code, str(path), "exec"), {"__name__": "__docs__"})
-    assert (tmp_path / "runs" / "lime" / "tokenizer.json").is_file()
+        ran += 1
+    assert ran >= 3
+    assert (workdir / "runs" / "lime" / "recipe.json").is_file()  # the README's training run, as it made it
+    assert [str(f) for f, old in made.items() if not f.is_file() or f.read_bytes() != old] == []
 
 
 def test_markers_are_invisible():

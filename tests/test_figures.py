@@ -185,15 +185,20 @@ def test_router_beside_initial_draws_trained_initial_and_their_difference():
     trained, initial = rng.random((4, 4)), rng.random((4, 4))
     trained[np.triu_indices(4, 1)] = initial[np.triu_indices(4, 1)] = np.nan
     fig = F.plot_router_beside_initial(
-        trained, initial, label="LIMe", initial_label="initial: step 0, rebuilt"
+        trained, initial, label="LIMe", initial_label="initial: step 0, rebuilt from the run's seed 0"
     )
     drawn = [
         ax.collections[0].get_array().reshape(4, 4) for ax in fig.axes if ax.collections and ax.get_title()
     ]
+    # short panel titles, one line each; what the initial map is goes on a line of its own under the main title
     assert [ax.get_title() for ax in fig.axes if ax.get_title()] == [
         "trained",
-        "initial: step 0, rebuilt",
+        "initial",
         "trained - initial",
+    ]
+    assert fig.get_suptitle().splitlines() == [
+        "LIMe: where each layer reads its keys/values, trained beside initial",
+        "(initial: step 0, rebuilt from the run's seed 0)",
     ]
     low = np.tril_indices(4)
     for got, want in zip(drawn, (trained, initial, trained - initial), strict=True):
@@ -272,10 +277,18 @@ def test_entropy_far_above_zero_notes_where_the_axis_starts_and_the_gap_without_
         "LLaMA": {"mean": llama, "low": llama - 0.03, "high": llama + 0.05},
     }
     fig = F.plot_entropy(series, site="values", band="95 % bootstrap CI of the mean over sequences")
+    title = fig.axes[0].get_title()
+    assert title.startswith("Entropy of values per layer\nband: ")  # the band on lines of its own
     assert (
-        fig.axes[0].get_title()
-        == "Entropy of values per layer, band: 95 % bootstrap CI of the mean over sequences"
+        " ".join(title.split())
+        == "Entropy of values per layer band: 95 % bootstrap CI of the mean over sequences"
     )
+    FigureCanvasAgg(fig).draw()  # laid out as saving lays it out
+    axes_box = fig.axes[0].get_window_extent()
+    title_box = fig.axes[0].title.get_window_extent()
+    assert axes_box.x0 <= title_box.x0 and title_box.x1 <= axes_box.x1  # within the plot's width
+    assert fig.axes[0].get_legend() is None and len(fig.legends) == 1
+    assert fig.legends[0].get_window_extent().x0 >= axes_box.x1  # beside the plot, over no curve
     bottom = fig.axes[0].get_ylim()[0]
     assert bottom > 4  # the automatic axis zooms in ...
     note = " ".join(fig._supxlabel.get_text().split())  # ... so the figure says so (wrapped)
@@ -457,6 +470,26 @@ def test_blimp_one_number_chart_says_what_it_is_not_the_per_block_table_2_layout
     assert ax.get_ylabel() == "probe accuracy (mean ± mean fold std)"
     with pytest.raises(ValueError, match="mix spreads"):
         F.plot_blimp_table2([{**rows[0], "spread": "folds"}, {**rows[1], "spread": "tasks"}])
+
+
+def test_interval_panels_wrap_long_labels_and_titles_so_the_intervals_keep_the_width():
+    """The committed studies' longest labels: every line of a row label and a panel title stays short, and
+    the intervals take over half of the figure's width (not a narrow column beside the labels)."""
+    long = "value entropy (routed_values; mean over layers) vs value entropy (router_mixed_values; mean over layers)"
+    label = "routing at PyTorch's init - routing at LLaMA's init (secondary)"
+    rows = [{"panel": long, "label": label, "mean": 1.0, "low": 0.5, "high": 1.5}]
+    fig = F.plot_intervals(rows + [{**rows[0], "label": "LIMe - LLaMA"}], title="t")
+    (ax,) = fig.axes
+    (tick, short) = [t.get_text() for t in ax.get_yticklabels()]
+    assert " ".join(tick.split()) == label and max(map(len, tick.splitlines())) <= F.LABEL_CHARS
+    assert short == "LIMe - LLaMA"
+    title = ax.get_title(loc="left")
+    assert " ".join(title.split()) == long and max(map(len, title.splitlines())) <= 2 * F.LABEL_CHARS
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    figure_box = fig.get_window_extent()
+    assert ax.get_window_extent().width > 0.5 * figure_box.width
+    assert ax.title.get_window_extent().x1 <= figure_box.x1  # the title ends inside the figure
 
 
 def test_interval_panels_draw_each_rows_mean_and_interval_with_tick_labels_apart():

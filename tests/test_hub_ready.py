@@ -75,7 +75,7 @@ def test_model_card(run):
     assert f"held-out loss {last['val_loss']:.4f}, perplexity {math.exp(last['val_loss']):.2f}" in card
     n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(run).parameters())
     assert f"({n_params:,} parameters)" in card  # tied head: counted once by both
-    assert 'from_pretrained("lime-run", trust_remote_code=True)' in card
+    assert f'from_pretrained("{run.resolve()}", trust_remote_code=True)' in card  # loads from any folder
 
 
 def test_parameter_count_sums_every_shard_without_reading_the_tensors(tmp_path):
@@ -96,7 +96,7 @@ def test_parameter_count_sums_every_shard_without_reading_the_tensors(tmp_path):
 
 def test_model_card_parses_with_a_license_and_its_tokenizer_line_needs_no_remote_code(run, tmp_path):
     """The card is what ``huggingface_hub`` reads (metadata with a license); its usage block's tokenizer
-    line, run as written beside the folder in a process without ``lime_model``, loads the run's tokenizer
+    line, run as written from another folder in a process without ``lime_model``, loads the run's tokenizer
     without asking about remote code (stdin closed: a prompt would show in the output)."""
     from huggingface_hub import ModelCard
     from transformers import AutoTokenizer
@@ -110,7 +110,7 @@ def test_model_card_parses_with_a_license_and_its_tokenizer_line_needs_no_remote
     imports = [ln for ln in code.splitlines() if ln.startswith("from ")]
     script = "\n".join([*imports, line, "print(tokenizer('the cat sat')['input_ids'])"])
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=run.parent, env=_clean_env(tmp_path), stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", script], cwd=tmp_path, env=_clean_env(tmp_path), stdin=subprocess.DEVNULL,
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -44,7 +44,16 @@ def test_extraction_and_probes_import_no_plotting_and_no_training():
 
 # The package's layers, bottom to top: a module may import its own layer and those below, never above.
 # protocol.py is data every layer reads; cli.py, notebook.py and __init__.py sit on top of everything.
-LAYERS = ("protocol", "extraction", "probes", "interventions", "output", "specs", "studies", "cli notebook __init__")
+LAYERS = (
+    "protocol",
+    "extraction",
+    "probes",
+    "interventions",
+    "output",
+    "specs",
+    "studies",
+    "cli notebook __init__",
+)
 PACKAGE = ROOT / "lime_probe"
 
 

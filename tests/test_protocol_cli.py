@@ -512,7 +512,7 @@ def test_entropy_window_over_the_model_positions_is_exit_2(capsys, tmp_path, ckp
     ]
     code = cli.main([str(a) for a in argv])
     err = capsys.readouterr().err
-    assert code == 2 and "--window 129 is over llama's 128 positions" in err
+    assert code == 2 and "--window 129 is longer than llama's 128 positions" in err
 
 
 @pytest.mark.slow  # ~70 s under load

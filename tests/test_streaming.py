@@ -83,7 +83,9 @@ def test_pooled_blocks_hold_tokens_independent_of_the_corpus_size_at_default_set
     """Pooled rows (one per document) of a small model never fill a block's `SHARD_BYTES`: the block is
     bounded in tokens too, so the tokens held at once do not grow with the number of documents."""
     monkeypatch.setattr(tracing, "SHARD_BYTES", 32 * 2**20)  # the default, not `small_blocks`'
-    row_bytes = tracing.plan_sites(model, ["hidden"], None, width=0).row_bytes  # every layer, one row per document
+    row_bytes = tracing.plan_sites(
+        model, ["hidden"], None, width=0
+    ).row_bytes  # every layer, one row per document
 
     def largest_block(n_docs: int) -> int:
         docs = ([7] * 32 for _ in range(n_docs))  # 32 tokens each

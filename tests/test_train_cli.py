@@ -135,6 +135,17 @@ def test_eval_arithmetic_errors_and_recipe_list(tmp_path, capsys):
         capsys, ["eval-arithmetic", "--ckpt", str(tmp_path / "none")], "not a finished lime-model run"
     )
     assert main(["recipes"]) == 0
-    names = set(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    names = set(out.split())
     assert {"cpu-tiny", "arithmetic", "arithmetic-cpu", "lime-1b-gqa", "lime-1b-mha", "lime-150m"} <= names
     assert {"lime-deep-32", "lime-deep-64", "lime-deep-128"} <= names
+    # cpu-tiny's line: its model built from the recipe file's own sizes, counted here; 200 steps of 16 x 64
+    import lime_model
+    from lime_model import LimeConfig, LimeForCausalLM
+
+    recipe = json.loads((Path(lime_model.__file__).parent / "recipes" / "cpu-tiny.json").read_text())
+    n = sum(p.numel() for p in LimeForCausalLM(LimeConfig(**recipe["model"])).parameters())
+    lines = out.splitlines()
+    line = next(ln for ln in lines if ln.startswith("cpu-tiny "))
+    assert line == f"cpu-tiny  {n / 1e3:.3g}K parameters; 205K tokens, 200 steps of 16 x 64", line
+    assert " ".join(lines[lines.index(line) + 1].split()).startswith("Smoke test on one CPU")

@@ -15,12 +15,15 @@ shard listed in the manifest. Every file is written to a temporary name and move
 `os.replace`, shard first and manifest second, so a crash never leaves a listed shard half-written.
 ``uses`` (what wrote or reused the entry: `lime_probe.extraction.cachedir.cache_use` labels, e.g. "blimp") and
 ``about`` (the start of its data) only name the entry in ``lime-probe cache``; they are not part of the key.
+Opening an entry touches its last-used stamp, and a writer marks the entry as its own until it finishes (see
+`lime_probe.extraction.cachedir`: least-recently-used eviction, and the temporary files of killed writers).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,11 +31,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from lime_model.digests import texts_hash, tokenizer_hash
 from lime_model.files import atomic_path, atomic_write
 from lime_probe.extraction import provenance
-from lime_probe.extraction.cachedir import CACHE_USE, MANIFEST
+from lime_probe.extraction.cachedir import (
+    CACHE_USE,
+    MANIFEST,
+    WRITER,
+    clean_entry,
+    format_size,
+    opened,
+    owner_tag,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -124,8 +136,10 @@ class ShardCache:
         self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
         self.directory = Path(root) / f"{prefix}-{fingerprint(self.key)[:16]}"
         self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob(".*.tmp"):  # left by a killed writer
-            stale.unlink(missing_ok=True)
+        clean_entry(self.directory)  # what a killed writer left
+        self._writer = self.directory / (WRITER + owner_tag())
+        self._writer.touch()
+        opened(self.directory)
         self._entries: list[dict[str, Any]] = []
         self.complete = False
         self.uses: list[str] = []
@@ -146,6 +160,8 @@ class ShardCache:
             self.uses.append(use)
             if self._entries:  # a reused entry records its new use at once; a new one with its first shard
                 self._write_manifest()
+        if self.complete:  # read only from here on
+            self._writer.unlink(missing_ok=True)
 
     @property
     def shards(self) -> list[Path]:
@@ -192,3 +208,37 @@ class ShardCache:
         """Mark the extraction complete, so later runs reuse it without any forward pass."""
         self.complete = True
         self._write_manifest()
+        self._writer.unlink(missing_ok=True)
+
+    def announce(
+        self, row_bytes: int, seqs: Iterable[Sequence[int]], *, pooled: bool, token_ids: Iterable[int] | None
+    ) -> None:
+        """Say on stderr, in one line, about how much the extraction about to run adds to the cache
+        (`estimate_bytes` of `seqs`, the token ids of the sequences still to extract; the other arguments
+        as there)."""
+        n_bytes = estimate_bytes(seqs, row_bytes, pooled=pooled, token_ids=token_ids)
+        tqdm.write(
+            f"cache: this run adds about {format_size(n_bytes)} under {self.directory.parent}",
+            file=sys.stderr,
+        )
+
+
+def estimate_bytes(
+    seqs: Iterable[Sequence[int]], row_bytes: int, *, pooled: bool, token_ids: Iterable[int] | None = None
+) -> int:
+    """The bytes the shards of an extraction of `seqs` hold, but for the safetensors headers: per row (a
+    sequence when `pooled`, else a token, only those in `token_ids` if given) `row_bytes` and an int64
+    token id, per sequence an int64 offset and a float64 log-probability. `seqs` is read once.
+
+    Args:
+        seqs: each sequence's token ids.
+        row_bytes: bytes of one row of every site and layer (the sites' widths x layers x 4 bytes).
+        pooled: one row per sequence.
+        token_ids: the ids whose tokens make rows (None: all).
+    """
+    wanted = None if token_ids is None else set(token_ids)
+    rows = n_seqs = 0
+    for seq in seqs:
+        n_seqs += 1
+        rows += 1 if pooled else len(seq) if wanted is None else sum(t in wanted for t in seq)
+    return rows * (row_bytes + 8) + 16 * n_seqs

@@ -388,7 +388,8 @@ def load(
             neither a local folder nor a hub model (at `revision`) that is cached or reachable (asked
             once, no retries).
         ValueError: not a checkpoint, unreadable or corrupt weights (a local safetensors file named by
-            `lime_model.checks.check_weights`), no tokenizer, an architecture whose blocks are not found
+            `lime_model.checks.check_weights`), no tokenizer, a tokenizer with more tokens than the model's
+            embedding has rows (`lime_model.tokenization.check_embedding`), an architecture whose blocks are not found
             without an extraction adapter (`lime_probe.extraction.adapters.adapter_for`), a device this
             machine lacks (`lime_model.checks.check_device`), a bad `dtype` or `device_map` (a module ->
             device map must name modules of the model and place all of them: `check_device_map`), `device`
@@ -398,7 +399,7 @@ def load(
 
     import lime_model
     from lime_model.checks import check_device
-    from lime_model.tokenization import check_vocabulary
+    from lime_model.tokenization import check_embedding, check_vocabulary
 
     lime_model.register_models()  # the "lime" model types with the Auto classes (a no-op once done)
     own = [k for k in OWN_KWARGS if k in from_pretrained_kwargs]
@@ -475,6 +476,7 @@ def load(
                 ) from None
             raise ValueError(f"cannot load the tokenizer of {where}: {_one(error)}") from None
     check_vocabulary(tokenizer, where, None if hub else ckpt)  # else every text packs into 0 tokens
+    check_embedding(tokenizer, model, where)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return wrap(model.eval(), tokenizer), tokenizer

@@ -813,8 +813,9 @@ def extract(
                 return Activations(cache.shards, plan.site_layers, plan.heads, logprobs, attn, all_tokens)
 
         start = cache.done_sequences if cache else 0
-        if cache is not None and progress:  # what the cache is about to grow by, before it does
-            rest = None if streamed else cast("list[list[int]]", seqs)[start:]
+        if cache is not None and progress:  # what the cache will grow by, before it does (a stream: reread)
+            again = _tokenize(tokenizer, _items(texts, pretokenized), max_length, max_tokens, pretokenized)
+            rest = islice(again if streamed else seqs, start, None)
             wanted = None if select_ids is None else select_ids.tolist()
             cache.announce(plan.row_bytes, rest, pooled=pool != "none", token_ids=wanted)
         parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []

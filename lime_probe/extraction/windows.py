@@ -81,13 +81,10 @@ def max_positions(model_or_config: Any) -> int | None:
 
     Accepts a Hugging Face model or config, or an nnsight model wrapping one.
     """
+    from lime_model.checks import config_positions
+
     obj = getattr(model_or_config, "_module", model_or_config)  # nnsight wrapper -> HF model
-    config = getattr(obj, "config", obj)
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    return config_positions(getattr(obj, "config", obj))
 
 
 def default_window(model_or_config: Any, preferred: int = OFFICIAL_WINDOW) -> tuple[int, str]:

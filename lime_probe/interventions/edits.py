@@ -129,9 +129,10 @@ def cell_mask(
 
 def apply_edit(
     edit: Edit, x: torch.Tensor, cells: torch.Tensor, columns: torch.Tensor | None, where: str
-) -> torch.Tensor:
-    """`x` (batch, seq, dim) with `edit` applied at `cells` (batch, seq) and, where given, only the feature
-    `columns` (dim,) bool of its heads; a new tensor (differentiable, for gradients through an edit)."""
+) -> None:
+    """Apply `edit` to `x` (batch, seq, dim) in place at `cells` (batch, seq) and, where given, only the
+    feature `columns` (dim,) bool of its heads. `x` must be the caller's own copy; the write is autograd's
+    in-place index_put, so gradients flow through it."""
     n, dim = int(cells.sum()), x.shape[-1]
     old = x[cells]  # (n, dim)
     if edit.op == "zero":
@@ -148,9 +149,7 @@ def apply_edit(
         new = old + edit.scale * value if edit.op == "add" else value.expand(n, dim)
     if columns is not None:
         new = torch.where(columns.to(x.device), new, old)
-    out = x.clone()
-    out[cells] = new
-    return out
+    x[cells] = new
 
 
 def _cell_values(edit: Edit, n: int, dim: int, where: str) -> torch.Tensor:

@@ -12,11 +12,11 @@ FIELDS = ("clean", "corrupt", "answer", "wrong")
 
 @dataclass(frozen=True)
 class Pair:
-    """A clean and a corrupt prompt (equal token lengths) and the answer / wrong-answer tokens (a text that
-    is one token, or its id)."""
+    """A clean and a corrupt prompt (texts, or token id lists used as they are; equal token lengths) and the
+    answer / wrong-answer tokens (a text that is one token, or its id)."""
 
-    clean: str
-    corrupt: str
+    clean: str | list[int]
+    corrupt: str | list[int]
     answer: str | int
     wrong: str | int
 
@@ -38,8 +38,8 @@ def load_pairs(path: str | Path) -> list[Pair]:
                 raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
             if not isinstance(row, dict) or any(k not in row for k in FIELDS):
                 raise ValueError(f"{path}:{n}: a pair needs the fields {', '.join(FIELDS)}")
-            if not all(isinstance(row[k], str) and row[k] for k in ("clean", "corrupt")):
-                raise ValueError(f"{path}:{n}: clean and corrupt must be non-empty strings")
+            if not all(_prompt(row[k]) for k in ("clean", "corrupt")):
+                raise ValueError(f"{path}:{n}: clean and corrupt must be non-empty strings or token id lists")
             for k in ("answer", "wrong"):
                 if not isinstance(row[k], (str, int)) or isinstance(row[k], bool) or row[k] == "":
                     raise ValueError(f"{path}:{n}: {k} must be a one-token string or a token id")
@@ -47,3 +47,10 @@ def load_pairs(path: str | Path) -> list[Pair]:
     if not pairs:
         raise ValueError(f"{path}: holds no pairs")
     return pairs
+
+
+def _prompt(value: object) -> bool:
+    """Whether `value` is a prompt: a non-empty string or list of token ids."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    return isinstance(value, str) and bool(value)

@@ -72,12 +72,12 @@ def pair_tokens(
     corrupt: list[list[int]] = []
     answers: list[list[int]] = []
     for i, pair in enumerate(pairs):
-        c, k = tokenizer(pair.clean)["input_ids"], tokenizer(pair.corrupt)["input_ids"]
+        c, k = _ids(tokenizer, pair.clean), _ids(tokenizer, pair.corrupt)
         if len(c) != len(k):
             raise ValueError(
                 f"pair {i}: the clean prompt has {len(c)} tokens and the corrupt one {len(k)}; they must match"
             )
-        if len(c) != len(tokenizer(pairs[0].clean)["input_ids"]):
+        if clean and len(c) != len(clean[0]):
             raise ValueError(
                 f"pair {i} has {len(c)} tokens and pair 0 {len(clean[0])}: every pair must have one length"
             )
@@ -85,6 +85,10 @@ def pair_tokens(
         corrupt.append(k)
         answers.append([_one_token(tokenizer, pair.answer, i), _one_token(tokenizer, pair.wrong, i)])
     return clean, corrupt, torch.tensor(answers)
+
+
+def _ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+    return list(prompt) if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
 
 
 def _one_token(tokenizer: Any, token: str | int, i: int) -> int:
@@ -199,7 +203,7 @@ def attribution_patching(
     )
     return PatchingResult(
         site,
-        (scores / (ld_clean - ld_corrupt)).float(),
+        (scores / (ld_clean - ld_corrupt)).float() + 0.0,  # no -0.0
         chosen,
         float(ld_clean),
         float(ld_corrupt),

@@ -12,7 +12,7 @@ reader that is no selection is refused rather than written wrongly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,24 +248,26 @@ def edited_value(
     starts: torch.Tensor,
     lengths: torch.Tensor,
     first_index: int,
+    cells_of: Callable[[Edit, torch.Tensor, torch.Tensor, int, int], torch.Tensor] = cell_mask,
 ) -> Any:
     """A module's `value` with `edits` ((edit, its site's reader, its head columns)) applied: the edits of
     one reader in order on what it reads, then written back once (`write_back`). `starts` and `lengths`
-    (batch,) place each sequence in the padded batch, `first_index` is its first sequence's input index."""
+    (batch,) place each sequence in the padded batch, `first_index` is its first sequence's input index;
+    `cells_of` (`cell_mask`'s signature) picks each edit's cells (generation: `steering.step_cells`)."""
     by_reader: dict[Any, list[tuple[Edit, torch.Tensor | None]]] = {}
+    batch = range(first_index, first_index + len(starts))
     for edit, take, columns in edits:
-        by_reader.setdefault(take, []).append((edit, columns))
+        if edit.sequences is None or any(i in batch for i in edit.sequences):
+            by_reader.setdefault(take, []).append((edit, columns))
     for take, reader_edits in by_reader.items():
         x = take(value)
         width = x.shape[1]
-        flat = x.reshape(len(starts), width, -1)
+        flat = x.reshape(len(starts), width, -1).clone()  # one copy, edited in place by each edit
         changed = False
         for edit, columns in reader_edits:
-            cells = cell_mask(edit, starts, lengths, width, first_index).to(x.device)
+            cells = cells_of(edit, starts, lengths, width, first_index).to(x.device)
             if cells.any():
-                flat = apply_edit(
-                    edit, flat, cells, columns, f"the edit of site {edit.site!r} layer {edit.layer}"
-                )
+                apply_edit(edit, flat, cells, columns, f"the edit of site {edit.site!r} layer {edit.layer}")
                 changed = True
         if changed:
             value = write_back(value, take, flat.reshape(x.shape), f"site {reader_edits[0][0].site!r}")

@@ -15,13 +15,17 @@ from lime_probe.extraction.sites import routes
 
 from .base import Checkpoint, Result, Spec, option, seed_option, slug
 
+DEFAULT_WINDOW = 128  # ours: the CPU language models' length; longer windows cost every cut a longer pass
 RENORMALIZE = {"both": (False, True), "plain": (False,), "renormalized": (True,)}
 
 
 @dataclass(frozen=True)
 class RouteAblationParams:
-    window: int = option(
-        64, "tokens per window (capped at the model's positions)", metavar="T", positive=True
+    window: int | None = option(
+        None,
+        f"tokens per window (default: the model's positions, at most {DEFAULT_WINDOW})",
+        metavar="T",
+        positive=True,
     )
     num_windows: int = option(16, "windows drawn (seeded, without replacement)", metavar="N", positive=True)
     renormalize: str = option(
@@ -38,6 +42,7 @@ def compute(
 ) -> Result:
     """One row per model and cut: layer, source, renormalized, loss, delta_loss, value_entropy,
     delta_value_entropy."""
+    from lime_model.checks import check_window
     from lime_probe.extraction.windows import max_positions, token_windows
     from lime_probe.interventions.route_ablation import route_ablation
     from lime_probe.probes.router_weights import router_weights
@@ -49,7 +54,11 @@ def compute(
         )
     rows, shares = [], {}
     for ck in cks:
-        window = min(p.window, max_positions(ck.model) or p.window)
+        if p.window is None:
+            window = min(DEFAULT_WINDOW, max_positions(ck.model) or DEFAULT_WINDOW)
+        else:
+            check_window(p.window, ck.config, ck.label, minimum=2)
+            window = p.window
         windows = token_windows(texts, ck.tokenizer, window, p.num_windows, seed=p.seed)
         batch = (extract_kw or {}).get("batch_size")
         cut_rows = route_ablation(ck.model, ck.tokenizer, windows, RENORMALIZE[p.renormalize], batch, p.seed)

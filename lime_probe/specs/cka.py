@@ -10,6 +10,7 @@ tokenize the data alike.
 from __future__ import annotations
 
 import itertools
+import textwrap
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -183,20 +184,26 @@ def plot(result: Result) -> dict:
             cbar_label=kind,
         )
 
+    # the axes say how layers are counted: hidden's 0..L from the embeddings, the other sites' blocks from 0
+    # (wrapped: a heatmap of a few layers is narrower than the label)
+    axis = textwrap.fill(F.layer_axis_label(site), 28)
     figures = {
         f"cka_{slug(site)}_{slug(label)}": heatmap(
-            m["cka"], m["layers"], m["layers"], "layer", "layer", f"{label}: {kind} between layers ({site})"
+            m["cka"], m["layers"], m["layers"], axis, axis, f"{label}: {kind} between layers ({site})"
         )
         for label, m in result.extra["cka"].items()
     }
     for m in result.extra.get("cka_across", []):
         a, b = m["models"]
         figures[f"cka_{slug(site)}_{slug(a)}_vs_{slug(b)}"] = heatmap(
-            m["cka"], m["rows"], m["cols"], f"{b} layer", f"{a} layer", f"{a} vs {b}: {kind} ({site})"
+            m["cka"], m["rows"], m["cols"], f"{b}\n{axis}", f"{a}\n{axis}", f"{a} vs {b}: {kind} ({site})"
         )
     ranks = {m: curve(rs, "effective_rank") for m, rs in group(result.rows, "model").items()}
     figures[f"effective_rank_{slug(site)}"] = F.plot_layer_curves(
-        ranks, ylabel="effective rank (centred)", title=f"Effective rank of {site} per layer"
+        ranks,
+        ylabel="effective rank (centred)",
+        title=f"Effective rank of {site} per layer",
+        xlabel=F.layer_axis_label(site),
     )
     return figures
 

@@ -90,13 +90,12 @@ class EntropyParams:
 def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
     """The window length of ``ck`` under ``p`` and where it comes from ("given", "official",
     "max_positions")."""
-    from lime_probe.extraction.windows import default_window, max_positions
+    from lime_model.checks import check_window
+    from lime_probe.extraction.windows import default_window
 
     if p.window is None:
         return default_window(ck.model)
-    limit = max_positions(ck.model)
-    if limit is not None and p.window > limit:
-        raise ValueError(f"--window {p.window} is over {ck.label}'s {limit} positions")
+    check_window(p.window, ck.config, ck.label)
     return p.window, "given"
 
 

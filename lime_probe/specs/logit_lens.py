@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from .base import Checkpoint, Result, Spec, curve, extract_site, group, seed_option
 
+MIN_LENGTH = 2  # tokens per sequence: the lens reads a prediction and scores it on the next token
+
 
 @dataclass(frozen=True)
 class LogitLensParams:
@@ -37,6 +39,10 @@ def compute(
     from lime_probe.probes.stats import bootstrap_ratio_ci
 
     kw = dict(extract_kw or {})
+    if kw.get("max_length") is not None and kw["max_length"] < MIN_LENGTH:
+        raise ValueError(
+            f"--max-length {kw['max_length']}: logit-lens needs at least {MIN_LENGTH} tokens per sequence"
+        )
     if kw.get("layers") is not None:  # X_L gives the model's own prediction, which every layer is compared to
         kw["layers"] = [*kw["layers"], -1]
     rows = []
@@ -105,5 +111,7 @@ SPEC = Spec(
     plot=plot,
     notebook="logit_lens",
     applies=is_causal_lm,
+    applies_to="causal LMs (a model with an unembedding)",
     streams=lambda p: True,  # documents, one pass per checkpoint
+    min_length=MIN_LENGTH,
 )

@@ -15,12 +15,18 @@ from dataclasses import dataclass
 
 from .base import Checkpoint, Result, Spec, option
 
+MIN_WINDOW = 2  # tokens per window: its first token is not predicted, so one token scores nothing
+
 
 @dataclass(frozen=True)
 class PerplexityParams:
     window: int | None = option(
-        None, "tokens per window (default: the model's positions)", metavar="T", positive=True
+        None, "tokens per window, 2 to the model's positions (default: those)", metavar="T", positive=True
     )
+
+    def __post_init__(self):
+        if self.window is not None and not (isinstance(self.window, int) and self.window >= MIN_WINDOW):
+            raise ValueError(f"--window must be an integer >= {MIN_WINDOW}, got {self.window!r}")
 
 
 def compute(
@@ -30,17 +36,18 @@ def compute(
     ``extract_kw["batch_size"]`` windows per forward pass (default 8, as ``lime-model eval``)."""
     import torch
 
-    from lime_model.checks import check_causal_lm
+    from lime_model.checks import check_causal_lm, check_window
     from lime_model.data import packed_sequences
     from lime_model.evaluate import token_nll
     from lime_probe.extraction.windows import max_positions
 
     for ck in cks:  # all before any work: an encoder is loaded without a head (`lime_probe.load`)
         check_causal_lm(ck.config, ck.label)
+        check_window(p.window, ck.config, ck.label)
     rows = []
     for ck in cks:
         model = getattr(ck.model, "_module", ck.model)
-        window = p.window or max_positions(model)
+        window = p.window if p.window is not None else max_positions(model)
         if window is None:
             raise ValueError(f"{ck.label} states no maximum length: give --window")
         ids = torch.from_numpy(packed_sequences(list(texts), ck.tokenizer, window))

@@ -176,4 +176,5 @@ SPEC = Spec(
     data_kind="optional-texts",
     notebook="routers",
     applies=has_weights,
+    applies_to="LIMe checkpoints with routers and the cross-layer baselines",
 )

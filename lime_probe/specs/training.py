@@ -116,6 +116,7 @@ CURVES = Spec(
     data_kind="none",
     notebook="training_curves",
     applies=has_metrics,
+    applies_to="lime-model train runs with their metrics.jsonl",
 )
 
 ACCURACY = Spec(
@@ -129,4 +130,5 @@ ACCURACY = Spec(
     data_kind="none",
     notebook="training_curves",
     applies=has_accuracy,
+    applies_to="arithmetic runs with their arithmetic_eval.json",
 )

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .route_ablation import route_ablation_claims, route_ablation_measures, route_ablation_tiny
+from .reads import route_ablation_claims, route_ablation_measures, route_ablation_tiny
 from .study import LARGEST, Claim, Effect, Endpoint, Measure, Role, Selection, Study
 
 LIME = {"routing": "full"}
