@@ -9,12 +9,16 @@ or ``mkdir()`` would give them (0o666 / 0o777 minus the umask), not mkstemp's pr
 * :func:`atomic_path` -- a temporary path for writers that want a file name (safetensors'
   ``save_file``, matplotlib's ``savefig``);
 * :func:`atomic_dir` -- a temporary folder, published as a whole;
-* :func:`check_writable` -- before any work, whether an output file or folder can be written.
+* :func:`check_writable` -- before any work, whether an output file or folder can be written;
+* :func:`naming_disk_full` -- a write that runs out of space as one :class:`DiskFullError` naming the
+  file or folder (the atomic writes above raise it).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -23,7 +27,51 @@ from functools import cache
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_dir", "atomic_path", "atomic_write", "check_writable", "umask"]
+__all__ = [
+    "DiskFullError",
+    "atomic_dir",
+    "atomic_path",
+    "atomic_write",
+    "check_writable",
+    "naming_disk_full",
+    "umask",
+]
+
+_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # a full disk, or a full quota
+
+
+class DiskFullError(OSError):
+    """A write found no space left: ``filename`` is the file or folder it was writing (errno ENOSPC)."""
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` says a write ran out of space. Python's own writes give the errno; numpy's short
+    write an errno-less ``N requested and M written``; safetensors (and transformers' saves through it)
+    a text ending in ``(os error 28)``."""
+    if isinstance(error, OSError) and error.errno in _NO_SPACE:
+        return True
+    text = str(error)
+    if (
+        isinstance(error, OSError)
+        and error.errno is None
+        and re.fullmatch(r"\d+ requested and \d+ written", text)
+    ):
+        return True
+    return any(f"(os error {code})" in text for code in _NO_SPACE)
+
+
+@contextmanager
+def naming_disk_full(path: str | os.PathLike) -> Iterator[None]:
+    """Raise a :class:`DiskFullError` naming ``path`` when a write inside runs out of space (its one line:
+    the path, and that the disk is full); other errors pass unchanged."""
+    try:
+        yield
+    except Exception as e:
+        if not _is_disk_full(e):
+            raise
+        raise DiskFullError(
+            errno.ENOSPC, "no space left on the disk (free some and run it again)", str(path)
+        ) from e
 
 
 @cache
@@ -46,7 +94,7 @@ def _fsync(path: Path) -> None:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary file path beside ``path``; on normal exit it is fsynced, given mode
     ``0o666 & ~umask`` and renamed onto ``path``. On an exception it is deleted and ``path`` is
-    untouched. The parent folder must exist.
+    untouched (out of space: :class:`DiskFullError` naming ``path``). The parent folder must exist.
 
     >>> with atomic_path("model.safetensors") as tmp:  # doctest: +SKIP
     ...     save_file(tensors, tmp)
@@ -56,10 +104,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(name)
     try:
-        yield tmp
-        _fsync(tmp)
-        os.chmod(tmp, 0o666 & ~umask())
-        os.replace(tmp, path)
+        with naming_disk_full(path):
+            yield tmp
+            _fsync(tmp)
+            os.chmod(tmp, 0o666 & ~umask())
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -79,19 +128,22 @@ def atomic_write(path: str | os.PathLike, content: str | bytes | Callable[[Binar
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, *, replace: bool = True) -> Iterator[Path]:
     """Yield a fresh temporary folder beside ``path``; on normal exit it gets mode ``0o777 & ~umask``
-    and replaces ``path`` (an existing folder at ``path`` is deleted first). On an exception the
-    temporary folder is deleted and ``path`` is untouched. The parent folder must exist.
+    and replaces ``path`` (an existing folder at ``path`` is deleted first; with ``replace=False`` only an
+    empty one is replaced, else OSError ENOTEMPTY: another writer came first). On an exception the
+    temporary folder is deleted and ``path`` is untouched (out of space: :class:`DiskFullError` naming
+    ``path``). The parent folder must exist.
     """
     path = Path(path)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
-        yield tmp
-        for f in [*tmp.rglob("*"), tmp]:
-            _fsync(f)
+        with naming_disk_full(path):  # also the temporary names of the files written inside
+            yield tmp
+            for f in [*tmp.rglob("*"), tmp]:
+                _fsync(f)
         os.chmod(tmp, 0o777 & ~umask())
-        if path.is_dir() and not path.is_symlink():
+        if replace and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)  # os.replace cannot overwrite a non-empty folder
         os.replace(tmp, path)
     finally:

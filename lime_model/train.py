@@ -31,11 +31,12 @@ on evaluation steps (every ``eval_every`` and the last, when there are held-out 
 :mod:`lime_model.evaluate`). Training warns (:class:`SecondEpochWarning`) when it starts a
 second pass over its data.
 
-A checkpoint directory is written under a dot-name, fsynced and renamed into place when complete,
-so any ``step-N`` directory is whole (an old one is renamed away before it is deleted). Nothing in it
-needs unpickling. A new run's folder appears with its recipe, tokenizer and run info at once, and the
-final model's weights are published last, so a run stopped at any moment (Ctrl-C, a crash) leaves a
-folder that the same command continues: from the last checkpoint, or from the start before the first.
+Checkpoints are whole or absent and carry their files' digests (:mod:`lime_model.checkpoint`). A new
+run's folder appears with its recipe, tokenizer and run info at once, and the final model's weights are
+published last, so a run stopped at any moment (Ctrl-C, a crash) leaves a folder that the same command
+continues: from the last intact checkpoint, or from the start before the first. One run at a time
+writes a folder (a lock file in it); a full disk ends the run with one line naming the file that did
+not fit, the files written so far left whole.
 """
 
 from __future__ import annotations
@@ -43,42 +44,54 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
-import shutil
-import sys
 import time
 import warnings
 from collections.abc import Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
-from transformers.utils import logging as hf_logging
 
 from . import data as data_mod
 from . import reproducible
 from .architectures import config_for
+from .checkpoint import (
+    RunLock,
+    check_out_dir,
+    checkpoints,
+    claim,
+    load_training_state,
+    load_weights,
+    open_run_dir,
+    publish_final,
+    save_checkpoint,
+    trim_metrics,
+)
 from .checks import check_device, check_weights
 from .config import LimeConfig
+from .distributed import (
+    TRACKER_PROJECT,
+    accelerator_for,
+    hparams,
+    no_sync,
+    on_main,
+    prepare,
+    shard,
+    tracker_options,
+)
 from .evaluate import default_cache_dir, token_loss_sum, token_nll
-from .files import atomic_dir, atomic_write, check_writable
+from .files import atomic_dir, atomic_write, check_writable, naming_disk_full
 from .flops import forward_flops
 from .hub import write_model_card
-from .modeling import LimeDecoderLayer
 from .optim import param_groups
-from .recipes import Recipe, identity, load_recipe
+from .recipes import Recipe, load_recipe
 from .tasks import arithmetic
 from .tokenization import char_tokenizer, load_tokenizer, train_bpe
-
-CHECKPOINTS = "checkpoints"
-STATE_JSON = "trainer_state.json"
-STATE_TENSORS = "optimizer.safetensors"
 
 
 @dataclass
@@ -242,331 +255,7 @@ def model_config(recipe: Recipe, tokenizer) -> LimeConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# checkpoints
-
-
-def checkpoints(out_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(out_dir) / CHECKPOINTS
-    return sorted(root.glob("step-*"), key=lambda p: int(p.name[5:])) if root.is_dir() else []
-
-
-def _sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def _full_state_options():
-    """Whole tensors, gathered on the CPU of the main process (the others get none): what it saves."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def _full_state_dict(accelerator, model) -> dict:
-    """The whole model's state dict on the main process (a collective when sharded). The names of a
-    tied parameter share one tensor, as in an unsharded model's, so ``save_pretrained`` stores it once."""
-    if not _sharded(model):
-        return accelerator.get_state_dict(model)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    state = get_model_state_dict(model, options=_full_state_options())
-    first: dict[int, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        source = first.setdefault(id(param), name)
-        if source != name and source in state:  # gathered twice
-            state[name] = state[source]
-    return state
-
-
-def _savable(accelerator, model):
-    """The model whose ``save_pretrained`` writes a checkpoint's files, given the weights. A sharded
-    model's class is FSDP's subclass, whose module would be saved as the model's code and named in
-    ``auto_map``: the unsharded class stands in, built on the meta device (no memory)."""
-    if not _sharded(model):
-        return accelerator.unwrap_model(model)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(model.config)
-
-
-def _param_order(accelerator, model, optimizer) -> list[str]:
-    """Parameter names in the optimizer's index order (the order `optimizer.state_dict()` numbers them)."""
-    names = {id(p): n for n, p in accelerator.unwrap_model(model).named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
-def _named_optimizer_state(accelerator, model, optimizer) -> dict:
-    """The full optimizer state keyed by parameter name (gathered from the shards when sharded: a
-    collective; the same format either way)."""
-    if _sharded(model):
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return get_optimizer_state_dict(model, optimizer.optimizer, options=_full_state_options())
-    state = optimizer.state_dict()
-    order = _param_order(accelerator, model, optimizer)
-    return {
-        "state": {order[i]: s for i, s in state["state"].items()},
-        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
-    }
-
-
-def _load_named_optimizer_state(accelerator, model, optimizer, named: dict) -> None:
-    if _sharded(model):  # every process holds the whole state (it read the files): each keeps its shard
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        options = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(model, optimizer.optimizer, named, options=options)
-        return
-    index = {n: i for i, n in enumerate(_param_order(accelerator, model, optimizer))}
-    optimizer.load_state_dict(
-        {
-            "state": {index[n]: s for n, s in named["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
-        }
-    )
-
-
-def _save_checkpoint(
-    accelerator, model, optimizer, scheduler, tokenizer, recipe, step: int, tokens: int, out_dir: Path
-) -> None:
-    """Write ``checkpoints/step-N`` atomically: HF model + tokenizer, optimizer/RNG tensors, JSON state."""
-    state_dict = _full_state_dict(accelerator, model)  # collectives under FSDP: every rank calls them
-    opt_state = _named_optimizer_state(accelerator, model, optimizer)
-    if accelerator.is_main_process:
-        root = out_dir / CHECKPOINTS
-        root.mkdir(exist_ok=True)
-        for stale in root.glob(".step-*"):  # left by a process killed while writing or deleting one
-            shutil.rmtree(stale, ignore_errors=True)
-        # the same step saved again (a resumed run) is swapped out whole
-        with atomic_dir(root / f"step-{step:08d}") as tmp:
-            with _quiet_hf_progress():
-                _savable(accelerator, model).save_pretrained(
-                    tmp, state_dict=state_dict, safe_serialization=True
-                )
-            tokenizer.save_pretrained(tmp)
-            tensors = {
-                f"state/{name}/{k}": v.detach().cpu().contiguous()
-                for name, s in opt_state["state"].items()
-                for k, v in s.items()
-            }
-            tensors["rng/torch"] = torch.get_rng_state()
-            if torch.cuda.is_available():
-                tensors["rng/cuda"] = torch.cuda.get_rng_state()
-            save_file(tensors, tmp / STATE_TENSORS)
-            state = {
-                "step": step,
-                "tokens": tokens,
-                "world_size": accelerator.num_processes,
-                "recipe": recipe.identity(),
-                "param_groups": opt_state["param_groups"],
-                "scheduler": scheduler.state_dict(),
-            }
-            (tmp / STATE_JSON).write_text(json.dumps(state, indent=1))
-        for old in checkpoints(out_dir)[: -recipe.keep_last]:  # renamed first: never a half-deleted step-N
-            gone = old.with_name(f".{old.name}.deleted")
-            os.replace(old, gone)
-            shutil.rmtree(gone)
-    accelerator.wait_for_everyone()
-
-
-@contextmanager
-def _quiet_hf_progress():
-    """Silence transformers' per-save "Writing model shards" bar (ours is the training bar)."""
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-def _load_weights(ckpt: Path, model) -> None:
-    """The checkpoint's weights into the (unwrapped) model."""
-    missing, unexpected = model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is stored once, as the embedding
-        raise ValueError(f"{ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
-
-
-def _load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) -> tuple[int, int]:
-    """Optimizer, scheduler and RNG state of ``ckpt`` into the prepared objects; returns its
-    (step, tokens seen)."""
-    state = json.loads((ckpt / STATE_JSON).read_text())
-    tensors = load_file(ckpt / STATE_TENSORS)
-    torch.set_rng_state(tensors.pop("rng/torch"))
-    if "rng/cuda" in tensors:
-        cuda_rng = tensors.pop("rng/cuda")
-        if torch.cuda.is_available():
-            torch.cuda.set_rng_state(cuda_rng)
-    named: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        _, name, k = key.split("/")
-        named.setdefault(name, {})[k] = value
-    _load_named_optimizer_state(
-        accelerator, model, optimizer, {"state": named, "param_groups": state["param_groups"]}
-    )
-    scheduler.load_state_dict(state["scheduler"])
-    return state["step"], state["tokens"]
-
-
-def _publish_final(out_dir: Path, ckpt: Path) -> None:
-    """Copy the last checkpoint's HF files into ``out_dir`` (each file replaced atomically), the weights
-    last: a folder with weights holds the whole final model (see :func:`_finished`)."""
-    for f in sorted(ckpt.iterdir(), key=lambda f: ("safetensors" in f.name, f.suffix == ".json", f.name)):
-        if f.name in (STATE_JSON, STATE_TENSORS):
-            continue
-        with open(f, "rb") as src:
-            atomic_write(out_dir / f.name, partial(shutil.copyfileobj, src))
-
-
-def _check_out_dir(out_dir: Path, recipe: Recipe, resume: bool) -> tuple[bool, Path | None]:
-    """Validate ``out_dir`` before anything is written: ``(continuing, checkpoint to resume from)``.
-
-    An absent or empty folder starts a new run. A folder holding an unfinished run of the same recipe
-    (stopped by Ctrl-C, a crash or ``stop_after``) is continued, with or without ``resume``: from its
-    last checkpoint, or from the start when it has none. A finished run is continued (republished) only
-    with ``resume``; another recipe, another length or a folder of other files is refused.
-    """
-    saved = out_dir / "recipe.json"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(f"--out {out_dir} exists and is not a folder: choose a new --out")
-    if not saved.is_file():
-        if resume:
-            raise FileNotFoundError(f"nothing to resume in {out_dir}: no recipe.json")
-        if out_dir.exists() and any(out_dir.iterdir()):
-            raise ValueError(f"{out_dir} is not empty and holds no lime-model run: choose a new --out")
-        check_writable(out_dir, folder=True)
-        return False, None
-    old = identity(json.loads(saved.read_text()))
-    new = recipe.identity()
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    if changed and set(changed) <= {"steps", "epochs"}:
-        diff = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in changed)
-        raise ValueError(
-            f"cannot resume {out_dir} with another length ({diff}): the length sets the learning-rate "
-            "schedule, so a run cannot be extended; train into a new --out"
-        )
-    if changed:
-        raise ValueError(
-            f"cannot resume {out_dir}: it was trained with another config (differs in: {', '.join(changed)}); "
-            "choose a new --out for this one"
-        )
-    if not resume and _finished(out_dir, recipe):
-        raise ValueError(f"{out_dir} already holds this recipe's finished run: train into a new --out")
-    check_writable(out_dir, folder=True)
-    found = checkpoints(out_dir)
-    return True, found[-1] if found else None
-
-
-def _finished(out_dir: Path, recipe: Recipe) -> bool:
-    """Whether ``out_dir`` holds its run's final model (published weights; the arithmetic task's
-    evaluation too), as opposed to a run that stopped before the end."""
-    weights = any((out_dir / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json"))
-    return weights and (recipe.task != "arithmetic" or (out_dir / "arithmetic_eval.json").is_file())
-
-
-# ---------------------------------------------------------------------------------------------
 # the loop
-
-
-def accelerator_for(recipe: Recipe, **tracking: Any):
-    """The ``accelerate.Accelerator`` of a recipe: its mixed precision ("auto": bf16 where supported) and
-    compile; ``tracking``: the trackers' arguments (:func:`tracker_options`). FSDP is not accelerate's
-    (its plugin shards only on GPUs): :func:`shard` applies it."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-    from accelerate.utils import TorchDynamoPlugin
-
-    # accelerate keeps one state per process: a second run in it would be refused another mixed precision
-    # and would silently keep the first run's compile setting. Each run starts its own (the process
-    # group, PartialState's, is kept).
-    AcceleratorState._reset_state()
-    precision = recipe.mixed_precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    dynamo = TorchDynamoPlugin(backend="inductor") if recipe.compile else None
-    # cpu=True is what makes accelerate join a torchrun/accelerate-launch group over gloo without GPUs
-    accelerator = Accelerator(
-        mixed_precision=precision,
-        dynamo_plugin=dynamo,
-        cpu=not torch.cuda.is_available(),
-        **tracking,
-    )
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if accelerator.num_processes != launched:
-        raise RuntimeError(f"launched {launched} processes but accelerate joined {accelerator.num_processes}")
-    return accelerator
-
-
-def shard(model, mesh):
-    """``model`` sharded over ``mesh``'s processes with FSDP2 (``fully_shard``, in place): each
-    decoder layer a unit whose parameters are gathered for its forward and again for its backward, the
-    rest (embeddings, final norm, head) the root's. LIMe's K/V buffer keeps copies of the router
-    weights that earlier layers' backward reads (:func:`lime_model.kv_buffer._own_copy`). ``mesh``: a
-    1-D device mesh (``init_device_mesh(device.type, (world,))``)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in [m for m in model.modules() if isinstance(m, LimeDecoderLayer)]:
-        fully_shard(layer, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
-
-
-def _prepare(accelerator, model, optimizer):
-    """The model and optimizer through accelerate; a sharded model only gets its mixed precision
-    (autocast, as under DDP): accelerate would wrap it in DDP."""
-    if not _sharded(model):
-        return accelerator.prepare(model, optimizer)
-    return accelerator.prepare_model(model, evaluation_mode=True), accelerator.prepare_optimizer(optimizer)
-
-
-@contextmanager
-def _no_sync(accelerator, model):
-    """No gradient synchronisation inside (a micro-batch that is not the last): DDP's ``no_sync``, or
-    FSDP2's switch, which accelerate's ``no_sync`` sets only on models it sharded itself."""
-    if not _sharded(model):
-        with accelerator.no_sync(model):
-            yield
-        return
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
-
-
-REPORT_TO = ("none", "tensorboard", "wandb")
-TRACKER_PROJECT = "lime-model"  # the W&B project; TensorBoard's events go to RUN/tensorboard/lime-model/
-
-
-def tracker_options(report_to: str, out_dir: Path) -> dict[str, Any]:
-    """``Accelerator`` arguments that log to ``report_to`` (one of :data:`REPORT_TO`). A tracker whose
-    package is missing is refused here: accelerate would silently skip it."""
-    if report_to not in REPORT_TO:
-        raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
-    if report_to == "none":
-        return {}
-    from accelerate.utils import is_tensorboard_available, is_wandb_available
-
-    if not {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available}[report_to]():
-        extra = "pip install 'lime-probe[tracking]'" if report_to == "tensorboard" else "pip install wandb"
-        raise ValueError(f"--report-to {report_to} needs the {report_to} package: {extra}")
-    return {"log_with": report_to, "project_dir": str(out_dir / "tensorboard")}
-
-
-def _hparams(recipe: Recipe) -> dict[str, Any]:
-    """The recipe flattened to dotted keys and scalar values, as trackers take hyperparameters."""
-
-    def flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, Mapping):
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) else json.dumps(v)
-        return out
-
-    return flat(recipe.to_dict())
 
 
 def micro_batch_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, n_targets: int) -> torch.Tensor:
@@ -602,7 +291,7 @@ def train_step(accelerator, model, optimizer, scheduler, data: TrainingData, rec
         rows = local[m : m + micro]
         input_ids = data.input_ids[rows].to(accelerator.device, torch.long)
         labels = data.labels[rows].to(accelerator.device, torch.long)
-        with nullcontext() if m + micro >= per_rank else _no_sync(accelerator, model):
+        with nullcontext() if m + micro >= per_rank else no_sync(accelerator, model):
             loss = micro_batch_loss(model, input_ids, labels, n_targets)
             accelerator.backward(loss * world)  # DDP and FSDP average gradients over processes
         loss_sum += loss.detach()
@@ -629,7 +318,9 @@ def train(
     Args:
         recipe: a shipped recipe name, a JSON path, or a dict (see :mod:`lime_model.recipes`).
         out_dir: the run directory: absent or empty for a new run; a folder holding an unfinished run
-            of the same recipe is continued from its last checkpoint (see :func:`_check_out_dir`).
+            of the same recipe is continued from its last intact checkpoint (see
+            :func:`~lime_model.checkpoint.check_out_dir`). One run at a time writes it: a second is
+            refused while the first holds its lock (:class:`~lime_model.checkpoint.RunLock`).
         resume: require a run in ``out_dir`` to continue (a finished one is republished).
         progress: show tqdm progress bars.
         stop_after: end this invocation after that global step (with a checkpoint) so that a later
@@ -642,48 +333,74 @@ def train(
     recipe = load_recipe(recipe, overrides)
     out_dir = Path(out_dir)
     accelerator = accelerator_for(recipe, **tracker_options(report_to, out_dir))
-    world, main = accelerator.num_processes, accelerator.is_main_process
+    world = accelerator.num_processes
     if recipe.batch_size % (world * recipe.micro_batch_size):
         raise ValueError(
             f"batch_size {recipe.batch_size} is not a multiple of {world} processes x "
             f"micro_batch_size {recipe.micro_batch_size}"
         )
-    resume, ckpt = _check_out_dir(out_dir, recipe, resume)
+    resume = check_out_dir(out_dir, recipe, resume)  # its refusals write nothing
     if resume:  # half of a run's steps on another code path would be neither mode's result
         reproducible.check_same_mode(out_dir, reproducible.active())
+    lock = RunLock()
+    try:
+        ckpt = on_main(accelerator, partial(claim, lock, out_dir, resume))
+        data = _training_data(recipe, out_dir, resume, accelerator, progress)
+        on_main(accelerator, partial(open_run_dir, lock, out_dir, recipe, data.tokenizer, accelerator, ckpt))
+        accelerator.init_trackers(  # main process only; after the run folder exists
+            TRACKER_PROJECT,
+            hparams(recipe),
+            init_kwargs={"wandb": {"name": out_dir.name, "dir": str(out_dir)}},
+        )
+        run, start, tokens = _start(accelerator, recipe, data, out_dir, ckpt)
+        steps = total_steps(recipe, len(data.input_ids))
+        last = steps if stop_after is None else min(steps, stop_after)
+        _train_steps(run, start, tokens, last, progress)
+        _finish(run, last == steps, progress)
+    finally:
+        lock.release()
+    return out_dir
+
+
+@dataclass
+class _Run:
+    """One invocation of :func:`train`: its prepared model, optimizer and schedule, and where it writes."""
+
+    accelerator: Any
+    recipe: Recipe
+    config: LimeConfig
+    data: TrainingData
+    out_dir: Path
+    model: Any
+    optimizer: Any
+    scheduler: Any
+
+
+def _training_data(recipe: Recipe, out_dir: Path, resume: bool, accelerator, progress: bool) -> TrainingData:
+    """:func:`prepare_data` with the run's own tokenizer when a continued run saved one."""
+    world = accelerator.num_processes
     saved_tokenizer = resume and (out_dir / "tokenizer_config.json").exists()
     tokenizer = load_tokenizer(str(out_dir)) if saved_tokenizer else None
     try:  # several processes only read the caches: rank 0 tokenising behind a barrier times out at scale
-        data = prepare_data(recipe, tokenizer, progress=progress and main, build=world == 1)
+        return prepare_data(
+            recipe, tokenizer, progress=progress and accelerator.is_main_process, build=world == 1
+        )
     except data_mod.NotPrepared as e:
         raise FileNotFoundError(
             f"{e}: a run on {world} processes does not tokenise; run `lime-model prepare` with the same "
             "--recipe, --data, --eval-data, --steps and --set first"
         ) from None
-    config = model_config(recipe, data.tokenizer)
-    accelerator.wait_for_everyone()  # every rank validated the output dir before rank 0 writes to it
 
-    if main and resume:
-        where = f"step {int(ckpt.name[5:])}" if ckpt is not None else "the start (no checkpoint yet)"
-        print(f"lime-model: continuing the run in {out_dir} from {where}", file=sys.stderr)
-        atomic_write(out_dir / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
-        if not saved_tokenizer:
-            data.tokenizer.save_pretrained(out_dir)
-        _record_run_info(out_dir, accelerator)
-    elif main:  # a new run's folder appears whole: recipe, tokenizer (read back on resume), run info
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_dir(out_dir) as tmp:
-            atomic_write(tmp / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
-            data.tokenizer.save_pretrained(tmp)
-            _record_run_info(tmp, accelerator)
-    accelerator.init_trackers(  # main process only; after the run folder exists
-        TRACKER_PROJECT, _hparams(recipe), init_kwargs={"wandb": {"name": out_dir.name, "dir": str(out_dir)}}
-    )
+
+def _start(accelerator, recipe: Recipe, data: TrainingData, out_dir: Path, ckpt: Path | None):
+    """The model, optimizer and schedule, from ``ckpt`` when given: ``(run, first step, tokens seen)``."""
     torch.manual_seed(recipe.seed)
+    config = model_config(recipe, data.tokenizer)
     model = AutoModelForCausalLM.from_config(config)  # the arch's class (registered by lime_model)
     if ckpt is not None:
-        _load_weights(ckpt, model)
+        load_weights(ckpt, model)
     model.train()
+    world = accelerator.num_processes
     if recipe.fsdp and world > 1:  # before the optimizer: sharding replaces the parameters
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -691,25 +408,31 @@ def train(
     steps = total_steps(recipe, len(data.input_ids))
     optimizer = build_optimizer(model, recipe)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, recipe, steps))
-    model, optimizer = _prepare(accelerator, model, optimizer)
+    model, optimizer = prepare(accelerator, model, optimizer)
     start, tokens = (
-        (0, 0) if ckpt is None else _load_training_state(ckpt, accelerator, model, optimizer, scheduler)
+        (0, 0) if ckpt is None else load_training_state(ckpt, accelerator, model, optimizer, scheduler)
     )
+    if accelerator.is_main_process:
+        trim_metrics(out_dir, start)
+    return _Run(accelerator, recipe, config, data, out_dir, model, optimizer, scheduler), start, tokens
 
-    metrics_path = out_dir / "metrics.jsonl"
-    if main and resume:  # drop lines logged after the checkpoint by an interrupted run
-        lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        atomic_write(metrics_path, "".join(f"{ln}\n" for ln in lines if _logged_step(ln) <= start))
-    seq_flops = 3 * forward_flops(config, recipe.seq_len)
-    last = steps if stop_after is None else min(steps, stop_after)
+
+def _train_steps(run: _Run, start: int, tokens: int, last: int, progress: bool) -> None:
+    """Global steps ``start`` to ``last``: a ``metrics.jsonl`` line every ``log_every`` steps, on
+    evaluation steps and at the last; a checkpoint every ``save_every`` steps and at the last."""
+    accelerator, recipe, data = run.accelerator, run.recipe, run.data
+    main, n_rows = accelerator.is_main_process, len(data.input_ids)
+    seq_flops = 3 * forward_flops(run.config, recipe.seq_len)
     bar = tqdm(total=last, initial=start, desc="train", disable=not (progress and main), unit="step")
     window_t, window_tokens = time.perf_counter(), 0
     has_eval = data.eval_input_ids is not None and len(data.eval_input_ids) > 0
     for step in range(start, last):
-        if main and second_epoch_starts(step, recipe.batch_size, len(data.input_ids)):
-            warn_second_epoch(step, recipe, len(data.input_ids))
-        loss, grad_norm, lr = train_step(accelerator, model, optimizer, scheduler, data, recipe, step)
-        batch_tokens = data.n_tokens(batch_indices(step, recipe.batch_size, len(data.input_ids), recipe.seed))
+        if main and second_epoch_starts(step, recipe.batch_size, n_rows):
+            warn_second_epoch(step, recipe, n_rows)
+        loss, grad_norm, lr = train_step(
+            accelerator, run.model, run.optimizer, run.scheduler, data, recipe, step
+        )
+        batch_tokens = data.n_tokens(batch_indices(step, recipe.batch_size, n_rows, recipe.seed))
         tokens += batch_tokens
         window_tokens += batch_tokens
         done = step + 1
@@ -717,7 +440,7 @@ def train(
         if done % recipe.log_every == 0 or done == last or evaluate_now:
             loss_value = accelerator.reduce(loss, reduction="sum").item()
             # every process evaluates every held-out row (FSDP needs all ranks in each forward)
-            held_out = _held_out(model, data, recipe) if evaluate_now else {}
+            held_out = _held_out(run.model, data, recipe) if evaluate_now else {}
             if main:
                 now = time.perf_counter()
                 record = {
@@ -730,37 +453,53 @@ def train(
                     "tokens_per_s": window_tokens / max(now - window_t, 1e-9),
                     **held_out,
                 }
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
-                accelerator.log({k: v for k, v in record.items() if k != "step"}, step=done)
+                _log(run, record)
                 bar.set_postfix(loss=f"{loss_value:.4f}")
                 window_t, window_tokens = now, 0
         bar.update(1)
         if done % recipe.save_every == 0 or done == last:
-            _save_checkpoint(
-                accelerator, model, optimizer, scheduler, data.tokenizer, recipe, done, tokens, out_dir
+            save_checkpoint(
+                accelerator,
+                run.model,
+                run.optimizer,
+                run.scheduler,
+                data.tokenizer,
+                recipe,
+                done,
+                tokens,
+                run.out_dir,
             )
     bar.close()
-    if main and last == steps:
-        _publish_final(out_dir, checkpoints(out_dir)[-1])
-        if recipe.task == "arithmetic":  # from the published files: sharded or not, one whole model
-            evaluate_arithmetic(out_dir, progress=progress, device=accelerator.device)
-        write_model_card(out_dir)
+
+
+def _log(run: _Run, record: dict[str, Any]) -> None:
+    """One ``metrics.jsonl`` line, and the same through accelerate's trackers."""
+    path = run.out_dir / "metrics.jsonl"
+    with naming_disk_full(path), open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    run.accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+
+def _finish(run: _Run, complete: bool, progress: bool) -> None:
+    """Publish the final model when the run is ``complete`` (arithmetic: evaluated too), and end it."""
+    accelerator = run.accelerator
+    if complete:
+        on_main(accelerator, partial(_publish, run.out_dir, run.recipe, progress, accelerator.device))
     accelerator.wait_for_everyone()
     # DDP's reducer must not outlive the process group: as its last owner it would destroy the gloo group
     # holding the GIL, while a gloo thread waits for the GIL to free the barrier's work (a hang at exit,
     # pytorch/pytorch#56297). Released first, the group is freed by end_training without the GIL.
-    model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
+    run.model, run.optimizer, run.scheduler = accelerator.free_memory(run.model, run.optimizer, run.scheduler)
     accelerator.end_training()
-    return out_dir
 
 
-def _logged_step(line: str) -> float:
-    """The step of a ``metrics.jsonl`` line; infinity for a line a killed process cut short."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return math.inf
+def _publish(out_dir: Path, recipe: Recipe, progress: bool, device: torch.device) -> None:
+    """Main process: the last checkpoint's model published into ``out_dir``, evaluated (arithmetic task)
+    and described in its model card."""
+    publish_final(out_dir, checkpoints(out_dir)[-1])
+    if recipe.task == "arithmetic":  # from the published files: sharded or not, one whole model
+        evaluate_arithmetic(out_dir, progress=progress, device=device)
+    write_model_card(out_dir)
 
 
 def _held_out(model, data: TrainingData, recipe: Recipe) -> dict[str, float]:
@@ -787,32 +526,6 @@ def warn_second_epoch(step: int, recipe: Recipe, n_rows: int) -> None:
 
 class SecondEpochWarning(UserWarning):
     """Training has started to repeat its data."""
-
-
-def run_info(accelerator) -> dict[str, Any]:
-    """What else decides a run's numbers: versions, device, threads and determinism settings."""
-    import transformers
-
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": str(accelerator.device),
-        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
-        "processes": accelerator.num_processes,
-        "torch_threads": torch.get_num_threads(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "mixed_precision": accelerator.mixed_precision,
-        "reproducible": reproducible.settings(),
-    }
-
-
-def _record_run_info(out_dir: Path, accelerator) -> None:
-    """Append this invocation's :func:`run_info` to ``run_info.json`` (a list: one entry per start)."""
-    path = out_dir / "run_info.json"
-    runs = json.loads(path.read_text()) if path.is_file() else []
-    atomic_write(path, json.dumps([*runs, run_info(accelerator)], indent=1))
 
 
 def evaluate_arithmetic(

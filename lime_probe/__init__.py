@@ -75,6 +75,7 @@ _EXPORTS = {
     "effective_ranks": "probes.similarity",
     "logit_lens": "probes.logit_lens",
     "LensLayer": "probes.logit_lens",
+    "lens_top_tokens": "probes.logit_lens",
     "Edit": "interventions.edits",
     "RouteEdit": "interventions.edits",
     "run_with_edits": "interventions.run",
@@ -119,6 +120,7 @@ if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers a
         matrix_entropy,
         stream_entropy,
     )
+    from lime_probe.probes.logit_lens import LensLayer, lens_top_tokens, logit_lens
     from lime_probe.probes.router_weights import RouterAnalysis, router_weights
     from lime_probe.probes.separability import (
         ProbeResult,

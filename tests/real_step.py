@@ -59,7 +59,7 @@ def real_step(recipe) -> tuple[int, int]:
             model = T.shard(model, init_device_mesh(accelerator.device.type, (world,)))
         optimizer = T.build_optimizer(model, recipe)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-        model, optimizer = T._prepare(accelerator, model, optimizer)
+        model, optimizer = T.prepare(accelerator, model, optimizer)
         T.train_step(accelerator, model, optimizer, scheduler, data, recipe, 0)  # AdamW makes its state
 
         def marker(name):

@@ -162,3 +162,46 @@ def test_the_command_writes_its_results_and_refuses_an_encoder(tok, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2 and "needs a causal LM" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("arch", ["lime", "gpt2"])
+def test_per_token_top_k_is_the_models_own_top_k_at_the_last_layer_and_by_hand_below(arch, tok):
+    """`lens_top_tokens`: at the last layer the model's own top-k next tokens and probabilities (its logits'
+    softmax), below it the top-k of W_U norm(hidden_states[l]) written out by hand, each text alone."""
+    from lime_probe.extraction.loading import wrap
+    from lime_probe.probes.logit_lens import lens_top_tokens
+
+    model = tiny_model(arch, tok)
+    texts = TEXTS[:2]
+    acts = extract(wrap(model, tok), tok, texts, sites="hidden", progress=False)
+    rows = lens_top_tokens(model, tok, acts, k=3, sequences=2)
+    L = model.config.num_hidden_layers
+    for s, text in enumerate(texts):
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model(ids, output_hidden_states=True)
+        for layer in (0, L):
+            if layer == L:
+                logits = out.logits[0, :-1]
+            else:
+                logits = model.get_output_embeddings()(
+                    norm_by_hand(arch, model, out.hidden_states[layer][0, :-1])
+                )
+            top = logits.softmax(-1).topk(3, dim=-1)
+            got = [r for r in rows if r["sequence"] == s and r["layer"] == layer]
+            assert len(got) == 3 * (ids.shape[1] - 1)
+            for r in got:
+                p, rank = r["position"], r["rank"] - 1
+                assert r["prediction"] == tok.decode([int(top.indices[p, rank])])
+                assert r["probability"] == pytest.approx(float(top.values[p, rank]), rel=1e-4, abs=1e-6)
+                assert r["correct"] == (int(top.indices[p, rank]) == int(ids[0, p + 1]))
+
+
+def test_per_token_top_k_refuses_selected_rows(tok):
+    from lime_probe.extraction.loading import wrap
+    from lime_probe.probes.logit_lens import lens_top_tokens
+
+    model = tiny_model("lime", tok)
+    acts = extract(wrap(model, tok), tok, TEXTS[:2], sites="hidden", pool="mean", progress=False)
+    with pytest.raises(ValueError, match="every token's row"):
+        lens_top_tokens(model, tok, acts)

@@ -490,7 +490,7 @@ def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
     return x[keep]
 
 
-def _tokenize(
+def tokenize_texts(
     tokenizer: Any,
     texts: Iterable[str | list[int]],
     max_length: int,
@@ -503,7 +503,7 @@ def _tokenize(
     texts, i = iter(texts), 0
     while chunk := list(islice(texts, TOKENIZE_CHUNK)):
         if pretokenized:
-            encoded = [list(cast(list[int], t)) for t in chunk]  # checked by `_items` / `_validate`
+            encoded = [list(cast(list[int], t)) for t in chunk]  # checked by `text_items` / `_validate`
         else:
             encoded = tokenizer(chunk, truncation=True, max_length=max_length)["input_ids"]
         for seq in encoded:
@@ -523,7 +523,7 @@ def _tokenize(
                 return
 
 
-def _items(texts: Iterable[Any], pretokenized: bool) -> Iterator[str | list[int]]:
+def text_items(texts: Iterable[Any], pretokenized: bool) -> Iterator[str | list[int]]:
     """The texts of an iterable input, checked as they are read: strings (token id lists with
     `pretokenized`), or the "text" of each row of a ``datasets`` dataset."""
     for i, t in enumerate(texts):
@@ -560,7 +560,7 @@ class Corpus:
 # Extraction
 
 
-def _as_nnsight(
+def as_nnsight(
     model: TransformersModel | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
 ) -> tuple[TransformersModel, PreTrainedTokenizerBase]:
     """An nnsight model for `model` (as is when it already is one) and the tokenizer to use: `tokenizer`,
@@ -747,7 +747,7 @@ def extract(
     )
     texts = cast("Iterable[str | list[int]]", texts)  # checked by `_validate`
     # the tokenizer: a tokenizer or None, the texts of ``extract(model, texts)`` moved to `texts` above
-    nn_model, tokenizer = _as_nnsight(model, cast("PreTrainedTokenizerBase | None", tokenizer))
+    nn_model, tokenizer = as_nnsight(model, cast("PreTrainedTokenizerBase | None", tokenizer))
     check_remote(nn_model, remote)
     hf = nn_model._module
     max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
@@ -764,17 +764,17 @@ def extract(
                 "cache_dir keys the cache by the texts' digest, so it reads them twice: pass a list, a "
                 "Corpus or a dataset, not a one-pass iterator (a generator)"
             )
-        items = iter(_items(texts, pretokenized))
+        items = iter(text_items(texts, pretokenized))
         first = next(items, None)
         if first is None:
             raise ValueError("texts is empty: nothing to extract")
         items = chain([first], items)
-        seqs: Iterable[list[int]] = _tokenize(tokenizer, items, max_length, max_tokens, pretokenized)
+        seqs: Iterable[list[int]] = tokenize_texts(tokenizer, items, max_length, max_tokens, pretokenized)
     else:
         texts = list(texts)
         # every sequence tokenised (and cut to the token budget) up front: what is measured is checked
         # before any forward pass
-        seqs = list(_tokenize(tokenizer, texts, max_length, max_tokens, pretokenized))
+        seqs = list(tokenize_texts(tokenizer, texts, max_length, max_tokens, pretokenized))
         check_unknown_tokens(seqs, tokenizer, allow=allow_unknown_tokens)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
@@ -803,7 +803,7 @@ def extract(
                 "attn_implementation": attn,
             }
             # a stream hashes as the list of its texts would: one cache for both
-            hashed = _items(texts, pretokenized) if streamed else texts
+            hashed = text_items(texts, pretokenized) if streamed else texts
             key = extraction_key(
                 hf, tokenizer, hashed, max_length=max_length, max_tokens=max_tokens, settings=settings
             )
@@ -814,7 +814,9 @@ def extract(
 
         start = cache.done_sequences if cache else 0
         if cache is not None and progress:  # what the cache will grow by, before it does (a stream: reread)
-            again = _tokenize(tokenizer, _items(texts, pretokenized), max_length, max_tokens, pretokenized)
+            again = tokenize_texts(
+                tokenizer, text_items(texts, pretokenized), max_length, max_tokens, pretokenized
+            )
             rest = islice(again if streamed else seqs, start, None)
             wanted = None if select_ids is None else select_ids.tolist()
             cache.announce(plan.row_bytes, rest, pooled=pool != "none", token_ids=wanted)

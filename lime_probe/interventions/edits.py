@@ -127,6 +127,28 @@ def cell_mask(
     return picked & rows[:, None]
 
 
+def cell_counts(edit: Edit, lengths: Sequence[int]) -> list[int]:
+    """The number of cells `edit` touches in each sequence of token counts `lengths` (the whole input, in
+    order), known before any forward pass; ValueError in one line for a sequence index out of range or a
+    position outside a sequence the edit touches (as `cell_mask` would find it mid-run)."""
+    n = len(lengths)
+    bad = [i for i in edit.sequences or () if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"edit sequence {bad[0]} out of range: there are {n} sequences")
+    counts = []
+    for i, length in enumerate(lengths):
+        if edit.sequences is not None and i not in edit.sequences:
+            counts.append(0)
+        elif edit.positions is None:
+            counts.append(length)
+        else:
+            outside = [p for p in edit.positions if not -length <= p < length]
+            if outside:
+                raise ValueError(f"edit position {outside[0]} is outside a sequence of {length} tokens")
+            counts.append(len({p % length for p in edit.positions}))
+    return counts
+
+
 def apply_edit(
     edit: Edit, x: torch.Tensor, cells: torch.Tensor, columns: torch.Tensor | None, where: str
 ) -> None:
@@ -163,6 +185,19 @@ def _cell_values(edit: Edit, n: int, dim: int, where: str) -> torch.Tensor:
         return value
     raise ValueError(
         f"the value of {where} is {tuple(value.shape)}; it must be ({dim},) or one row per edited cell ({n}, {dim})"
+    )
+
+
+def check_value(edit: Edit, n_cells: int, dim: int | None) -> None:
+    """ValueError in one line, before any forward pass, where `edit`'s value is neither (dim,) nor one row per
+    edited cell (`n_cells`, dim); `dim` None (a width known only once the site runs): any width."""
+    if edit.value is None or edit.op in ("zero", "fn"):
+        return
+    shape = torch.as_tensor(edit.value).shape
+    if dim is None and not shape:
+        return  # a scalar: refused by the run, which knows the width
+    _cell_values(
+        edit, n_cells, shape[-1] if dim is None else dim, f"the edit of site {edit.site!r} layer {edit.layer}"
     )
 
 

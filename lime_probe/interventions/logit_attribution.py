@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lime_probe.extraction.adapters import adapter_for
-from lime_probe.extraction.tracing import _as_nnsight
+from lime_probe.extraction.tracing import as_nnsight
 from lime_probe.interventions.pairs import Pair
 from lime_probe.interventions.patching import logit_diff, pair_tokens
 from lime_probe.interventions.run import run_with_edits
@@ -69,7 +69,7 @@ def direct_logit_attribution(
         ValueError: a model whose residual stream is not the sum of its components, or whose final norm is
             neither a LayerNorm nor an RMSNorm as the frozen-scale map needs.
     """
-    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    nn_model, tokenizer = as_nnsight(model, tokenizer)
     hf = nn_model._module
     clean, _, answers = pair_tokens(tokenizer, pairs)
     run = run_with_edits(

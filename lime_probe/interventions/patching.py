@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lime_probe.extraction.tracing import _as_nnsight, pad_batch, plan_sites
+from lime_probe.extraction.tracing import as_nnsight, pad_batch, plan_sites
 from lime_probe.interventions.edits import Edit
 from lime_probe.interventions.pairs import Pair
 from lime_probe.interventions.run import consecutive_batches, plan_steps, run_with_edits, traced_forward
@@ -129,7 +129,7 @@ def activation_patching(
         layers: its layers to patch (None: all).
         per_head: patch each kv head of a per-head site (keys/values) on its own.
     """
-    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    nn_model, tokenizer = as_nnsight(model, tokenizer)
     clean, corrupt, answers = pair_tokens(tokenizer, pairs)
     base_clean = run_with_edits(
         nn_model, tokenizer, clean, read=[site], read_layers=layers, batch_size=batch_size
@@ -176,9 +176,9 @@ def attribution_patching(
     batch_size: int = 32,
 ) -> PatchingResult:
     """The first-order estimate of `activation_patching`'s grid: per cell ``(a_clean - a_corrupt) . grad``,
-    the gradient of the corrupt run's mean logit difference w.r.t. the cell's activation, averaged over pairs
-    and normalised as the patching scores are. One backward pass per batch of pairs, whatever the grid."""
-    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    the gradient of the corrupt run's mean logit difference w.r.t. the cell's activation, summed over pairs
+    (the first-order change of the mean) and normalised as the patching scores are. One backward pass per batch of pairs, whatever the grid."""
+    nn_model, tokenizer = as_nnsight(model, tokenizer)
     clean, corrupt, answers = pair_tokens(tokenizer, pairs)
     base_clean = run_with_edits(
         nn_model, tokenizer, clean, read=[site], read_layers=layers, batch_size=batch_size
@@ -192,12 +192,13 @@ def attribution_patching(
     ld_clean = logit_diff(base_clean.last_logits, answers).mean()
     ld_corrupt = logit_diff(base_corrupt.last_logits, answers).mean()
     grads = _site_gradients(nn_model, tokenizer, corrupt, answers, site, chosen, batch_size)
+    # the gradients are of the mean over pairs already: summing the pairs' terms averages them once
     scores = torch.stack(
         [
             ((base_clean.acts[site][layer] - base_corrupt.acts[site][layer]).double() * grads[layer])
             .sum(-1)
             .view(n_pairs, length)
-            .mean(0)
+            .sum(0)
             for layer in chosen
         ]
     )

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from lime_probe.extraction.tracing import _as_nnsight
+from lime_probe.extraction.tracing import as_nnsight
 from lime_probe.interventions.edits import RouteEdit, routers_of
 from lime_probe.interventions.run import EditedRun, run_with_edits
 
@@ -69,7 +69,7 @@ def route_ablation(
     """
     from lime_probe.probes.entropy import entropy_config, layer_entropy
 
-    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    nn_model, tokenizer = as_nnsight(model, tokenizer)
     hf = nn_model._module
     routers_of(hf)  # refuses a model that does not route before any forward pass
     config = entropy_config("lime")

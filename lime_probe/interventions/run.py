@@ -19,14 +19,12 @@ from typing import Any
 import nnsight
 import torch
 
-from lime_probe.extraction.sites import HEADED
+from lime_probe.extraction.sites import HEADED, module_site
 from lime_probe.extraction.tracing import (
     DEFAULT_BATCH_TOKENS,
     Activations,
     SitePlan,
-    _as_nnsight,
-    _items,
-    _tokenize,
+    as_nnsight,
     envoy_path,
     extract,
     pad_batch,
@@ -34,8 +32,19 @@ from lime_probe.extraction.tracing import (
     resolve_layers,
     select_rows,
     site_sizes,
+    text_items,
+    tokenize_texts,
 )
-from lime_probe.interventions.edits import Edit, RouteEdit, apply_edit, cell_mask, head_columns, routes_edited
+from lime_probe.interventions.edits import (
+    Edit,
+    RouteEdit,
+    apply_edit,
+    cell_counts,
+    cell_mask,
+    check_value,
+    head_columns,
+    routes_edited,
+)
 
 
 @dataclass
@@ -113,13 +122,17 @@ def run_with_edits(
     Raises:
         ValueError: a site, layer, position, head or value shape the model or texts do not have, in one line.
     """
-    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    nn_model, tokenizer = as_nnsight(model, tokenizer)
     hf = nn_model._module
     max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
-    seqs = _sequences(tokenizer, texts, max_length)
-    edits = [_with_mean(nn_model, tokenizer, e, max_length) if e.op == "mean" else e for e in edits]
+    seqs = token_sequences(tokenizer, texts, max_length)
+    edits = [with_mean(nn_model, tokenizer, e, max_length) if e.op == "mean" else e for e in edits]
     plan = plan_sites(hf, list(dict.fromkeys([e.site for e in edits] + list(read))), None, max_length)
     steps = plan_steps(hf, plan, edits, read, read_layers)
+    lengths = [len(s) for s in seqs]
+    counts = [cell_counts(e, lengths) for e in edits]
+    for e, c in zip(edits, counts, strict=True):
+        check_value(e, sum(c), None if module_site(e.site) else plan.dims[e.site])
     read_layers_of = {
         s: resolve_layers([s], read_layers, _sizes(hf, plan), hf.config.model_type)[s] for s in read
     }
@@ -127,8 +140,11 @@ def run_with_edits(
     parts: list[dict[str, Any]] = []
     first_index = 0
     with routes_edited(hf, routes):
-        for chunk in consecutive_batches([len(s) for s in seqs], batch_size, batch_tokens):
+        for chunk in consecutive_batches(lengths, batch_size, batch_tokens):
             batch = pad_batch([seqs[i] for i in chunk], pad_id, tokenizer.padding_side)
+            if any(_per_cell(e) for e in edits):
+                in_batch = [_batch_rows(e, c, chunk) for e, c in zip(edits, counts, strict=True)]
+                steps = plan_steps(hf, plan, in_batch, read, read_layers)
             with torch.no_grad():
                 logits, rows = traced_forward(nn_model, batch, steps, first_index)
             parts.append(_batch_outputs(batch, logits, rows, logits_of))
@@ -136,13 +152,27 @@ def run_with_edits(
     return _collect(parts, read_layers_of, plan)
 
 
-def _sequences(tokenizer: Any, texts: Iterable[str | list[int]], max_length: int) -> list[list[int]]:
+def _per_cell(edit: Edit) -> bool:
+    """Whether `edit`'s value is one row per cell (n_cells, dim) rather than one vector."""
+    return edit.value is not None and torch.as_tensor(edit.value).dim() == 2
+
+
+def _batch_rows(edit: Edit, counts: list[int], chunk: list[int]) -> Edit:
+    """`edit` as the batch of consecutive sequences `chunk` sees it: a per-cell value cut to the rows of the
+    batch's cells (`counts`: the edit's cells in each sequence of the input)."""
+    if not _per_cell(edit):
+        return edit
+    start = sum(counts[: chunk[0]])
+    return edit.with_value(torch.as_tensor(edit.value)[start : start + sum(counts[i] for i in chunk)])
+
+
+def token_sequences(tokenizer: Any, texts: Iterable[str | list[int]], max_length: int) -> list[list[int]]:
     """Token id lists of `texts` (strings tokenised and cut to `max_length`, id lists kept as they are)."""
     items = list(texts)
     if not items:
         raise ValueError("texts is empty: nothing to run")
     pretokenized = not isinstance(items[0], str)
-    return list(_tokenize(tokenizer, _items(items, pretokenized), max_length, None, pretokenized))
+    return list(tokenize_texts(tokenizer, text_items(items, pretokenized), max_length, None, pretokenized))
 
 
 def _sizes(hf: Any, plan: SitePlan) -> dict[str, int]:
@@ -154,7 +184,7 @@ def _sizes(hf: Any, plan: SitePlan) -> dict[str, int]:
     }
 
 
-def _with_mean(nn_model: Any, tokenizer: Any, edit: Edit, max_length: int) -> Edit:
+def with_mean(nn_model: Any, tokenizer: Any, edit: Edit, max_length: int) -> Edit:
     """A ``mean`` edit with its value: the site's mean over every token of its reference texts."""
     if edit.value is not None:
         return edit

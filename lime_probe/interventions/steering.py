@@ -26,9 +26,9 @@ from typing import Any
 import nnsight
 import torch
 
-from lime_probe.extraction.tracing import _as_nnsight, envoy_path, pad_batch, plan_sites
+from lime_probe.extraction.tracing import as_nnsight, envoy_path, pad_batch, plan_sites
 from lime_probe.interventions.edits import Edit, RouteEdit, routes_edited
-from lime_probe.interventions.run import Step, _sequences, _with_mean, edited_value, plan_steps
+from lime_probe.interventions.run import Step, edited_value, plan_steps, token_sequences, with_mean
 
 
 @dataclass
@@ -84,11 +84,11 @@ def generate_with_edits(
         ValueError: a site, layer, head, position, sequence or value shape the model or prompts do not have,
             in one line, before generating.
     """
-    nn_model, tokenizer = _as_nnsight(model, tokenizer)
+    nn_model, tokenizer = as_nnsight(model, tokenizer)
     hf = nn_model._module
     max_length = getattr(hf.config, "max_position_embeddings", None) or 2048
-    seqs = _sequences(tokenizer, prompts, max_length)
-    edits = [_with_mean(nn_model, tokenizer, e, max_length) if e.op == "mean" else e for e in edits]
+    seqs = token_sequences(tokenizer, prompts, max_length)
+    edits = [with_mean(nn_model, tokenizer, e, max_length) if e.op == "mean" else e for e in edits]
     plan = plan_sites(hf, list(dict.fromkeys(e.site for e in edits)), None, max_length)
     steps = plan_steps(hf, plan, edits, (), None)
     lengths = torch.tensor([len(s) for s in seqs])

@@ -183,3 +183,34 @@ def logit_lens(
     ):
         out[layer] = lens_layer(stream(layer), ids, norm, unembed, reference)
     return dict(sorted(out.items()))
+
+
+def lens_top_tokens(model: Any, tokenizer: Any, acts: Any, k: int = 5, sequences: int = 4) -> list[dict]:
+    """The per-token logit lens as a table: for each of the first `sequences` sequences of ``acts["hidden"]``
+    (every token's row), each position with a next token and each extracted layer, the lens's `k` most
+    probable next tokens, decoded. A row per (sequence, position, layer, rank): token (the input token at the
+    position), next (the token that follows), rank, prediction, probability, and whether it is the next token."""
+    if k < 1 or sequences < 1:
+        raise ValueError(f"k and sequences must be positive, got {k} and {sequences}")
+    if not getattr(acts, "all_tokens", True) or (acts.token_ids < 0).any():
+        raise ValueError(
+            "the per-token lens needs every token's row: extract with pool='none' and no token_ids"
+        )
+    norm, unembed = lens_head(model)
+    ids = list(torch.split(acts.token_ids, acts.offsets.diff().tolist()))[:sequences]
+    rows = []
+    for layer in acts.layers("hidden"):
+        for s, hidden in enumerate(acts.sequences("hidden", layer)[: len(ids)]):
+            probs = lens_logits(hidden[:-1], norm, unembed).softmax(-1)  # (t - 1, vocab)
+            top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+            for p in range(len(probs)):
+                nxt = int(ids[s][p + 1])
+                for rank, (prob, tid) in enumerate(
+                    zip(top.values[p].tolist(), top.indices[p].tolist(), strict=True)
+                ):
+                    rows.append(
+                        {"sequence": s, "position": p, "token": tokenizer.decode([int(ids[s][p])]),
+                         "next": tokenizer.decode([nxt]), "layer": layer, "rank": rank + 1,
+                         "prediction": tokenizer.decode([tid]), "probability": prob, "correct": tid == nxt}
+                    )  # fmt: skip
+    return rows

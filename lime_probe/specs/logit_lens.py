@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .base import Checkpoint, Result, Spec, curve, extract_site, group, seed_option
+from .base import Checkpoint, Result, Spec, curve, extract_site, group, option, seed_option
 
 MIN_LENGTH = 2  # tokens per sequence: the lens reads a prediction and scores it on the next token
 
@@ -22,6 +22,17 @@ MIN_LENGTH = 2  # tokens per sequence: the lens reads a prediction and scores it
 @dataclass(frozen=True)
 class LogitLensParams:
     seed: int = seed_option()
+    top_k: int = option(
+        0,
+        "also tabulate, per position of the first --top-k-sequences documents and per layer, the lens's K most "
+        "probable next tokens, decoded (logit_lens_tokens.csv; 0: no table)",
+        metavar="K",
+    )
+    top_k_sequences: int = option(4, "documents in that table", metavar="N", positive=True)
+
+    def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise ValueError(f"--top-k must be 0 or more, got {self.top_k}")
 
 
 def is_causal_lm(ck: Checkpoint) -> bool:
@@ -35,7 +46,7 @@ def compute(
 ) -> Result:
     """One row per model and layer of ``hidden`` (``--layers``, always with the last, the reference): the
     lens's next-token cross-entropy and top-1 agreement with their bootstrap CIs over documents."""
-    from lime_probe.probes.logit_lens import lens_head, logit_lens
+    from lime_probe.probes.logit_lens import lens_head, lens_top_tokens, logit_lens
     from lime_probe.probes.stats import bootstrap_ratio_ci
 
     kw = dict(extract_kw or {})
@@ -45,11 +56,15 @@ def compute(
         )
     if kw.get("layers") is not None:  # X_L gives the model's own prediction, which every layer is compared to
         kw["layers"] = [*kw["layers"], -1]
-    rows = []
+    rows: list[dict] = []
+    tokens_table: list[dict] = []
     for ck in cks:
         lens_head(ck.model)  # a model the lens cannot read is refused before any forward pass
         acts = extract_site(ck, texts, "hidden", kw, logprobs=True)
         lens = logit_lens(ck.model, acts, desc=f"logit lens {ck.label}")
+        if p.top_k:
+            top = lens_top_tokens(ck.model, ck.tokenizer, acts, p.top_k, p.top_k_sequences)
+            tokens_table += [{"model": ck.label} | r for r in top]
         tokens = int(next(iter(lens.values())).count.sum())
         for layer, r in lens.items():
             ce_low, ce_high = bootstrap_ratio_ci(r.nll, r.count, seed=p.seed)
@@ -85,6 +100,7 @@ def compute(
             f"own loss ({losses}) and the agreement 1."
         ),
         columns=("model", "layer", "cross_entropy", "ce_ci_low", "ce_ci_high", "agreement"),
+        tables={"logit_lens_tokens": tokens_table} if tokens_table else {},
     )
 
 
