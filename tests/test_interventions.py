@@ -71,7 +71,11 @@ def site_module(hf, site: str, layer: int) -> tuple[torch.nn.Module, Callable, C
         return hf.base_model.get_submodule(norm), _first, _with_first
     block = blocks(hf)[layer]
     if site == "attn_out":
-        return block.get_submodule({"gpt2": "attn", "gpt_neox": "attention"}.get(arch, "self_attn")), _first, _with_first
+        return (
+            block.get_submodule({"gpt2": "attn", "gpt_neox": "attention"}.get(arch, "self_attn")),
+            _first,
+            _with_first,
+        )
     if site == "mlp_out":
         return block.mlp, _first, _with_first
     assert site == "values"
@@ -214,7 +218,7 @@ def by_hand(hf, case: tuple, value, mean) -> Callable[[int, torch.Tensor, int], 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}{c[1]}-{c[2]}")
 def test_run_with_edits_equals_hand_written_hooks(models, arch, case):
-    """Per-token log-probs (to 1e-6) and the sites read under the edit (``hidden`` at every layer and the edited
+    """Per-token log-probs (to 1e-6), last-position logits and the sites read under the edit (``hidden`` at every layer and the edited
     site at every layer) equal each sequence run alone through the Hugging Face model with the edit written by
     a torch hook; the unedited run differs, so the edit is no no-op."""
     model, tok = models[arch]
@@ -232,7 +236,8 @@ def test_run_with_edits_equals_hand_written_hooks(models, arch, case):
         value = value[0] if kind == "vector" else value
     mean = torch.cat(site_rows(hf, [tok(t)["input_ids"] for t in REFERENCE], site, layer)).mean(0)
     edit = Edit(site, case[1], op, value, **kw)
-    out = run_with_edits(model, tok, TEXTS, [edit], read=list(dict.fromkeys(["hidden", site])))
+    # two batches: the second's sequence indices and value rows start after the first's
+    out = run_with_edits(model, tok, TEXTS, [edit], read=list(dict.fromkeys(["hidden", site])), batch_size=2)
 
     change = by_hand(hf, case, value, mean)
     keys = {(s, i) for s in ("hidden", site) for i in range(n_layers(hf, s))}
@@ -244,14 +249,20 @@ def test_run_with_edits_equals_hand_written_hooks(models, arch, case):
         }
         seen: dict = {}
         with hooked(hf, changes, seen):
-            expected = token_logprobs(forward(hf, seq), seq)
-        torch.testing.assert_close(out.logprobs[s], expected, rtol=0, atol=1e-6)
+            logits = forward(hf, seq)
+        torch.testing.assert_close(out.logprobs[s], token_logprobs(logits, seq), rtol=0, atol=1e-6)
+        torch.testing.assert_close(out.last_logits[s], logits[-1])
         assert out.token_ids[s].tolist() == seq
         rows = slice(int(out.acts.offsets[s]), int(out.acts.offsets[s + 1]))
         for read_site, read_layer in keys:
-            torch.testing.assert_close(out.acts[read_site][read_layer][rows], seen[(read_site, read_layer)][0])
-    plain = [token_logprobs(forward(hf, seq), seq) for seq in ids]
-    assert max((a - b).abs().max() for a, b in zip(out.logprobs, plain, strict=True)) > 1e-4
+            torch.testing.assert_close(
+                out.acts[read_site][read_layer][rows], seen[(read_site, read_layer)][0]
+            )
+    plain = [forward(hf, seq) for seq in ids]
+    moved = [
+        (a - token_logprobs(b, seq)).abs().max() for a, b, seq in zip(out.logprobs, plain, ids, strict=True)
+    ]
+    assert max(moved + [(out.last_logits - torch.stack([b[-1] for b in plain])).abs().max()]) > 1e-4
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,7 +280,10 @@ def widest_answers(hf, clean: list[list[int]], corrupt: list[list[int]]) -> list
 
 
 def pairs_of(hf, clean=CLEAN, corrupt=CORRUPT) -> list[Pair]:
-    return [Pair(c, k, a, w) for c, k, (a, w) in zip(clean, corrupt, widest_answers(hf, clean, corrupt), strict=True)]
+    return [
+        Pair(c, k, a, w)
+        for c, k, (a, w) in zip(clean, corrupt, widest_answers(hf, clean, corrupt), strict=True)
+    ]
 
 
 def hand_patching(hf, pairs: list[Pair], site: str, per_head: bool) -> torch.Tensor:
@@ -325,7 +339,9 @@ def test_patching_the_embedding_of_the_one_differing_token_recovers_exactly(mode
     model, tok = models[arch]
     pairs = pairs_of(model._module, CLEAN[:1], CORRUPT[:1])
     for batch_size in (1, 4, 32):
-        scores = activation_patching(model, tok, pairs, site="hidden", layers=[0], batch_size=batch_size).scores
+        scores = activation_patching(
+            model, tok, pairs, site="hidden", layers=[0], batch_size=batch_size
+        ).scores
         expected = torch.zeros(1, len(CLEAN[0]), dtype=scores.dtype)
         expected[0, 2] = 1.0
         assert torch.equal(scores, expected), (batch_size, scores)
@@ -341,7 +357,9 @@ def keep_transformers_verbosity():
     logging.set_verbosity(level)
 
 
-def test_hidden_patching_equals_transformer_lens_resid_pre(models, tmp_path, monkeypatch, keep_transformers_verbosity):
+def test_hidden_patching_equals_transformer_lens_resid_pre(
+    tmp_path, monkeypatch, keep_transformers_verbosity
+):
     """TransformerLens's `get_act_patch_resid_pre` (its own hooks on a TransformerBridge of the same GPT-2
     checkpoint; resid_pre of block l is our ``hidden`` l) gives the same (layer, position) heatmap to 1e-5,
     with its metric the logit difference averaged over pairs and normalised as ours is."""
@@ -352,7 +370,9 @@ def test_hidden_patching_equals_transformer_lens_resid_pre(models, tmp_path, mon
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     path = save_tiny_checkpoint(tmp_path / "gpt2", "gpt2")
     model, tok = lime_probe.load(path)
-    bridge = TransformerBridge.boot_transformers(str(path), tokenizer=AutoTokenizer.from_pretrained(path), device="cpu")
+    bridge = TransformerBridge.boot_transformers(
+        str(path), tokenizer=AutoTokenizer.from_pretrained(path), device="cpu"
+    )
     pairs = pairs_of(model._module)
     answers = torch.tensor([[p.answer, p.wrong] for p in pairs])
 
@@ -363,7 +383,10 @@ def test_hidden_patching_equals_transformer_lens_resid_pre(models, tmp_path, mon
         clean_logits, clean_cache = bridge.run_with_cache(torch.tensor(CLEAN))
         ld_clean, ld_corrupt = diff(clean_logits), diff(bridge(torch.tensor(CORRUPT)))
         theirs = get_act_patch_resid_pre(
-            bridge, torch.tensor(CORRUPT), clean_cache, lambda logits: (diff(logits) - ld_corrupt) / (ld_clean - ld_corrupt)
+            bridge,
+            torch.tensor(CORRUPT),
+            clean_cache,
+            lambda logits: (diff(logits) - ld_corrupt) / (ld_clean - ld_corrupt),
         )
     ours = activation_patching(model, tok, pairs, site="hidden", layers=[0, 1])
     torch.testing.assert_close(ours.scores.float(), theirs, rtol=0, atol=1e-5)
@@ -399,11 +422,15 @@ def test_cutting_cross_layer_reads_equals_router_weights_zeroed_by_hand(models, 
             for i in layers:
                 router = by_hand.model.layers[i].self_attn.router
                 router.weight[:, : -router.num_kv_heads] = 0.0
-        for got, expected, plain in zip(out.logprobs, logprobs_of(by_hand, ids), logprobs_of(hf, ids), strict=True):
+        for got, expected, plain in zip(
+            out.logprobs, logprobs_of(by_hand, ids), logprobs_of(hf, ids), strict=True
+        ):
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
             assert (got - plain).abs().max() > 1e-4
     # the routers are restored after the run
-    torch.testing.assert_close(run_with_edits(model, tok, TEXTS).logprobs[0], logprobs_of(hf, ids)[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        run_with_edits(model, tok, TEXTS).logprobs[0], logprobs_of(hf, ids)[0], rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("heads", [None, [1]])
@@ -423,7 +450,9 @@ def test_a_renormalised_cut_equals_router_weights_rescaled_by_hand(models, heads
             weight[h, :kv] = 0.0
             weight[h] *= before / weight[h].abs().sum()
     unnormalised = run_with_edits(model, tok, TEXTS, routes=[RouteEdit(2, sources=[0], heads=heads)])
-    for got, expected, cut in zip(out.logprobs, logprobs_of(by_hand, ids), unnormalised.logprobs, strict=True):
+    for got, expected, cut in zip(
+        out.logprobs, logprobs_of(by_hand, ids), unnormalised.logprobs, strict=True
+    ):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
         assert (got - cut).abs().max() > 1e-4
 
@@ -447,13 +476,13 @@ def test_attribution_patching_is_exact_where_the_logits_are_linear_in_the_site(m
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attribution_patching_correlates_with_actual_patching_of_hidden(models, arch):
     """Over every (layer, position) cell of ``hidden``, the estimate's Pearson r with actual patching: measured
-    MEASURED on these tiny models; asserted above 0.8."""
+    0.997 (GPT-2), 0.961 (LLaMA), 0.925 (GPT-NeoX) and 0.983 (LIMe) on these tiny models; asserted above 0.8,
+    below every one of them (the first-order estimate is close, not exact, where the path is nonlinear)."""
     model, tok = models[arch]
     pairs = pairs_of(model._module)
     actual = activation_patching(model, tok, pairs, site="hidden").scores.flatten().double()
     estimate = attribution_patching(model, tok, pairs, site="hidden").scores.flatten().double()
     r = torch.corrcoef(torch.stack([actual, estimate]))[0, 1]
-    print(arch, float(r))
     assert r > 0.8
 
 
@@ -465,7 +494,10 @@ def test_attribution_patching_correlates_with_actual_patching_of_hidden(models, 
 def forwards(models):
     """Counts the forward passes of every model (a pre-hook on each)."""
     calls: list[str] = []
-    handles = [m._module.register_forward_pre_hook(lambda *a, arch=arch: calls.append(arch)) for arch, (m, _) in models.items()]
+    handles = [
+        m._module.register_forward_pre_hook(lambda *a, arch=arch: calls.append(arch))
+        for arch, (m, _) in models.items()
+    ]
     yield calls
     for handle in handles:
         handle.remove()
@@ -476,14 +508,24 @@ BAD_RUNS = [
     ("gpt2", [Edit("hidden", 9, "zero")], [], "layer 9 out of range"),
     ("llama", [Edit("mlp_out", -3, "zero")], [], "layer -3 out of range"),
     ("llama", [Edit("hidden", 1, "set", torch.ones(31))], [], r"is \(31,\); it must be \(32,\)"),
-    ("gpt2", [Edit("hidden", 1, "set", torch.ones(4, 32), positions=[0, 1])], [], r"\(4, 32\).*\(6, 32\)"),
+    ("gpt2", [Edit("hidden", 1, "set", torch.ones(5, 32), positions=[0, 1])], [], r"\(5, 32\).*\(4, 32\)"),
     ("llama", [Edit("values", 1, "zero", heads=[2])], [], "head 2 out of range, the site has 2 heads"),
     ("gpt_neox", [Edit("attn_out", 1, "zero", heads=[0])], [], "the site has no heads"),
     ("llama", [], [RouteEdit(1)], "no routers"),
     ("lime", [], [RouteEdit(0)], "reads only its own K/V"),
-    ("lime", [Edit("hidden", 1, "zero", positions=[5])], [], "position 5 is outside a sequence of 4 tokens"),
-    ("lime", [Edit("hidden", 1, "zero", positions=[-9])], [], "position -9 is outside a sequence of 4 tokens"),
-    ("lime", [Edit("hidden", 1, "zero", sequences=[3])], [], "sequence 3"),
+    ("lime", [Edit("hidden", 1, "zero", positions=[5])], [], "position 5 is outside a sequence of 3 tokens"),
+    (
+        "lime",
+        [Edit("hidden", 1, "zero", positions=[-9])],
+        [],
+        "position -9 is outside a sequence of 3 tokens",
+    ),
+    (
+        "lime",
+        [Edit("hidden", 1, "zero", sequences=[3])],
+        [],
+        "sequence 3 out of range: there are 2 sequences",
+    ),
 ]
 
 
@@ -499,12 +541,21 @@ def test_bad_edits_are_refused_in_one_line_before_any_forward(models, forwards, 
 @pytest.mark.parametrize(
     "arch, clean, corrupt, site, layers, message",
     [
-        ("gpt2", CLEAN[0], CORRUPT[0][:-1], "hidden", None, "clean prompt has 6 tokens and the corrupt one 5"),
+        (
+            "gpt2",
+            CLEAN[0],
+            CORRUPT[0][:-1],
+            "hidden",
+            None,
+            "clean prompt has 6 tokens and the corrupt one 5",
+        ),
         ("llama", CLEAN[0], CORRUPT[0], "routed_values", None, "routed_values"),
         ("gpt2", CLEAN[0], CORRUPT[0], "hidden", [7], "layer 7 out of range"),
     ],
 )
-def test_bad_patching_input_is_refused_in_one_line_before_any_forward(models, forwards, arch, clean, corrupt, site, layers, message):
+def test_bad_patching_input_is_refused_in_one_line_before_any_forward(
+    models, forwards, arch, clean, corrupt, site, layers, message
+):
     model, tok = models[arch]
     for patching in (activation_patching, attribution_patching):
         with pytest.raises(ValueError, match=message) as error:
