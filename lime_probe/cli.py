@@ -319,7 +319,8 @@ class DataKind:
 
 
 TEXTS_HELP = "a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
-BLIMP_HELP = "a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id nyu-mll/blimp"
+BLIMP_HUB_ID = "nyu-mll/blimp"  # lime_probe.probes.blimp.HUB_ID, which imports torch
+BLIMP_HELP = f"a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id {BLIMP_HUB_ID}"
 DATA_KINDS: dict[str, DataKind] = {
     "texts": DataKind(
         {"required": True, "metavar": "SPEC", "help": TEXTS_HELP},
@@ -333,7 +334,7 @@ DATA_KINDS: dict[str, DataKind] = {
     ),
     "blimp": DataKind(
         {
-            "default": "nyu-mll/blimp",
+            "default": BLIMP_HUB_ID,
             "metavar": "SPEC",
             "help": BLIMP_HELP + " (default: %(default)s, needs a network)",
         },
@@ -1004,12 +1005,42 @@ def check_inputs(args: argparse.Namespace) -> None:
         check_source(data)
     if getattr(args, "pairs", None) is not None:
         load_pairs(args.pairs)
+    for option, source in _blimp_sources(args):
+        check_blimp_source(source, option)
+    layout = STUDIES[args.study].data if args.command == "reproduce" else None
+    if layout is not None and args.data is not None:
+        from lime_probe.studies.runner import Data
+
+        Data.under(args.data, layout)  # the study's files, named before any training
     if _loads_models(args):  # a local --ckpt; a hub id is the hub's to answer, when it is loaded
         for ckpt, label in zip(args.ckpt, labels_for(args.ckpt, args.label), strict=True):
             if not is_hub_id(ckpt):
                 check_local(Path(ckpt).expanduser())
                 for window in windows:
                     check_window(window, read_config(Path(ckpt).expanduser()), label)
+
+
+def _blimp_sources(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(option, value) of every BLiMP source a parsed command line reads: a BLiMP analysis's --data, report's
+    --blimp."""
+    if args.command == "report":
+        return [] if getattr(args, "blimp", None) is None else [("--blimp", args.blimp)]
+    kind = getattr(ANALYSES.get(args.command), "data_kind", None)
+    return [("--data", args.data)] if kind == "blimp" else []
+
+
+def check_blimp_source(source: str, option: str) -> None:
+    """FileNotFoundError in one line unless `source` is the hub id or a local BLiMP .jsonl file, or a folder
+    holding some (what `lime_probe.probes.blimp.load_blimp` reads), checked before torch loads."""
+    path = Path(source).expanduser()
+    if source == BLIMP_HUB_ID and not path.exists():
+        return
+    if not path.exists():
+        raise FileNotFoundError(f"{option} {source}: no such file or folder ({BLIMP_HELP})")
+    if path.is_dir() and not any(path.glob("*.jsonl")):
+        raise FileNotFoundError(f"{option} {source}: the folder holds no .jsonl file ({BLIMP_HELP})")
+    if path.is_file() and path.suffix != ".jsonl":
+        raise ValueError(f"{option} {source}: not a .jsonl file ({BLIMP_HELP})")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -73,6 +73,17 @@ BEFORE_TORCH = [
      "--max-length 1: logit-lens needs at least 2 tokens per sequence"),
     ("probe demo --runs FILE", "lime_probe.cli", "demo --runs {text} --out {out}",
      "lime-probe demo: error: --runs {text}: {text} is not a folder"),
+    ("probe blimp --data missing", "lime_probe.cli", "blimp --ckpt {llama} --data {root}/no-blimp --out {out}",
+     "--data {root}/no-blimp: no such file or folder"),
+    ("probe blimp --data empty folder", "lime_probe.cli", "blimp --ckpt {llama} --data {llama} --out {out}",
+     "--data {llama}: the folder holds no .jsonl file"),
+    ("probe report --blimp missing", "lime_probe.cli",
+     "report --ckpt {llama} --data {text} --blimp {root}/no-blimp --out {out}",
+     "--blimp {root}/no-blimp: no such file or folder"),
+    ("probe reproduce --data missing files", "lime_probe.cli", "reproduce --study lm-cpu --data {root} --out {out}",
+     "data not found: {root}/wikitext-2/valid.txt"),
+    ("probe patch --pairs missing", "lime_probe.cli", "patch --ckpt {llama} --pairs {root}/no-pairs.jsonl --out {out}",
+     "--pairs {root}/no-pairs.jsonl: no such file"),
 ]  # fmt: skip
 
 
@@ -328,3 +339,25 @@ def test_an_error_line_starts_its_own_line_after_a_progress_bar(capsys, failure,
     assert err.endswith("\n" + line + "\n"), repr(err)  # its own line, the bar's above it
     assert "3/10" in err.split("\n")[-3]  # the bar is left where it stopped
     assert bar.disable  # closed: nothing redraws it after the line
+
+
+def test_a_word_too_rare_is_refused_from_its_tokens_before_any_forward_pass(files, monkeypatch):
+    """separability counts the words on the tokens first: the refusal names each word's count and no
+    extraction runs (it used to come after a full extraction)."""
+    import lime_probe.extraction.tracing as tracing
+    from lime_probe.extraction.loading import load
+    from lime_probe.specs import ANALYSES, Checkpoint
+
+    model, tok = load(files["llama"])
+
+    def no_extraction(*args, **kwargs):
+        raise AssertionError("extract ran before the word counts were checked")
+
+    monkeypatch.setattr(tracing, "extract", no_extraction)
+    ck = Checkpoint("llama", str(files["llama"]), model, tok)
+    with pytest.raises(
+        ValueError, match=r"too rare in the data .*' is': 2, ' are': 1, ' was': 1, ' were': 0"
+    ):
+        ANALYSES["separability"].run(
+            [ck], ["The cat is here.", "It is.", "They are.", "It was."], {"max_length": 64}
+        )

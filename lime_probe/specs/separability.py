@@ -109,6 +109,32 @@ class SeparabilityParams:
         check_words(self.words)
 
 
+def count_words_first(
+    ck: Checkpoint, texts: Sequence[str], ids: dict[str, int], extract_kw: dict | None, minimum: int
+) -> None:
+    """`check_class_counts` on the tokens of `texts` as the extraction will cut them (its ``max_length``, capped
+    at the model's positions), before any forward pass: a word too rare in the whole data is refused in a
+    second rather than after the extraction. A stream is counted by the extraction itself."""
+    import numpy as np
+
+    from lime_probe.extraction.tracing import tokenize_texts
+
+    if not isinstance(texts, Sequence) or not texts:
+        return
+    kw = extract_kw or {}
+    positions = getattr(ck.config, "max_position_embeddings", None)
+    max_length = min(kw.get("max_length") or 512, positions or 512)
+    pretokenized = not isinstance(texts[0], str)
+    word_of = {i: w for w, i in ids.items()}
+    labels = [
+        word_of[t]
+        for seq in tokenize_texts(ck.tokenizer, texts, max_length, kw.get("max_tokens"), pretokenized)
+        for t in seq
+        if t in word_of
+    ]
+    check_class_counts(np.asarray(labels), list(ids), minimum, f"{ck.label}: words")
+
+
 def word_features(
     ck: Checkpoint,
     texts: Sequence[str],
@@ -130,6 +156,7 @@ def word_features(
     pieces = word_pieces(ck.tokenizer, words)
     if all(len(ids) == 1 for ids in pieces.values()):
         ids = {w: i[0] for w, i in pieces.items()}
+        count_words_first(ck, texts, ids, extract_kw, minimum)
         acts = extract_site(ck, texts, sites, extract_kw, token_ids=list(ids.values()))
         rows, y = word_rows(acts.token_ids, ids)
         check_class_counts(y, list(words), minimum, f"{ck.label}: words")
