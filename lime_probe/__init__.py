@@ -40,7 +40,7 @@ _EXPORTS = {
     "load": "extraction.loading",
     "wrap": "extraction.loading",
     "extract": "extraction.tracing",
-    "Activations": "extraction.tracing",
+    "Activations": "extraction.activations",
     "Corpus": "extraction.tracing",
     "Adapter": "extraction.adapters",
     "register_adapter": "extraction.adapters",
@@ -92,9 +92,10 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers and editors see it
+    from lime_probe.extraction.activations import Activations
     from lime_probe.extraction.adapters import Adapter, register_adapter
     from lime_probe.extraction.loading import load, wrap
-    from lime_probe.extraction.tracing import Activations, Corpus, extract
+    from lime_probe.extraction.tracing import Corpus, extract
     from lime_probe.interventions.edits import Edit, RouteEdit
     from lime_probe.interventions.logit_attribution import direct_logit_attribution
     from lime_probe.interventions.pairs import Pair, load_pairs

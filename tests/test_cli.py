@@ -150,8 +150,9 @@ def test_format_table_aligns_columns():
 def test_entropy_matches_the_library(capsys, tmp_path, ckpts, text_file, monkeypatch):
     import importlib
 
+    from lime_probe.extraction.activations import Activations
     from lime_probe.extraction.loading import load
-    from lime_probe.extraction.tracing import Activations, extract
+    from lime_probe.extraction.tracing import extract
     from lime_probe.probes.entropy import layer_entropy
 
     extract_mod = importlib.import_module("lime_probe.extraction.tracing")

@@ -9,6 +9,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PathCollection, PolyCollection, QuadMesh
 
+from lime_probe.output import charts as C
 from lime_probe.output import plots as F
 from lime_probe.protocol import TABLE2_TASKS
 
@@ -25,7 +26,7 @@ def _series(n_layers=4, models=("LIMe", "LLaMA")):
 
 def test_layer_curves_plot_the_means_and_bands():
     series = _series()
-    fig = F.plot_entropy(series, site="values", alpha=0.5)
+    fig = C.plot_entropy(series, site="values", alpha=0.5)
     ax = fig.axes[0]
     lines = [ln for ln in ax.get_lines() if ln.get_label() in series]
     assert [ln.get_label() for ln in lines] == list(series)
@@ -44,7 +45,7 @@ def test_layer_curves_plot_the_means_and_bands():
 
 def test_separability_draws_std_band_and_chance_line():
     series = {"m": {"mean": [0.6, 0.8, 0.9], "std": [0.05, 0.02, 0.01], "layers": [0, 1, 2]}}
-    fig = F.plot_separability(series, site="hidden", words=[" is", " are"], chance=0.5)
+    fig = C.plot_separability(series, site="hidden", words=[" is", " are"], chance=0.5)
     ax = fig.axes[0]
     chance = [ln for ln in ax.get_lines() if ln.get_label() == "majority class"]
     assert len(chance) == 1 and set(chance[0].get_ydata()) == {0.5}
@@ -110,7 +111,7 @@ def test_tsne_grid_rejects_misshaped_embeddings():
 def test_training_curves_smoothing_matches_pandas_rolling_mean():
     loss = rng.random(30) + 2
     runs = {"r": {"flops": np.arange(1, 31) * 1e6, "tokens": np.arange(1, 31) * 100, "loss": loss}}
-    fig = F.plot_training_curves(runs, smooth=4)
+    fig = C.plot_training_curves(runs, smooth=4)
     expected = pd.Series(loss).rolling(4, min_periods=1).mean().to_numpy()
     for ax, key in zip(fig.axes, ("flops", "tokens"), strict=True):
         (line,) = ax.get_lines()
@@ -121,7 +122,7 @@ def test_training_curves_smoothing_matches_pandas_rolling_mean():
 
 def test_accuracy_bars_have_the_given_heights():
     acc = {"LIMe": {4: 0.9, 5: 0.5, 6: 0.25}, "LLaMA": {4: 0.8, 6: 0.1}}
-    fig = F.plot_accuracy_by_operators(acc)
+    fig = C.plot_accuracy_by_operators(acc)
     ax = fig.axes[0]
     heights = [p.get_height() for p in ax.patches]
     np.testing.assert_allclose(heights, [0.9, 0.5, 0.25, 0.8, np.nan, 0.1])
@@ -148,7 +149,7 @@ def test_training_curves_shade_the_given_band_and_name_it():
         "low": low,
         "high": high,
     }
-    fig = F.plot_training_curves({"LIMe": run}, band="mean over 3 seeds, band: min-max over 3 seeds")
+    fig = C.plot_training_curves({"LIMe": run}, band="mean over 3 seeds, band: min-max over 3 seeds")
     for ax, key in zip(fig.axes, ("flops", "tokens"), strict=True):
         x, lo, hi = _band_edges(ax)
         np.testing.assert_allclose(x, run[key])
@@ -160,13 +161,13 @@ def test_training_curves_shade_the_given_band_and_name_it():
 def test_training_curves_refuse_an_unnamed_band():
     run = {"flops": [1, 2], "tokens": [1, 2], "loss": [2, 1], "low": [1, 0], "high": [3, 2]}
     with pytest.raises(ValueError, match="say what it is"):
-        F.plot_training_curves({"LIMe": run})
+        C.plot_training_curves({"LIMe": run})
 
 
 def test_accuracy_error_bars_span_the_given_intervals():
     acc = {"LIMe": {1: 0.9, 2: 0.5}, "LLaMA": {1: 0.8, 2: 0.2}}
     ci = {"LIMe": {1: (0.85, 0.97), 2: (0.3, 0.6)}, "LLaMA": {1: (0.7, 0.81), 2: (0.0, 0.45)}}
-    fig = F.plot_accuracy_by_operators(
+    fig = C.plot_accuracy_by_operators(
         acc, intervals=ci, interval_label="error bars: 95 % t-interval over 5 seeds"
     )
     ax = fig.axes[0]
@@ -178,7 +179,7 @@ def test_accuracy_error_bars_span_the_given_intervals():
     )
     assert spans == sorted(v for per in ci.values() for v in per.values())
     with pytest.raises(ValueError, match="interval_label"):
-        F.plot_accuracy_by_operators(acc, intervals=ci)
+        C.plot_accuracy_by_operators(acc, intervals=ci)
 
 
 def test_router_beside_initial_draws_trained_initial_and_their_difference():
@@ -208,7 +209,7 @@ def test_router_beside_initial_draws_trained_initial_and_their_difference():
 
 
 def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
-    fig = F.plot_entropy(_series(), site="hidden")
+    fig = C.plot_entropy(_series(), site="hidden")
     paths = F.save_figure(fig, tmp_path / "sub" / "entropy")
     assert [p.name for p in paths] == ["entropy.png", "entropy.pdf"]
     assert paths[0].read_bytes().startswith(b"\x89PNG")
@@ -222,7 +223,7 @@ def test_save_writes_png_and_pdf_and_no_temp_files(tmp_path):
 @pytest.mark.parametrize("fmt", ["pdf", "svg"])
 def test_saved_figures_carry_no_time_of_writing_so_reruns_give_the_same_bytes(tmp_path, monkeypatch, fmt):
     # matplotlib reads the time of writing from SOURCE_DATE_EPOCH when set: two different "clocks".
-    fig = F.plot_entropy(_series(), site="hidden")
+    fig = C.plot_entropy(_series(), site="hidden")
     written = []
     for epoch in ("0", "1000000000"):
         monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
@@ -234,11 +235,11 @@ def test_saved_figures_carry_no_time_of_writing_so_reruns_give_the_same_bytes(tm
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: F.plot_layer_curves({}, ylabel="y", title="t"), "at least one series"),
+        (lambda: C.plot_layer_curves({}, ylabel="y", title="t"), "at least one series"),
         (lambda: F.plot_router(np.zeros(3), label="x"), "must be 2-D"),
         (lambda: F.plot_router_heads(np.zeros((2, 2)), label="x"), "must be 3-D"),
         (
-            lambda: F.plot_training_curves({"r": {"loss": [1], "flops": [1], "tokens": [1]}}, smooth=0),
+            lambda: C.plot_training_curves({"r": {"loss": [1], "flops": [1], "tokens": [1]}}, smooth=0),
             "smooth",
         ),
         (
@@ -261,11 +262,11 @@ def test_bad_inputs_raise_clear_errors(call, match):
 
 
 def test_layer_axes_name_their_indexing_convention():
-    hidden = F.plot_separability(_series(5), site="hidden", words=[" is", " are"], chance=0.5)
+    hidden = C.plot_separability(_series(5), site="hidden", words=[" is", " are"], chance=0.5)
     assert "X_0 = embeddings" in hidden.axes[0].get_xlabel()
-    values = F.plot_entropy(_series(4), site="values")
+    values = C.plot_entropy(_series(4), site="values")
     assert values.axes[0].get_xlabel() == "block l (0 = first block; values of block l)"
-    blimp = F.plot_blimp_layers({"p": {"mean": [0.5, 0.6, 0.7]}}, model="m", site="hidden")
+    blimp = C.plot_blimp_layers({"p": {"mean": [0.5, 0.6, 0.7]}}, model="m", site="hidden")
     assert "X_0 = embeddings" in blimp.axes[0].get_xlabel()
 
 
@@ -276,7 +277,7 @@ def test_entropy_far_above_zero_notes_where_the_axis_starts_and_the_gap_without_
         "LIMe": {"mean": lime, "low": lime - 0.02, "high": lime + 0.02},
         "LLaMA": {"mean": llama, "low": llama - 0.03, "high": llama + 0.05},
     }
-    fig = F.plot_entropy(series, site="values", band="95 % bootstrap CI of the mean over sequences")
+    fig = C.plot_entropy(series, site="values", band="95 % bootstrap CI of the mean over sequences")
     title = fig.axes[0].get_title()
     assert title.startswith("Entropy of values per layer\nband: ")  # the band on lines of its own
     assert (
@@ -298,7 +299,7 @@ def test_entropy_far_above_zero_notes_where_the_axis_starts_and_the_gap_without_
         f"y-axis starts at {bottom:.3g}, not 0; largest gap at layer 3: LIMe − LLaMA = +0.19 nats "
         "(+3.7% of LLaMA); no interval (not paired over two or more seeds)"
     )
-    near_zero = F.plot_entropy(
+    near_zero = C.plot_entropy(
         {"A": {"mean": [0.5, 2.0, 4.0]}, "B": {"mean": [0.4, 1.0, 3.0]}}, site="hidden"
     )
     assert near_zero._supxlabel is None  # an axis that starts near zero needs no note
@@ -312,7 +313,7 @@ def test_entropy_gap_over_paired_seeds_has_the_paired_t_interval():
     lime = np.array([[5.0, 5.1, 5.2, 5.30], [5.0, 5.1, 5.2, 5.36], [5.0, 5.1, 5.2, 5.27]])
     llama = np.array([[5.0, 5.05, 5.08, 5.10], [5.0, 5.05, 5.08, 5.12], [5.0, 5.05, 5.08, 5.11]])
     series = {name: {"mean": v.mean(0), "seeds": v} for name, v in (("LIMe", lime), ("LLaMA", llama))}
-    note = " ".join(F.gap_note(series, 4.9).split())
+    note = " ".join(C.gap_note(series, 4.9).split())
     d = [0.30 - 0.10, 0.36 - 0.12, 0.27 - 0.11]  # per seed at layer 3, by hand
     mean = sum(d) / 3
     sd = (sum((x - mean) ** 2 for x in d) / 2) ** 0.5
@@ -323,12 +324,12 @@ def test_entropy_gap_over_paired_seeds_has_the_paired_t_interval():
     )
     # the seeds must pair up: three against two is no paired interval
     series["LLaMA"]["seeds"] = llama[:2]
-    assert F.gap_note(series, 4.9).endswith("; no interval (not paired over two or more seeds)")
+    assert C.gap_note(series, 4.9).endswith("; no interval (not paired over two or more seeds)")
 
 
 def test_separability_legend_sits_below_the_axes_not_over_the_lines():
     series = {m: {"mean": np.ones(5), "std": np.zeros(5)} for m in ("LIMe", "LLaMA")}
-    fig = F.plot_separability(series, site="hidden", words=[" is", " are"], chance=0.5)
+    fig = C.plot_separability(series, site="hidden", words=[" is", " are"], chance=0.5)
     ax = fig.axes[0]
     assert ax.get_legend() is None and len(fig.legends) == 1
     fig.canvas.draw()
@@ -368,7 +369,7 @@ def _drawn(fig, tmp_path):
 def test_blimp_layers_legend_beside_the_plot_distinct_styles_and_no_layout_warning(tmp_path, n):
     names = TEN_PARADIGMS + [f"{p}_again" for p in TEN_PARADIGMS]
     curves = {p: {"mean": rng.random(17), "std": rng.random(17) * 0.05} for p in names[:n]}
-    fig = _drawn(F.plot_blimp_layers(curves, model="LIMe", site="hidden"), tmp_path)
+    fig = _drawn(C.plot_blimp_layers(curves, model="LIMe", site="hidden"), tmp_path)
     (ax,) = fig.axes
     assert ax.get_legend() is None and len(fig.legends) == 1
     legend_box = fig.legends[0].get_window_extent()
@@ -390,8 +391,8 @@ def test_line_styles_differ_for_the_first_64_lines():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: F.plot_entropy({m: {"mean": rng.random(17)} for m in "ABCDE"}, site="hidden"),
-        lambda: F.plot_separability(
+        lambda: C.plot_entropy({m: {"mean": rng.random(17)} for m in "ABCDE"}, site="hidden"),
+        lambda: C.plot_separability(
             {m: {"mean": rng.random(17), "std": rng.random(17) * 0.1} for m in "ABCDE"},
             site="values",
             words=[" 1", " 2", " 3", " 4"],
@@ -419,14 +420,14 @@ def test_line_styles_differ_for_the_first_64_lines():
             list("123412341234"),
             site="values",
         ),
-        lambda: F.plot_training_curves(
+        lambda: C.plot_training_curves(
             {
                 m: {"flops": np.arange(1, 50) * 1e9, "tokens": np.arange(1, 50) * 1e3, "loss": rng.random(49)}
                 for m in "ABCDE"
             }
         ),
-        lambda: F.plot_accuracy_by_operators({m: {4: 0.5, 5: 0.4, 6: 0.3} for m in "ABCDE"}),
-        lambda: F.plot_training_curves(
+        lambda: C.plot_accuracy_by_operators({m: {4: 0.5, 5: 0.4, 6: 0.3} for m in "ABCDE"}),
+        lambda: C.plot_training_curves(
             {
                 m: {"flops": np.arange(1, 50) * 1e9, "tokens": np.arange(1, 50) * 1e3, "loss": np.ones(49)}
                 | {"low": np.zeros(49), "high": np.full(49, 2.0)}
@@ -434,13 +435,13 @@ def test_line_styles_differ_for_the_first_64_lines():
             },
             band="mean over 3 seeds, band: min-max over 3 seeds",
         ),
-        lambda: F.plot_accuracy_by_operators(
+        lambda: C.plot_accuracy_by_operators(
             {m: {1: 0.5, 2: 0.4, 3: 0.3} for m in "ABCD"},
             title="Arithmetic expressions: accuracy by operator count, mean over 10 seeds",
             intervals={m: {1: (0.4, 0.6), 2: (0.3, 0.5), 3: (0.1, 0.5)} for m in "ABCD"},
             interval_label="error bars: 95 % t-interval of the mean over 10 seeds",
         ),
-        lambda: F.plot_blimp_table2(
+        lambda: C.plot_blimp_table2(
             [
                 {"model": m, "site": s, "accuracy_mean": 0.7, "accuracy_std": 0.1, "n_tasks": 10}
                 for m in "ABCDE"
@@ -459,17 +460,17 @@ def test_blimp_one_number_chart_says_what_it_is_not_the_per_block_table_2_layout
         {"model": m, "site": "values", "accuracy_mean": 0.7, "accuracy_std": 0.1, "n_tasks": 10}
         for m in ("LIMe", "LLaMA")
     ]
-    title = F.plot_blimp_table2(rows).axes[0].get_title()
+    title = C.plot_blimp_table2(rows).axes[0].get_title()
     assert "Table 2" not in title  # the paper's Table 2 is per block: the blimp_table2_layers table
     assert title == (  # rows without a spread are over tasks
         "BLiMP probes, one number per model and site\n"
         "(each task's mean over the probed layers; mean over 10 tasks ± std over tasks)"
     )
-    ax = F.plot_blimp_table2([{**r, "spread": "folds"} for r in rows]).axes[0]
+    ax = C.plot_blimp_table2([{**r, "spread": "folds"} for r in rows]).axes[0]
     assert ax.get_title().endswith("mean over 10 tasks ± mean fold std)")
     assert ax.get_ylabel() == "probe accuracy (mean ± mean fold std)"
     with pytest.raises(ValueError, match="mix spreads"):
-        F.plot_blimp_table2([{**rows[0], "spread": "folds"}, {**rows[1], "spread": "tasks"}])
+        C.plot_blimp_table2([{**rows[0], "spread": "folds"}, {**rows[1], "spread": "tasks"}])
 
 
 def test_interval_panels_wrap_long_labels_and_titles_so_the_intervals_keep_the_width():
@@ -478,13 +479,13 @@ def test_interval_panels_wrap_long_labels_and_titles_so_the_intervals_keep_the_w
     long = "value entropy (routed_values; mean over layers) vs value entropy (router_mixed_values; mean over layers)"
     label = "routing at PyTorch's init - routing at LLaMA's init (secondary)"
     rows = [{"panel": long, "label": label, "mean": 1.0, "low": 0.5, "high": 1.5}]
-    fig = F.plot_intervals(rows + [{**rows[0], "label": "LIMe - LLaMA"}], title="t")
+    fig = C.plot_intervals(rows + [{**rows[0], "label": "LIMe - LLaMA"}], title="t")
     (ax,) = fig.axes
     (tick, short) = [t.get_text() for t in ax.get_yticklabels()]
-    assert " ".join(tick.split()) == label and max(map(len, tick.splitlines())) <= F.LABEL_CHARS
+    assert " ".join(tick.split()) == label and max(map(len, tick.splitlines())) <= C.LABEL_CHARS
     assert short == "LIMe - LLaMA"
     title = ax.get_title(loc="left")
-    assert " ".join(title.split()) == long and max(map(len, title.splitlines())) <= 2 * F.LABEL_CHARS
+    assert " ".join(title.split()) == long and max(map(len, title.splitlines())) <= 2 * C.LABEL_CHARS
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     figure_box = fig.get_window_extent()
@@ -510,7 +511,7 @@ def test_interval_panels_draw_each_rows_mean_and_interval_with_tick_labels_apart
         },
         {"panel": "perplexity", "label": "LIMe - LLaMA", "mean": 10.15, "low": 4.755, "high": 15.55},
     ]
-    fig = F.plot_intervals(rows, title="t")
+    fig = C.plot_intervals(rows, title="t")
     axes = fig.axes
     assert [ax.get_title(loc="left") for ax in axes] == ["BLiMP (fraction)", "perplexity"]
     drawn = []

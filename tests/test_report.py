@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from lime_probe.output import charts as C
 from lime_probe.output import plots as F
 from lime_probe.output.report import Section, Table, render_report, write_report
 from lime_probe.output.results import (
@@ -43,7 +44,7 @@ class _Collect(HTMLParser):
 
 
 def _figure():
-    return F.plot_entropy({"m": {"mean": [1.0, 2.0, 1.5]}}, site="values")
+    return C.plot_entropy({"m": {"mean": [1.0, 2.0, 1.5]}}, site="values")
 
 
 def test_report_embeds_figures_and_escapes_tables(tmp_path):

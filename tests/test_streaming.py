@@ -9,6 +9,7 @@ from helpers import save_tiny_checkpoint, tiny_model, tiny_tokenizer
 
 import lime_probe.extraction.tracing as tracing
 from lime_probe import cli
+from lime_probe.extraction.planning import plan_sites
 from lime_probe.extraction.tracing import Corpus, extract
 
 TEXTS = [f"document {i} says " + "the cat sat on the mat " * (i % 5 + 1) for i in range(40)]
@@ -83,9 +84,7 @@ def test_pooled_blocks_hold_tokens_independent_of_the_corpus_size_at_default_set
     """Pooled rows (one per document) of a small model never fill a block's `SHARD_BYTES`: the block is
     bounded in tokens too, so the tokens held at once do not grow with the number of documents."""
     monkeypatch.setattr(tracing, "SHARD_BYTES", 32 * 2**20)  # the default, not `small_blocks`'
-    row_bytes = tracing.plan_sites(
-        model, ["hidden"], None, width=0
-    ).row_bytes  # every layer, one row per document
+    row_bytes = plan_sites(model, ["hidden"], None, width=0).row_bytes  # every layer, one row per document
 
     def largest_block(n_docs: int) -> int:
         docs = ([7] * 32 for _ in range(n_docs))  # 32 tokens each

@@ -1,6 +1,7 @@
 """Layer 1, from checkpoint to activations: loading a model (`loading`), mapping its architecture to the
-sites we read (`adapters`, `sites`), cutting text into windows (`windows`), tracing one forward pass with
-nnsight (`tracing`), and the on-disk activation cache (`cache`, `cachedir`, keyed on `provenance`).
+sites we read (`adapters`, `sites`), planning which module values a trace reads (`planning`), cutting text
+into windows (`windows`), tracing one forward pass with nnsight (`tracing`), the container of the results
+(`activations`), and the on-disk activation cache (`cache`, `cachedir`, keyed on `provenance`).
 
 Nothing here imports a probe, a plot or training code.
 """

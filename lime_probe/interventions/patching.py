@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from lime_probe.extraction.tracing import as_nnsight, pad_batch, plan_sites
+from lime_probe.extraction.planning import plan_sites
+from lime_probe.extraction.tracing import as_nnsight, pad_batch
 from lime_probe.interventions.edits import Edit
 from lime_probe.interventions.pairs import Pair
 from lime_probe.interventions.run import consecutive_batches, plan_steps, run_with_edits, traced_forward

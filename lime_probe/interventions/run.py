@@ -19,19 +19,16 @@ from typing import Any
 import nnsight
 import torch
 
+from lime_probe.extraction.activations import Activations
+from lime_probe.extraction.planning import SitePlan, plan_sites, resolve_layers, site_sizes
 from lime_probe.extraction.sites import HEADED, module_site
 from lime_probe.extraction.tracing import (
     DEFAULT_BATCH_TOKENS,
-    Activations,
-    SitePlan,
     as_nnsight,
     envoy_path,
     extract,
     pad_batch,
-    plan_sites,
-    resolve_layers,
     select_rows,
-    site_sizes,
     text_items,
     tokenize_texts,
 )

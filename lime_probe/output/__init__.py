@@ -1,3 +1,4 @@
-"""Layer 3, what a user keeps: figures (`plots`), result files with their provenance (`results`) and the
-self-contained HTML report (`report`). Nothing here runs a model or a probe.
+"""Layer 3, what a user keeps: figures (`plots`: the style, saving and maps; `charts`: line and bar charts),
+result files with their provenance (`results`) and the self-contained HTML report (`report`). Nothing here
+runs a model or a probe.
 """

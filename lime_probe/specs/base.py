@@ -73,7 +73,7 @@ LAYERS_HELP = "'all' or comma-separated layer indices, negative ones counted fro
 def layer_list(text: str | None, also: str = "") -> list[int] | None:
     """The layer indices of a ``--layers`` value (None: all, for None or "all"); ValueError naming the
     accepted forms (``also``: more of them, e.g. "'paper', ") for anything else. Needs no model: the
-    indices are checked against a model's layers when it is read (`lime_probe.extraction.tracing`)."""
+    indices are checked against a model's layers when it is read (`lime_probe.extraction.planning`)."""
     if text in (None, "all"):
         return None
     try:

@@ -267,10 +267,11 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
 def plot(result: Result) -> dict:
     import numpy as np
 
+    from lime_probe.output import charts as C
     from lime_probe.output import plots as F
 
     table2 = [{**r, "site": site_label(r["site"])} for r in result.tables["blimp_table2"]]
-    figures = {"blimp_table2": F.plot_blimp_table2(table2)}
+    figures = {"blimp_table2": C.plot_blimp_table2(table2)}
     summary = result.summary or []
     paradigms = list(group(summary, "paradigm"))
     for site, in_site in group(result.rows, "site").items():
@@ -279,7 +280,7 @@ def plot(result: Result) -> dict:
                 q: curve(rs, "probe_accuracy_mean", std="probe_accuracy_std")
                 for q, rs in group(mine, "paradigm").items()
             }
-            figures[f"blimp_{slug(site)}_{slug(m)}"] = F.plot_blimp_layers(curves, model=m, site=site)
+            figures[f"blimp_{slug(site)}_{slug(m)}"] = C.plot_blimp_layers(curves, model=m, site=site)
         acc = {(r["paradigm"], r["model"]): r["task_accuracy"] for r in summary if r["site"] == site}
         labels = list(group(in_site, "model"))  # routed values: only the models that route
         figures[f"blimp_{slug(site)}_tasks"] = F.plot_heatmap(

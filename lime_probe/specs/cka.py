@@ -166,6 +166,7 @@ def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw
 def plot(result: Result) -> dict:
     import numpy as np
 
+    from lime_probe.output import charts as C
     from lime_probe.output import plots as F
 
     site = result.rows[0]["site"]
@@ -199,7 +200,7 @@ def plot(result: Result) -> dict:
             m["cka"], m["rows"], m["cols"], f"{b}\n{axis}", f"{a}\n{axis}", f"{a} vs {b}: {kind} ({site})"
         )
     ranks = {m: curve(rs, "effective_rank") for m, rs in group(result.rows, "model").items()}
-    figures[f"effective_rank_{slug(site)}"] = F.plot_layer_curves(
+    figures[f"effective_rank_{slug(site)}"] = C.plot_layer_curves(
         ranks,
         ylabel="effective rank (centred)",
         title=f"Effective rank of {site} per layer",

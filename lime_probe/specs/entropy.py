@@ -195,7 +195,7 @@ def mixed_streams(acts, router_ckpt: str) -> dict:
 
 
 def plot(result: Result) -> dict:
-    from lime_probe.output import plots as F
+    from lime_probe.output import charts as F
 
     rows = result.rows
     curves = site_curves(rows, "entropy_mean", low="ci_low", high="ci_high")

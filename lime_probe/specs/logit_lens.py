@@ -105,7 +105,7 @@ def compute(
 
 
 def plot(result: Result) -> dict:
-    from lime_probe.output import plots as F
+    from lime_probe.output import charts as F
 
     by_model = group(result.rows, "model")
     ce = {m: curve(rs, "cross_entropy", low="ce_ci_low", high="ce_ci_high") for m, rs in by_model.items()}

@@ -75,7 +75,7 @@ def compute(
 
 
 def plot(result: Result) -> dict:
-    from lime_probe.output import plots as F
+    from lime_probe.output import charts as F
 
     return {result.name: F.plot_bars({r["model"]: r["perplexity"] for r in result.rows}, ylabel="perplexity")}
 

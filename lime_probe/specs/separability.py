@@ -309,10 +309,11 @@ def compute(
 
 
 def plot(result: Result) -> dict:
+    from lime_probe.output import charts as C
     from lime_probe.output import plots as F
 
     rows = result.rows
-    fig = F.plot_separability(
+    fig = C.plot_separability(
         site_curves(rows, "accuracy_mean", std="accuracy_std"),
         site=rows[0]["site"],
         words=result.context["classes"],

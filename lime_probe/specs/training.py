@@ -58,7 +58,7 @@ def compute_curves(cks: Sequence[Checkpoint], _data: None, p: CurveParams, _extr
 
 
 def plot_curves(result: Result) -> dict:
-    from lime_probe.output import plots as F
+    from lime_probe.output import charts as F
 
     runs = {
         m: {k: [r[k] for r in rs] for k in ("flops", "tokens", "loss")}
@@ -95,7 +95,7 @@ def compute_accuracy(cks: Sequence[Checkpoint], _data: None, p: AccuracyParams, 
 
 
 def plot_accuracy(result: Result) -> dict:
-    from lime_probe.output import plots as F
+    from lime_probe.output import charts as F
 
     acc = {m: {r["n_operators"]: r["accuracy"] for r in rs} for m, rs in group(result.rows, "model").items()}
     return {result.name: F.plot_accuracy_by_operators(acc)}

@@ -202,6 +202,7 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
     contrast's paired difference per layer, band its 95 % paired t-interval."""
     from matplotlib.figure import Figure
 
+    from lime_probe.output import charts as C
     from lime_probe.output import plots as F
 
     e, key = claims[0].endpoint, claims[0].per
@@ -245,14 +246,14 @@ def per_layer_figure(study: Study, measured: Measured, diff: Sequence[dict], cla
         fig = Figure(figsize=(10.0, 3.8), layout="constrained")
         left, right = fig.subplots(1, 2)
     unit = f" [{e.unit}]" if e.unit else ""
-    F.plot_layer_curves(
+    C.plot_layer_curves(
         curves,
         ylabel=f"{e.name}{unit}",
         xlabel=F.layer_axis_label(site),
         title=f"{e.name} ({sites}) per {key}\n(mean, band: min-max over {len(seeds)} seeds)",
         ax=left,
     )
-    F.plot_layer_curves(
+    C.plot_layer_curves(
         series,
         ylabel=f"difference{unit}",
         xlabel=F.layer_axis_label(site),
@@ -269,7 +270,7 @@ def tier_figure(models: Sequence[str], measured: Measured, seeds: Sequence[int],
     the 95 % t-interval of that mean (one-sample, n - 1 df; not a paired interval)."""
     from scipy import stats
 
-    from lime_probe.output import plots as F
+    from lime_probe.output import charts as F
 
     means: dict[str, dict[int, float]] = {}
     intervals: dict[str, dict[int, tuple[float, float]]] = {}
@@ -292,7 +293,7 @@ def tier_figure(models: Sequence[str], measured: Measured, seeds: Sequence[int],
 
 def endpoints_figure(diff: Sequence[dict], seeds: Sequence[int]):
     """Every primary and secondary comparison as an interval, one panel per endpoint."""
-    from lime_probe.output import plots as F
+    from lime_probe.output import charts as F
 
     rows = []
     for r in diff:
@@ -321,6 +322,7 @@ def mean_curve(metrics: Sequence[Mapping[str, np.ndarray]]) -> dict:
 
 
 def draw(study: Study, results: Path, measured: Measured, diff, seeds, runs, out: Path) -> None:
+    from lime_probe.output import charts as C
     from lime_probe.output import plots as F
     from lime_probe.output.results import read_metrics
 
@@ -338,7 +340,7 @@ def draw(study: Study, results: Path, measured: Measured, diff, seeds, runs, out
             F.save_figure(tier_figure(list(study.models), measured, seeds, name), results / name)
     curves = {label: mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in study.models}
     band = f"mean over {len(seeds)} seeds, band: min-max over {len(seeds)} seeds"
-    F.save_figure(F.plot_training_curves(curves, band=band), results / "loss_vs_flops")
+    F.save_figure(C.plot_training_curves(curves, band=band), results / "loss_vs_flops")
     for name, m in study.measures.items():  # the per-seed figures (t-SNE, routers), as measured
         if m.per != "seed":
             continue
