@@ -212,3 +212,43 @@ def test_findings_list_the_four_primary_claims_and_perplexity_is_recomputed(lm10
         if r["role"] == "primary" and r["measure"] == "perplexity"
     )
     check_paired(row, [ppl["LIMe", s] for s in seeds], [ppl["LLaMA", s] for s in seeds])
+
+
+# --------------------------------------------------------------------------- route-ablation
+
+
+@pytest.fixture(scope="module")
+def routes(shared_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("routes")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LIME_MODEL_CACHE", str(out / "cache"))
+        argv = [
+            "reproduce",
+            "--study",
+            "route-ablation",
+            "--size",
+            "tiny",
+            "--threads",
+            "1",
+            "--no-reproducible",
+        ]
+        assert cli.main([*argv, "--data", str(shared_data), "--out", str(out)]) == 0
+    return out / "results"
+
+
+def test_route_ablation_cuts_lime_only_and_its_primary_is_the_cut_minus_the_own_loss(routes):
+    """The cuts run on LIMe alone (LLaMA has no routes), every routed layer's, plain and renormalised; the
+    primary is each seed's loss with every cross-layer read cut minus its own, recomputed by the formulas."""
+    cuts = read_csv(routes / "ablate-routes.csv")
+    assert {r["model"] for r in cuts} == {"LIMe"}
+    seeds = STUDIES["route-ablation"].sized("tiny").seeds
+    whole = {
+        int(r["seed"]): r
+        for r in cuts
+        if (r["layer"], r["source"], r["renormalized"]) == ("all", "all", "False")
+    }
+    assert sorted(whole) == list(seeds)
+    row = next(r for r in read_csv(routes / "differences.csv") if r["role"] == "primary")
+    check_paired(row, [float(whole[s]["loss"]) for s in seeds], [float(whole[s]["base_loss"]) for s in seeds])
+    assert {r["renormalized"] for r in cuts} == {"False", "True"}
+    assert "## Per layer (exploratory)" in (routes / "findings.md").read_text()
