@@ -108,8 +108,9 @@ def _train_options(p: argparse.ArgumentParser) -> None:
         "--reproducible",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="pin MKL, oneDNN and PyTorch's CPU kernels to AVX2, one thread and deterministic algorithms, "
-        "so that the same seed gives the same bits on any x86-64 CPU with AVX2 (lime_model.reproducible); "
+        help="pin MKL, oneDNN, openBLAS and PyTorch's CPU kernels to AVX2, one thread and deterministic "
+        "algorithms, so that the same seed gives the same bits on any Intel x86-64 CPU with AVX2 (MKL ignores "
+        "its pin on AMD ones: lime_model.reproducible); "
         "recorded in run_info.json and the model card; a run is continued only in the mode it started in",
     )
 
@@ -500,6 +501,10 @@ def _run(args: argparse.Namespace) -> int:
     command = COMMANDS[args.command]
 
     def work() -> None:
+        if getattr(args, "reproducible", False):  # the checks may load NumPy, which reads the pins then
+            from .reproducible import pin
+
+            pin()
         command.check(args)  # before torch: see Command.check
         if getattr(args, "reproducible", False):  # before torch loads: it reads the mode's variables then
             from . import reproducible

@@ -774,8 +774,9 @@ def _reproducible_option(p: argparse.ArgumentParser, default: str) -> None:
         "--reproducible",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="pin MKL, oneDNN and PyTorch's CPU kernels to AVX2, one thread and deterministic algorithms, "
-        "so that the same seed gives the same bits on any x86-64 CPU with AVX2 (lime_model.reproducible); "
+        help="pin MKL, oneDNN, openBLAS and PyTorch's CPU kernels to AVX2, one thread and deterministic "
+        "algorithms, so that the same seed gives the same bits on any Intel x86-64 CPU with AVX2 (MKL ignores "
+        "its pin on AMD ones: lime_model.reproducible); "
         "recorded in the runs and the results' metadata; finished runs are reused only in their own mode "
         f"(default: {default})",
     )
@@ -1047,6 +1048,10 @@ def _run(args: argparse.Namespace) -> int:
     command, where = COMMANDS[args.command], f"{PROG} {args.command}"
 
     def work() -> int:
+        if _reproducible(args):  # the checks may load NumPy, which reads the mode's pins as it loads
+            from lime_model.reproducible import pin
+
+            pin()
         check_inputs(args)
         if _reproducible(args):  # before anything imports torch: the mode's variables are read as it loads
             from lime_model import reproducible

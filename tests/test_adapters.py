@@ -224,11 +224,11 @@ def test_unregistered_causal_lms_give_hidden_final_keys_values(tok, arch, monkey
 
 
 def test_discovered_adapter_without_a_final_norm_offers_no_final(tok):
-    """A causal LM whose final norm has an unknown name: ``hidden`` works, ``final`` is refused in one line
-    (its last block's output is not what the head reads)."""
+    """A causal LM whose final representation no module gives (here its final norm is an identity and a hook
+    rescales the base model's output): ``hidden`` works, ``final`` is refused in one line, never guessed."""
     model = tiny_model("phi", tok)
-    model.model.add_module("my_norm", model.model.final_layernorm)
-    del model.model.final_layernorm
+    model.model.final_layernorm = torch.nn.Identity()
+    model.model.register_forward_hook(lambda m, a, out: out.__class__(last_hidden_state=2 * out[0]))
     from lime_probe.extraction.adapters import adapter_for
 
     adapter = adapter_for(model)

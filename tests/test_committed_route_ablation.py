@@ -216,3 +216,15 @@ def test_the_retrained_runs_differ_from_lm_cpu_fair_as_said():
     assert len(mixed) == 80 and printed(max(mixed), "0.32")
     text = " ".join((FOLDER / "README.md").read_text().split())
     assert "by up to 0.21 nats in a layer, and by -0.04 to +0.03 nats" in text and "by up to 0.32" in text
+
+
+def test_the_results_page_quotes_the_primary():
+    """docs/results.md's row of this study: the primary's interval and verdict, recomputed (a mutation of any
+    of its three numbers or of "holds" fails)."""
+    page = (FOLDER.parents[1] / "docs" / "results.md").read_text()
+    (row,) = [ln for ln in page.splitlines() if ln.startswith("| [route-ablation]")]
+    m = re.search(r"([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\] nats per token \| holds:", row)
+    assert m, row
+    e = endpoints()["primary"]
+    for text, value in zip(m.groups(), (e["mean"], e["low"], e["high"]), strict=True):
+        assert printed(value, text), (text, value)

@@ -123,6 +123,13 @@ def test_bad_load_options_are_value_errors(tmp_path):
         load(ckpt, device_map="everywhere")
     with pytest.raises(ValueError, match="revision 'step1' names a hub branch.*is a local folder"):
         load(ckpt, revision="step1")
+    # a catch-all beside entries for other devices: transformers left those modules on meta
+    with pytest.raises(
+        ValueError, match="places the whole model on 'cpu', so 'model.layers.1' cannot go to 'disk'"
+    ):
+        load(ckpt, device_map={"": "cpu", "model.layers.1": "disk"})
+    same = load(ckpt, device_map={"": "cpu", "lm_head": "cpu"})[0]._module  # one device: still taken
+    assert {p.device.type for p in same.parameters()} == {"cpu"}
 
 
 def test_revisions_for_hub_ids_only(tmp_path):
@@ -156,6 +163,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
         (["--revision", "step1"], "--revision names a hub branch, tag or commit, and no --ckpt is a hub id"),
         (["--device-map", '{"nonexistent.module": "cpu"}'], "entry 'nonexistent.module' names no module of"),
         (["--device-map", '{"model.embed_tokens": "cpu"}'], "places no device for model.layers, model.norm"),
+        (["--device-map", '{"": "disk", "lm_head": "cpu"}'], "so 'lm_head' cannot go to 'cpu': give every"),
     ],
 )
 def test_bad_options_exit_2_in_one_line(capsys, tmp_path, options, match):

@@ -63,6 +63,7 @@ def test_capped_instruction_sets_change_the_bits_without_the_mode_and_not_in_it(
     assert on == {
         "reproducible": True,
         "env": reproducible.PINNED,
+        "processor": reproducible.processor(),
         "cpu_capability": "AVX2",
         "torch_threads": 1,
         "deterministic_algorithms": True,
@@ -112,9 +113,42 @@ def test_the_mode_cannot_be_entered_after_torch_loaded_without_it(monkeypatch):
 
     for k in reproducible.PINNED:
         monkeypatch.delenv(k, raising=False)
+    reproducible.pin()  # too late to pin: it leaves the environment to enable's refusal
+    assert not set(reproducible.PINNED) & set(os.environ)
     with pytest.raises(reproducible.ModeError, match="torch was imported before it could set MKL_CBWR"):
         reproducible.enable()
     assert not reproducible.active()
+    # NumPy alone loaded: its openBLAS has read its core type already
+    monkeypatch.delitem(sys.modules, "torch")
+    with pytest.raises(reproducible.ModeError, match="numpy was imported before .*OPENBLAS_CORETYPE=Haswell"):
+        reproducible.enable()
+
+
+def test_in_the_mode_openblas_runs_its_haswell_kernels_and_mkl_its_avx2_branch():
+    """In a new process in the mode: the pin set, NumPy's and SciPy's openBLAS on their Haswell core and
+    one thread (threadpoolctl reads what each loaded library runs; without the pin an AVX-512 machine's
+    is SkylakeX), and MKL's verbose log the branch of its GEMM: AVX2 on an Intel processor, its own choice
+    (CNR:AUTO) on any other, where MKL ignores the pin."""
+    pytest.importorskip("threadpoolctl", reason="threadpoolctl (scikit-learn's) reads openBLAS's core")
+    code = (
+        "import json, os, lime_model, numpy, scipy.linalg, torch, threadpoolctl;"
+        "a = torch.ones(64, 64, dtype=torch.float64); a @ a;"
+        "print(json.dumps([os.environ.get('OPENBLAS_CORETYPE'), [[i['architecture'], i['num_threads']]"
+        " for i in threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas']]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False,
+                          env=clean_env(LIME_REPRODUCIBLE="1", MKL_VERBOSE="1"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-1000:]
+    log, _, printed = done.stdout.strip().rpartition("\n")
+    pinned, cores = json.loads(printed)
+    assert pinned == "Haswell"
+    assert all(core == ["Haswell", 1] for core in cores), cores  # none: a NumPy built on another BLAS
+    if not reproducible.processor() or "MKL_VERBOSE" not in log:
+        assert cores, "neither an openBLAS nor MKL's log to check"
+        return
+    intel = "GenuineIntel" in reproducible.processor()
+    gemm = next(line for line in log.splitlines() if "DGEMM" in line)
+    assert f"CNR:{'AVX2,STRICT' if intel else 'AUTO'} " in gemm, gemm
 
 
 def test_a_library_user_enters_the_mode_through_the_environment():

@@ -28,15 +28,18 @@ Registering a new architecture is a few lines, e.g. for a LLaMA-like model::
 Module paths are relative to the base model (``model.base_model``, e.g. ``LlamaModel`` inside
 ``LlamaForCausalLM``), so they work for the bare model and for any head on top of it.
 
-A model without a registered adapter needs none for ``hidden`` and ``final`` (`adapter_for`): its blocks are
-the one ModuleList of ``num_hidden_layers`` modules in its base model, its final norm the module named as
-transformers names them (`FINAL_NORM_NAMES`), and ``keys``/``values`` are offered where the blocks use a
-common projection naming (`KV_PROJECTIONS`).
+A model without a registered adapter needs none for ``hidden`` (`adapter_for`): its blocks are the one
+ModuleList of ``num_hidden_layers`` modules in its base model, and ``keys``/``values`` are offered where the
+blocks use a common projection naming (`KV_PROJECTIONS`). ``final``, ``attn_out``/``mlp_out`` and
+``attn_pattern`` are offered only where a two-token forward pass shows where they are (`verified_places`):
+a site that cannot be placed with certainty is refused, never guessed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -169,9 +172,6 @@ def get_adapter(config: Any) -> Adapter:
     return ADAPTERS[model_type]
 
 
-# The final norm's name in the base models transformers ships: LLaMA family and most recent ones, GPT-2/GPT-J/
-# Falcon/BLOOM, Phi, GPT-NeoX/OPT, Mamba.
-FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 # (W_K, W_V) paths inside a block of the common layouts with separate projections: LLaMA family, Phi, OPT,
 # Mistral (self_attn); GPT-J, GPT-Neo (attn). Fused projections are laid out differently per architecture (GPT-2's
 # c_attn [q | k | v], GPT-NeoX's query_key_value per head, Phi-3's qkv_proj, Falcon's grouped): they are read
@@ -200,10 +200,18 @@ def is_encoder(config: Any) -> bool:
 
 def adapter_for(model: Any) -> Adapter:
     """The adapter of `model` (a Hugging Face model or an nnsight wrapper of one): the one registered for its
-    ``model_type``, else the one `discover_adapter` finds in its module tree."""
+    ``model_type``, else the one `discover_adapter` finds in its module tree (found once per model)."""
     hf = getattr(model, "_module", model)
     model_type = getattr(hf.config, "model_type", None)
-    return ADAPTERS[model_type] if model_type in ADAPTERS else discover_adapter(hf)
+    if model_type in ADAPTERS:
+        return ADAPTERS[model_type]
+    if hf not in _DISCOVERED:
+        _DISCOVERED[hf] = discover_adapter(hf)
+    return _DISCOVERED[hf]
+
+
+# The adapters found for models of unregistered types, each found by one forward pass.
+_DISCOVERED: weakref.WeakKeyDictionary[torch.nn.Module, Adapter] = weakref.WeakKeyDictionary()
 
 
 def _outermost(paths: list[str]) -> list[str]:
@@ -215,11 +223,11 @@ def discover_adapter(model: PreTrainedModel) -> Adapter:
     """An `Adapter` found in the module tree of `model`'s base model, for a model type without a registered one.
 
     Blocks: the one outermost ModuleList of ``config.num_hidden_layers`` modules (its inputs and outputs are
-    the residual stream, as ``output_hidden_states`` returns it). Final norm: the one module outside the
-    blocks named as in `FINAL_NORM_NAMES`; an encoder without one has ``final`` = the last block's output
-    (as BERT), a causal LM without one no ``final``. ``keys``/``values``: the first pair of `KV_PROJECTIONS`
-    present in the first block; ``attn_out``/``mlp_out``: its children named as in `ATTENTION_NAMES` and
-    `MLP_NAMES`. ValueError in one line where the blocks cannot be found.
+    the residual stream, as ``output_hidden_states`` returns it). ``keys``/``values``: the first pair of
+    `KV_PROJECTIONS` present in every block. The sites whose place a name cannot make certain are offered only
+    where one two-token forward pass (`verified_places`) shows them: ``final``, ``attn_out``/``mlp_out``
+    (children named as in `ATTENTION_NAMES` and `MLP_NAMES`) and ``attn_pattern``; any other is refused in
+    one line naming the model type. ValueError in one line where the blocks cannot be found.
     """
     base, config = model.base_model, model.config
     n = getattr(config, "num_hidden_layers", None)
@@ -233,23 +241,211 @@ def discover_adapter(model: PreTrainedModel) -> Adapter:
             "one with lime_probe.extraction.adapters.register_adapter(model_type, Adapter(...))"
         )
     layers = lists[0]
-    norms = [
-        name
-        for name, _ in base.named_modules()
-        if name.rpartition(".")[2] in FINAL_NORM_NAMES and not name.startswith(layers + ".")
-    ]
-    final_norm = norms[0] if len(norms) == 1 else None
-    block = cast(torch.nn.ModuleList, base.get_submodule(layers))[0]  # the ModuleList found above
-    names = {name for name, _ in block.named_modules()}
+    blocks = cast(torch.nn.ModuleList, base.get_submodule(layers))  # the ModuleList found above
+    every = [{name for name, _ in block.named_modules()} for block in blocks]
+    names = set.intersection(*every) if every else set()  # the names every block has
     kv = next(((k, v) for k, v in KV_PROJECTIONS if k in names and v in names), None)
     attn = next((a for a in ATTENTION_NAMES if a in names), None)
     mlp = next((m for m in MLP_NAMES if m in names), None)
-    return Adapter(
-        layers=layers,
-        final_norm=final_norm,
-        sites=(proj_sites(*kv) if kv else {}) | (block_outputs(attn, mlp) if attn and mlp else {}),
-        has_final=final_norm is not None or is_encoder(config),
+    places = verified_places(model, layers, attn, mlp) if len(blocks) else {}
+    sites = proj_sites(*kv) if kv else {}
+    if attn and "attn_pattern" in places:
+        sites["attn_pattern"] = (attn, attention_weights)
+    if attn and mlp and "residual" in places:
+        outputs = {"attn_out": (attn, first), "mlp_out": (mlp, first)}
+        sites = {"mlp_out": outputs["mlp_out"]} | sites if places["residual"] == mlp else sites
+        sites |= outputs
+    final_norm = places.get("final")
+    return Adapter(layers=layers, final_norm=final_norm, sites=sites, has_final="final" in places)
+
+
+def _tensor(value: Any) -> Any:
+    """The tensor a module gave or took: itself, the first of a tuple or the first field of a ModelOutput."""
+    if isinstance(value, dict):  # a ModelOutput: its fields that are set, in order
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return value[0] if value else None
+    return value
+
+
+def _close(x: Any, y: Any) -> bool:
+    """Whether `x` and `y` are equal float tensors up to the rounding of a few additions in their dtype."""
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x.shape != y.shape:
+        return False
+    if not x.is_floating_point() or x.dtype != y.dtype:
+        return False
+    scale = torch.maximum(x.abs().max(), y.abs().max()).float()
+    return bool((x.float() - y.float()).abs().max() <= 8 * torch.finfo(x.dtype).eps * scale)
+
+
+def _sum(seen: dict[str, Any], i: int) -> torch.Tensor | None:
+    """Block `i`'s input plus its attention's and its MLP's outputs, as captured; None where one is missing."""
+    x, a, m = (seen.get(f"{i}/{key}") for key in ("block/in", "attn/out", "mlp/out"))
+    if isinstance(x, torch.Tensor) and isinstance(a, torch.Tensor) and isinstance(m, torch.Tensor):
+        return x + a + m if x.shape == a.shape == m.shape else None
+    return None
+
+
+def _is_pattern(weights: Any, heads: int | None, causal: bool) -> bool:
+    """Whether `weights` are the (1, heads, 2, 2) attention weights of a two-token pass: each row a softmax
+    (summing to 1), and for a causal model none on the later key."""
+    if not isinstance(weights, torch.Tensor) or weights.shape != (1, heads, 2, 2):
+        return False
+    sums = weights.float().sum(-1)
+    return bool((sums - 1).abs().max() <= 8 * torch.finfo(weights.dtype).eps) and (
+        not causal or not weights[..., 0, 1].any()
     )
+
+
+def _sample_ids(model: Any) -> torch.Tensor | None:
+    """Two token ids (1, 2) on the device the input embedding runs on, avoiding the pad token (whose
+    embedding may be zero); None for a model holding no weights (built on ``meta``)."""
+    embedding = model.get_input_embeddings()
+    weight = getattr(embedding, "weight", None)
+    device = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)
+    device = torch.device(device) if device is not None else getattr(weight, "device", None)
+    if weight is None or device is None or device.type == "meta":
+        return None
+    pad = getattr(model.config, "pad_token_id", None)
+    ids = [t for t in range(weight.shape[0] // 3, weight.shape[0]) if t != pad][:2]
+    return torch.tensor([ids], device=device) if len(ids) == 2 else None
+
+
+def _capture(model: Any, modules: dict[str, torch.nn.Module], ids: torch.Tensor) -> dict[str, Any]:
+    """One forward pass of `ids` with plain hooks: per name in `modules`, its first call's first input
+    (``name/in``) and output (``name/out``), copied when taken (a block may change them in place later), and
+    for names ending in ``/attn`` their second output (``name/weights``). Empty where the pass fails: then
+    nothing can be verified."""
+    seen: dict[str, Any] = {}
+
+    def keep(key: str, value: Any) -> None:
+        value = _tensor(value)
+        if key not in seen:
+            seen[key] = value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+    handles = []
+    for name, module in modules.items():
+        handles.append(
+            module.register_forward_pre_hook(
+                lambda m, args, kwargs, name=name: keep(
+                    f"{name}/in",
+                    args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None)),
+                ),
+                with_kwargs=True,
+            )
+        )
+        handles.append(module.register_forward_hook(lambda m, a, out, name=name: keep(f"{name}/out", out)))
+        if name.endswith("/attn"):
+            handles.append(
+                module.register_forward_hook(
+                    lambda m, a, out, name=name: keep(
+                        f"{name}/weights", out[1] if isinstance(out, (tuple, list)) and len(out) > 1 else None
+                    )
+                )
+            )
+    try:
+        with torch.inference_mode():
+            model(input_ids=ids)
+    except Exception:  # noqa: BLE001  a model this pass cannot run has nothing verified, whatever the error
+        seen = {}
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+@contextlib.contextmanager
+def _eager(model: Any) -> Iterator[None]:
+    """`model` running eager attention (the one that returns the attention weights) inside the block, where
+    it can be switched; its own implementation restored after."""
+    own = getattr(model.config, "_attn_implementation", None) or "eager"
+    switched = False
+    if own != "eager" and hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("eager")
+            switched = True
+        except Exception:  # noqa: BLE001  a model that cannot switch keeps its own (no weights verified)
+            pass
+    try:
+        yield
+    finally:
+        if switched:
+            model.set_attn_implementation(own)
+
+
+def verified_places(model: Any, layers: str, attn: str | None, mlp: str | None) -> dict[str, str | None]:
+    """What one two-token forward pass of `model` (in eval mode, eager attention) shows of its sites, given
+    its blocks (`layers`, relative to the base model) and each block's attention and MLP children named `attn`,
+    `mlp` (a module called twice counts by its first call, the one a trace reads):
+
+    - ``final`` -> the final norm's path (None: the last block's output is the model's final one), present
+      where exactly one module outside the blocks maps the last block's output to the base model's output
+      (for a causal LM also what its head reads), or the last block's output is it;
+    - ``residual`` -> the one of `attn`, `mlp` that runs first, present where every block's output is its input
+      plus its attention's and its MLP's outputs (a sequential or parallel residual block whose attention and
+      MLP do not add the residual themselves, as BLOOM's do);
+    - ``attn_pattern``, present where every block's attention gives (batch, heads, query, key) weights, each
+      row summing to 1 (causal: none above the diagonal), through transformers' attention interface (which
+      `lime_probe.extract` switches to eager attention).
+    """
+    base = model.base_model
+    blocks = cast(torch.nn.ModuleList, base.get_submodule(layers))
+    ids = _sample_ids(model)
+    if ids is None:
+        return {}
+    inside = {name for name, _ in base.named_modules() if name == layers or name.startswith(layers + ".")}
+    outside = {
+        name: m
+        for name, m in base.named_modules()
+        if name and name not in inside and not layers.startswith(name + ".")
+    }
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    modules = {f"out/{name}": m for name, m in outside.items()} | {"base": base}
+    modules |= {"head": head} if isinstance(head, torch.nn.Module) and not is_encoder(model.config) else {}
+    for i, block in enumerate(blocks):
+        modules[f"{i}/block"] = block
+        modules |= {f"{i}/attn": block.get_submodule(attn)} if attn else {}
+        modules |= {f"{i}/mlp": block.get_submodule(mlp)} if mlp else {}
+    training = model.training
+    model.eval()
+    try:
+        with _eager(model):
+            seen = _capture(model, modules, ids)
+    finally:
+        model.train(training)
+    if not seen:
+        return {}
+    places: dict[str, str | None] = {}
+    # the model's final representation: its base model's output, else (a head calling the blocks' parent
+    # directly, as OPT's) what its head reads
+    last, final = seen.get(f"{len(blocks) - 1}/block/out"), seen.get("base/out", seen.get("head/in"))
+    norms = _outermost(
+        [
+            name
+            for name in outside
+            if _close(last, seen.get(f"out/{name}/in")) and _close(final, seen.get(f"out/{name}/out"))
+        ]
+    )
+    if "head/in" not in seen or _close(final, seen["head/in"]):  # else the head reads something else
+        if len(norms) == 1:
+            places["final"] = norms[0]
+        elif not norms and _close(last, final):
+            places["final"] = None
+    if attn and mlp and all(_close(seen.get(f"{i}/block/out"), _sum(seen, i)) for i in range(len(blocks))):
+        # the module a block runs first (a trace reads its sites in execution order)
+        places["residual"] = mlp if list(seen).index("0/mlp/out") < list(seen).index("0/attn/out") else attn
+    try:
+        heads = getattr(model.config, "num_attention_heads", None)
+    except Exception:  # noqa: BLE001  a per-layer head count (heterogeneous configs) places no pattern
+        heads = None
+    causal = not is_encoder(model.config)
+    if (
+        getattr(model, "_supports_attention_backend", False)
+        and attn
+        and all(_is_pattern(seen.get(f"{i}/attn/weights"), heads, causal) for i in range(len(blocks)))
+    ):
+        places["attn_pattern"] = attn
+    return places
 
 
 def head_shape(config: Any) -> tuple[int, int]:

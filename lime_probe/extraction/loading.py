@@ -101,6 +101,13 @@ def device_map_of(spec: str | dict | None) -> str | dict | None:
     for module, device in spec.items():
         if device != "disk":
             check_device(device, option=f"device map entry {module!r}:")
+    # transformers takes a "" entry for the whole model: the modules other entries send elsewhere stay on meta
+    elsewhere = [module for module, device in spec.items() if "" in spec and device != spec[""]]
+    if elsewhere:
+        raise ValueError(
+            f'device map entry "" places the whole model on {spec[""]!r}, so {elsewhere[0]!r} cannot go to '
+            f"{spec[elsewhere[0]]!r}: give every module its own entry instead of a catch-all"
+        )
     return spec
 
 

@@ -8,7 +8,8 @@ Sites and their layer indices (L = number of blocks):
   X_L is the last block's output *before* the final norm (Hugging Face's ``output_hidden_states``
   instead ends with the normalised output, which is the ``final`` site here).
 - ``final``: 1 entry (index 0), the final norm's output (encoders without one: the last block's output).
-  Both exist for any causal LM or encoder, with or without a registered adapter (`adapter_for`).
+  Registered architectures have it; one found without an adapter, where a forward pass shows its place
+  (`lime_probe.extraction.adapters.verified_places`), else it is refused.
 - ``keys`` / ``values``: L entries, the W_K / W_V projection outputs (before RoPE), heads
   concatenated: dim = kv_heads * head_dim. The LIMe paper's text calls the W_V output "values".
 - ``routed_keys`` / ``routed_values`` (LIMe only): L entries, the output of each layer's
@@ -120,12 +121,15 @@ def plan_reads(
 
 def module_path(hf: Any, site: str, blocks: str, n_layers: int) -> str:
     """The module path from the root of `hf` (with ``{i}``) that the ``module:`` `site` names, relative to the
-    base model or else to the root, ``{i}`` standing for blocks 0..`n_layers`-1 (`blocks`: their path from the
-    root). ValueError in one line, with the nearest names, where it names no module."""
+    base model, else to the root, else (``layers.{i}.fc1``) to the blocks' parent, ``{i}`` standing for blocks
+    0..`n_layers`-1 (`blocks`: their path from the root). ValueError in one line, with the nearest names, where it names no module."""
     path, _ = cast("tuple[str, str]", module_site(site))
     prefix = "" if hf.base_model is hf else f"{hf.base_model_prefix}."
     names = {name for name, _ in hf.named_modules() if name}
-    for candidate in dict.fromkeys([prefix + path, path]):
+    # ``layers.{i}`` also names the blocks where they sit deeper (OPT's ``decoder.layers``)
+    head = path.partition(".{i}")[0] if "{i}" in path else None
+    inner = [blocks + path[len(head) :]] if head and (blocks == head or blocks.endswith("." + head)) else []
+    for candidate in dict.fromkeys([prefix + path, path, *inner]):
         if all(candidate.replace("{i}", str(i)) in names for i in range(n_layers if "{i}" in path else 1)):
             return candidate
     # the model's module names as a site spells them: blocks as {i}, relative to the base model where they can be

@@ -78,11 +78,14 @@ TOKENIZE_CHUNK = 256  # texts per tokenizer call (ours): a stream is read this f
 # Batching
 
 
-def pad_batch(sequences: list[list[int]], pad_id: int, side: str) -> dict[str, torch.Tensor]:
+def pad_batch(
+    sequences: list[list[int]], pad_id: int, side: str, first_position: int = 0
+) -> dict[str, torch.Tensor]:
     """Pad token id lists to a batch: input_ids, attention_mask and position_ids, each (batch, seq).
 
-    Positions count each sequence's own tokens from 0 whichever side is padded, so a token sees the
-    same position alone and in a batch (absolute-position models like GPT-2 depend on it).
+    Positions count each sequence's own tokens from `first_position` (`first_position_of` the model)
+    whichever side is padded, so a token sees the same position alone and in a batch (absolute-position
+    models like GPT-2 depend on it).
     """
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -91,8 +94,20 @@ def pad_batch(sequences: list[list[int]], pad_id: int, side: str) -> dict[str, t
         cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
         ids[row, cols] = torch.tensor(seq, dtype=torch.long)
         mask[row, cols] = 1
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    positions = (mask.cumsum(1) - 1).clamp(min=0) + first_position
     return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+
+
+def first_position_of(hf: Any) -> int:
+    """The position id a model gives a sequence's first token when it counts them itself: RoBERTa-style
+    embeddings start after their padding index (``padding_idx + 1``), others at their ``position_ids``
+    buffer's first entry (Nystromformer's 2), most at 0."""
+    embeddings = getattr(hf.base_model, "embeddings", None)
+    table = getattr(embeddings, "position_embeddings", None)
+    if isinstance(table, torch.nn.Embedding) and table.padding_idx is not None:
+        return int(table.padding_idx) + 1
+    buffer = getattr(embeddings, "position_ids", None)
+    return int(buffer.flatten()[0]) if isinstance(buffer, torch.Tensor) and buffer.numel() else 0
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int | None, batch_tokens: int) -> list[list[int]]:
@@ -454,7 +469,7 @@ def extract(
             for local in plan_batches([len(s) for s in block], batch_size, batch_tokens):
                 index = [done + i for i in local]
                 batch_seqs = [block[i] for i in local]
-                batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side)
+                batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side, first_position_of(hf))
                 if not with_positions:
                     del batch["position_ids"]
                 keep = batch["attention_mask"].bool()
@@ -570,6 +585,8 @@ def _forward(
                 x = take(value)
                 if site == "attn_pattern":
                     x = pattern_rows(x, inputs["attention_mask"], plan.heads[site][1])
+                elif x.shape[:2] != keep.shape and x.shape[:1] == (keep.numel(),):
+                    x = x.unflatten(0, keep.shape)  # tokens flattened batch-major (OPT's fc1/fc2 inputs)
                 if x.shape[:2] != keep.shape:
                     raise ValueError(
                         f"site {site!r} layer {layer} gives a {tuple(x.shape)} tensor, not (batch, seq, ...) "

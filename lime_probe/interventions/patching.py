@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from lime_probe.extraction.planning import plan_sites
-from lime_probe.extraction.tracing import as_nnsight, pad_batch
+from lime_probe.extraction.tracing import as_nnsight, first_position_of, pad_batch
 from lime_probe.interventions.edits import Edit
 from lime_probe.interventions.pairs import Pair
 from lime_probe.interventions.run import consecutive_batches, plan_steps, run_with_edits, traced_forward
@@ -230,7 +230,7 @@ def _site_gradients(
     out: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
     first = 0
     for chunk in consecutive_batches([len(s) for s in seqs], batch_size, 4096):
-        batch = pad_batch([seqs[i] for i in chunk], pad_id, tokenizer.padding_side)
+        batch = pad_batch([seqs[i] for i in chunk], pad_id, tokenizer.padding_side, first_position_of(hf))
         n_cells = int(batch["attention_mask"].sum())
         leaves, edits = {}, []
         for layer in layers:

@@ -27,6 +27,7 @@ from lime_probe.extraction.tracing import (
     as_nnsight,
     envoy_path,
     extract,
+    first_position_of,
     pad_batch,
     select_rows,
     text_items,
@@ -138,7 +139,7 @@ def run_with_edits(
     first_index = 0
     with routes_edited(hf, routes):
         for chunk in consecutive_batches(lengths, batch_size, batch_tokens):
-            batch = pad_batch([seqs[i] for i in chunk], pad_id, tokenizer.padding_side)
+            batch = pad_batch([seqs[i] for i in chunk], pad_id, tokenizer.padding_side, first_position_of(hf))
             if any(_per_cell(e) for e in edits):
                 in_batch = [_batch_rows(e, c, chunk) for e, c in zip(edits, counts, strict=True)]
                 steps = plan_steps(hf, plan, in_batch, read, read_layers)

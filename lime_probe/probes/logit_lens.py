@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lime_probe.extraction.adapters import FINAL_NORM_NAMES, adapter_for
+from lime_probe.extraction.adapters import adapter_for
 
 # Rows per unembedding pass: their (rows, vocab) float32 logits are 100 MB at a 50,000-token vocabulary.
 LENS_ROWS = 512
@@ -39,7 +39,7 @@ LOSS_TOLERANCE = 1e-2
 
 def lens_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(final norm, unembedding) of a causal LM (a Hugging Face model or an nnsight wrapper of one): the
-    adapter's final norm (registered, or found under one of `FINAL_NORM_NAMES`) and
+    adapter's final norm (registered, or found by `verified_places`) and
     ``get_output_embeddings()``. ValueError in one line for a model without either."""
     hf = getattr(model, "_module", model)
     head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
@@ -51,8 +51,8 @@ def lens_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
     norm = adapter_for(hf).final_norm
     if norm is None:
         raise ValueError(
-            f"the logit lens needs the final norm of {type(hf).__name__}, and none was found (registered, or "
-            f"named one of {', '.join(FINAL_NORM_NAMES)}); register an adapter naming it"
+            f"the logit lens needs the final norm of {type(hf).__name__}, and none was found (registered, or the "
+            "one module mapping the last block's output to the model's); register an adapter naming it"
         )
     return hf.base_model.get_submodule(norm), head
 
@@ -167,9 +167,9 @@ def logit_lens(
     last = len(hf.base_model.get_submodule(adapter_for(hf).layers))
     if "hidden" not in acts or last not in acts["hidden"]:
         raise ValueError(f"the logit lens needs the hidden site with its last layer, X_{last}, extracted")
-    ids = list(torch.split(acts.token_ids, acts.offsets.diff().tolist()))
-    if (acts.token_ids < 0).any():
+    if not getattr(acts, "all_tokens", True) or (acts.token_ids < 0).any():
         raise ValueError("the logit lens needs every token's row: extract with pool='none' and no token_ids")
+    ids = list(torch.split(acts.token_ids, acts.offsets.diff().tolist()))
 
     def stream(layer: int) -> Iterable[torch.Tensor]:
         return (seq for chunk in acts.iter_sequences("hidden", layer) for seq in chunk)
