@@ -44,20 +44,36 @@ def _txt_documents(path: Path) -> Iterator[str]:
         yield "\n".join(block)
 
 
-def _jsonl_documents(path: Path) -> Iterator[str]:
+def jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSONL file, read lazily; ValueError in one line
+    naming the file and line of a line that is not a JSON object (the file, of text that is not UTF-8). The one
+    reader of JSON lines: documents here, BLiMP, clean/corrupt pairs and training metrics."""
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f'{path}:{lineno}: expected a JSON object with a "text" field') from None
-            if text is None:  # an empty document, as a null in a parquet column
-                continue
-            if not isinstance(text, str):
-                raise ValueError(f'{path}:{lineno}: "text" is {json.dumps(text)[:40]}, expected a string')
-            yield text
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{path}:{lineno}: not a JSON object")
+                yield lineno, record
+        except UnicodeDecodeError as e:  # decoded in blocks, so no line can be named
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
+
+
+def _jsonl_documents(path: Path) -> Iterator[str]:
+    for lineno, record in jsonl_records(path):
+        if "text" not in record:
+            raise ValueError(f'{path}:{lineno}: expected a JSON object with a "text" field')
+        text = record["text"]
+        if text is None:  # an empty document, as a null in a parquet column
+            continue
+        if not isinstance(text, str):
+            raise ValueError(f'{path}:{lineno}: "text" is {json.dumps(text)[:40]}, expected a string')
+        yield text
 
 
 def _parquet_documents(path: Path) -> Iterator[str]:

@@ -3,9 +3,10 @@ the command line checks a pairs file before torch loads."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from lime_model.data import jsonl_records
 
 FIELDS = ("clean", "corrupt", "answer", "wrong")
 
@@ -28,22 +29,18 @@ def load_pairs(path: str | Path) -> list[Pair]:
     if not path.is_file():
         raise ValueError(f"--pairs {path}: no such file (a JSONL file of clean/corrupt pairs)")
     pairs = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict) or any(k not in row for k in FIELDS):
-                raise ValueError(f"{path}:{n}: a pair needs the fields {', '.join(FIELDS)}")
-            if not all(_prompt(row[k]) for k in ("clean", "corrupt")):
-                raise ValueError(f"{path}:{n}: clean and corrupt must be non-empty strings or token id lists")
-            for k in ("answer", "wrong"):
-                if not isinstance(row[k], (str, int)) or isinstance(row[k], bool) or row[k] == "":
-                    raise ValueError(f"{path}:{n}: {k} must be a one-token string or a token id")
-            pairs.append(Pair(row["clean"], row["corrupt"], row["answer"], row["wrong"]))
+    for n, row in jsonl_records(path):
+        missing = [k for k in FIELDS if k not in row]
+        if missing:
+            raise ValueError(
+                f"{path}:{n}: a pair needs the fields {', '.join(FIELDS)}; missing {', '.join(missing)}"
+            )
+        if not all(_prompt(row[k]) for k in ("clean", "corrupt")):
+            raise ValueError(f"{path}:{n}: clean and corrupt must be non-empty strings or token id lists")
+        for k in ("answer", "wrong"):
+            if not isinstance(row[k], (str, int)) or isinstance(row[k], bool) or row[k] == "":
+                raise ValueError(f"{path}:{n}: {k} must be a one-token string or a token id")
+        pairs.append(Pair(row["clean"], row["corrupt"], row["answer"], row["wrong"]))
     if not pairs:
         raise ValueError(f"{path}: holds no pairs")
     return pairs

@@ -115,15 +115,9 @@ def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"no training metrics at {path}")
-    records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
-    records = [r for r in records if isinstance(r, dict) and "loss" in r]
+    from lime_model.data import jsonl_records
+
+    records = [r for _, r in jsonl_records(path) if "loss" in r]
     if not records:
         raise ValueError(f"{path} holds no training records with a 'loss'")
     keys = list(dict.fromkeys(k for r in records for k in r))

@@ -32,7 +32,6 @@ s-selection paradigms apart where the BLiMP paper's 12 phenomena fold them into 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -84,20 +83,14 @@ def _local_files(source: Path, paradigms: Sequence[str] | None) -> list[Path]:
 
 def _read_jsonl(path: Path) -> list[dict]:
     """The records of one BLiMP JSONL file, each checked for `REQUIRED_FIELDS`."""
-    records = []
+    from lime_model.data import jsonl_records
+
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"could not read BLiMP JSONL {path}: not UTF-8 text ({e.reason})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON line ({e.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"could not read BLiMP JSONL {path}:{n}: not a JSON object")
+        lines = list(jsonl_records(path))
+    except ValueError as e:
+        raise ValueError(f"could not read BLiMP JSONL {e}") from None
+    records = []
+    for n, record in lines:
         _check_fields(list(record), f"{path}:{n}")
         records.append(record)
     if not records:
