@@ -18,6 +18,7 @@ routing variant is one class here.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,14 @@ class LimeRouter(nn.Module):
     # The K/V buffer layout is fixed by layer 0's write, so every layer of a variant, the single-source
     # ones included, names the same read mode (per-dim routers store the buffer feature-major).
     own_only_mode = "matrix"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A class defined after lime_model.routing built its table (a user's variant) joins it here; the
+        # classes defined before are found there by walking the subclasses.
+        routing = sys.modules.get("lime_model.routing")
+        if routing is not None and hasattr(routing, "ROUTINGS"):
+            routing.add_routes(routing.ROUTINGS, cls)
 
     def __init__(self, config: PreTrainedConfig, layer_idx: int) -> None:
         super().__init__()

@@ -31,9 +31,10 @@ on layers that are multiples of d and sets of different sizes elsewhere, so a ch
 silently load as the other. The learned weights of each kind are described by its router class. A layer
 whose only source is itself (always layer 0) attends to its own K/V exactly as LLaMA does.
 
-Adding a variant is one router class in :mod:`lime_model.router`: its ``routes`` declare the spec
-kind(s) it implements and their source sets, and :data:`ROUTINGS` is built from those declarations (a
-new row of the table above documents it).
+Adding a variant is one router class, a subclass of :class:`~lime_model.router.LimeRouter`: its ``routes``
+declare the spec kind(s) it implements and their source sets, and :data:`ROUTINGS` is built from those
+declarations; a subclass defined later (in a user's own module) joins the table when it is defined
+(docs/extending.md, "Adding a routing variant").
 """
 
 from __future__ import annotations
@@ -66,12 +67,20 @@ def routing_table(base: type[LimeRouter] = LimeRouter) -> dict[str, RoutingKind]
     classes = [base]
     for cls in classes:
         classes += [sub for sub in cls.__subclasses__() if sub not in classes]
-        for pattern, sources in cls.__dict__.get("routes", {}).items():
-            kind = pattern.removesuffix("-<n>")
-            if kind in table:
-                raise ValueError(f"routing kind {kind!r} is declared twice ({table[kind].router}, {cls})")
-            table[kind] = RoutingKind(sources, cls, parametric=kind != pattern)
+        add_routes(table, cls)
     return table
+
+
+def add_routes(table: dict[str, RoutingKind], cls: type[LimeRouter]) -> None:
+    """Add the kinds ``cls`` declares in its own ``routes`` to ``table``. A kind another class declares
+    already is a ValueError; one declared by a class of the same module and name is replaced (a notebook
+    cell run again)."""
+    for pattern, sources in cls.__dict__.get("routes", {}).items():
+        kind = pattern.removesuffix("-<n>")
+        old = table[kind].router if kind in table else cls
+        if old is None or (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"routing kind {kind!r} is declared twice ({old}, {cls})")
+        table[kind] = RoutingKind(sources, cls, parametric=kind != pattern)
 
 
 ROUTINGS: dict[str, RoutingKind] = routing_table()

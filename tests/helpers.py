@@ -37,6 +37,18 @@ BASELINES = (
 )  # lime_model's cross-layer baselines (LLaMA sizes, routing "none")
 
 
+def isolate_registries(monkeypatch) -> None:
+    """Give the test copies of the analysis, adapter and routing registries (restored after it), so what
+    docs/extending.md's examples register there is seen by no later test."""
+    from lime_model import routing
+    from lime_probe import specs
+    from lime_probe.extraction import adapters
+
+    monkeypatch.setattr(routing, "ROUTINGS", dict(routing.ROUTINGS))
+    monkeypatch.setattr(specs, "ANALYSES", dict(specs.ANALYSES))
+    monkeypatch.setattr(adapters, "ADAPTERS", dict(adapters.ADAPTERS))
+
+
 def routed_specs() -> list[str]:
     """One routing spec per kind with routers in `lime_model.routing.ROUTINGS` (``<kind>-2`` for the
     parametric kinds), so that a new variant is tested wherever these are."""

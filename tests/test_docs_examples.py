@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import isolate_registries
 
 ROOT = Path(__file__).resolve().parents[1]
 # the README's folder of the user's own data: "data/..." as a path of its own, or "--data data"
@@ -309,14 +310,16 @@ def test_python_examples_run(runs, workdir, monkeypatch):
         pytest.skip("the examples use data/: set LIME_PROBE_DATA to a folder holding wikitext-2/ and blimp/")
     assert runs and all(code == 0 for code, _ in runs.values()), runs
     monkeypatch.chdir(workdir)
+    isolate_registries(monkeypatch)  # docs/extending.md registers an analysis, an adapter, a routing kind
     made = {f: f.read_bytes() for f in (workdir / "runs").rglob("*") if f.is_file()}
     ran = 0
     for path, block in blocks:
         if block.skip:
             continue
         code = with_data("\n".join(block.lines), data)
-        # line numbers in a traceback are the document's
-        exec(compile("\n" * (block.first - 1) + code, str(path), "exec"), {"__name__": "__docs__"})
+        # line numbers in a traceback are the document's; this module's `from __future__` is not the block's
+        code = compile("\n" * (block.first - 1) + code, str(path), "exec", dont_inherit=True)
+        exec(code, {"__name__": "__docs__"})
         ran += 1
     assert ran >= 3
     assert (workdir / "runs" / "lime" / "recipe.json").is_file()  # the README's training run, as it made it
