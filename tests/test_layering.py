@@ -264,3 +264,10 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(slow_run, tmp_path, momen
     assert "Traceback" not in "\n".join(own) and len(said) == 1, own  # one message (after a progress bar)
     assert re.search(r"lime-probe( entropy)?: interrupted", said[0]), said
     assert not out.exists()
+
+
+def test_the_program_imports_no_numpy_before_it_runs():
+    """The reproducible mode pins openBLAS before NumPy loads, so importing the command line (and parsing
+    --help) must not load NumPy: a module-level import of a NumPy user anywhere under cli.py breaks the mode."""
+    code = f"{AS_PROGRAM}try:\n    cli.main(['demo', '--help'])\nexcept SystemExit:\n    pass"
+    assert imported_after(code, ("numpy",)) == []

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lime_model.data import jsonl_records
-
 FIELDS = ("clean", "corrupt", "answer", "wrong")
 
 
@@ -25,6 +23,8 @@ class Pair:
 def load_pairs(path: str | Path) -> list[Pair]:
     """The pairs of a JSONL file, one object a line with "clean", "corrupt", "answer" and "wrong" (blank lines
     skipped); ValueError in one line naming the file and line of anything else."""
+    from lime_model.data import jsonl_records  # here: it loads NumPy, which the command line defers
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--pairs {path}: no such file (a JSONL file of clean/corrupt pairs)")
