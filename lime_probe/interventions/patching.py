@@ -18,15 +18,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from lime_probe.extraction.activations import Activations
 from lime_probe.extraction.planning import plan_sites
 from lime_probe.extraction.tracing import as_nnsight, first_position_of, pad_batch
 from lime_probe.interventions.edits import Edit
 from lime_probe.interventions.pairs import Pair
-from lime_probe.interventions.run import consecutive_batches, plan_steps, run_with_edits, traced_forward
+from lime_probe.interventions.run import (
+    EditedRun,
+    consecutive_batches,
+    plan_steps,
+    run_with_edits,
+    traced_forward,
+)
 
 
 @dataclass
@@ -110,6 +117,53 @@ def logit_diff(last_logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor
     return last_logits.gather(1, answers).double() @ torch.tensor([1.0, -1.0], dtype=torch.float64)
 
 
+@dataclass
+class _Baselines:
+    """What both patchings start from: the pairs' tokens, the clean (and, if read, corrupt) runs with `site`
+    read at the chosen layers, and their mean logit differences."""
+
+    clean: list[list[int]]
+    corrupt: list[list[int]]
+    answers: torch.Tensor
+    clean_run: EditedRun
+    corrupt_run: EditedRun
+    layers: list[int]
+    ld_clean: torch.Tensor
+    ld_corrupt: torch.Tensor
+
+    def result(self, site: str, scores: torch.Tensor, tokenizer: Any, dtype: torch.dtype) -> PatchingResult:
+        """`scores` (differences from the corrupt run's logit difference) normalised into a `PatchingResult`
+        in `dtype` (+ 0.0: no -0.0 where a cell changes nothing)."""
+        normalised = (scores / (self.ld_clean - self.ld_corrupt)).to(dtype) + 0.0
+        tokens = [tokenizer.decode([t]) for t in self.corrupt[0]]
+        return PatchingResult(
+            site, normalised, self.layers, float(self.ld_clean), float(self.ld_corrupt), tokens
+        )
+
+
+def _baselines(
+    nn_model: Any, tokenizer: Any, pairs: Sequence[Pair], site: str, layers: Sequence[int] | None,
+    batch_size: int, read_corrupt: bool,
+) -> _Baselines:  # fmt: skip
+    clean, corrupt, answers = pair_tokens(tokenizer, pairs)
+    clean_run = run_with_edits(
+        nn_model, tokenizer, clean, read=[site], read_layers=layers, batch_size=batch_size
+    )
+    corrupt_run = run_with_edits(
+        nn_model,
+        tokenizer,
+        corrupt,
+        read=[site] if read_corrupt else (),
+        read_layers=layers,
+        batch_size=batch_size,
+    )
+    assert clean_run.acts is not None
+    return _Baselines(
+        clean, corrupt, answers, clean_run, corrupt_run, clean_run.acts.layers(site),
+        logit_diff(clean_run.last_logits, answers).mean(), logit_diff(corrupt_run.last_logits, answers).mean(),
+    )  # fmt: skip
+
+
 def activation_patching(
     model: Any,
     tokenizer: Any,
@@ -131,19 +185,14 @@ def activation_patching(
         per_head: patch each kv head of a per-head site (keys/values) on its own.
     """
     nn_model, tokenizer = as_nnsight(model, tokenizer)
-    clean, corrupt, answers = pair_tokens(tokenizer, pairs)
-    base_clean = run_with_edits(
-        nn_model, tokenizer, clean, read=[site], read_layers=layers, batch_size=batch_size
-    )
-    base_corrupt = run_with_edits(nn_model, tokenizer, corrupt, batch_size=batch_size)
-    assert base_clean.acts is not None
-    chosen = base_clean.acts.layers(site)
-    n_pairs, length = len(pairs), len(clean[0])
-    n_heads = base_clean.acts.heads[site][0] if per_head else 1
-    if per_head and site not in base_clean.acts.heads:
+    base = _baselines(nn_model, tokenizer, pairs, site, layers, batch_size, read_corrupt=False)
+    clean_acts, chosen = cast(Activations, base.clean_run.acts), base.layers
+    n_pairs, length = len(pairs), len(base.clean[0])
+    if per_head and site not in clean_acts.heads:
         raise ValueError(f"per-head patching needs a per-head site (keys/values), not {site!r}")
+    n_heads = clean_acts.heads[site][0] if per_head else 1
     cells = [(layer, p, h) for layer in chosen for p in range(length) for h in range(n_heads)]
-    clean_rows = {layer: base_clean.acts[site][layer].unflatten(0, (n_pairs, length)) for layer in chosen}
+    clean_rows = {layer: clean_acts[site][layer].unflatten(0, (n_pairs, length)) for layer in chosen}
     edits, texts = [], []
     for row, (layer, p, h) in enumerate(cells):
         for pair in range(n_pairs):
@@ -152,20 +201,11 @@ def activation_patching(
                 Edit(site, layer, "set", clean_rows[layer][pair, p], positions=[p], sequences=[index],
                      heads=[h] if per_head else None)
             )  # fmt: skip
-            texts.append(corrupt[pair])
+            texts.append(base.corrupt[pair])
     patched = run_with_edits(nn_model, tokenizer, texts, edits, batch_size=batch_size)
-    ld_clean = logit_diff(base_clean.last_logits, answers).mean()
-    ld_corrupt = logit_diff(base_corrupt.last_logits, answers).mean()
-    ld = logit_diff(patched.last_logits, answers.repeat(len(cells), 1)).view(len(cells), n_pairs).mean(1)
-    scores = ((ld - ld_corrupt) / (ld_clean - ld_corrupt)).view(len(chosen), length, n_heads) + 0.0  # no -0.0
-    return PatchingResult(
-        site,
-        scores if per_head else scores[..., 0],
-        chosen,
-        float(ld_clean),
-        float(ld_corrupt),
-        [tokenizer.decode([t]) for t in corrupt[0]],
-    )
+    ld = logit_diff(patched.last_logits, base.answers.repeat(len(cells), 1)).view(len(cells), n_pairs).mean(1)
+    scores = (ld - base.ld_corrupt).view(len(chosen), length, n_heads)
+    return base.result(site, scores if per_head else scores[..., 0], tokenizer, torch.float64)
 
 
 def attribution_patching(
@@ -180,37 +220,24 @@ def attribution_patching(
     the gradient of the corrupt run's mean logit difference w.r.t. the cell's activation, summed over pairs
     (the first-order change of the mean) and normalised as the patching scores are. One backward pass per batch of pairs, whatever the grid."""
     nn_model, tokenizer = as_nnsight(model, tokenizer)
-    clean, corrupt, answers = pair_tokens(tokenizer, pairs)
-    base_clean = run_with_edits(
-        nn_model, tokenizer, clean, read=[site], read_layers=layers, batch_size=batch_size
+    base = _baselines(nn_model, tokenizer, pairs, site, layers, batch_size, read_corrupt=True)
+    clean_acts, corrupt_acts = (
+        cast(Activations, base.clean_run.acts),
+        cast(Activations, base.corrupt_run.acts),
     )
-    base_corrupt = run_with_edits(
-        nn_model, tokenizer, corrupt, read=[site], read_layers=layers, batch_size=batch_size
-    )
-    assert base_clean.acts is not None and base_corrupt.acts is not None
-    chosen = base_clean.acts.layers(site)
-    n_pairs, length = len(pairs), len(clean[0])
-    ld_clean = logit_diff(base_clean.last_logits, answers).mean()
-    ld_corrupt = logit_diff(base_corrupt.last_logits, answers).mean()
-    grads = _site_gradients(nn_model, tokenizer, corrupt, answers, site, chosen, batch_size)
+    n_pairs, length = len(pairs), len(base.clean[0])
+    grads = _site_gradients(nn_model, tokenizer, base.corrupt, base.answers, site, base.layers, batch_size)
     # the gradients are of the mean over pairs already: summing the pairs' terms averages them once
     scores = torch.stack(
         [
-            ((base_clean.acts[site][layer] - base_corrupt.acts[site][layer]).double() * grads[layer])
+            ((clean_acts[site][layer] - corrupt_acts[site][layer]).double() * grads[layer])
             .sum(-1)
             .view(n_pairs, length)
             .sum(0)
-            for layer in chosen
+            for layer in base.layers
         ]
     )
-    return PatchingResult(
-        site,
-        (scores / (ld_clean - ld_corrupt)).float() + 0.0,  # no -0.0
-        chosen,
-        float(ld_clean),
-        float(ld_corrupt),
-        [tokenizer.decode([t]) for t in corrupt[0]],
-    )
+    return base.result(site, scores, tokenizer, torch.float32)
 
 
 def _site_gradients(

@@ -12,6 +12,7 @@ reader that is no selection is refused rather than written wrongly.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -251,7 +252,7 @@ def traced_forward(
     lengths = mask.sum(1)
     starts = (mask.cumsum(1) == 0).sum(1)
     inputs = {k: v.to(device) for k, v in batch.items()}
-    if "position_ids" not in _forward_parameters(hf):
+    if "position_ids" not in inspect.signature(hf.forward).parameters:
         del inputs["position_ids"]
     with nn_model.trace(**inputs):
         rows = nnsight.save({})
@@ -300,12 +301,6 @@ def edited_value(
         if changed:
             value = write_back(value, take, flat.reshape(x.shape), f"site {reader_edits[0][0].site!r}")
     return value
-
-
-def _forward_parameters(hf: Any) -> Any:
-    import inspect
-
-    return inspect.signature(hf.forward).parameters
 
 
 def write_back(value: Any, take: Any, new: torch.Tensor, where: str) -> Any:
