@@ -275,12 +275,10 @@ def cases(model, tok, args, data: Path | None) -> list[tuple[str, str, dict[str,
 
 def blimp_command(ck, ds, pairs: int):
     """The whole BLiMP analysis (extraction, scores, probes) as ``lime-probe blimp`` runs it, no cache."""
-    from lime_probe.specs import ANALYSES
+    from lime_probe.specs import ANALYSES, Extraction
 
     paradigms = tuple(dict.fromkeys(ds["UID"]))
-    return ANALYSES["blimp"].run(
-        [ck], ds, {"cache_dir": None, "progress": False}, max_pairs=pairs, paradigms=paradigms
-    )
+    return ANALYSES["blimp"].run([ck], ds, Extraction(progress=False), max_pairs=pairs, paradigms=paradigms)
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -48,6 +49,7 @@ __all__ = [
     "close_progress_bars",
     "config_positions",
     "is_causal_lm",
+    "is_hub_id",
     "one_line",
     "positive_int",
     "print_error",
@@ -329,6 +331,20 @@ def check_window(window: int | None, config: Any, what: str, *, minimum: int = 1
         raise ValueError(
             f"--window {window} is longer than {what}'s {positions} positions: give --window <= {positions}"
         )
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def is_hub_id(ckpt: str) -> bool:
+    """Whether `ckpt` reads as a hub id ("name" or "owner/name") and is no existing local path.
+
+    "owner/name" whose "owner" is an existing local folder reads as a path (``runs/lime`` where
+    ``runs/`` exists): a hub owner never shadows a folder the user has.
+    """
+    if not HUB_ID.match(ckpt) or Path(ckpt).exists():
+        return False
+    return "/" not in ckpt or not Path(ckpt.split("/")[0]).is_dir()
 
 
 def read_config(ckpt: str | os.PathLike) -> dict:

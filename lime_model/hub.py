@@ -1,7 +1,7 @@
 """A run folder's model card, ``README.md``: what a reader on the Hugging Face Hub needs to know.
 
 The folder itself is hub-ready without it: ``save_pretrained`` writes the model's source files and an
-``auto_map`` (see :func:`lime_model.modeling.register_auto`), so stock ``transformers`` loads it with
+``auto_map`` (see `lime_model.modeling.register_auto`), so stock ``transformers`` loads it with
 ``trust_remote_code=True``. The card is built from the run's own files only (``recipe.json``,
 ``config.json``, ``metrics.jsonl``, ``arithmetic_eval.json``), so it can be rewritten for any finished run.
 """
@@ -18,7 +18,7 @@ from .files import atomic_write
 
 CARD = "README.md"
 if TYPE_CHECKING:
-    from huggingface_hub import ModelCard
+    from huggingface_hub import ModelCard, ModelCardData
 
 LICENSE = "apache-2.0"  # the card's license: that of the model code saved with the weights (pyproject.toml)
 
@@ -68,33 +68,48 @@ def _mode_line(run_dir: Path) -> str:
 def model_card(run_dir: str | os.PathLike) -> ModelCard:
     """The model card of the finished run in ``run_dir``: Markdown after the Hub's metadata (library,
     pipeline, license, tags, the hub dataset trained on), as ``huggingface_hub`` writes and reads it."""
-    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub import ModelCard
 
     run_dir = Path(run_dir)
     recipe = json.loads((run_dir / "recipe.json").read_text())
     config = json.loads((run_dir / "config.json").read_text())
     metrics = _final_metrics(run_dir)
     where = run_dir.resolve()  # a path that loads from any folder; the bare name loads only beside it
-    name = where.name
-    arch, routing = config["model_type"], config.get("routing", "none")
-    kind = arch if arch != "lime" else "LIMe" if routing != "none" else "LLaMA (LIMe, routing none)"
-    n_params = _n_parameters(run_dir)
     data = recipe["data"] or ("generated arithmetic expressions" if recipe["task"] == "arithmetic" else "")
-    metadata = ModelCardData(
-        library_name="transformers",
-        pipeline_tag="text-generation",
-        license=LICENSE,
-        tags=["lime-model", arch, "custom_code"] + ([f"routing-{routing}"] if arch == "lime" else []),
-        datasets=[data[3:].split(":")[0]] if data.startswith("hf:") else None,
-    )
-    out = [f"# {name}", ""]
+    out = [f"# {where.name}", ""]
     if recipe["description"]:  # written for the recipe's own sizes, which --set may have changed
         out += [
             f"The recipe's description, as written: {recipe['description']} (The sections below "
             "state what was trained.)",
             "",
         ]
-    out += [
+    out += _model_lines(run_dir, config)
+    out += _training_lines(run_dir, recipe, metrics, data)
+    out += _results_lines(run_dir, metrics)
+    out += _use_lines(where)
+    return ModelCard(f"---\n{_metadata(config, data).to_yaml()}\n---\n\n" + "\n".join(out))
+
+
+def _metadata(config: dict[str, Any], data: str) -> ModelCardData:
+    """The card's Hub metadata: library, pipeline, license, tags, and the hub dataset trained on."""
+    from huggingface_hub import ModelCardData
+
+    arch, routing = config["model_type"], config.get("routing", "none")
+    return ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        license=LICENSE,
+        tags=["lime-model", arch, "custom_code"] + ([f"routing-{routing}"] if arch == "lime" else []),
+        datasets=[data[3:].split(":")[0]] if data.startswith("hf:") else None,
+    )
+
+
+def _model_lines(run_dir: Path, config: dict[str, Any]) -> list[str]:
+    """The card's first sentence (the kind of model and its parameter count) and its Model section."""
+    arch, routing = config["model_type"], config.get("routing", "none")
+    kind = arch if arch != "lime" else "LIMe" if routing != "none" else "LLaMA (LIMe, routing none)"
+    n_params = _n_parameters(run_dir)
+    return [
         f"A {kind} decoder trained with `lime-model train`"
         + (f" ({n_params:,} parameters)." if n_params is not None else "."),
         "",
@@ -106,6 +121,12 @@ def model_card(run_dir: str | os.PathLike) -> ModelCard:
         f"(K/V heads {config['num_key_value_heads']}), vocabulary {config['vocab_size']}, "
         f"context {config['max_position_embeddings']}",
         "",
+    ]
+
+
+def _training_lines(run_dir: Path, recipe: dict[str, Any], metrics: dict[str, Any], data: str) -> list[str]:
+    """The card's Training section: task and data, tokenizer, steps, optimiser, where the rest is."""
+    return [
         "## Training",
         "",
         f"- task `{recipe['task']}`"
@@ -124,9 +145,12 @@ def model_card(run_dir: str | os.PathLike) -> ModelCard:
         "- the full recipe: `recipe.json`; every logged step: `metrics.jsonl`",
         f"- {_mode_line(run_dir)}; each start's versions and settings: `run_info.json`",
         "",
-        "## Results",
-        "",
     ]
+
+
+def _results_lines(run_dir: Path, metrics: dict[str, Any]) -> list[str]:
+    """The card's Results section: the final training and held-out losses, the arithmetic accuracy."""
+    out = ["## Results", ""]
     if metrics:
         out.append(f"- final training loss {metrics['loss']:.4f} (step {metrics['step']})")
         if "val_loss" in metrics:
@@ -142,7 +166,12 @@ def model_card(run_dir: str | os.PathLike) -> ModelCard:
         )
     if not metrics and not arithmetic.is_file():
         out.append("- no metrics were logged")
-    out += [
+    return out
+
+
+def _use_lines(where: Path) -> list[str]:
+    """The card's Use section: loading the folder at `where` with stock ``transformers``, and lm_eval."""
+    return [
         "",
         "## Use",
         "",
@@ -168,11 +197,10 @@ def model_card(run_dir: str | os.PathLike) -> ModelCard:
         f"License: {LICENSE}, the license of the model's code in this folder (`lime-model`'s).",
         "",
     ]
-    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n".join(out))
 
 
 def write_model_card(run_dir: str | os.PathLike) -> Path:
-    """Write (atomically) ``run_dir/README.md``, :func:`model_card`; returns its path."""
+    """Write (atomically) ``run_dir/README.md``, `model_card`; returns its path."""
     path = Path(run_dir) / CARD
     atomic_write(path, str(model_card(run_dir)))
     return path

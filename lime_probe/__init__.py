@@ -40,6 +40,8 @@ _EXPORTS = {
     "load": "extraction.loading",
     "wrap": "extraction.loading",
     "extract": "extraction.tracing",
+    "Extraction": "extraction.settings",
+    "Loading": "extraction.settings",
     "Activations": "extraction.activations",
     "Corpus": "extraction.tracing",
     "Adapter": "extraction.adapters",
@@ -73,6 +75,13 @@ _EXPORTS = {
     "cka_matrix": "probes.similarity",
     "effective_rank": "probes.similarity",
     "effective_ranks": "probes.similarity",
+    "intrinsic_dimension": "probes.collapse",
+    "diff_erank": "probes.collapse",
+    "curvature": "probes.collapse",
+    "dataset_entropy": "probes.collapse",
+    "lidar": "probes.collapse",
+    "angular_distance": "probes.collapse",
+    "layer_angular_distances": "probes.collapse",
     "logit_lens": "probes.logit_lens",
     "LensLayer": "probes.logit_lens",
     "lens_top_tokens": "probes.logit_lens",
@@ -87,6 +96,8 @@ _EXPORTS = {
     "direct_logit_attribution": "interventions.logit_attribution",
     "route_ablation": "interventions.route_ablation",
     "generate_with_edits": "interventions.steering",
+    "load_data": "specs.data",
+    "run_report": "specs.reporting",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -95,6 +106,7 @@ if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers a
     from lime_probe.extraction.activations import Activations
     from lime_probe.extraction.adapters import Adapter, register_adapter
     from lime_probe.extraction.loading import load, wrap
+    from lime_probe.extraction.settings import Extraction, Loading
     from lime_probe.extraction.tracing import Corpus, extract
     from lime_probe.interventions.edits import Edit, RouteEdit
     from lime_probe.interventions.logit_attribution import direct_logit_attribution
@@ -109,6 +121,15 @@ if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers a
         load_blimp,
         score_minimal_pairs,
         sentence_logprobs,
+    )
+    from lime_probe.probes.collapse import (
+        angular_distance,
+        curvature,
+        dataset_entropy,
+        diff_erank,
+        intrinsic_dimension,
+        layer_angular_distances,
+        lidar,
     )
     from lime_probe.probes.entropy import (
         PRESETS,
@@ -133,6 +154,8 @@ if TYPE_CHECKING:  # what `__getattr__` imports on first use, as type checkers a
     from lime_probe.probes.similarity import cka_matrix, effective_rank, effective_ranks, linear_cka
     from lime_probe.probes.stats import bootstrap_ci, summarize
     from lime_probe.probes.tsne import tsne_embed, tsne_layers
+    from lime_probe.specs.data import load_data
+    from lime_probe.specs.reporting import run_report
 
 
 def __getattr__(name: str):

@@ -14,14 +14,15 @@ section for its input, one line naming them; ``--allow-skips`` makes that 0), 1 
 
 Every subcommand is a ``lime_model.checks.Command`` in :data:`COMMANDS`, and ``build_parser`` is one loop
 over them: one per analysis of the registry ``lime_probe.specs.ANALYSES`` (its options generated from the
-analysis's parameter dataclass, its ``--data`` from :data:`DATA_KINDS` by the analysis's ``data_kind``),
-then report, demo, reproduce (a study of ``lime_probe.studies.STUDIES``) and cache. ``lime-model`` declares
-its commands the same way; options that both programs take have the same names and meanings (``--out``: the
-folder a command writes into), and both map how a command ends to an exit code with
-``lime_model.checks.run_command``. This module parses arguments, stages the output and prints tables. It
-imports nothing heavy (torch, transformers, matplotlib) before the arguments are parsed and every input
-that needs no model is checked (:func:`check_inputs`), so ``--help``, usage errors and a bad path, number or
-output folder are named within a second; Ctrl-C at any point, imports included, prints one line and exits 130.
+analysis's parameter dataclass and the settings dataclasses ``Loading`` and ``Extraction``, its ``--data``
+from ``lime_probe.specs.data.DATA_KINDS`` by its data kind), then report, demo, reproduce (a study of
+``lime_probe.studies.STUDIES``) and cache. ``lime-model`` declares its commands the same way; options that
+both programs take have the same names and meanings (``--out``: the folder a command writes into), and both
+map how a command ends to an exit code with ``lime_model.checks.run_command``. This module parses arguments,
+stages the output and prints tables. It imports nothing heavy (torch, transformers, matplotlib) before the
+arguments are parsed and every input that needs no model is checked (:func:`check_inputs`), so ``--help``,
+usage errors and a bad path, number or output folder are named within a second; Ctrl-C at any point, imports
+included, prints one line and exits 130.
 """
 
 from __future__ import annotations
@@ -35,20 +36,16 @@ import shutil
 import sys
 import tempfile
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from lime_model import checks
 from lime_model.checks import (
-    BAD_INPUT,
     Command,
     add_device_option,
     check_device,
     check_window,
-    one_line,
     positive_int,
     print_error,
     read_config,
@@ -56,7 +53,17 @@ from lime_model.checks import (
     run_program,
 )
 from lime_model.files import check_writable, umask
-from lime_probe.extraction.cachedir import DEFAULT_LIMIT, parse_size, remove_stale_staging, staging_prefix
+from lime_probe.extraction.cachedir import remove_stale_staging, staging_prefix
+from lime_probe.extraction.settings import (
+    LAYERS_HELP,
+    Extraction,
+    Loading,
+    cli_defaults,
+    default_cache,
+    dest_of,
+    from_options,
+    layer_list,
+)
 from lime_probe.extraction.sources import check_local, is_hub_id
 from lime_probe.interventions.pairs import load_pairs
 from lime_probe.specs import (
@@ -68,7 +75,17 @@ from lime_probe.specs import (
     load_checkpoints,
     named_checkpoints,
 )
-from lime_probe.specs.base import LAYERS_HELP, THREADS_HELP, configure_threads, layer_list
+from lime_probe.specs.base import THREADS_HELP, configure_threads
+from lime_probe.specs.data import DATA_KINDS, check_blimp_source, load_data
+from lime_probe.specs.reporting import (
+    REPORT_DEFAULT,
+    REPORT_JOINED,
+    REPORTABLE,
+    report_texts,
+    results_meta,
+    run_report,
+)
+from lime_probe.specs.reporting import own_layers as _own_layers
 from lime_probe.studies import STUDIES  # declarations only: no model code
 
 PROG = "lime-probe"
@@ -77,32 +94,16 @@ PROG = "lime-probe"
 # --------------------------------------------------------------------------- options
 
 
-def extract_options(args, own_layers: bool = False) -> dict:
-    """The extraction settings of a parsed command line, as ``extract`` keywords; with ``own_layers``
-    (the analysis reads ``--layers`` itself) no layer selection."""
-    return {
-        "layers": None if own_layers else layer_list(getattr(args, "layers", None)),
-        "max_length": args.max_length,
-        "max_tokens": args.max_tokens,
-        "batch_size": args.batch_size,
-        "cache_dir": args.cache,
-        "allow_unknown_tokens": args.allow_unknown_tokens,
-    }
+def extraction_of(args: argparse.Namespace, own_layers: bool = False) -> Extraction:
+    """The extraction settings of a parsed command line; with ``own_layers`` (the analysis reads ``--layers``
+    itself) every layer."""
+    return from_options(Extraction, vars(args), skip=("layers",) if own_layers else ())
 
 
-def load_options(args) -> dict:
-    """How a parsed command line loads its checkpoints, as ``load_checkpoints`` keywords: ``device`` or
-    ``device_map``, ``dtype``, one ``revisions`` entry per ``--ckpt``."""
-    from lime_probe.extraction.loading import revisions_for
-
-    if args.device_map is not None and args.device != "cpu":
-        raise ValueError("give --device or --device-map, not both: a device map places the model itself")
-    return {
-        "device": None if args.device_map else args.device,
-        "device_map": args.device_map,
-        "dtype": args.dtype,
-        "revisions": revisions_for(args.ckpt, args.revision),
-    }
+def loading_of(args: argparse.Namespace) -> Loading:
+    """How a parsed command line loads its checkpoints: ``--device`` or ``--device-map`` (ValueError for
+    both), ``--dtype``, ``--revision``, ``--verbose``."""
+    return from_options(Loading, vars(args))
 
 
 # --------------------------------------------------------------------------- output
@@ -215,152 +216,28 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
 def params_of(spec: Spec, args: argparse.Namespace):
     """The parameter dataclass of ``spec`` filled from the options generated from its fields; a field
     without its option in ``args`` (``report``'s options left out) keeps the analysis's default."""
-    return spec.params(
-        **{
-            f.name: _field_value(getattr(args, f.name))
-            for f in dataclasses.fields(spec.params)
-            if hasattr(args, f.name)
-        }
-    )
-
-
-def _field_value(v):
-    return tuple(v) if isinstance(v, list) else v  # nargs="+" options hold lists, the dataclasses tuples
-
-
-def _own_layers(spec: Spec) -> bool:
-    """Whether the analysis reads ``--layers`` itself (a parameter of its own, e.g. BLiMP's 'paper')."""
-    return "layers" in {f.name for f in dataclasses.fields(spec.params)}
+    return from_options(spec.params, vars(args))
 
 
 def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
     """``spec.compute`` with the parameters and extraction settings of ``args``."""
     from lime_probe.extraction.cachedir import cache_use
 
-    extract_kw = extract_options(args, _own_layers(spec)) if spec.data_kind != "none" else None
+    extraction = extraction_of(args, _own_layers(spec))
     with cache_use(spec.name):  # its cache entries are listed under its name
-        return spec.compute(cks, data, params_of(spec, args), extract_kw)
+        return spec.compute(cks, data, params_of(spec, args), extraction)
 
 
-def _meta(command: str, args, cks: Sequence[Checkpoint], settings: dict | None = None) -> dict:
-    """The results' header: the command line's settings (``settings`` added) and the checkpoints."""
-    from lime_probe.output.results import run_metadata
-
-    settings = {k: v for k, v in vars(args).items() if k != "debug"} | (settings or {})
-    return run_metadata(
-        command,
-        settings=settings,
-        checkpoints={c.label: c.source for c in cks},
-        revisions={c.label: c.revision for c in cks},
-    )
+def _settings(args: argparse.Namespace) -> dict:
+    """The command line's settings, as the results' header records them."""
+    return {k: v for k, v in vars(args).items() if k != "debug"}
 
 
 def _checkpoints(spec: Spec, args) -> list[Checkpoint]:
     """The checkpoints of ``args``: loaded, or only named for analyses that read their run folders."""
     if spec.data_kind == "none":
         return named_checkpoints(args.ckpt, args.label)
-    return load_checkpoints(args.ckpt, args.label, verbose=args.verbose, **load_options(args))
-
-
-def _texts(source: str | None, max_texts: int, lazy: bool = False) -> Iterable[str] | None:
-    """The first ``max_texts`` documents of ``--data`` ``source`` (None: none given): a list, or with ``lazy``
-    a `Corpus` read as the analysis goes (its files are checked now); an ``hf:`` spec the hub cannot give
-    fails at once in one line."""
-    from lime_model.data import data_files, load_texts
-    from lime_probe.extraction.loading import hub_dataset
-    from lime_probe.extraction.tracing import Corpus
-
-    if source is None:
-        return None
-    name = source[len("hf:") :].split(":")[0] if source.startswith("hf:") else ""
-    if not name:
-        if lazy:
-            data_files(source)  # a missing or unsupported file fails now, not mid-analysis
-            return Corpus(source, max_texts)
-        return load_texts(source, max_texts=max_texts)
-    with hub_dataset(name, f"--data {source}", "pass a local .txt/.jsonl/.parquet file or folder"):
-        return Corpus(source, max_texts) if lazy else load_texts(source, max_texts=max_texts)
-
-
-def _streams(params) -> bool:
-    """Whether the analysis of ``params`` reads its texts in one pass (`Spec.streams`): --data is then read
-    lazily, never whole."""
-    return any(isinstance(params, s.params) and s.streams(params) for s in ANALYSES.values())
-
-
-def _blimp(source: str, params, option: str):
-    """The BLiMP data of ``source`` (``option``'s value) for ``params``; the hub id fails at once in one
-    line when the hub cannot give it."""
-    from lime_probe.extraction.loading import hub_dataset
-    from lime_probe.probes.blimp import HUB_ID, load_blimp
-    from lime_probe.specs.blimp import chosen_paradigms
-
-    if str(source) != HUB_ID or Path(source).exists():
-        return load_blimp(source, chosen_paradigms(params))
-    fix = f"pass {option} DIR, a folder of BLiMP <paradigm>.jsonl files"
-    with hub_dataset(HUB_ID, f"BLiMP data ({HUB_ID})", fix):
-        return load_blimp(source, chosen_paradigms(params))
-
-
-@dataclass(frozen=True)
-class DataKind:
-    """How the analyses of one ``Spec.data_kind`` take their data on the command line.
-
-    ``option``: the argparse keywords of their ``--data`` (None: they read only the run folders).
-    ``load(value, args, params, option)``: the data of that option's value. ``texts``: documents, cut by
-    ``--max-sequences`` (``report`` reads them once for all its sections). ``report``: ``report``'s own
-    option for this data, ``(flag, keywords)``, where it is not report's ``--data`` (BLiMP: ``--blimp``)."""
-
-    option: dict | None = None
-    load: Callable[[Any, argparse.Namespace, Any, str], Any] = lambda value, args, params, option: None
-    texts: bool = False
-    report: tuple[str, dict] | None = None
-    flag: str = "--data"
-
-
-TEXTS_HELP = "a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG][:SPLIT]"
-BLIMP_HUB_ID = "nyu-mll/blimp"  # lime_probe.probes.blimp.HUB_ID, which imports torch
-BLIMP_HELP = f"a folder of BLiMP <paradigm>.jsonl files, one .jsonl file, or the hub id {BLIMP_HUB_ID}"
-DATA_KINDS: dict[str, DataKind] = {
-    "texts": DataKind(
-        {"required": True, "metavar": "SPEC", "help": TEXTS_HELP},
-        lambda value, args, params, option: _texts(value, args.max_sequences, _streams(params)),
-        texts=True,
-    ),
-    "optional-texts": DataKind(
-        {"metavar": "SPEC", "help": TEXTS_HELP + " (only for routing 'dynamic')"},
-        lambda value, args, params, option: _texts(value, args.max_sequences, _streams(params)),
-        texts=True,
-    ),
-    "blimp": DataKind(
-        {
-            "default": BLIMP_HUB_ID,
-            "metavar": "SPEC",
-            "help": BLIMP_HELP + " (default: %(default)s, needs a network)",
-        },
-        lambda value, args, params, option: _blimp(value, params, option),
-        report=(
-            "--blimp",
-            {
-                "default": None,
-                "metavar": "SPEC",
-                "help": "add the BLiMP section: " + BLIMP_HELP + "; its layers are the paper's range unless "
-                "--layers is given (default: no BLiMP section)",
-            },
-        ),
-    ),
-    "pairs": DataKind(
-        {
-            "required": True,
-            "metavar": "FILE",
-            "help": "a JSONL file of clean/corrupt prompt pairs, one object a "
-            'line: {"clean": ..., "corrupt": ..., "answer": ..., "wrong": ...} (equal token lengths, one-token answers)',
-        },
-        lambda value, args, params, option: load_pairs(value),
-        flag="--pairs",
-    ),  # fmt: skip
-    "none": DataKind(),
-}
+    return load_checkpoints(args.ckpt, args.label, loading_of(args))
 
 
 def _analysis_command(spec: Spec) -> Callable:
@@ -368,79 +245,49 @@ def _analysis_command(spec: Spec) -> Callable:
         from lime_probe.specs import write_analysis
 
         params = params_of(spec, args)
-        kind = DATA_KINDS[spec.data_kind]
-        data = kind.load(getattr(args, _dest(kind.flag), None), args, params, kind.flag)
+        source = getattr(args, _dest(DATA_KINDS[spec.data_kind].flag), None)
+        lazy = spec.streams(params)  # an analysis that reads its texts in one pass never holds them whole
+        data = load_data(
+            spec.data_kind, source, getattr(args, "max_sequences", None), params=params, lazy=lazy
+        )
         cks = _checkpoints(spec, args)
         result = run_analysis(spec, cks, data, args)
-        write_analysis(result, out, _meta(spec.name, args, cks))
+        write_analysis(result, out, results_meta(spec.name, _settings(args), cks))
         print(format_table(result.table()))
 
     return handler
 
 
 def cmd_report(args, out: Path) -> str | None:
-    """Run the chosen analyses on the checkpoints each applies to and write one self-contained HTML report.
+    """Run the chosen analyses on the checkpoints each applies to and write one self-contained HTML report
+    (`lime_probe.specs.reporting.run_report`, with the command line's options).
 
     Each analysis runs with its own command's defaults (``--max-sequences`` its ``Spec.max_sequences``, every
     option left out its own default), so a section equals the command's result. A section that fails on
-    its input (e.g. a word too rare in the data) is skipped, not fatal: the report keeps the sections that
-    worked and lists the skipped ones with the reason (on stderr too), and the command returns a one-line
-    summary of them (exit 3) unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (its
-    probe table; minimal-pair scores for causal LMs), over the paper's layer range unless ``--layers``: an
-    analysis that reads its data from an option of report's own (:data:`REPORT_JOINED`) loads it there."""
-    from lime_probe.output.report import Section, Table, write_report
-    from lime_probe.specs import write_analysis
-
+    its input is skipped and named on stderr; the command returns a one-line summary of them (exit 3)
+    unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (an analysis of
+    :data:`REPORT_JOINED` reads its data from an option of report's own)."""
     names = _analyses_of(args)
-    params = {name: params_of(ANALYSES[name], args) for name in names}
-    sizes = {
-        n: args.max_sequences or ANALYSES[n].max_sequences
-        for n in names
-        if DATA_KINDS[ANALYSES[n].data_kind].texts
-    }
-    texts = _texts(args.data, max(sizes.values())) if sizes else None
-    cks = load_checkpoints(args.ckpt, args.label, verbose=args.verbose, **load_options(args))
-    meta = _meta("report", args, cks)
-    sections, skipped, left_out = [], [], []  # left out: applies to none of the checkpoints (not exit 3)
-    for name in names:
-        spec = ANALYSES[name]
-        chosen = [c for c in cks if spec.applies(c)]
-        if not chosen:
-            reason = f"it applies to {spec.applies_to or 'other checkpoints'}, and none of these is one"
-            left_out.append({"analysis": name, "reason": reason})
-            print_error(f"{PROG} report: skipped {name}: {reason}")
-            continue
-        used = dataclasses.asdict(params[name]) | ({"max_sequences": sizes[name]} if name in sizes else {})
-        try:
-            if name in REPORT_JOINED:
-                flag = REPORT_JOINED[name]
-                data = DATA_KINDS[spec.data_kind].load(getattr(args, _dest(flag)), args, params[name], flag)
-            else:
-                data = texts[: sizes[name]] if name in sizes and isinstance(texts, list) else None
-            result = run_analysis(spec, chosen, data, args)
-        except BAD_INPUT as e:
-            skipped.append({"analysis": name, "reason": one_line(e)})
-            print_error(f"{PROG} report: skipped {name}: {one_line(e)}")
-            continue
-        sections.append(write_analysis(result, out, _meta("report", args, cks, used)))
-        print(f"\n{result.title}\n{format_table(result.table())}")
-    if not sections:
-        raise ValueError(
-            "every section failed: "
-            + "; ".join(f"{s['analysis']}: {s['reason']}" for s in [*skipped, *left_out])
-        )
-    if skipped or left_out:
-        text = (
-            "These analyses were skipped because their input did not allow them or they apply to none of "
-            "the checkpoints; the others are above."
-        )
-        sections.append(Section("Skipped sections", text=text, tables=[Table("skipped", skipped + left_out)]))
-    labels = " vs ".join(c.label for c in cks)
-    write_report(out / "report.html", f"lime-probe report: {labels}", sections, meta=meta)
-    if skipped and not args.allow_skips:
+    joined = {n: getattr(args, _dest(flag)) for n, flag in REPORT_JOINED.items() if n in names}
+    texts = report_texts(names, args.data, args.max_sequences)  # before the models: a bad --data fails fast
+    cks = load_checkpoints(args.ckpt, args.label, loading_of(args))
+    report = run_report(
+        cks,
+        list(args.analyses),
+        out,
+        data=texts,
+        joined=joined,
+        params={name: params_of(ANALYSES[name], args) for name in names},
+        max_sequences=args.max_sequences,
+        extraction=extraction_of(args),
+        settings=_settings(args),
+        on_result=lambda result: print(f"\n{result.title}\n{format_table(result.table())}"),
+        on_skip=lambda name, reason: print_error(f"{PROG} report: skipped {name}: {reason}"),
+    )
+    if report.skipped and not args.allow_skips:
         return (
-            f"{len(skipped)} of {len(skipped) + len(sections) - 1} sections skipped ("
-            + "; ".join(f"{s['analysis']}: {s['reason']}" for s in skipped)
+            f"{len(report.skipped)} of {len(report.skipped) + len(report.results)} sections skipped ("
+            + "; ".join(f"{s['analysis']}: {s['reason']}" for s in report.skipped)
             + "); the report lists them; --allow-skips accepts a partial report"
         )
     return None
@@ -459,14 +306,6 @@ def cmd_demo(args, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------- parser
-
-# The analyses report's --analyses chooses from: those that read its --data or the run folders; the others
-# join through an option of report's own (BLiMP: --blimp), {analysis: flag}.
-REPORTABLE = [n for n, s in ANALYSES.items() if s.in_report and DATA_KINDS[s.data_kind].report is None]
-REPORT_DEFAULT = [n for n, s in ANALYSES.items() if s.in_report and DATA_KINDS[s.data_kind].texts]
-REPORT_JOINED = {
-    n: report[0] for n, s in ANALYSES.items() if (report := DATA_KINDS[s.data_kind].report) is not None
-}
 
 
 def _dest(flag: str) -> str:
@@ -512,28 +351,7 @@ def _checkpoint_options(
     kind = DATA_KINDS[data]
     if kind.option is None:  # the analysis reads the run folders only
         return
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        help="weights dtype, loaded as such (bfloat16 holds half of float32's memory); auto: what the "
-        "checkpoint's config names (default: %(default)s)",
-    )
-    g.add_argument(
-        "--device-map",
-        default=None,
-        metavar="MAP",
-        help="spread the model over devices instead of --device (accelerate): auto, balanced, "
-        "balanced_low_0, sequential, or a JSON object (inline or a .json file) of module name -> device "
-        "(a GPU index, cuda:1, or cpu or disk: kept there, brought in layer by layer) (default: none)",
-    )
-    g.add_argument(
-        "--revision",
-        action="append",
-        metavar="REV",
-        help="hub branch, tag or commit, e.g. step143000 for a Pythia checkpoint; one per hub --ckpt in "
-        "order, or one for all (default: main)",
-    )
+    add_param_options(g, Loading)
     g.add_argument(kind.flag, **kind.option)
     if kind.texts:
         g.add_argument(
@@ -547,54 +365,7 @@ def _checkpoint_options(
             + ", ".join(f"{n} {s.max_sequences}" for n, s in ANALYSES.items() if n in REPORT_DEFAULT)
             + ")",
         )
-    if layers:
-        g.add_argument("--layers", default="all", help=LAYERS_HELP + " (default: all)")
-    g.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=256,
-        metavar="T",
-        help="truncate each sequence to T tokens (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="stop extracting after N tokens in all (default: no limit)",
-    )
-    g.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=None,
-        metavar="B",
-        help="sequences per forward pass (default: as many as fit 4096 tokens, padding included; either way "
-        "sequences run sorted by length and results come back in order)",
-    )
-    g.add_argument(
-        "--cache",
-        default=_default_cache(),
-        metavar="DIR",
-        help="activation cache; a rerun or an interrupted run reuses it (default: %(default)s, yours alone: "
-        "under $XDG_CACHE_HOME, else ~/.cache)",
-    )
-    g.add_argument(
-        "--no-cache", dest="cache", action="store_const", const=None, help="extract without the on-disk cache"
-    )
-    g.add_argument(
-        "--cache-limit",
-        type=parse_size,
-        default=DEFAULT_LIMIT,
-        metavar="SIZE",
-        help="after the run, remove the least recently used cache entries (never this run's) until the cache "
-        "holds at most SIZE, e.g. 500MB, 20GB; 0: no limit (default: %(default)s)",
-    )
-    g.add_argument(
-        "--allow-unknown-tokens",
-        action="store_true",
-        help="measure data even when over 10%% of its tokens are the tokenizer's unknown token (default: "
-        "refused, as the data does not fit the tokenizer; over 1%% warns)",
-    )
+    add_param_options(g, Extraction, skip=() if layers else ("layers",))
 
 
 def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> None:
@@ -607,14 +378,6 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
     r.add_argument(
         "--verbose", action="store_true", help="show the libraries' own loading messages and warnings"
     )
-
-
-def _default_cache() -> str:
-    """This user's own activation cache: under $XDG_CACHE_HOME (an absolute path, as the XDG spec asks), else
-    under ~/.cache."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    root = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "lime-probe")
 
 
 def _threads_option(p) -> None:
@@ -631,25 +394,29 @@ def _seed_list(s: str) -> tuple[int, ...]:
 def add_param_options(
     group, params: type, skip: Sequence[str] = (), own_defaults: dict[str, str] | None = None
 ) -> list[str]:
-    """One option per field of the dataclass ``params`` (``per_word`` -> ``--per-word``), typed from its
-    annotation and documented from its ``option`` metadata; a boolean field that defaults to True becomes
-    ``--no-NAME``. Fields named in ``skip`` are left out. Returns the names added.
+    """One option per field of the dataclass ``params`` declared with ``option`` (``per_word`` ->
+    ``--per-word``), typed from its annotation and documented from its metadata (``flag``, ``cli_default``,
+    argparse extras; `lime_probe.extraction.settings.option`); a boolean field that defaults to True
+    becomes ``--no-NAME``, a field with ``off`` gets a ``--no-NAME`` that sets it to None, a field that
+    ``parse`` reads takes one text value. Fields named in ``skip`` are left out. Returns the names added.
 
     With ``own_defaults`` (``report``: {field: the differing defaults of the analyses, as text}) an option
     left out is left out of the parsed arguments, so each analysis keeps its own default (``params_of``)."""
     hints = typing.get_type_hints(params)
+    defaults = cli_defaults(params)
     added = []
     for f in dataclasses.fields(params):
-        if f.name in skip:
+        if f.name in skip or "help" not in f.metadata:  # a plain field is set by code, not by an option
             continue
-        meta = dict(f.metadata)
+        meta = {k: v for k, v in f.metadata.items() if k not in ("cli_default", "parse")}
         hint = hints[f.name]
         args = typing.get_args(hint)
         optional = type(None) in args
         base = next(a for a in args if a is not type(None)) if optional else hint
-        kw: dict = {"default": list(f.default) if isinstance(f.default, tuple) else f.default}
-        help = meta.pop("help", "")
-        if "default" not in help and f.default is not None:
+        default = defaults[dest_of(f)]
+        kw: dict = {"default": list(default) if isinstance(default, tuple) else default}
+        help = meta.pop("help")
+        if "default" not in help and default is not None:
             help += " (default: %(default)s)"
         if own_defaults is not None:
             help = help.replace("%(default)s", str(kw["default"]).replace("%", "%%"))
@@ -657,18 +424,23 @@ def add_param_options(
                 help += f"; each analysis its own: {own_defaults[f.name]}"
             kw["default"] = argparse.SUPPRESS
         kw["help"] = help
-        positive = meta.pop("positive", False)
-        flag = "--" + f.name.replace("_", "-")
-        if base is bool and f.default is True:  # on by default: the option turns it off
+        positive, off = meta.pop("positive", False), meta.pop("off", None)
+        flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
+        dest = dest_of(f)
+        if base is bool and default is True:  # on by default: the option turns it off
             flag, kw["action"] = "--no-" + flag[2:], "store_false"
         elif base is bool:
             kw["action"] = "store_true"
+        elif "parse" in f.metadata or "action" in meta:  # one text value for parse, or as the action says
+            pass
         elif typing.get_origin(base) is tuple:
             kw["nargs"] = "+"
         else:
             kw["type"] = positive_int if positive else base
-        kw.update(meta)  # metavar, choices
-        group.add_argument(flag, dest=f.name, **kw)
+        kw.update(meta)  # metavar, choices, type, action
+        group.add_argument(flag, dest=dest, **kw)
+        if off is not None:
+            group.add_argument("--no-" + flag[2:], dest=dest, action="store_const", const=None, help=off)
         added.append(f.name)
     return added
 
@@ -796,7 +568,7 @@ def _cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache",
         dest="cache_dir",
-        default=_default_cache(),
+        default=default_cache(),
         metavar="DIR",
         help="the activation cache (default: %(default)s, yours alone: under $XDG_CACHE_HOME, else ~/.cache)",
     )
@@ -1028,20 +800,6 @@ def _blimp_sources(args: argparse.Namespace) -> list[tuple[str, str]]:
         return [] if getattr(args, "blimp", None) is None else [("--blimp", args.blimp)]
     kind = getattr(ANALYSES.get(args.command), "data_kind", None)
     return [("--data", args.data)] if kind == "blimp" else []
-
-
-def check_blimp_source(source: str, option: str) -> None:
-    """FileNotFoundError in one line unless `source` is the hub id or a local BLiMP .jsonl file, or a folder
-    holding some (what `lime_probe.probes.blimp.load_blimp` reads), checked before torch loads."""
-    path = Path(source).expanduser()
-    if source == BLIMP_HUB_ID and not path.exists():
-        return
-    if not path.exists():
-        raise FileNotFoundError(f"{option} {source}: no such file or folder ({BLIMP_HELP})")
-    if path.is_dir() and not any(path.glob("*.jsonl")):
-        raise FileNotFoundError(f"{option} {source}: the folder holds no .jsonl file ({BLIMP_HELP})")
-    if path.is_file() and path.suffix != ".jsonl":
-        raise ValueError(f"{option} {source}: not a .jsonl file ({BLIMP_HELP})")
 
 
 def _run(args: argparse.Namespace) -> int:

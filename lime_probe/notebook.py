@@ -2,7 +2,7 @@
 environment variables, with paths read the way the shell that set them reads them.
 
     from lime_probe.notebook import command_defaults, env_path, env_paths, repo_root
-    D = command_defaults("entropy")        # {"site": "values", "max_sequences": 4000, "max_length": 256, ...}
+    D = command_defaults("entropy")        # {"site": None, "max_sequences": 4000, "max_length": 256, ...}
     CKPTS = env_paths("LIME_CKPTS", [f"{repo_root()}/runs/lime"])
     DATA = env_path("LIME_DATA", "hf:Salesforce/wikitext:wikitext-2-raw-v1:validation")
 
@@ -54,15 +54,21 @@ def env_paths(name: str, default: list[str]) -> list[str]:
 
 
 def command_defaults(command: str) -> dict[str, Any]:
-    """Every option default of ``lime-probe COMMAND``, read from the command-line parser itself (the size
-    limits such as ``max_sequences`` and ``max_length``, and the analysis's parameters), so a notebook
-    measures what the command measures: ``{option dest: default}``."""
-    from lime_probe.cli import DATA_KINDS, build_parser
+    """The settings ``lime-probe COMMAND`` measures with when no option is given, built from the dataclasses
+    its options are generated from: how it loads (`Loading`: ``device``, ``dtype``, ...) and extracts
+    (`Extraction`: ``max_length``, ``max_tokens``, ...), ``max_sequences`` where it reads texts, and the
+    analysis's parameters; so a notebook measures what the command measures: ``{field: default}``."""
+    from dataclasses import asdict
+
+    from lime_probe.cli import DATA_KINDS
+    from lime_probe.extraction.settings import Extraction, Loading, command_settings
     from lime_probe.specs import ANALYSES
 
     if command not in ANALYSES:
         raise ValueError(f"unknown analysis {command!r}; choose one of {', '.join(ANALYSES)}")
-    kind = DATA_KINDS[ANALYSES[command].data_kind]  # its data option, where required (--data, --pairs)
-    required = ["--ckpt", "-"] + ([kind.flag, "-"] if (kind.option or {}).get("required") else [])
-    args = vars(build_parser().parse_args([command, *required]))
-    return {k: v for k, v in args.items() if k not in ("command", "ckpt", "data", "pairs")}
+    spec = ANALYSES[command]
+    kind = DATA_KINDS[spec.data_kind]
+    settings = [command_settings(Loading), command_settings(Extraction)] if kind.option is not None else []
+    sizes = {"max_sequences": spec.max_sequences} if kind.texts else {}
+    # an analysis's own `layers` parameter (BLiMP's) wins over the extraction's
+    return {k: v for s in settings for k, v in asdict(s).items()} | sizes | asdict(spec.params())

@@ -43,3 +43,22 @@ def text(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "t.txt"
     path.write_text("\n\n".join(f"document {i} says the cat sat on mat number {i % 13}" for i in range(80)))
     return path
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory) -> dict[str, Path]:
+    """Tiny LLaMA, LIMe and BERT checkpoints for the command-line tests (tests/test_cli*.py), built once."""
+    from helpers import save_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("ckpts")
+    return {arch: save_tiny_checkpoint(root / arch, arch) for arch in ("llama", "lime", "bert")}
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory) -> Path:
+    """`helpers.DOCS` as one text file, documents separated by blank lines: the command-line tests' data."""
+    from helpers import DOCS
+
+    path = tmp_path_factory.mktemp("data") / "texts.txt"
+    path.write_text("\n\n".join(DOCS) + "\n")
+    return path

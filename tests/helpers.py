@@ -233,3 +233,53 @@ def bench_script(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.pop(0)
+
+
+DOCS = CORPUS * 3  # the command-line tests' documents: every probed word occurs at least 5 times
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """``lime-probe ARGV`` through its entry point: (exit code, stdout, stderr)."""
+    from lime_probe import cli
+
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_cli_ok(capsys, *argv) -> str:
+    """`run_cli` of a command that must succeed: its stdout."""
+    code, stdout, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    return stdout
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def digits_checkpoint(directory: Path) -> Path:
+    """A tiny LLaMA whose tokenizer knows digits and arithmetic only: English is mostly its unknown token."""
+    from lime_model.tokenization import char_tokenizer
+
+    tok = char_tokenizer("0123456789+-*/()= ")
+    tiny_model("llama", tok).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def word_features(ckpt: Path, site: str) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """The rows of `DOCS` at `site` that hold one of the default probed words, per layer, and each row's
+    word label: what the separability and t-SNE commands measure."""
+    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.sites import DEFAULT_WORDS
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.probes.separability import word_rows, word_token_ids
+
+    model, tok = load(ckpt)
+    ids = word_token_ids(tok, DEFAULT_WORDS)
+    acts = extract(
+        model, tok, DOCS, sites=[site], token_ids=list(ids.values()), max_length=32, progress=False
+    )
+    rows, y = word_rows(acts.token_ids, ids)
+    return {la: acts[site][la][rows] for la in acts[site]}, y

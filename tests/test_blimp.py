@@ -294,7 +294,7 @@ def test_load_blimp_hub_code_path(monkeypatch):
 def test_blimp_analysis_scores_and_probes_in_one_pass_with_the_loops_scores(bos):
     import datasets
 
-    from lime_probe.specs import ANALYSES, Checkpoint
+    from lime_probe.specs import ANALYSES, Checkpoint, Extraction
 
     rows = [r for r in ROWS for _ in range(3)]  # at least 5 pairs per paradigm for 5-fold CV
     tok = make_tokenizer(words_of(rows), bos=bos)
@@ -305,7 +305,7 @@ def test_blimp_analysis_scores_and_probes_in_one_pass_with_the_loops_scores(bos)
     result = ANALYSES["blimp"].run(
         [Checkpoint("m", "m", model, tok)],
         datasets.Dataset.from_dict(as_columns(rows)),
-        {"batch_tokens": 16},
+        Extraction(batch_size=2),  # several batches
         tasks="all",
         layers="all",
         sites=("hidden",),

@@ -34,6 +34,7 @@ from lime_probe.extraction.cachedir import (
     report_growth,
     staging_prefix,
 )
+from lime_probe.extraction.settings import default_cache
 
 HIDDEN, VALUES, LAYERS = 32, 16, 2  # the tiny LLaMA: hidden size, K/V width (2 heads of 8), blocks
 
@@ -256,10 +257,10 @@ def test_cli_refuses_a_bad_limit_in_one_line(capsys, ckpt, tmp_path):
 
 def test_default_cache_is_the_users_own(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cli._default_cache() == str(tmp_path / "xdg" / "lime-probe")
+    assert default_cache() == str(tmp_path / "xdg" / "lime-probe")
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # not absolute: ignored, as the XDG spec says
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert cli._default_cache() == str(tmp_path / "home" / ".cache" / "lime-probe")
+    assert default_cache() == str(tmp_path / "home" / ".cache" / "lime-probe")
     assert cli.main(["cache", "--help"]) == 0
     assert "yours alone: under $XDG_CACHE_HOME, else ~/.cache" in " ".join(capsys.readouterr().out.split())
 

@@ -6,6 +6,7 @@ import pytest
 from helpers import CORPUS, tiny_model, tiny_tokenizer
 from test_similarity import debiased_cka, kernel_cka
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.extraction.tracing import extract
 from lime_probe.probes.similarity import effective_ranks
 from lime_probe.specs import ANALYSES
@@ -31,7 +32,7 @@ def all_rows(ck):
 @pytest.mark.parametrize("debiased", [False, True])
 def test_streamed_cka_within_and_across_models_equals_the_closed_forms(cks, debiased):
     assert len(TEXTS) > 2 * CHUNK_SEQUENCES
-    res = ANALYSES["cka"].run(cks, TEXTS, KW, across_models=True, debiased=debiased)
+    res = ANALYSES["cka"].run(cks, TEXTS, Extraction(**KW), across_models=True, debiased=debiased)
     cka = debiased_cka if debiased else kernel_cka
     A, B = all_rows(cks[0]), all_rows(cks[1])
     assert {r["n_tokens"] for r in res.rows} == {next(iter(A.values())).shape[0]} == {KW["max_tokens"]}
@@ -67,7 +68,7 @@ def test_streamed_cka_within_and_across_models_equals_the_closed_forms(cks, debi
 def test_cka_without_across_needs_no_shared_tokenizer(cks):
     other = tiny_tokenizer(vocab_size=280)
     third = Checkpoint("m2", "m2", tiny_model("llama", other, seed=2), other)
-    res = ANALYSES["cka"].run([cks[0], third], TEXTS, KW)
+    res = ANALYSES["cka"].run([cks[0], third], TEXTS, Extraction(**KW))
     assert "cka_across" not in res.extra and not res.tables
     np.testing.assert_allclose(
         res.extra["cka"]["m2"]["cka"],
@@ -75,8 +76,8 @@ def test_cka_without_across_needs_no_shared_tokenizer(cks):
         rtol=1e-9,
     )
     with pytest.raises(ValueError, match="'m0' and 'm2' tokenize the data differently"):
-        ANALYSES["cka"].run([cks[0], third], TEXTS, KW, across_models=True)
+        ANALYSES["cka"].run([cks[0], third], TEXTS, Extraction(**KW), across_models=True)
     with pytest.raises(ValueError, match="--across-models needs two or more checkpoints"):
-        ANALYSES["cka"].run(cks[:1], TEXTS, KW, across_models=True)
+        ANALYSES["cka"].run(cks[:1], TEXTS, Extraction(**KW), across_models=True)
     with pytest.raises(ValueError, match="no texts given"):
-        ANALYSES["cka"].run(cks[:1], iter([]), KW)
+        ANALYSES["cka"].run(cks[:1], iter([]), Extraction(**KW))

@@ -37,7 +37,8 @@ def test_every_subcommand_has_help_and_examples_that_parse(prog, name):
     command = TOOLS[prog].COMMANDS[name]
     assert command.help and sub.description
     lines = [line.split(" #")[0] for line in command.example.replace("\\\n", " ").splitlines()]
-    calls = [shlex.split(line) for line in lines if line.startswith(f"{prog} {name}")]
+    steps = [step.strip() for line in lines for step in line.split(" && ")]  # chains run in order
+    calls = [shlex.split(step) for step in steps if step.startswith(f"{prog} {name}")]
     assert calls, command.example
     for argv in calls:
         args = TOOLS[prog].build_parser().parse_args(argv[1:])  # a usage error exits

@@ -171,10 +171,10 @@ def test_computing_an_analysis_draws_nothing(tmp_path):
     """``compute`` returns numbers only: running analyses on a checkpoint never imports matplotlib."""
     ckpt = save_tiny_checkpoint(tmp_path / "lime", "lime")
     code = (
-        "from lime_probe.specs import ANALYSES, load_checkpoints\n"
+        "from lime_probe.specs import ANALYSES, Extraction, load_checkpoints\n"
         f"cks = load_checkpoints([{str(ckpt)!r}], None, 'cpu')\n"
         f"texts = {CORPUS * 3!r}\n"
-        "kw = {'max_length': 32, 'cache_dir': None}\n"
+        "kw = Extraction(max_length=32)\n"
         "assert ANALYSES['entropy'].run(cks, texts, kw, unit='documents').rows\n"
         "assert ANALYSES['separability'].run(cks, texts, kw, allow_small_samples=True).rows\n"
         "for name in ('cka', 'router'):\n"

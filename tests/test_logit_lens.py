@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from helpers import CORPUS, save_tiny_checkpoint, tiny_config, tiny_model, tiny_tokenizer
 from transformers import AutoModel
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.extraction.tracing import extract
 from lime_probe.probes.logit_lens import LensLayer, check_model_loss, lens_head, logit_lens
 from lime_probe.probes.stats import bootstrap_ratio_ci
@@ -120,7 +121,7 @@ def test_the_analysis_and_its_figure(tok, tmp_path):
     paths = [save_tiny_checkpoint(tmp_path / a, a) for a in ("lime", "gpt2")]
     cks = load_checkpoints([str(p) for p in paths], ["LIMe", "GPT-2"], "cpu")
     spec = ANALYSES["logit-lens"]
-    result = spec.run(cks, TEXTS, {"max_length": 32})
+    result = spec.run(cks, TEXTS, Extraction(max_length=32))
     assert [(r["model"], r["layer"]) for r in result.rows] == [
         (m, i) for m in ("LIMe", "GPT-2") for i in range(3)
     ]
@@ -132,7 +133,7 @@ def test_the_analysis_and_its_figure(tok, tmp_path):
     fig = spec.plot(result)["logit_lens"]
     assert [len(ax.get_lines()) for ax in fig.axes] == [2, 2]  # loss and agreement, one line per model
     # --layers picks layers; the last (the model's prediction) is always measured
-    picked = spec.run(cks[:1], TEXTS, {"max_length": 32, "layers": [0]})
+    picked = spec.run(cks[:1], TEXTS, Extraction(max_length=32, layers=(0,)))
     assert [r["layer"] for r in picked.rows] == [0, 2]
     assert picked.rows[0]["agreement"] == result.rows[0]["agreement"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from helpers import CORPUS, save_tiny_checkpoint
 
 from lime_probe import cli
+from lime_probe.extraction.settings import Extraction
 
 DOCS = CORPUS * 8
 
@@ -117,7 +119,7 @@ def test_entropy_default_window_is_capped_by_max_positions(capsys, tmp_path, ckp
     from lime_probe.specs import ANALYSES, load_checkpoints
 
     result = ANALYSES["entropy"].run(
-        load_checkpoints([str(ckpts["llama"])], None, "cpu"), DOCS, {"cache_dir": None}, num_windows=2
+        load_checkpoints([str(ckpts["llama"])], None, "cpu"), DOCS, Extraction(), num_windows=2
     )
     assert "llama: 128 tokens (max_positions)" in result.text
 
@@ -178,7 +180,7 @@ def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_pat
     assert routed[1] != raw[1]  # layer 1 reads layer 0's values too: a different representation
 
     cks = load_checkpoints([str(ckpts["lime"]), str(ckpts["llama"])], ["LIMe", "LLaMA"], "cpu")
-    kw = {"max_length": 32, "cache_dir": None}
+    kw = Extraction(max_length=32)
     sep = ANALYSES["separability"].run(cks, DOCS, kw, seed=1, allow_small_samples=True)
     for label, ck in (("LIMe", ckpts["lime"]), ("LLaMA", ckpts["llama"])):
         model, tok = load(ck)
@@ -220,7 +222,7 @@ def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_pat
     bars = ANALYSES["blimp"].plot(bl)["blimp_table2"].axes[0].get_legend_handles_labels()[1]
     assert "routed values (what LIMe's heads attend to)" in bars
     # an explicit site is that site alone
-    only = ANALYSES["entropy"].run(cks[:1], DOCS, {**kw, "max_length": 16}, site="values", unit="documents")
+    only = ANALYSES["entropy"].run(cks[:1], DOCS, replace(kw, max_length=16), site="values", unit="documents")
     assert {r["site"] for r in only.rows} == {"values"} and "No routing" not in only.text
 
 

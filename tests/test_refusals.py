@@ -18,6 +18,7 @@ from test_checks_first import BUDGET_S, run_program
 from lime_model import cli as model_cli
 from lime_model.checks import check_window, config_positions, run_command
 from lime_probe import cli as probe_cli
+from lime_probe.extraction.settings import Extraction
 
 POSITIONS = 128  # the tiny checkpoints' max_position_embeddings (GPT-2: n_positions)
 
@@ -144,7 +145,7 @@ def test_the_analyses_refuse_a_long_window_on_a_loaded_model(files, analysis):
     with pytest.raises(
         ValueError, match=f"--window {POSITIONS + 1} is longer than gpt2's {POSITIONS} positions"
     ):
-        ANALYSES[analysis].run([ck], CORPUS, {"cache_dir": None}, window=POSITIONS + 1)
+        ANALYSES[analysis].run([ck], CORPUS, Extraction(), window=POSITIONS + 1)
 
 
 # --------------------------------------------------------------------------- a tokenizer larger than the embedding
@@ -265,7 +266,7 @@ def test_train_refuses_a_model_of_no_layers(files, tmp_path, capsys):
 
 
 def test_an_empty_layers_value_is_not_all_layers():
-    from lime_probe.specs.base import layer_list
+    from lime_probe.extraction.settings import layer_list
 
     assert layer_list("all") is None and layer_list(None) is None and layer_list("0,-1") == [0, -1]
     with pytest.raises(ValueError, match="got ''"):
@@ -286,7 +287,7 @@ def test_logit_lens_refuses_one_token_sequences_before_a_forward_pass(files, mon
     monkeypatch.setattr(tracing, "extract", no_pass)
     ck = Checkpoint("llama", str(files["llama"]), *load(files["llama"]))
     with pytest.raises(ValueError, match="--max-length 1: logit-lens needs at least 2 tokens per sequence"):
-        ANALYSES["logit-lens"].run([ck], CORPUS, {"max_length": 1, "cache_dir": None})
+        ANALYSES["logit-lens"].run([ck], CORPUS, Extraction(max_length=1))
 
 
 # --------------------------------------------------------------------------- what report leaves out; lines after bars
@@ -359,5 +360,5 @@ def test_a_word_too_rare_is_refused_from_its_tokens_before_any_forward_pass(file
         ValueError, match=r"too rare in the data .*' is': 2, ' are': 1, ' was': 1, ' were': 0"
     ):
         ANALYSES["separability"].run(
-            [ck], ["The cat is here.", "It is.", "They are.", "It was."], {"max_length": 64}
+            [ck], ["The cat is here.", "It is.", "They are.", "It was."], Extraction(max_length=64)
         )

@@ -62,7 +62,7 @@ def test_a_generator_gives_exactly_the_lists_activations(model, tok, kw):
 
 def test_the_stream_is_read_block_by_block(model, tok, monkeypatch):
     read, first_forward = [], []
-    forward = tracing._forward
+    forward = tracing.trace_batch
 
     def counting(*a, **k):
         first_forward.append(len(read))
@@ -73,7 +73,7 @@ def test_the_stream_is_read_block_by_block(model, tok, monkeypatch):
             read.append(t)
             yield t
 
-    monkeypatch.setattr(tracing, "_forward", counting)
+    monkeypatch.setattr(tracing, "trace_batch", counting)
     acts = extract(model, tok, texts(), sites="hidden", batch_tokens=48, progress=False)
     assert acts.n_sequences == len(TEXTS) == len(read)
     # the first batch ran with one block and one tokenizer chunk read, long before the stream's end
@@ -155,14 +155,18 @@ def test_per_document_entropy_reads_data_lazily_and_windows_whole(tmp_path, caps
     import lime_model.data
     from lime_probe.specs import ANALYSES
     from lime_probe.specs.base import load_checkpoints
+    from lime_probe.specs.data import load_data
     from lime_probe.specs.entropy import EntropyParams
 
     data = tmp_path / "t.txt"
     data.write_text("\n\n".join(TEXTS) + "\n")
-    args = cli.argparse.Namespace(max_sequences=30)
-    load = cli.DATA_KINDS[ANALYSES["entropy"].data_kind].load
-    assert isinstance(load(str(data), args, EntropyParams(unit="documents"), "--data"), Corpus)
-    assert load(str(data), args, EntropyParams(unit="windows"), "--data") == TEXTS[:30]  # drawn from all
+    spec = ANALYSES["entropy"]
+
+    def load(params):  # as the command reads --data: lazily where the analysis streams it
+        return load_data(spec.data_kind, str(data), 30, params=params, lazy=spec.streams(params))
+
+    assert isinstance(load(EntropyParams(unit="documents")), Corpus)
+    assert load(EntropyParams(unit="windows")) == TEXTS[:30]  # drawn from all
 
     first_document = lime_model.data.load_texts
 
@@ -179,7 +183,7 @@ def test_per_document_entropy_reads_data_lazily_and_windows_whole(tmp_path, caps
     monkeypatch.undo()
     rows = json.loads((tmp_path / "out" / "entropy_values.json").read_text())["rows"]
     cks = load_checkpoints([str(ckpt)], ["llama"])
-    want = ANALYSES["entropy"].run(cks, TEXTS[:30], {}, unit="documents", site="values").rows
+    want = ANALYSES["entropy"].run(cks, TEXTS[:30], None, unit="documents", site="values").rows
     assert [r["n_sequences"] for r in rows] == [30] * len(want)
     assert [r["entropy_mean"] for r in rows] == pytest.approx([r["entropy_mean"] for r in want], rel=1e-12)
 
@@ -205,7 +209,7 @@ def test_cka_reads_data_lazily(tmp_path, capsys, monkeypatch):
     assert cli.main([str(a) for a in argv]) == 0, capsys.readouterr().err
     monkeypatch.undo()
     rows = json.loads((tmp_path / "out" / "cka_hidden.json").read_text())["rows"]
-    want = ANALYSES["cka"].run(load_checkpoints([str(ckpt)], ["llama"]), TEXTS[:30], {}).rows
+    want = ANALYSES["cka"].run(load_checkpoints([str(ckpt)], ["llama"]), TEXTS[:30]).rows
     assert [r["n_tokens"] for r in rows] == [r["n_tokens"] for r in want]
     assert [r["effective_rank"] for r in rows] == pytest.approx(
         [r["effective_rank"] for r in want], rel=1e-12

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from plain_stats import bh_loop, holm_loop, paired_t
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.studies import STUDIES, Claim, Effect, Endpoint, Measure, Study, run_study
 from lime_probe.studies.findings import compare
 
@@ -348,8 +349,8 @@ def test_perplexity_is_lime_models_evaluation_and_a_hand_loop(tmp_path, monkeypa
     path.write_text("\n\n".join(CORPUS * 3) + "\n")
     window = 16
     spec = ANALYSES["perplexity"]
-    (ck,) = load_checkpoints([str(ckpt)], ["m"], device="cpu")
-    (row,) = spec.compute([ck], load_texts(str(path)), spec.params(window=window), {}).rows
+    (ck,) = load_checkpoints([str(ckpt)], ["m"], "cpu")
+    (row,) = spec.compute([ck], load_texts(str(path)), spec.params(window=window), Extraction()).rows
     reference = perplexity(ckpt, str(path), window=window)
     assert row["perplexity"] == pytest.approx(reference["perplexity"], rel=1e-6)
     assert (row["windows"], row["tokens"]) == (reference["windows"], reference["tokens"])

@@ -174,7 +174,7 @@ def test_text_that_does_not_fit_the_tokenizer_is_refused_before_extraction(monke
     model = tiny_model("llama", digits)
     english = ["the cat is on the mat 12", "they were 3 and 4"]
     forwards = []
-    monkeypatch.setattr("lime_probe.extraction.tracing._forward", lambda *a, **k: forwards.append(1))
+    monkeypatch.setattr("lime_probe.extraction.tracing.trace_batch", lambda *a, **k: forwards.append(1))
     with pytest.raises(ValueError, match=r"does not fit the tokenizer: \d+\.\d% of the \d+ measured tokens"):
         extract(model, digits, english, progress=False)
     assert forwards == []  # refused before any forward pass

@@ -11,6 +11,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -396,94 +397,160 @@ def load(
             once, no retries).
         ValueError: not a checkpoint, unreadable or corrupt weights (a local safetensors file named by
             `lime_model.checks.check_weights`), no tokenizer, a tokenizer with more tokens than the model's
-            embedding has rows (`lime_model.tokenization.check_embedding`), an architecture whose blocks are not found
-            without an extraction adapter (`lime_probe.extraction.adapters.adapter_for`), a device this
-            machine lacks (`lime_model.checks.check_device`), a bad `dtype` or `device_map` (a module ->
-            device map must name modules of the model and place all of them: `check_device_map`), `device`
-            and `device_map` together, or a `revision` for a local folder.
+            embedding has rows (`lime_model.tokenization.check_embedding`), an architecture whose blocks are
+            not found without an extraction adapter (`lime_probe.extraction.adapters.adapter_for`), a
+            device this machine lacks (`lime_model.checks.check_device`), a bad `dtype` or `device_map` (a
+            module -> device map must name modules of the model and place all of them: `check_device_map`),
+            `device` and `device_map` together, or a `revision` for a local folder.
     """
-    import transformers as tf
-
     import lime_model
-    from lime_model.checks import check_device
-    from lime_model.tokenization import check_embedding, check_vocabulary
 
     lime_model.register_models()  # the "lime" model types with the Auto classes (a no-op once done)
+    shared = _shared_kwargs(from_pretrained_kwargs)
+    dtype = _resolve_dtype(dtype)
+    device, device_map = _placement_of(device, device_map)
+    at = _locate(os.fspath(ckpt), revision, shared)
+    with quiet_library(verbose):
+        config, auto = _read_config(at)
+        if isinstance(device_map, dict):
+            check_device_map(device_map, _skeleton(auto, config, shared.get("trust_remote_code")))
+        model = _read_model(
+            at, auto, config, dtype, device, device_map, offload_folder, from_pretrained_kwargs
+        )
+        adapter_for(model)  # an architecture whose blocks cannot be found: refused before any work
+        # the activation cache keys a hub model on its commit, not its weights (`cache.checkpoint_identity`)
+        if at.hub:
+            model.config._commit_hash = _hub_commit(at.path, at.revision)
+        tokenizer = _read_tokenizer(at)
+    _check_tokenizer(tokenizer, model, at)
+    return wrap(model.eval(), tokenizer), tokenizer
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """Where `load` reads a checkpoint from: a local folder (`path`, expanded) or a hub id (`hub`) at
+    `revision`, with the ``from_pretrained`` arguments that say so (`source`) and its name in messages
+    (`where`)."""
+
+    path: str
+    hub: bool
+    revision: str | None
+    source: dict[str, Any]
+    where: str
+
+
+def _shared_kwargs(from_pretrained_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The `SHARED_KWARGS` among `from_pretrained_kwargs` (they reach the config and tokenizer too);
+    ValueError for one of `OWN_KWARGS`, which `load` sets itself."""
     own = [k for k in OWN_KWARGS if k in from_pretrained_kwargs]
     if own:
         raise ValueError(f"load sets {own[0]!r} itself (config: read from the checkpoint; dtype: `dtype`)")
-    shared = {k: v for k, v in from_pretrained_kwargs.items() if k in SHARED_KWARGS}
-    ckpt = os.fspath(ckpt)
-    dtype = _resolve_dtype(dtype)
+    return {k: v for k, v in from_pretrained_kwargs.items() if k in SHARED_KWARGS}
+
+
+def _placement_of(
+    device: str | torch.device | None, device_map: str | dict | None
+) -> tuple[torch.device | None, str | dict | None]:
+    """The checked device (default the CPU) or device map (`device_map_of`): one of them, the other None."""
+    from lime_model.checks import check_device
+
     device_map = device_map_of(device_map)
     if device_map is not None and device is not None:
         raise ValueError("give a device or a device map, not both: a device map places the model itself")
-    device = None if device_map is not None else check_device(device or "cpu")
+    return (None if device_map is not None else check_device(device or "cpu")), device_map
+
+
+def _locate(ckpt: str, revision: str | None, shared: dict[str, Any]) -> _Checkpoint:
+    """Where `ckpt` is read from: a hub model not reachable but in the local hub cache is read from there,
+    with no network retries; a local folder is checked first (a corrupt weights file named in
+    milliseconds, not after the config and model)."""
     hub = is_hub_id(ckpt)
     if revision is not None and not hub:
         raise ValueError(f"revision {revision!r} names a hub branch, tag or commit; {ckpt} is a local folder")
-    # an unreachable hub model that is in the local hub cache is read from there, with no network retries
     source: dict[str, Any] = {"revision": revision} if hub else {}
     if hub and _hub_offline(ckpt, revision):
         source["local_files_only"] = True
     source |= shared
-    if not hub:
-        ckpt = str(Path(ckpt).expanduser())
-        check_local(ckpt)  # a corrupt weights file named in milliseconds, not after the config and model
-    where = (
-        f"hub checkpoint {ckpt!r}" + (f" at revision {revision!r}" if revision else "")
-        if hub
-        else f"checkpoint {ckpt}"
-    )
-    with quiet_library(verbose):
-        try:
-            config = tf.AutoConfig.from_pretrained(ckpt, **source)
-        except (OSError, ValueError, KeyError) as error:
-            raise ValueError(f"cannot read the config of {where}: {_one(error)}") from None
-        auto: type[tf.AutoModel | tf.AutoModelForCausalLM]
-        if is_encoder(config):
-            auto = tf.AutoModel
-        elif type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
-            auto = tf.AutoModelForCausalLM
-        else:
-            raise ValueError(f"{where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
-        if isinstance(device_map, dict):
-            check_device_map(device_map, _skeleton(auto, config, shared.get("trust_remote_code")))
-        placement: dict[str, Any] = {}
-        if device_map is not None:
-            offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")
-            placement = {"device_map": device_map, "offload_folder": os.fspath(offload)}
-        elif (
-            device is not None and device.type != "cpu"
-        ):  # read straight onto the device: no copy of the weights in host memory
-            placement = {"device_map": str(device)}
-        try:
-            model = auto.from_pretrained(
-                ckpt, config=config, dtype=dtype, **{**placement, **source, **from_pretrained_kwargs}
-            )
-        except Exception as error:  # noqa: BLE001  corrupt/missing weights surface as many error types
-            if "offload_folder" in placement and offload_folder is None:
-                shutil.rmtree(placement["offload_folder"], ignore_errors=True)
-            raise ValueError(f"cannot load the weights of {where}: {_one(error)}") from None
-        if "offload_folder" in placement and offload_folder is None:  # lives as long as the model
-            weakref.finalize(model, shutil.rmtree, placement["offload_folder"], ignore_errors=True)
-        adapter_for(model)  # an architecture whose blocks cannot be found: refused before any work
-        if (
-            hub
-        ):  # the activation cache keys a hub model on it (`cache.checkpoint_identity`), not on its weights
-            model.config._commit_hash = _hub_commit(ckpt, revision)
-        try:
-            tokenizer = tf.AutoTokenizer.from_pretrained(ckpt, **source)
-        except Exception as error:  # noqa: BLE001
-            if not hub and not any((Path(ckpt) / name).is_file() for name in TOKENIZER_FILES):
-                # transformers' own message here is a multi-line list of backends tried
-                raise ValueError(
-                    f"{where} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
-                    f"model's tokenizer next to its weights, tokenizer.save_pretrained({ckpt!r})"
-                ) from None
-            raise ValueError(f"cannot load the tokenizer of {where}: {_one(error)}") from None
-    check_vocabulary(tokenizer, where, None if hub else ckpt)  # else every text packs into 0 tokens
-    check_embedding(tokenizer, model, where)
+    if hub:
+        where = f"hub checkpoint {ckpt!r}" + (f" at revision {revision!r}" if revision else "")
+        return _Checkpoint(ckpt, hub, revision, source, where)
+    ckpt = str(Path(ckpt).expanduser())
+    check_local(ckpt)
+    return _Checkpoint(ckpt, hub, revision, source, f"checkpoint {ckpt}")
+
+
+def _read_config(at: _Checkpoint) -> tuple[Any, Any]:
+    """The checkpoint's config and the Auto class that builds its model: a causal LM with its LM head,
+    an encoder (`is_encoder`) as its base model; anything else: ValueError."""
+    import transformers as tf
+
+    try:
+        config = tf.AutoConfig.from_pretrained(at.path, **at.source)
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"cannot read the config of {at.where}: {_one(error)}") from None
+    if is_encoder(config):
+        return config, tf.AutoModel
+    if type(config) in tf.MODEL_FOR_CAUSAL_LM_MAPPING:
+        return config, tf.AutoModelForCausalLM
+    raise ValueError(f"{at.where} ({config.model_type}) is neither a causal LM nor a BERT-style encoder")
+
+
+def _read_model(
+    at: _Checkpoint,
+    auto: Any,
+    config: Any,
+    dtype: torch.dtype | str,
+    device: torch.device | None,
+    device_map: str | dict | None,
+    offload_folder: str | os.PathLike | None,
+    from_pretrained_kwargs: dict[str, Any],
+) -> PreTrainedModel:
+    """The model's weights read into `dtype`, on `device` or dispatched over `device_map` (its "disk"
+    weights under `offload_folder`, else a temporary folder that lives as long as the model)."""
+    placement: dict[str, Any] = {}
+    if device_map is not None:
+        offload = offload_folder or tempfile.mkdtemp(prefix="lime-probe-offload-")
+        placement = {"device_map": device_map, "offload_folder": os.fspath(offload)}
+    elif device is not None and device.type != "cpu":
+        # read straight onto the device: no copy of the weights in host memory
+        placement = {"device_map": str(device)}
+    temporary = "offload_folder" in placement and offload_folder is None
+    try:
+        model = auto.from_pretrained(
+            at.path, config=config, dtype=dtype, **{**placement, **at.source, **from_pretrained_kwargs}
+        )
+    except Exception as error:  # noqa: BLE001  corrupt/missing weights surface as many error types
+        if temporary:
+            shutil.rmtree(placement["offload_folder"], ignore_errors=True)
+        raise ValueError(f"cannot load the weights of {at.where}: {_one(error)}") from None
+    if temporary:
+        weakref.finalize(model, shutil.rmtree, placement["offload_folder"], ignore_errors=True)
+    return model
+
+
+def _read_tokenizer(at: _Checkpoint) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer; ValueError in one line when it cannot be read, naming the files a
+    local folder lacks."""
+    import transformers as tf
+
+    try:
+        return tf.AutoTokenizer.from_pretrained(at.path, **at.source)
+    except Exception as error:  # noqa: BLE001
+        if not at.hub and not any((Path(at.path) / name).is_file() for name in TOKENIZER_FILES):
+            # transformers' own message here is a multi-line list of backends tried
+            raise ValueError(
+                f"{at.where} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the "
+                f"model's tokenizer next to its weights, tokenizer.save_pretrained({at.path!r})"
+            ) from None
+        raise ValueError(f"cannot load the tokenizer of {at.where}: {_one(error)}") from None
+
+
+def _check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, at: _Checkpoint) -> None:
+    """Refuse a tokenizer that does not fit the model (no vocabulary: every text would pack into 0 tokens;
+    more tokens than the embedding has rows); give it the eos token as its pad token where it has none."""
+    from lime_model.tokenization import check_embedding, check_vocabulary
+
+    check_vocabulary(tokenizer, at.where, None if at.hub else at.path)
+    check_embedding(tokenizer, model, at.where)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    return wrap(model.eval(), tokenizer), tokenizer

@@ -143,7 +143,7 @@ def module_path(hf: Any, site: str, blocks: str, n_layers: int) -> str:
 
 
 def module_reader(site: str) -> Take:
-    """Reader of a ``module:`` site: the module's value, the first of a tuple (`tracing._forward` checks that
+    """Reader of a ``module:`` site: the module's value, the first of a tuple (`forward.trace_batch` checks that
     it is (batch, seq, ...)); ValueError in one line for a value that is no tensor."""
 
     def take(value: Any) -> torch.Tensor:

@@ -5,21 +5,11 @@ this before torch is imported; `loading.load` again, for library users."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+from lime_model.checks import is_hub_id  # lime-model's upcycle tells them apart the same way
 
-
-def is_hub_id(ckpt: str) -> bool:
-    """Whether `ckpt` reads as a hub id ("name" or "owner/name") and is no existing local path.
-
-    "owner/name" whose "owner" is an existing local folder reads as a path (``runs/lime`` where
-    ``runs/`` exists): a hub owner never shadows a folder the user has.
-    """
-    if not HUB_ID.match(ckpt) or Path(ckpt).exists():
-        return False
-    return "/" not in ckpt or not Path(ckpt.split("/")[0]).is_dir()
+__all__ = ["check_local", "is_hub_id"]
 
 
 def check_local(ckpt: str | os.PathLike) -> None:

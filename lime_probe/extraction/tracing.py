@@ -30,17 +30,15 @@ A stream's `DataWarning` about unknown tokens comes from its first block.
 With ``logprobs=True`` (causal LMs) the same forward pass also gives each sequence's summed token
 log-probability, sum_{i>=1} log p(t_i | t_<i) (``acts.logprobs``): what minimal-pair scoring needs.
 
-nnsight notes: the trace lives in this file, so `extract` works from scripts, notebooks, ``python -c``
-and stdin alike; a model must not be traced from two threads at once (use one model per thread).
-Each forward stops (``tracer.stop()``) right after the last site it needs.
+The traced forward pass of each batch is `forward`'s (`trace_batch`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -49,8 +47,9 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from lime_probe.extraction.activations import Activations
+from lime_probe.extraction.activations import Activations, merge_parts, restore_order
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key
+from lime_probe.extraction.forward import attention_for, trace_batch
 from lime_probe.extraction.loading import check_remote, input_device, wrap
 from lime_probe.extraction.planning import SitePlan, plan_sites
 from lime_probe.extraction.sites import SITES, check_site, module_site
@@ -150,32 +149,6 @@ def _blocks(
         yield block
 
 
-def _restore_order(result: dict[str, torch.Tensor], order: list[int]) -> dict[str, torch.Tensor]:
-    """A merged block result whose sequences ran in `order` (positions in the block), back in block order:
-    row tensors gathered per sequence, per-sequence tensors ("logprobs") permuted, offsets rebuilt."""
-    rank = torch.empty(len(order), dtype=torch.long)
-    rank[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
-    counts = result["offsets"].diff()[rank]  # rows of each sequence, in block order
-    starts = result["offsets"][:-1][rank]
-    firsts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-    index = torch.repeat_interleave(starts - firsts[:-1], counts) + torch.arange(int(firsts[-1]))
-    out = {"offsets": firsts, "n_tokens": result["n_tokens"]}
-    for name, x in result.items():
-        if name not in out:
-            out[name] = x[rank] if name == "logprobs" else x[index]
-    return out
-
-
-def select_rows(x: torch.Tensor, keep: torch.Tensor, pool: str) -> torch.Tensor:
-    """Rows of x (batch, seq, dim) where keep (batch, seq) is True, in sequence order -> (n, dim)
-    float32; with pool="mean" the mean over each sequence's kept tokens -> (batch, dim)."""
-    x, keep = x.float(), keep.to(x.device)  # a layer of a device-mapped (or remote) model: on its own device
-    if pool == "mean":
-        weights = keep.unsqueeze(-1).to(x.dtype)
-        return (x * weights).sum(1) / weights.sum(1)
-    return x[keep]
-
-
 def tokenize_texts(
     tokenizer: Any,
     texts: Iterable[str | list[int]],
@@ -267,9 +240,10 @@ def as_nnsight(
 
 
 def _validate(
-    texts: Any, sites: Any, pool: str, token_ids: Any, limits: dict[str, int | None], pretokenized: bool
+    texts: Any, sites: Any, pool: str, token_ids: Any, limits: tuple[int | None, ...], pretokenized: bool
 ) -> None:
-    """Check the arguments of `extract`; a list of texts as a whole, an iterable later, as it is read."""
+    """Check the arguments of `extract` (`limits`: batch_size, batch_tokens, max_length, max_tokens); a list
+    of texts as a whole, an iterable later, as it is read."""
     if isinstance(texts, (str, bytes, Mapping)) or not isinstance(texts, Iterable):
         raise ValueError("texts must be a list of strings, or an iterable of them")
     if isinstance(texts, Sequence):
@@ -287,7 +261,7 @@ def _validate(
         raise ValueError(f"pool must be one of {POOLS}, not {pool!r}")
     if token_ids is not None and pool != "none":
         raise ValueError("token_ids selects token rows; it cannot be combined with pool='mean'")
-    for name, value in limits.items():
+    for name, value in zip(("batch_size", "batch_tokens", "max_length", "max_tokens"), limits, strict=True):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
@@ -330,15 +304,13 @@ def extract(
             model's ``max_position_embeddings``): a list, or any iterable, read lazily block by block
             (a generator, a `Corpus`, a ``datasets`` dataset, e.g. ``streaming=True``; see the module doc).
         sites: site names, e.g. ("hidden", "values"), or one name.
-        layers: layer indices kept for every site, or one index (negative counts from each site's
-            end); None = all.
+        layers: layer indices kept for every site, or one index (negative: from each site's end); None = all.
         pool: "none" (a row per token) or "mean" (a row per sequence, the mean over its tokens).
         token_ids: keep only the positions holding one of these token ids.
         batch_size: sequences per forward pass; None: batches by `batch_tokens`.
         batch_tokens: tokens per forward pass, padding included, when `batch_size` is None (a longer
             sequence runs alone). Either way sequences run sorted by length and come back in order.
-        max_tokens: stop after this many tokens in all (None = no limit); the sequence that crosses the
-            budget is cut short.
+        max_tokens: stop after this many tokens in all (None: no limit); the sequence crossing it is cut.
         cache_dir: stream results to safetensors shards under this folder; a second call with the
             same checkpoint, data and settings reuses them, an interrupted one resumes. An iterable
             `texts` is then read twice (first for its digest), so it cannot be a one-pass iterator.
@@ -346,8 +318,7 @@ def extract(
         remote: passed to ``model.trace`` ("local" runs nnsight's serialised remote path locally); a
             remote run (NDIF) needs a model built by its hub id, not loaded from a local folder.
         pretokenized: `texts` are token id lists (e.g. `lime_probe.extraction.windows.token_windows`), used
-            exactly as given: no special tokens added, never truncated (longer than `max_length`
-            is an error).
+            exactly as given: no special tokens added, never truncated (longer than `max_length`: an error).
         allow_unknown_tokens: measure text even when over 10 % of its tokens are the tokenizer's unknown
             token (`lime_probe.extraction.windows.check_unknown_tokens`; a warning instead of the refusal).
         logprobs: also return each sequence's summed token log-probability (``acts.logprobs``, float64,
@@ -357,31 +328,83 @@ def extract(
         Activations with ``acts[site][layer]`` float32 CPU tensors (n_rows, dim).
 
     Raises:
-        ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer
-            (see `allow_unknown_tokens`), non-finite activations (naming the site and layer); a one-pass
-            iterator, or a model without weights (remote), with `cache_dir`; `remote` for a model from a
-            local folder.
+        ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer (see
+            `allow_unknown_tokens`), non-finite activations (naming the site and layer); a one-pass iterator,
+            or a model without weights (remote), with `cache_dir`; `remote` for a model from a local folder.
     """
     if texts is None:  # extract(model, texts): the model's own tokenizer
         texts, tokenizer = cast("Iterable[str | list[int]] | None", tokenizer), None
     sites = [sites] if isinstance(sites, str) else list(sites)
     layers = [layers] if isinstance(layers, int) else layers
-    _validate(
-        texts,
-        sites,
-        pool,
-        token_ids,
-        {
-            "batch_size": batch_size,
-            "batch_tokens": batch_tokens,
-            "max_length": max_length,
-            "max_tokens": max_tokens,
-        },
-        pretokenized,
-    )
+    _validate(texts, sites, pool, token_ids, (batch_size, batch_tokens, max_length, max_tokens), pretokenized)
     texts = cast("Iterable[str | list[int]]", texts)  # checked by `_validate`
     # the tokenizer: a tokenizer or None, the texts of ``extract(model, texts)`` moved to `texts` above
     nn_model, tokenizer = as_nnsight(model, cast("PreTrainedTokenizerBase | None", tokenizer))
+    plan, max_length = _plan(nn_model, sites, layers, max_length, remote, logprobs)
+    select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
+    source = _read(texts, tokenizer, max_length, max_tokens, pretokenized, cache_dir)
+    if isinstance(source.seqs, list):  # a list is checked as a whole, before any forward pass
+        check_unknown_tokens(source.seqs, tokenizer, allow=allow_unknown_tokens)
+    run = _batching(nn_model, tokenizer, plan, pool, select_ids, batch_size, batch_tokens, logprobs, remote)
+    with attention_for(nn_model._module, "attn_pattern" in plan.site_layers, remote) as attn:
+        cache = None if cache_dir is None else _open_cache(cache_dir, run, source, attn)
+        parts = _run_blocks(run, source, cache, progress, allow_unknown_tokens)
+        return Activations(parts, plan.site_layers, plan.heads, logprobs, attn, run.all_tokens)
+
+
+@dataclass(frozen=True)
+class _Texts:
+    """The texts of one extraction and their token id lists (`seqs`): a list tokenised up front, a stream
+    lazily (its `first` text read ahead to refuse an empty one), with what tokenised them."""
+
+    texts: Iterable[str | list[int]]
+    seqs: Iterable[list[int]]
+    first: str | list[int] | None
+    streamed: bool
+    tokenizer: Any
+    max_length: int
+    max_tokens: int | None
+    pretokenized: bool
+
+    def reread(self) -> Iterator[list[int]]:
+        """The token id lists tokenised afresh from the texts (a stream's second pass)."""
+        items = text_items(self.texts, self.pretokenized)
+        return tokenize_texts(self.tokenizer, items, self.max_length, self.max_tokens, self.pretokenized)
+
+
+@dataclass(frozen=True)
+class _Batching:
+    """What every batch of one extraction runs with: the traced model and its plan, the rows kept, the
+    batch sizes and the padding."""
+
+    nn_model: Any
+    plan: SitePlan
+    pool: str
+    select_ids: torch.Tensor | None
+    batch_size: int | None
+    batch_tokens: int
+    logprobs: bool
+    remote: bool | str
+    pad_id: int
+    padding_side: str
+    with_positions: bool
+
+    @property
+    def all_tokens(self) -> bool:
+        """Whether every token gets a row (no pooling, no token selection)."""
+        return self.pool == "none" and self.select_ids is None
+
+
+def _plan(
+    nn_model: Any,
+    sites: list[str],
+    layers: Iterable[int] | None,
+    max_length: int,
+    remote: bool | str,
+    logprobs: bool,
+) -> tuple[SitePlan, int]:
+    """The plan of what each trace reads, and `max_length` capped at the model's positions; refuses what
+    the model cannot give (a remote run's module sites, log-probabilities without an LM head)."""
     check_remote(nn_model, remote)
     hf = nn_model._module
     max_length = min(max_length, getattr(hf.config, "max_position_embeddings", None) or max_length)
@@ -390,113 +413,164 @@ def extract(
     plan = plan_sites(hf, sites, layers, max_length)
     if logprobs and (not hasattr(hf, "get_output_embeddings") or hf.get_output_embeddings() is None):
         raise ValueError(f"logprobs=True needs a model with an LM head, not {type(hf).__name__}")
-    select_ids = None if token_ids is None else torch.tensor(sorted(set(token_ids)), dtype=torch.long)
-    streamed = not isinstance(texts, Sequence)
-    if streamed:
-        if cache_dir is not None and iter(texts) is texts:
-            raise ValueError(
-                "cache_dir keys the cache by the texts' digest, so it reads them twice: pass a list, a "
-                "Corpus or a dataset, not a one-pass iterator (a generator)"
-            )
-        items = iter(text_items(texts, pretokenized))
-        first = next(items, None)
-        if first is None:
-            raise ValueError("texts is empty: nothing to extract")
-        items = chain([first], items)
-        seqs: Iterable[list[int]] = tokenize_texts(tokenizer, items, max_length, max_tokens, pretokenized)
-    else:
+    return plan, max_length
+
+
+def _read(
+    texts: Iterable[str | list[int]],
+    tokenizer: Any,
+    max_length: int,
+    max_tokens: int | None,
+    pretokenized: bool,
+    cache_dir: str | Path | None,
+) -> _Texts:
+    """The texts and their token id lists: a list (any sequence) tokenised (and cut to the token budget)
+    up front, so that what is measured is checked before any forward pass; an iterable as a lazy stream."""
+    tokenising = (tokenizer, max_length, max_tokens, pretokenized)
+    if isinstance(texts, Sequence):
         texts = list(texts)
-        # every sequence tokenised (and cut to the token budget) up front: what is measured is checked
-        # before any forward pass
         seqs = list(tokenize_texts(tokenizer, texts, max_length, max_tokens, pretokenized))
-        check_unknown_tokens(seqs, tokenizer, allow=allow_unknown_tokens)
+        return _Texts(texts, seqs, None, False, *tokenising)
+    if cache_dir is not None and iter(texts) is texts:
+        raise ValueError(
+            "cache_dir keys the cache by the texts' digest, so it reads them twice: pass a list, a "
+            "Corpus or a dataset, not a one-pass iterator (a generator)"
+        )
+    items = iter(text_items(texts, pretokenized))
+    first = next(items, None)
+    if first is None:
+        raise ValueError("texts is empty: nothing to extract")
+    stream = tokenize_texts(tokenizer, chain([first], items), max_length, max_tokens, pretokenized)
+    return _Texts(texts, stream, first, True, *tokenising)
+
+
+def _batching(
+    nn_model: Any,
+    tokenizer: Any,
+    plan: SitePlan,
+    pool: str,
+    select_ids: torch.Tensor | None,
+    batch_size: int | None,
+    batch_tokens: int,
+    logprobs: bool,
+    remote: bool | str,
+) -> _Batching:
+    """The batches' settings, with the padding token (the pad token, else eos; neither: ValueError)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
     # per-sequence positions make left padding exact; models without the argument count positions
     # themselves (exact with right padding)
-    with_positions = "position_ids" in inspect.signature(hf.forward).parameters
+    positioned = "position_ids" in inspect.signature(nn_model._module.forward).parameters
+    side = tokenizer.padding_side
+    return _Batching(
+        nn_model, plan, pool, select_ids, batch_size, batch_tokens, logprobs, remote, pad_id, side, positioned
+    )
 
-    all_tokens = pool == "none" and select_ids is None
-    with attention_for(hf, "attn_pattern" in plan.site_layers, remote) as attn:
-        cache = None
-        if cache_dir is not None:
-            if any(p.is_meta for p in hf.parameters()):
-                raise ValueError(
-                    "cache_dir keys the cache by the model's weights, and this model holds none (built on "
-                    "'meta' for a remote run): extract without cache_dir"
-                )
-            settings = {
-                "sites": plan.site_layers,
-                "pool": pool,
-                "batch_size": batch_size,
-                "batch_tokens": batch_tokens,
-                "logprobs": logprobs,
-                "padding_side": tokenizer.padding_side,
-                "token_ids": None if select_ids is None else select_ids.tolist(),
-                "attn_implementation": attn,
-            }
-            # a stream hashes as the list of its texts would: one cache for both
-            hashed = text_items(texts, pretokenized) if streamed else texts
-            key = extraction_key(
-                hf, tokenizer, hashed, max_length=max_length, max_tokens=max_tokens, settings=settings
-            )
-            about = describe_texts([first] if streamed and first is not None else texts)
-            cache = ShardCache(cache_dir, key, prefix=hf.config.model_type, about=about)
-            if cache.complete:
-                return Activations(cache.shards, plan.site_layers, plan.heads, logprobs, attn, all_tokens)
 
-        start = cache.done_sequences if cache else 0
-        if cache is not None and progress:  # what the cache will grow by, before it does (a stream: reread)
-            again = tokenize_texts(
-                tokenizer, text_items(texts, pretokenized), max_length, max_tokens, pretokenized
-            )
-            rest = islice(again if streamed else seqs, start, None)
-            wanted = None if select_ids is None else select_ids.tolist()
-            cache.announce(plan.row_bytes, rest, pooled=pool != "none", token_ids=wanted)
-        parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
-        buffer: list[dict[str, torch.Tensor]] = []
-        buffered_bytes = 0
-        device = input_device(hf, remote)
-        total = len(seqs) if isinstance(seqs, list) else None  # a list unless streamed
-        bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
-        done = start
-        blocks = _blocks(islice(seqs, start, None), plan.row_bytes, pool == "none", batch_size, batch_tokens)
-        for block in blocks:
-            if streamed:
-                _check_block(block, tokenizer, allow_unknown_tokens, first=done == start)
-            results, order = [], []
-            for local in plan_batches([len(s) for s in block], batch_size, batch_tokens):
-                index = [done + i for i in local]
-                batch_seqs = [block[i] for i in local]
-                batch = pad_batch(batch_seqs, pad_id, tokenizer.padding_side, first_position_of(hf))
-                if not with_positions:
-                    del batch["position_ids"]
-                keep = batch["attention_mask"].bool()
-                if select_ids is not None:
-                    keep &= torch.isin(batch["input_ids"], select_ids)
-                result = _forward(nn_model, batch, keep.to(device), plan, pool, remote, index, logprobs)
-                result["offsets"] = _offsets(keep, pool)
-                result["token_ids"] = (
-                    batch["input_ids"][keep] if pool == "none" else torch.full((len(batch_seqs),), -1)
-                )
-                result["n_tokens"] = torch.tensor([sum(map(len, batch_seqs))])
-                results.append(result)
-                order += local
-                bar.update(len(batch_seqs))
-            done += len(block)
-            merged = _restore_order(_merge(results), order)
-            buffer.append(merged)
-            buffered_bytes += sum(t.numel() * t.element_size() for t in merged.values())
-            if cache is not None and buffered_bytes >= SHARD_BYTES:
-                parts.append(cache.add_shard(_merge(buffer)))
-                buffer, buffered_bytes = [], 0
-        if buffer:
-            parts.append(cache.add_shard(_merge(buffer)) if cache is not None else _merge(buffer))
-        bar.close()
-        if cache is not None:
-            cache.finish()
-        return Activations(parts, plan.site_layers, plan.heads, logprobs, attn, all_tokens)
+def _open_cache(cache_dir: str | Path, run: _Batching, source: _Texts, attn: str) -> ShardCache:
+    """The activation cache of this extraction, keyed on the model's weights, the texts and the settings
+    (an eager `attn` implementation included); a model without weights (remote) is refused."""
+    hf = run.nn_model._module
+    if any(p.is_meta for p in hf.parameters()):
+        raise ValueError(
+            "cache_dir keys the cache by the model's weights, and this model holds none (built on "
+            "'meta' for a remote run): extract without cache_dir"
+        )
+    settings = {
+        "sites": run.plan.site_layers,
+        "pool": run.pool,
+        "batch_size": run.batch_size,
+        "batch_tokens": run.batch_tokens,
+        "logprobs": run.logprobs,
+        "padding_side": run.padding_side,
+        "token_ids": None if run.select_ids is None else run.select_ids.tolist(),
+        "attn_implementation": attn,
+    }
+    # a stream hashes as the list of its texts would: one cache for both
+    hashed = text_items(source.texts, source.pretokenized) if source.streamed else source.texts
+    key = extraction_key(
+        hf,
+        source.tokenizer,
+        hashed,
+        max_length=source.max_length,
+        max_tokens=source.max_tokens,
+        settings=settings,
+    )
+    about = describe_texts([source.first] if source.first is not None else source.texts)
+    return ShardCache(cache_dir, key, prefix=hf.config.model_type, about=about)
+
+
+def _run_blocks(
+    run: _Batching, source: _Texts, cache: ShardCache | None, progress: bool, allow_unknown_tokens: bool
+) -> list[dict[str, torch.Tensor] | Path]:
+    """Run the sequences `cache` does not hold yet, block by block: the results, as cache shards
+    (those it held first) or in memory without a cache. A stream's blocks are checked as they are read."""
+    if cache is not None and cache.complete:
+        return list(cache.shards)
+    start = cache.done_sequences if cache else 0
+    if cache is not None and progress:  # what the cache will grow by, before it does (a stream: reread)
+        rest = islice(source.reread() if source.streamed else source.seqs, start, None)
+        wanted = None if run.select_ids is None else run.select_ids.tolist()
+        cache.announce(run.plan.row_bytes, rest, pooled=run.pool != "none", token_ids=wanted)
+    parts: list[dict[str, torch.Tensor] | Path] = list(cache.shards) if cache else []
+    buffer: list[dict[str, torch.Tensor]] = []
+    buffered_bytes = 0
+    device = input_device(run.nn_model._module, run.remote)
+    total = len(source.seqs) if isinstance(source.seqs, list) else None  # a list unless streamed
+    bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
+    done = start
+    seqs = islice(source.seqs, start, None)
+    for block in _blocks(seqs, run.plan.row_bytes, run.pool == "none", run.batch_size, run.batch_tokens):
+        if source.streamed:
+            _check_block(block, source.tokenizer, allow_unknown_tokens, first=done == start)
+        merged = _run_block(run, block, done, device, bar)
+        done += len(block)
+        buffer.append(merged)
+        buffered_bytes += sum(t.numel() * t.element_size() for t in merged.values())
+        if cache is not None and buffered_bytes >= SHARD_BYTES:
+            parts.append(cache.add_shard(merge_parts(buffer)))
+            buffer, buffered_bytes = [], 0
+    if buffer:
+        parts.append(cache.add_shard(merge_parts(buffer)) if cache is not None else merge_parts(buffer))
+    bar.close()
+    if cache is not None:
+        cache.finish()
+    return parts
+
+
+def _run_block(
+    run: _Batching, block: list[list[int]], done: int, device: torch.device, bar: tqdm
+) -> dict[str, torch.Tensor]:
+    """One block (sequences `done` onwards of the input), run in batches sorted by length: the merged
+    result, back in block order."""
+    results, order = [], []
+    for local in plan_batches([len(s) for s in block], run.batch_size, run.batch_tokens):
+        batch_seqs = [block[i] for i in local]
+        results.append(_run_batch(run, batch_seqs, [done + i for i in local], device))
+        order += local
+        bar.update(len(batch_seqs))
+    return restore_order(merge_parts(results), order)
+
+
+def _run_batch(
+    run: _Batching, seqs: list[list[int]], index: list[int], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """One batch (sequences `index` of the input) padded and traced: its rows per site and layer, their
+    `_offsets`, the token ids of the rows (-1 per sequence when pooled) and the batch's token count."""
+    batch = pad_batch(seqs, run.pad_id, run.padding_side, first_position_of(run.nn_model._module))
+    if not run.with_positions:
+        del batch["position_ids"]
+    keep = batch["attention_mask"].bool()
+    if run.select_ids is not None:
+        keep &= torch.isin(batch["input_ids"], run.select_ids)
+    result = trace_batch(
+        run.nn_model, batch, keep.to(device), run.plan, run.pool, run.remote, index, run.logprobs
+    )
+    result["offsets"] = _offsets(keep, run.pool)
+    result["token_ids"] = batch["input_ids"][keep] if run.pool == "none" else torch.full((len(seqs),), -1)
+    result["n_tokens"] = torch.tensor([sum(map(len, seqs))])
+    return result
 
 
 def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: bool) -> None:
@@ -508,135 +582,7 @@ def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: boo
         check_unknown_tokens(block, tokenizer, allow=allow)
 
 
-def envoy_path(path: str) -> str:
-    """A module path ending in .input/.output as nnsight spells it: a module named like an attribute every Envoy
-    has (BERT's ``output`` submodules) is served under nnsight's prefixed name (``E_output``)."""
-    *modules, what = path.split(".")
-    prefix = nnsight.Envoy.OVERLOAD_PREFIX
-    return ".".join(
-        [
-            prefix + m
-            if not m.startswith("_") and inspect.isdatadescriptor(getattr(nnsight.Envoy, m, None))
-            else m
-            for m in modules
-        ]
-        + [what]
-    )
-
-
-@contextlib.contextmanager
-def attention_for(hf: Any, weights: bool, remote: bool | str = False) -> Iterator[str]:
-    """A context in which `hf` runs the attention implementation it yields: its own, or "eager" where the
-    attention `weights` are read and it runs another (SDPA and flash attention return none), with a
-    one-line warning, restoring its own after. A remote model cannot be switched: ValueError."""
-    own = getattr(hf.config, "_attn_implementation", None) or "eager"
-    if not weights or own == "eager":
-        yield own
-        return
-    if remote and remote != "local":
-        raise ValueError(f"attn_pattern needs eager attention, and this remote model runs {own!r}")
-    warnings.warn(
-        f"attn_pattern: {type(hf).__name__} runs {own!r} attention, which returns no weights; this "
-        "extraction runs eager attention for every site (load with attn_implementation='eager' to choose it)",
-        stacklevel=4,  # the caller of `extract` (through contextlib and `extract`)
-    )
-    hf.set_attn_implementation("eager")
-    try:
-        yield "eager"
-    finally:
-        hf.set_attn_implementation(own)
-
-
-def pattern_rows(weights: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
-    """Attention weights (batch, heads, T, T) as a row per query (batch, T, heads * width): per head, the
-    weights over the sequence's keys counted from its first real token (`mask` (batch, T) marks them, one
-    contiguous run whichever side is padded), zero past its end and from T to `width`."""
-    b, h, t, _ = weights.shape
-    mask = mask.to(weights.device)
-    positions = torch.arange(t, device=weights.device)
-    start = (mask.cumsum(1) == 0).sum(1, keepdim=True)  # the first real token (left padding: after the pads)
-    columns = (start + positions).clamp(max=t - 1)  # (batch, T): key k of each sequence
-    aligned = weights.gather(-1, columns[:, None, None, :].expand(b, h, t, t))
-    aligned = aligned * (positions < mask.sum(1, keepdim=True))[:, None, None, :]
-    return torch.nn.functional.pad(aligned, (0, width - t)).transpose(1, 2).flatten(2)
-
-
-def _forward(
-    nn_model: Any,
-    batch: dict[str, torch.Tensor],
-    keep: torch.Tensor,
-    plan: SitePlan,
-    pool: str,
-    remote: bool | str,
-    index: list[int],
-    logprobs: bool = False,
-) -> dict[str, torch.Tensor]:
-    """One traced forward pass of `batch` (sequences `index` of the input): "<site>/<layer>" -> selected
-    rows (float32, CPU); with `logprobs` also "logprobs" -> (batch,) float64, each sequence's summed
-    log p(t_i | t_<i) over its real tokens after the first."""
-    inputs = {k: v.to(keep.device) for k, v in batch.items()}
-    if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
-        nnsight.register(__package__)
-    with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
-        rows = nnsight.save({})
-        for read in plan.reads:
-            value = nn_model.get(envoy_path(read.path))
-            for site, layer, take in read.targets:
-                x = take(value)
-                if site == "attn_pattern":
-                    x = pattern_rows(x, inputs["attention_mask"], plan.heads[site][1])
-                elif x.shape[:2] != keep.shape and x.shape[:1] == (keep.numel(),):
-                    x = x.unflatten(0, keep.shape)  # tokens flattened batch-major (OPT's fc1/fc2 inputs)
-                if x.shape[:2] != keep.shape:
-                    raise ValueError(
-                        f"site {site!r} layer {layer} gives a {tuple(x.shape)} tensor, not (batch, seq, ...) "
-                        f"= {tuple(keep.shape)}"
-                    )
-                # dims after seq flattened: a module site may give (batch, seq, heads, head_dim)
-                rows[f"{site}/{layer}"] = select_rows(x.reshape(*keep.shape, -1), keep, pool).cpu()
-        if logprobs:
-            rows["logprobs"] = token_logprobs(
-                nn_model.output.logits, inputs["input_ids"], inputs["attention_mask"]
-            ).cpu()
-        tracer.stop()
-    for name, x in rows.items():
-        if not torch.isfinite(x).all():
-            what = (
-                "log-probabilities"
-                if name == "logprobs"
-                else "activations (NaN/Inf) at site {!r} layer {}".format(*name.split("/"))
-            )
-            shown = ", ".join(map(str, sorted(index)[:8])) + (", ..." if len(index) > 8 else "")
-            raise ValueError(f"non-finite {what} in a batch of sequences {shown}")
-    return rows
-
-
-def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """Summed next-token log-probabilities: logits (batch, seq, vocab), input_ids and attention_mask
-    (batch, seq) -> (batch,) float64, sum over positions i >= 1 where tokens i-1 and i are both real of
-    log softmax(logits[i-1])[input_ids[i]] (left or right padding)."""
-    input_ids, attention_mask = input_ids.to(logits.device), attention_mask.to(logits.device)
-    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    pairs = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
-    return torch.where(pairs, logp, 0.0).double().sum(-1)
-
-
 def _offsets(keep: torch.Tensor, pool: str) -> torch.Tensor:
     """Row boundaries (batch+1,) of a batch's sequences."""
     counts = keep.sum(1) if pool == "none" else torch.ones(len(keep), dtype=torch.long)
     return torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-
-
-def _merge(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Concatenate batch results (emptying `parts`, so each piece is freed once copied: the peak is
-    the result plus one site/layer, not twice the result); offsets are rebased, token counts summed."""
-    counts = torch.cat([p.pop("offsets").diff() for p in parts])
-    out = {
-        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
-        "n_tokens": sum((p.pop("n_tokens") for p in parts), torch.zeros(1, dtype=torch.long)),
-    }
-    for name in list(parts[0]):
-        out[name] = torch.cat([p.pop(name) for p in parts])
-    return out

@@ -398,7 +398,7 @@ def sentence_logprobs(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not sentences:
         raise ValueError("sentence_logprobs: no sentences given")
-    from lime_probe.extraction.tracing import token_logprobs
+    from lime_probe.extraction.forward import token_logprobs
 
     module = unwrap_model(model)
     seqs = scoring_sequences(tokenizer, sentences, leading_space)

@@ -29,6 +29,11 @@ the command line and the notebooks (sequences read from the activation cache, on
 "center-l2") need one pass. The global z-score of "lime" needs the layer's mean/std before any entropy, so it
 takes two: the first fills a `FeatureMoments`, the second feeds an `EntropyAccumulator` (which computes each
 entropy in `update` and keeps one float per sequence), so memory holds one batch whatever the data size.
+
+Device: the float64 batches, their Gram matrices and eigenvalues live where the sequences are (on a GPU
+when the activations are there), or on ``device`` when one is given: each batch then travels there in its
+own dtype (a bfloat16 batch is a quarter of its float64 bytes) and is converted there; only the
+per-sequence entropies come back to the host.
 """
 
 from __future__ import annotations
@@ -288,10 +293,13 @@ def _groups(seqs: list[torch.Tensor]) -> Iterable[list[int]]:
         yield group
 
 
-def _batches(seqs: list[torch.Tensor]) -> Iterable[tuple[list[int], torch.Tensor]]:
+def _batches(
+    seqs: list[torch.Tensor], device: torch.device | str | None = None
+) -> Iterable[tuple[list[int], torch.Tensor]]:
     """Groups of equal-length sequences of bounded size: (indices, Z (b, t, d) float64), NaN/Inf checked.
 
-    Z is a fresh tensor (callers may normalise it in place).
+    Z is a fresh tensor (callers may normalise it in place) on `device`, or where the group's first
+    sequence is when None; each sequence is moved there in its own dtype before the conversion.
     """
     groups: dict[int, list[int]] = {}
     for i, z in enumerate(seqs):
@@ -301,9 +309,10 @@ def _batches(seqs: list[torch.Tensor]) -> Iterable[tuple[list[int], torch.Tensor
         step = max(1, _CHUNK_NUMEL // (t * d))
         for k in range(0, len(idx), step):
             chunk = idx[k : k + step]
-            Z = torch.empty((len(chunk), t, d), dtype=torch.float64)
+            where = seqs[chunk[0]].device if device is None else device
+            Z = torch.empty((len(chunk), t, d), dtype=torch.float64, device=where)
             for j, i in enumerate(chunk):
-                Z[j].copy_(seqs[i])  # converts to float64 without an extra temporary
+                Z[j].copy_(seqs[i].to(where))  # converts to float64 without an extra float64 temporary
             finite = torch.isfinite(Z.sum(1)).all(1)  # NaN and Inf propagate into the sums
             if not bool(finite.all()):
                 raise ValueError(f"sequence {chunk[int((~finite).nonzero()[0])]}: contains NaN or Inf")
@@ -320,7 +329,8 @@ class EntropyAccumulator:
 
     The "zscore" normalisation needs `feature_stats`, a `FeatureMoments` of every sequence of the layer
     (filled in a first pass; `stream_entropy` does both passes). Knobs (`alpha`, `normalize`, `eps`)
-    override the preset. Equal-length sequences are processed together in float64 chunks of at most 128 MiB.
+    override the preset. Equal-length sequences are processed together in float64 chunks of at most 128 MiB,
+    on `device` (None: where the sequences are; see the module docstring).
     """
 
     def __init__(
@@ -334,8 +344,10 @@ class EntropyAccumulator:
         ci_level: float = 0.95,
         n_boot: int = 1000,
         seed: int = 0,
+        device: torch.device | str | None = None,
     ) -> None:
         self.config = entropy_config(preset, alpha=alpha, normalize=normalize, eps=eps)
+        self.device = device
         if self.config.normalize == "zscore" and feature_stats is None:
             raise ValueError(
                 "the 'zscore' normalisation needs the layer's feature moments first: pass feature_stats= "
@@ -360,7 +372,7 @@ class EntropyAccumulator:
             )
         # Collected first and committed at the end, so that a bad sequence leaves the accumulator unchanged.
         done = []
-        for chunk, Z in _batches(seqs):
+        for chunk, Z in _batches(seqs, self.device):
             done.append(([self._count + i for i in chunk], _entropy(self._normalize_(Z), self.config)))
         self._done += done
         self._count += len(seqs)
@@ -370,10 +382,10 @@ class EntropyAccumulator:
         """Normalise Z (b, t, d) float64 in place per the config (no full-size temporaries) and return it."""
         if self.config.normalize == "zscore":
             assert self.feature_stats is not None  # required by __init__ for "zscore"
-            denom = self.feature_stats.std + self.config.eps
+            denom = (self.feature_stats.std + self.config.eps).to(Z.device)
             if not bool((denom > 0).all()):
                 raise ValueError("z-score: a feature has zero std and eps = 0; set eps > 0")
-            return Z.sub_(self.feature_stats.mean).div_(denom)
+            return Z.sub_(self.feature_stats.mean.to(Z.device)).div_(denom)
         if self.config.normalize == "center-l2":  # as F.normalize: rows of norm < 1e-12 stay ~0
             Z.sub_(Z.mean(-2, keepdim=True))
             return Z.div_(torch.linalg.vector_norm(Z, dim=-1, keepdim=True).clamp_min_(1e-12))
@@ -385,7 +397,7 @@ class EntropyAccumulator:
             raise ValueError("EntropyAccumulator: no sequences were given")
         values = np.empty(self._count)
         for pos, ent in self._done:
-            values[pos] = ent.numpy()
+            values[pos] = ent.cpu().numpy()
         s = summarize(values, level=self.ci_level, n_boot=self.n_boot, seed=self.seed)
         return EntropyResult(
             values=values, mean=s.mean, std=s.std, ci_low=s.ci_low, ci_high=s.ci_high, config=self.config
@@ -405,6 +417,7 @@ def stream_entropy(
     ci_level: float = 0.95,
     n_boot: int = 1000,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> EntropyResult:
     """Entropy statistics of one layer whose sequences arrive in batches (see the module docstring).
 
@@ -414,6 +427,8 @@ def stream_entropy(
             (the feature moments, then the entropies), once otherwise. Memory holds one batch at a time.
         preset, alpha, normalize, eps: as `entropy_config`.
         ci_level, n_boot, seed: the bootstrap CI of the mean (`lime_probe.probes.stats.summarize`).
+        device: where the moments, Gram matrices and eigenvalues are computed, e.g. "cuda" for
+            activations extracted to the host from a model on a GPU; None: where each batch's sequences are.
 
     Returns:
         `EntropyResult`: per-sequence values (n_seq,) in input order, mean, std, CI.
@@ -429,9 +444,11 @@ def stream_entropy(
                 if not bool(torch.isfinite(rows).all()):
                     bad = next(i for i in group if not bool(torch.isfinite(seqs[i]).all()))
                     raise ValueError(f"sequence {seen + bad}: contains NaN or Inf")
-                moments.update(rows)
+                moments.update(rows if device is None else rows.to(device))
             seen += len(seqs)
-    acc = EntropyAccumulator(config, feature_stats=moments, ci_level=ci_level, n_boot=n_boot, seed=seed)
+    acc = EntropyAccumulator(
+        config, feature_stats=moments, ci_level=ci_level, n_boot=n_boot, seed=seed, device=device
+    )
     for seqs in chunks():
         acc.update(seqs)
     return acc.result()
@@ -440,7 +457,7 @@ def stream_entropy(
 def layer_entropy(seqs: Sequences, preset: str | EntropyConfig = "lime", **knobs) -> EntropyResult:
     """Entropy statistics of one layer's sequences ((n, t, d) or a list of (t_i, d)) held in memory:
     `stream_entropy` of a single batch. `knobs` are those of `stream_entropy` (alpha, normalize, eps,
-    ci_level, n_boot, seed)."""
+    ci_level, n_boot, seed, device)."""
     seqs = _as_sequences(seqs)
     return stream_entropy(lambda: [seqs], preset, **knobs)
 

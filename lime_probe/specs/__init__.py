@@ -1,10 +1,10 @@
 """The analyses, one `Spec` each, by command name: the single list the CLI, ``report``, the demo, the
 notebooks and the tests read.
 
-    from lime_probe.specs import ANALYSES, load_checkpoints
+    from lime_probe.specs import ANALYSES, Extraction, Loading, load_checkpoints
     spec = ANALYSES["entropy"]
-    cks = load_checkpoints(["runs/lime", "runs/llama"], ["LIMe", "LLaMA"], device="cpu")
-    result = spec.run(cks, texts, extract_kw={"max_length": 256}, site="values")   # numbers only
+    cks = load_checkpoints(["runs/lime", "runs/llama"], ["LIMe", "LLaMA"], Loading(device="cpu"))
+    result = spec.run(cks, texts, Extraction(max_length=256), site="values")   # numbers only
     result.rows, result.table()                      # tidy rows, the compact table
     figures = spec.plot(result)                      # {file stem: matplotlib Figure}
 
@@ -25,6 +25,7 @@ from . import (
     cka,
     entropy,
     logit_lens,
+    metrics,
     patch,
     perplexity,
     router,
@@ -32,7 +33,16 @@ from . import (
     training,
     tsne,
 )
-from .base import Checkpoint, Result, Spec, labels_for, load_checkpoints, named_checkpoints
+from .base import (
+    Checkpoint,
+    Extraction,
+    Loading,
+    Result,
+    Spec,
+    labels_for,
+    load_checkpoints,
+    named_checkpoints,
+)
 
 ANALYSES: dict[str, Spec] = {
     s.name: s
@@ -42,6 +52,7 @@ ANALYSES: dict[str, Spec] = {
         tsne.SPEC,
         blimp.SPEC,
         cka.SPEC,
+        metrics.SPEC,
         logit_lens.SPEC,
         perplexity.SPEC,
         router.SPEC,
@@ -82,6 +93,8 @@ __all__ = [
     "ANALYSES",
     "write_analysis",
     "Checkpoint",
+    "Extraction",
+    "Loading",
     "Result",
     "Spec",
     "labels_for",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.extraction.sites import routes
 
 from .base import Checkpoint, Result, Spec, option, seed_option, slug
@@ -38,7 +39,7 @@ class RouteAblationParams:
 
 
 def compute(
-    cks: Sequence[Checkpoint], texts: Sequence[str], p: RouteAblationParams, extract_kw: dict | None
+    cks: Sequence[Checkpoint], texts: Sequence[str], p: RouteAblationParams, extraction: Extraction
 ) -> Result:
     """One row per model and cut: layer, source, renormalized, loss, delta_loss, value_entropy,
     delta_value_entropy."""
@@ -60,8 +61,9 @@ def compute(
             check_window(p.window, ck.config, ck.label, minimum=2)
             window = p.window
         windows = token_windows(texts, ck.tokenizer, window, p.num_windows, seed=p.seed)
-        batch = (extract_kw or {}).get("batch_size")
-        cut_rows = route_ablation(ck.model, ck.tokenizer, windows, RENORMALIZE[p.renormalize], batch, p.seed)
+        cut_rows = route_ablation(
+            ck.model, ck.tokenizer, windows, RENORMALIZE[p.renormalize], extraction.batch_size, p.seed
+        )
         rows += [{"model": ck.label, "window": window, "num_windows": len(windows)} | r for r in cut_rows]
         shares[ck.label] = router_weights(ck.model).per_layer
     return Result(

@@ -2,7 +2,7 @@
 
 An analysis is one `Spec`: its name (the command), a one-line help, a runnable example, a parameter
 dataclass (the command-line options are generated from its fields, see `option`), ``compute`` and
-``plot``. ``compute(checkpoints, data, params, extract_kw)`` returns a `Result` (tidy rows, structured
+``plot``. ``compute(checkpoints, data, params, extraction)`` returns a `Result` (tidy rows, structured
 extras, a summary text) and draws nothing; ``plot(result)`` returns ``{file stem: Figure}``.
 
 This module imports no probe, model or plotting library, so the registry (and ``lime-probe --help``)
@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lime_probe.extraction.settings import Extraction, Loading, option
 from lime_probe.extraction.sites import SITES, check_site
 
 # What an analysis's --data holds: texts (required or optional), a BLiMP dataset, clean/corrupt prompt pairs
@@ -66,28 +67,6 @@ def configure_threads(requested: int | None) -> int:
     return torch.get_num_threads()
 
 
-# --layers, as every command reads it: negative indices count from the end, as Python's do
-LAYERS_HELP = "'all' or comma-separated layer indices, negative ones counted from the last (-1: the last)"
-
-
-def layer_list(text: str | None, also: str = "") -> list[int] | None:
-    """The layer indices of a ``--layers`` value (None: all, for None or "all"); ValueError naming the
-    accepted forms (``also``: more of them, e.g. "'paper', ") for anything else. Needs no model: the
-    indices are checked against a model's layers when it is read (`lime_probe.extraction.planning`)."""
-    if text in (None, "all"):
-        return None
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise ValueError(f"--layers must be {also}'all' or comma-separated integers, got {text!r}") from None
-
-
-def option(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
-    """A parameter field with its command-line help; ``cli`` holds argparse extras (``metavar``,
-    ``choices``) and ``positive=True`` for integers that must be > 0."""
-    return field(default=default, metadata={"help": help, **cli})
-
-
 def seed_option() -> Any:
     """The ``seed`` field every seeded analysis shares (one ``--seed`` in ``report``)."""
     return option(0, "seed for sampling, folds, t-SNE and the bootstrap CI")
@@ -130,23 +109,25 @@ def named_checkpoints(ckpts: Sequence[str], labels: Sequence[str] | None) -> lis
 
 
 def load_checkpoints(
-    ckpts: Sequence[str],
-    labels: Sequence[str] | None,
-    device: str | None = None,
-    *,
-    revisions: Sequence[str | None] | None = None,
-    verbose: bool = False,
-    **options: Any,
+    ckpts: Sequence[str], labels: Sequence[str] | None, loading: Loading | str | None = None
 ) -> list[Checkpoint]:
-    """Load every checkpoint with ``lime_probe.load`` (errors name the offending path; library loading
-    chatter only with ``verbose``), each at its entry of ``revisions``; ``options`` (``dtype``,
-    ``device_map``) go to every load."""
+    """Load every checkpoint with ``lime_probe.load`` as ``loading`` says (a device name: `Loading` on that
+    device; None: `Loading`'s defaults), each at its hub revision (``revisions_for``); errors name the
+    offending path, library loading chatter only with ``loading.verbose``."""
     names = labels_for(ckpts, labels)
-    from lime_probe.extraction.loading import load
+    from lime_probe.extraction.loading import load, revisions_for
 
+    how = Loading(device=loading) if isinstance(loading, str) else loading or Loading()
     out = []
-    for label, ckpt, rev in zip(names, ckpts, revisions or [None] * len(ckpts), strict=True):
-        model, tok = load(ckpt, device=device, revision=rev, verbose=verbose, **options)
+    for label, ckpt, rev in zip(names, ckpts, revisions_for(ckpts, how.revision), strict=True):
+        model, tok = load(
+            ckpt,
+            device=None if how.device_map else how.device,
+            dtype=how.dtype,
+            device_map=how.device_map,
+            revision=rev,
+            verbose=how.verbose,
+        )
         out.append(Checkpoint(label, ckpt, model, tok, rev))
     return out
 
@@ -184,9 +165,9 @@ class Result:
 class Spec:
     """One analysis, declared once: the CLI, ``report``, the demo, the notebooks and the tests read it.
 
-    ``compute(checkpoints, data, params, extract_kw)``: ``data`` as ``data_kind`` says (texts, a BLiMP
-    dataset or None), ``params`` an instance of ``params``, ``extract_kw`` the size limits, layers and
-    cache as ``lime_probe.extract`` keywords (None when the analysis reads no data). ``applies(checkpoint)``
+    ``compute(checkpoints, data, params, extraction)``: ``data`` as ``data_kind`` says (texts, a BLiMP
+    dataset or None), ``params`` an instance of ``params``, ``extraction`` the size limits, layers and
+    cache (an `Extraction`; an analysis that reads no data ignores it). ``applies(checkpoint)``
     says whether ``report`` runs it on a checkpoint (the router analysis: LIMe checkpoints only), and
     ``applies_to`` names those checkpoints in words, for the line saying none of them is one.
     ``streams(params)`` says whether ``compute`` reads its texts only in order, one pass per checkpoint
@@ -213,28 +194,31 @@ class Spec:
     min_length: int = 1
 
     def run(
-        self, cks: Sequence[Checkpoint], data: Any = None, extract_kw: dict | None = None, **params: Any
+        self, cks: Sequence[Checkpoint], data: Any = None, extraction: Extraction | None = None, **params: Any
     ) -> Result:
-        """``compute`` with ``params`` given as keywords (defaults for the rest)."""
-        return self.compute(cks, data, self.params(**params), extract_kw)
+        """``compute`` with ``params`` given as keywords (defaults for the rest) and ``extraction``'s settings
+        (None: `Extraction`'s defaults)."""
+        return self.compute(cks, data, self.params(**params), extraction or Extraction())
 
 
 def extract_site(
     ck: Checkpoint,
     texts: Iterable[str | list[int]],
     site: str | Sequence[str],
-    extract_kw: dict | None = None,
+    extraction: Extraction | None = None,
     **kw,
 ):
-    """``lime_probe.extract`` of one site (or several, in one pass) for one checkpoint; ``extract_kw`` holds
-    the size limits, cache and layers (``layers``, ``max_length``, ``max_tokens``, ``batch_size``,
-    ``cache_dir``). ``texts`` may be a list or an iterable read block by block (a `Corpus`, a dataset)."""
+    """``lime_probe.extract`` of one site (or several, in one pass) for one checkpoint under ``extraction``'s
+    settings (size limits, cache, layers; None: `Extraction`'s defaults), ``kw`` overriding them or adding
+    other ``extract`` keywords. ``texts`` may be a list or an iterable read block by block (a `Corpus`, a
+    dataset)."""
     from lime_probe.extraction.tracing import extract
 
     sites = [site] if isinstance(site, str) else list(site)
     for s in sites:
         check_site(s)
-    return extract(ck.model, ck.tokenizer, texts, sites=sites, **{**(extract_kw or {}), **kw})
+    settings = (extraction or Extraction()).extract_kwargs()
+    return extract(ck.model, ck.tokenizer, texts, sites=sites, **{**settings, **kw})
 
 
 def site_arg(text: str) -> str:

@@ -17,20 +17,19 @@ sentence; ours), the sentence after a space with ``leading_space`` (lm-evaluatio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
+from lime_probe.extraction.settings import LAYERS_HELP, Extraction, layer_list
 from lime_probe.protocol import BLIMP_SPREADS, TABLE2_TASKS, defaults
 
 from .base import (
-    LAYERS_HELP,
     SITE_HELP,
     Checkpoint,
     Result,
     Spec,
     curve,
     group,
-    layer_list,
     option,
     routing_note,
     seed_option,
@@ -126,116 +125,128 @@ def chosen_paradigms(p: BlimpParams) -> list[str] | None:
     return list(TABLE2_TASKS) if p.tasks == "table2" else None
 
 
-def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | None) -> Result:
-    """Per model, site and paradigm: probe accuracy per layer (rows), the Table 2 rows (``tables``), the
-    task accuracy, best layer, skipped pairs and minimal-pair accuracy (summary). ``data`` is a
-    ``load_blimp`` dataset."""
+def _paradigms(data, p: BlimpParams) -> tuple[Any, list[str]]:
+    """``data`` (a ``load_blimp`` dataset) cut to the paradigms ``p`` asks for, and those paradigms (Table
+    2's in App. D's order); ValueError naming any the data lacks."""
+    import numpy as np
+
+    uids = np.asarray(data["UID"], dtype=object)
+    wanted = chosen_paradigms(p)
+    paradigms = sorted(set(uids)) if wanted is None else list(dict.fromkeys(wanted))
+    missing = sorted(set(paradigms) - set(uids))
+    if missing:
+        raise ValueError(f"paradigms {missing} are not in the BLiMP data (give --paradigms or --tasks all)")
+    return data.select(np.flatnonzero(np.isin(uids, paradigms))), paradigms
+
+
+def _probe_rows(model: str, paradigm: str, site: str, res, n: int, skipped: int) -> tuple[list[dict], dict]:
+    """One probe's rows (accuracy per layer) and its summary row (the minimal-pair accuracy left None)."""
+    import numpy as np
+
+    rows = [
+        {
+            "model": model,
+            "paradigm": paradigm,
+            "site": site,
+            "layer": layer,
+            "probe_accuracy_mean": float(m),
+            "probe_accuracy_std": float(s),
+            "n_pairs": n,
+            "n_skipped": skipped,
+        }
+        for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True)
+    ]
+    best = int(np.argmax(res.accuracy_mean))
+    summary = {
+        "model": model,
+        "site": site,
+        "paradigm": paradigm,
+        "task_accuracy": float(np.mean(res.accuracy_mean)),
+        "best_layer": res.layers[best],
+        "n_pairs": n,
+        "n_skipped": skipped,
+        "minimal_pair_accuracy": None,  # filled in by the caller for causal LMs
+    }
+    return rows, summary
+
+
+def _minimal_pairs(logprobs: dict[str, Any], pairs) -> Any:
+    """The minimal-pair scores of per-paradigm log-probabilities (rows [:n] good, [n:] bad) of ``pairs``."""
+    import numpy as np
+
+    from lime_probe.probes.blimp import minimal_pair_scores
+
+    return minimal_pair_scores(
+        np.concatenate([lp[: len(lp) // 2] for lp in logprobs.values()]),
+        np.concatenate([lp[len(lp) // 2 :] for lp in logprobs.values()]),
+        pairs,
+    )
+
+
+def _measure(
+    ck: Checkpoint, data, paradigms: list[str], p: BlimpParams, extraction: Extraction
+) -> tuple[list[dict], list[dict], dict[str, dict[str, Any]], dict[str, Any]]:
+    """One checkpoint's probes of every paradigm (for a causal LM scored in the same pass): its rows,
+    summary rows, ``{site: {paradigm: probe result}}`` and extra (minimal pairs, skipped pairs)."""
     import numpy as np
 
     from lime_model.checks import is_causal_lm
     from lime_probe.extraction.windows import max_positions
-    from lime_probe.probes.blimp import (
-        blimp_layer_table,
-        blimp_probe,
-        blimp_table,
-        fit_pairs,
-        minimal_pair_scores,
-        scoring_sequences,
-    )
+    from lime_probe.probes.blimp import blimp_probe, fit_pairs, scoring_sequences
 
     from .base import extract_site
 
     uids = np.asarray(data["UID"], dtype=object)
-    wanted = chosen_paradigms(p)
-    paradigms = (
-        sorted(set(uids)) if wanted is None else list(dict.fromkeys(wanted))
-    )  # Table 2: App. D's order
-    missing = sorted(set(paradigms) - set(uids))
-    if missing:
-        raise ValueError(f"paradigms {missing} are not in the BLiMP data (give --paradigms or --tasks all)")
-    data = data.select(np.flatnonzero(np.isin(uids, paradigms)))
-    uids = np.asarray(data["UID"], dtype=object)
+    kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model), p.leading_space)
+    picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
+    causal = is_causal_lm(ck.config)  # an encoder's pairs are probed, not scored
+    sites = probed_sites(ck, p)
+    settings = replace(extraction, layers=probed_layers(ck, p.layers))
+    if causal:  # the scored sequences, probed and scored in the same pass
+        settings = replace(settings, pretokenized=True)
     rows: list[dict] = []
     summary: list[dict] = []
-    extra: dict[str, dict[str, Any]] = {}
-    probes: dict[tuple[str, str], Any] = {}
-    for ck in cks:
-        kept, skipped = fit_pairs(data, ck.tokenizer, max_positions(ck.model), p.leading_space)
-        picked = {q: kept[uids[kept] == q][: p.max_pairs] for q in paradigms}
-        causal = is_causal_lm(ck.config)  # an encoder's pairs are probed, not scored
-        sites = probed_sites(ck, p)
-        kw = {**(extract_kw or {}), "layers": probed_layers(ck, p.layers)}
-        if causal:  # the scored sequences, probed and scored in the same pass
-            kw |= {"pretokenized": True, "logprobs": True}
-        logprobs = {}
-        for q in paradigms:
-            part = data.select(picked[q])
-            n = len(part)  # good and bad sentences in one pass: rows [:n] good, [n:] bad
-            sentences = list(part["sentence_good"]) + list(part["sentence_bad"])
-            texts = scoring_sequences(ck.tokenizer, sentences, p.leading_space) if causal else sentences
-            acts = extract_site(ck, texts, sites, kw, pool="mean")
-            if causal:
-                logprobs[q] = acts.logprobs.numpy()
-            for site in sites:
-                res = blimp_probe(
-                    {la: acts[site][la][:n] for la in acts[site]},
-                    {la: acts[site][la][n:] for la in acts[site]},
-                    np.asarray(part["pairID"]),
-                    method=cast("Method", p.method),  # one of the option's choices
-                    seed=p.seed,
-                    progress=False,
-                    n_jobs=p.jobs,
-                )
-                probes.setdefault((ck.label, site), {})[q] = res
-                for layer, m, s in zip(res.layers, res.accuracy_mean, res.accuracy_std, strict=True):
-                    rows.append(
-                        {
-                            "model": ck.label,
-                            "paradigm": q,
-                            "site": site,
-                            "layer": layer,
-                            "probe_accuracy_mean": float(m),
-                            "probe_accuracy_std": float(s),
-                            "n_pairs": n,
-                            "n_skipped": skipped[q],
-                        }
-                    )
-                best = int(np.argmax(res.accuracy_mean))
-                summary.append(
-                    {
-                        "model": ck.label,
-                        "site": site,
-                        "paradigm": q,
-                        "task_accuracy": float(np.mean(res.accuracy_mean)),
-                        "best_layer": res.layers[best],
-                        "n_pairs": n,
-                        "n_skipped": skipped[q],
-                        "minimal_pair_accuracy": None,  # filled in below for causal LMs
-                    }
-                )
+    probes: dict[str, dict[str, Any]] = {}
+    logprobs = {}
+    for q in paradigms:
+        part = data.select(picked[q])
+        n = len(part)  # good and bad sentences in one pass: rows [:n] good, [n:] bad
+        sentences = list(part["sentence_good"]) + list(part["sentence_bad"])
+        texts = scoring_sequences(ck.tokenizer, sentences, p.leading_space) if causal else sentences
+        acts = extract_site(ck, texts, sites, settings, pool="mean", logprobs=causal)
         if causal:
-            scores = minimal_pair_scores(
-                np.concatenate([lp[: len(lp) // 2] for lp in logprobs.values()]),
-                np.concatenate([lp[len(lp) // 2 :] for lp in logprobs.values()]),
-                data.select(np.concatenate([picked[q] for q in logprobs])),
+            logprobs[q] = acts.logprobs.numpy()
+        for site in sites:
+            res = blimp_probe(
+                {la: acts[site][la][:n] for la in acts[site]},
+                {la: acts[site][la][n:] for la in acts[site]},
+                np.asarray(part["pairID"]),
+                method=cast("Method", p.method),  # one of the option's choices
+                seed=p.seed,
+                progress=False,
+                n_jobs=p.jobs,
             )
-            extra[ck.label] = {
-                "minimal_pairs": {
-                    "per_paradigm": scores.per_paradigm,
-                    "per_phenomenon": scores.per_phenomenon,
-                    "mean_over_paradigms": scores.mean_over_paradigms,
-                    "mean_over_phenomena": scores.mean_over_phenomena,
-                }
-            }
-            for row in summary:
-                if row["model"] == ck.label:
-                    row["minimal_pair_accuracy"] = scores.per_paradigm[row["paradigm"]]
-        extra.setdefault(ck.label, {})["skipped_pairs"] = skipped
-    table2 = [
-        {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
-        for r in blimp_table(probes, cast("Spread", p.spread))
-    ]
-    table2_layers = blimp_layer_table(probes, cast("Spread", p.spread))
+            probes.setdefault(site, {})[q] = res
+            site_rows, site_summary = _probe_rows(ck.label, q, site, res, n, skipped[q])
+            rows += site_rows
+            summary.append(site_summary)
+    extra: dict[str, Any] = {}
+    if causal:
+        scores = _minimal_pairs(logprobs, data.select(np.concatenate([picked[q] for q in logprobs])))
+        extra["minimal_pairs"] = {
+            "per_paradigm": scores.per_paradigm,
+            "per_phenomenon": scores.per_phenomenon,
+            "mean_over_paradigms": scores.mean_over_paradigms,
+            "mean_over_phenomena": scores.mean_over_phenomena,
+        }
+        for row in summary:
+            row["minimal_pair_accuracy"] = scores.per_paradigm[row["paradigm"]]
+    extra["skipped_pairs"] = skipped
+    return rows, summary, probes, extra
+
+
+def _text(p: BlimpParams, paradigms: list[str], rows: list[dict]) -> str:
+    """The result's description: what was probed, how, and how Table 2 reads it."""
     spread = {
         "folds": "+- the mean over tasks of each task's std over its 5 folds",
         "tasks": "+- the std over tasks",
@@ -243,24 +254,50 @@ def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extract_kw: dict | 
     chosen = "given paradigms" if p.paradigms is not None else f"tasks {p.tasks!r}"
     pairs = "every pair" if p.max_pairs is None else f"at most {p.max_pairs} pairs each"
     probe = {"logreg": "logistic regression", "adam-linear": "one-epoch linear"}[p.method]
+    return (
+        f"Per paradigm ({len(paradigms)}, {chosen}; {pairs}, pairs longer than the model's positions "
+        f"skipped and counted): a {probe} probe ({p.method}) telling the mean-pooled representation of the "
+        f"good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of {sites_text(rows)}; "
+        f"Tables 2 and 11 layout (blimp_table2_layers): per block, the mean over tasks {spread}; "
+        "blimp_table2: each task's mean over those blocks, then the mean over tasks per model and site "
+        f"{spread}. For causal LMs also minimal-pair accuracy (summed log-probabilities "
+        "after the BOS token, good > bad, as lm-evaluation-harness; means over paradigms and phenomena in "
+        "the JSON)." + routing_note(rows, p.sites is None)
+    )
+
+
+def compute(cks: Sequence[Checkpoint], data, p: BlimpParams, extraction: Extraction) -> Result:
+    """Per model, site and paradigm: probe accuracy per layer (rows), the Table 2 rows (``tables``), the
+    task accuracy, best layer, skipped pairs and minimal-pair accuracy (summary). ``data`` is a
+    ``load_blimp`` dataset."""
+    from lime_probe.probes.blimp import blimp_layer_table, blimp_table
+
+    data, paradigms = _paradigms(data, p)
+    rows: list[dict] = []
+    summary: list[dict] = []
+    extra: dict[str, dict[str, Any]] = {}
+    probes: dict[tuple[str, str], Any] = {}
+    for ck in cks:
+        ck_rows, ck_summary, by_site, extra[ck.label] = _measure(ck, data, paradigms, p, extraction)
+        rows += ck_rows
+        summary += ck_summary
+        probes |= {(ck.label, site): found for site, found in by_site.items()}
+    table2 = [
+        {**{k: v for k, v in r.items() if k != "tasks"}, "layers": ",".join(map(str, r["layers"]))}
+        for r in blimp_table(probes, cast("Spread", p.spread))
+    ]
     return Result(
         "blimp",
         "blimp",
         "BLiMP probes and minimal pairs",
         rows,
-        text=(
-            f"Per paradigm ({len(paradigms)}, {chosen}; {pairs}, pairs longer than the model's positions "
-            f"skipped and counted): a {probe} probe ({p.method}) telling the mean-pooled representation of the "
-            f"good sentence from the bad one, 5-fold CV grouped by pair, at the {p.layers!r} layers of {sites_text(rows)}; "
-            f"Tables 2 and 11 layout (blimp_table2_layers): per block, the mean over tasks {spread}; "
-            "blimp_table2: each task's mean over those blocks, then the mean over tasks per model and site "
-            f"{spread}. For causal LMs also minimal-pair accuracy (summed log-probabilities "
-            "after the BOS token, good > bad, as lm-evaluation-harness; means over paradigms and phenomena in "
-            "the JSON)." + routing_note(rows, p.sites is None)
-        ),
+        text=_text(p, paradigms, rows),
         extra={"blimp": extra},
         summary=summary,
-        tables={"blimp_table2_layers": table2_layers, "blimp_table2": table2},
+        tables={
+            "blimp_table2_layers": blimp_layer_table(probes, cast("Spread", p.spread)),
+            "blimp_table2": table2,
+        },
     )
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import itertools
 import textwrap
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from lime_probe.extraction.settings import Extraction
 
 from .base import SITE_HELP, Checkpoint, Result, Spec, curve, extract_site, group, option, site_arg, slug
 
@@ -56,30 +58,23 @@ def _same_tokens(first: Checkpoint, acts_first, ck: Checkpoint, acts) -> None:
         )
 
 
-def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw: dict | None) -> Result:
-    """Linear CKA between every pair of layers of each checkpoint (extra: the matrices), with
-    ``p.across_models`` between the layers of every pair of checkpoints (extra and ``tables``), and the
-    centred effective rank of each layer (rows); streamed over chunks of ``texts``."""
+def _streamed(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extraction: Extraction) -> list:
+    """The `CkaStream` sums of ``texts`` read chunk by chunk: one stream over every checkpoint when they are
+    compared (``p.across_models``: the same token rows), else one each; each checkpoint stops at
+    ``extraction.max_tokens``."""
     from tqdm.auto import tqdm
 
     from lime_probe.probes.similarity import CkaStream
 
-    if p.across_models and len(cks) < 2:
-        raise ValueError("--across-models needs two or more checkpoints (--ckpt)")
-    # one stream over every checkpoint when they are compared (same rows), else one each
     streams = [CkaStream(len(cks), across=True)] if p.across_models else [CkaStream() for _ in cks]
-    left: list[int | None] = [(extract_kw or {}).get("max_tokens")] * len(
-        cks
-    )  # each checkpoint's token budget left
+    left: list[int | None] = [extraction.max_tokens] * len(cks)  # each checkpoint's token budget left
     bar = tqdm(total=len(texts) if isinstance(texts, Sized) else None, desc=f"CKA ({p.site})", unit="seq")
     for chunk in _chunks(texts, CHUNK_SEQUENCES):
         batch: dict[int, tuple[Any, dict]] = {}
         for m, ck in enumerate(cks):
             if (budget := left[m]) is not None and budget <= 0:
                 continue
-            acts = extract_site(
-                ck, chunk, p.site, {**(extract_kw or {}), "max_tokens": budget, "progress": False}
-            )
+            acts = extract_site(ck, chunk, p.site, replace(extraction, max_tokens=budget, progress=False))
             if batch and p.across_models:
                 _same_tokens(cks[0], batch[0][0], ck, acts)
             batch[m] = (acts, {la: acts[p.site][la] for la in acts.layers(p.site)})
@@ -96,8 +91,14 @@ def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw
     bar.close()
     if streams[0].n == 0:
         raise ValueError("cka: no texts given")
+    return streams
 
-    def stream_of(m: int) -> tuple[CkaStream, int]:
+
+def _within(cks: Sequence[Checkpoint], streams: list, p: CkaParams) -> tuple[list[list], list[dict], dict]:
+    """Each checkpoint's layer names, its rows (effective rank, CKA with the previous layer) and extra (the
+    CKA matrix between its layers)."""
+
+    def stream_of(m: int) -> tuple[Any, int]:
         """The stream holding checkpoint m, and its index there."""
         return (streams[0], m) if p.across_models else (streams[m], 0)
 
@@ -120,9 +121,17 @@ def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw
                 }
             )
         extra[ck.label] = {"layers": layers[m], "cka": cka, "effective_rank": er}
+    return layers, rows, extra
+
+
+def _across(
+    cks: Sequence[Checkpoint], stream: Any, layers: list[list], p: CkaParams
+) -> tuple[list[dict], list[dict]]:
+    """The CKA matrices between the layers of every pair of checkpoints (one ``stream`` over all), and for
+    each layer the most similar layer of the other checkpoint."""
     across, best = [], []
-    for a, b in itertools.combinations(range(len(cks)) if p.across_models else [], 2):
-        cka = streams[0].cka(a, b, debiased=p.debiased)
+    for a, b in itertools.combinations(range(len(cks)), 2):
+        cka = stream.cka(a, b, debiased=p.debiased)
         across.append(
             {"models": [cks[a].label, cks[b].label], "rows": layers[a], "cols": layers[b], "cka": cka}
         )
@@ -139,6 +148,18 @@ def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extract_kw
                     "cka_same_layer": None if same is None else float(cka[i, same]),
                 }
             )
+    return across, best
+
+
+def compute(cks: Sequence[Checkpoint], texts: Iterable, p: CkaParams, extraction: Extraction) -> Result:
+    """Linear CKA between every pair of layers of each checkpoint (extra: the matrices), with
+    ``p.across_models`` between the layers of every pair of checkpoints (extra and ``tables``), and the
+    centred effective rank of each layer (rows); streamed over chunks of ``texts``."""
+    if p.across_models and len(cks) < 2:
+        raise ValueError("--across-models needs two or more checkpoints (--ckpt)")
+    streams = _streamed(cks, texts, p, extraction)
+    layers, rows, extra = _within(cks, streams, p)
+    across, best = _across(cks, streams[0], layers, p) if p.across_models else ([], [])
     kind = "Debiased linear CKA (HSIC_1 of Song et al. 2012)" if p.debiased else "Linear CKA"
     return Result(
         "cka",

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.protocol import defaults
 
 from .base import (
@@ -100,7 +101,7 @@ def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
 
 
 def compute(
-    cks: Sequence[Checkpoint], texts: Sequence[str], p: EntropyParams, extract_kw: dict | None
+    cks: Sequence[Checkpoint], texts: Sequence[str], p: EntropyParams, extraction: Extraction
 ) -> Result:
     """Entropy of each sequence's representations per layer at ``p.site`` (default: ``value_sites``),
     streamed layer by layer and shard by shard (``stream_entropy``): one row per model, site and layer with
@@ -119,11 +120,11 @@ def compute(
         if p.unit == "windows":
             window, source = window_for(ck, p)
             ids = token_windows(texts, ck.tokenizer, window, p.num_windows, seed=p.seed)
-            acts = extract_site(ck, ids, sites, extract_kw, max_length=window, pretokenized=True)
+            acts = extract_site(ck, ids, sites, extraction, max_length=window, pretokenized=True)
             unit |= {"window": window, "window_source": source, "num_windows": len(ids)}
             unit["windows_digest"] = texts_hash(ids)  # equal for checkpoints that saw the same windows
         else:
-            acts = extract_site(ck, texts, sites, extract_kw)
+            acts = extract_site(ck, texts, sites, extraction)
         streams = {
             site: {layer: functools.partial(acts.iter_sequences, site, layer) for layer in acts.layers(site)}
             for site in sites

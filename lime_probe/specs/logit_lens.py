@@ -12,7 +12,9 @@ Causal LMs only (``report`` skips encoders).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from lime_probe.extraction.settings import Extraction
 
 from .base import Checkpoint, Result, Spec, curve, extract_site, group, option, seed_option
 
@@ -42,25 +44,24 @@ def is_causal_lm(ck: Checkpoint) -> bool:
 
 
 def compute(
-    cks: Sequence[Checkpoint], texts: Iterable[str], p: LogitLensParams, extract_kw: dict | None
+    cks: Sequence[Checkpoint], texts: Iterable[str], p: LogitLensParams, extraction: Extraction
 ) -> Result:
     """One row per model and layer of ``hidden`` (``--layers``, always with the last, the reference): the
     lens's next-token cross-entropy and top-1 agreement with their bootstrap CIs over documents."""
     from lime_probe.probes.logit_lens import lens_head, lens_top_tokens, logit_lens
     from lime_probe.probes.stats import bootstrap_ratio_ci
 
-    kw = dict(extract_kw or {})
-    if kw.get("max_length") is not None and kw["max_length"] < MIN_LENGTH:
+    if extraction.max_length < MIN_LENGTH:
         raise ValueError(
-            f"--max-length {kw['max_length']}: logit-lens needs at least {MIN_LENGTH} tokens per sequence"
+            f"--max-length {extraction.max_length}: logit-lens needs at least {MIN_LENGTH} tokens per sequence"
         )
-    if kw.get("layers") is not None:  # X_L gives the model's own prediction, which every layer is compared to
-        kw["layers"] = [*kw["layers"], -1]
+    if extraction.layers is not None:  # X_L: the model's own prediction, which every layer is compared to
+        extraction = replace(extraction, layers=(*extraction.layers, -1))
     rows: list[dict] = []
     tokens_table: list[dict] = []
     for ck in cks:
         lens_head(ck.model)  # a model the lens cannot read is refused before any forward pass
-        acts = extract_site(ck, texts, "hidden", kw, logprobs=True)
+        acts = extract_site(ck, texts, "hidden", extraction, logprobs=True)
         lens = logit_lens(ck.model, acts, desc=f"logit lens {ck.label}")
         if p.top_k:
             top = lens_top_tokens(ck.model, ck.tokenizer, acts, p.top_k, p.top_k_sequences)

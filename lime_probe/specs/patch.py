@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.extraction.settings import Extraction
+
 from .base import SITE_HELP, Checkpoint, Result, Spec, option, site_arg, slug
 
 
@@ -28,13 +30,13 @@ class PatchParams:
     )
 
 
-def compute(cks: Sequence[Checkpoint], pairs: Sequence, p: PatchParams, extract_kw: dict | None) -> Result:
+def compute(cks: Sequence[Checkpoint], pairs: Sequence, p: PatchParams, extraction: Extraction) -> Result:
     """The patching grid of every checkpoint: one row per model, site, layer, position (and head)."""
     from lime_probe.interventions.logit_attribution import direct_logit_attribution
     from lime_probe.interventions.patching import activation_patching, attribution_patching
 
-    kw = extract_kw or {}
-    layers, batch = kw.get("layers"), kw.get("batch_size") or 32
+    layers = None if extraction.layers is None else list(extraction.layers)
+    batch = extraction.batch_size or 32
     rows: list[dict] = []
     tables: dict[str, list[dict]] = {}
     grids = {}

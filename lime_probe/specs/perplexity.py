@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lime_probe.extraction.settings import Extraction
+
 from .base import Checkpoint, Result, Spec, option
 
 MIN_WINDOW = 2  # tokens per window: its first token is not predicted, so one token scores nothing
@@ -30,10 +32,10 @@ class PerplexityParams:
 
 
 def compute(
-    cks: Sequence[Checkpoint], texts: Sequence[str], p: PerplexityParams, extract_kw: dict | None
+    cks: Sequence[Checkpoint], texts: Sequence[str], p: PerplexityParams, extraction: Extraction
 ) -> Result:
     """One row per model: mean next-token NLL over the packed windows (``loss``, nats), ``exp`` of it;
-    ``extract_kw["batch_size"]`` windows per forward pass (default 8, as ``lime-model eval``)."""
+    ``extraction.batch_size`` windows per forward pass (default 8, as ``lime-model eval``)."""
     import torch
 
     from lime_model.checks import check_causal_lm, check_window
@@ -51,7 +53,7 @@ def compute(
         if window is None:
             raise ValueError(f"{ck.label} states no maximum length: give --window")
         ids = torch.from_numpy(packed_sequences(list(texts), ck.tokenizer, window))
-        total, count = token_nll(model, ids, ids, (extract_kw or {}).get("batch_size") or 8)
+        total, count = token_nll(model, ids, ids, extraction.batch_size or 8)
         rows.append(
             {
                 "model": ck.label,

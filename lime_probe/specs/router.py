@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.extraction.sites import routes
 
 from .base import Checkpoint, Result, Spec, extract_site, slug
@@ -53,7 +54,7 @@ def has_weights(ck: Checkpoint) -> bool:
 
 
 def compute(
-    cks: Sequence[Checkpoint], texts: Sequence[str] | None, p: RouterParams, extract_kw: dict | None
+    cks: Sequence[Checkpoint], texts: Sequence[str] | None, p: RouterParams, extraction: Extraction
 ) -> Result:
     """Normalised |router weight| of each LIMe layer over its sources (rows) and per head (extra); each
     baseline's ``mixing_weights()`` as they are (extra ``mixing_weights``, table ``router_mixing_weights``).
@@ -76,7 +77,7 @@ def compute(
         if ck.config.routing_spec.input_dependent:
             if not texts:
                 raise ValueError(f"{ck.label}: routing 'dynamic' depends on the input; give --data")
-            acts = extract_site(ck, texts, "hidden", {**(extract_kw or {}), "layers": None})
+            acts = extract_site(ck, texts, "hidden", replace(extraction, layers=None))
             hidden = {layer: acts["hidden"][layer] for layer in acts["hidden"]}
         res = router_weights(ck.model, hidden)
         init, init_what = initial_weights(ck.model, ck.source, hidden)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.protocol import defaults
 
@@ -110,7 +111,7 @@ class SeparabilityParams:
 
 
 def count_words_first(
-    ck: Checkpoint, texts: Sequence[str], ids: dict[str, int], extract_kw: dict | None, minimum: int
+    ck: Checkpoint, texts: Sequence[str], ids: dict[str, int], extraction: Extraction | None, minimum: int
 ) -> None:
     """`check_class_counts` on the tokens of `texts` as the extraction will cut them (its ``max_length``, capped
     at the model's positions), before any forward pass: a word too rare in the whole data is refused in a
@@ -121,14 +122,14 @@ def count_words_first(
 
     if not isinstance(texts, Sequence) or not texts:
         return
-    kw = extract_kw or {}
+    settings = extraction or Extraction()
     positions = getattr(ck.config, "max_position_embeddings", None)
-    max_length = min(kw.get("max_length") or 512, positions or 512)
+    max_length = min(settings.max_length, positions or 512)
     pretokenized = not isinstance(texts[0], str)
     word_of = {i: w for w, i in ids.items()}
     labels = [
         word_of[t]
-        for seq in tokenize_texts(ck.tokenizer, texts, max_length, kw.get("max_tokens"), pretokenized)
+        for seq in tokenize_texts(ck.tokenizer, texts, max_length, settings.max_tokens, pretokenized)
         for t in seq
         if t in word_of
     ]
@@ -140,7 +141,7 @@ def word_features(
     texts: Sequence[str],
     sites: Sequence[str],
     words: Sequence[str],
-    extract_kw: dict | None = None,
+    extraction: Extraction | None = None,
     minimum: int = 5,
     subtoken: str = "last",
 ) -> dict[str, tuple[dict, object]]:
@@ -156,12 +157,12 @@ def word_features(
     pieces = word_pieces(ck.tokenizer, words)
     if all(len(ids) == 1 for ids in pieces.values()):
         ids = {w: i[0] for w, i in pieces.items()}
-        count_words_first(ck, texts, ids, extract_kw, minimum)
-        acts = extract_site(ck, texts, sites, extract_kw, token_ids=list(ids.values()))
+        count_words_first(ck, texts, ids, extraction, minimum)
+        acts = extract_site(ck, texts, sites, extraction, token_ids=list(ids.values()))
         rows, y = word_rows(acts.token_ids, ids)
         check_class_counts(y, list(words), minimum, f"{ck.label}: words")
         return {s: ({layer: acts[s][layer][rows] for layer in acts[s]}, y) for s in sites}
-    acts = extract_site(ck, texts, sites, extract_kw)
+    acts = extract_site(ck, texts, sites, extraction)
     spans, y = word_spans(acts.token_ids, acts.offsets, ck.tokenizer, words)
     check_class_counts(y, list(words), minimum, f"{ck.label}: words")
     return {
@@ -279,13 +280,13 @@ def from_features(
 
 
 def compute(
-    cks: Sequence[Checkpoint], texts: Sequence[str], p: SeparabilityParams, extract_kw: dict | None
+    cks: Sequence[Checkpoint], texts: Sequence[str], p: SeparabilityParams, extraction: Extraction
 ) -> Result:
     """Separability of the occurrences of ``p.words`` in ``texts`` at ``p.site`` (default: `value_sites`)."""
     rows = []
     for ck in cks:
         sites = value_sites(ck, p.site)
-        features = word_features(ck, texts, sites, p.words, extract_kw, subtoken=p.subtoken)
+        features = word_features(ck, texts, sites, p.words, extraction, subtoken=p.subtoken)
         check_probe_sample(features[sites[0]][1], N_SPLITS, p.allow_small_samples, ck.label)
         for site in sites:
             rows += separability_rows(

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lime_probe.extraction.settings import Extraction
+
 from .base import Checkpoint, Result, Spec, group, option
 
 EVAL_FILE = "arithmetic_eval.json"  # written by the trainer for arithmetic recipes
@@ -25,7 +27,7 @@ class AccuracyParams:
     """No options: the accuracy is the one the trainer measured."""
 
 
-def compute_curves(cks: Sequence[Checkpoint], _data: None, p: CurveParams, _extract_kw: None) -> Result:
+def compute_curves(cks: Sequence[Checkpoint], _data: None, p: CurveParams, _extraction: Extraction) -> Result:
     """Training loss against FLOPs and tokens, one row per logged record of each run's metrics.jsonl."""
     from lime_probe.output.results import read_metrics
 
@@ -71,7 +73,9 @@ def has_metrics(ck: Checkpoint) -> bool:
     return (Path(ck.source) / "metrics.jsonl").is_file()
 
 
-def compute_accuracy(cks: Sequence[Checkpoint], _data: None, p: AccuracyParams, _extract_kw: None) -> Result:
+def compute_accuracy(
+    cks: Sequence[Checkpoint], _data: None, p: AccuracyParams, _extraction: Extraction
+) -> Result:
     """Exact-answer accuracy by operator count, as each run's trainer measured it (arithmetic_eval.json)."""
     rows = []
     for c in cks:

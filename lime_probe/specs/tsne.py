@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lime_probe.extraction.settings import Extraction
 from lime_probe.extraction.sites import DEFAULT_WORDS
 from lime_probe.protocol import defaults
 
@@ -169,15 +170,13 @@ def from_features(
     return _result(rows, summary, name=name, what=what, perplexity=perplexity, seed=seed, default=False)
 
 
-def compute(
-    cks: Sequence[Checkpoint], texts: Sequence[str], p: TsneParams, extract_kw: dict | None
-) -> Result:
+def compute(cks: Sequence[Checkpoint], texts: Sequence[str], p: TsneParams, extraction: Extraction) -> Result:
     """t-SNE of the occurrences of ``p.words`` in ``texts`` per layer at ``p.site`` (default: `value_sites`)."""
     rows: list[dict] = []
     summary: list[dict] = []
     for ck in cks:
         sites = value_sites(ck, p.site)
-        features = word_features(ck, texts, sites, p.words, extract_kw, subtoken=p.subtoken)
+        features = word_features(ck, texts, sites, p.words, extraction, subtoken=p.subtoken)
         for site in sites:
             r, s = tsne_rows(
                 {ck.label: features[site]},

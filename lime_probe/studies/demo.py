@@ -48,7 +48,7 @@ from lime_model.train import SecondEpochWarning, train
 from lime_probe.extraction.loading import load
 from lime_probe.output.report import write_report
 from lime_probe.output.results import run_metadata
-from lime_probe.specs import ANALYSES, Checkpoint, Result, write_analysis
+from lime_probe.specs import ANALYSES, Checkpoint, Extraction, Result, write_analysis
 from lime_probe.specs import separability as separability_spec
 from lime_probe.specs import tsne as tsne_spec
 from lime_probe.specs.base import check_class_counts, extract_site
@@ -247,7 +247,7 @@ def run_demo(
     recipe = load_recipe(str(run_dirs["LIMe"] / "recipe.json"))
     _, test = recipe_splits(recipe, with_train=False)
     steps = recipe.steps
-    extract_kw = {"max_length": recipe.seq_len, "batch_size": 32, "cache_dir": None}
+    extraction = Extraction(max_length=recipe.seq_len, batch_size=32)
 
     _stage(3, n, "accuracy by operator count and training curves")
     results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
@@ -263,14 +263,14 @@ def run_demo(
     texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
     for site in ("values", "hidden"):  # one sequence per arithmetic sample (samples share a format)
         results.append(
-            ANALYSES["entropy"].run(cks, texts, extract_kw, site=site, seed=seed, unit="documents")
+            ANALYSES["entropy"].run(cks, texts, extraction, site=site, seed=seed, unit="documents")
         )
 
     _stage(5, n, f"separability and t-SNE of close numbers ({NUMBER_SITE})")
     probe_texts = [
         sample_text(s, tok) for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number, seed)
     ]
-    acts = {c.label: extract_site(c, probe_texts, NUMBER_SITE, extract_kw) for c in cks}
+    acts = {c.label: extract_site(c, probe_texts, NUMBER_SITE, extraction) for c in cks}
     for key, numbers in NUMBER_SETS.items():
         feats = {
             c.label: number_features(acts[c.label], c.tokenizer, NUMBER_SITE, numbers, c.label) for c in cks

@@ -49,9 +49,9 @@ class Data:
     @functools.cached_property
     def test_texts(self) -> list[str]:
         """The documents of ``test``, read once for every measure that reads them."""
-        from lime_model.data import load_texts
+        from lime_probe.specs.data import load_data
 
-        return load_texts(str(self.test))
+        return load_data("texts", str(self.test))
 
     @functools.cached_property
     def digests(self) -> dict[str, list[list[str]]]:
@@ -120,8 +120,10 @@ def train_seed(
     from lime_model.reproducible import check_same_mode
     from lime_model.train import SecondEpochWarning, train
 
-    runs = {}
-    for label, overrides in study.models.items():
+    runs: dict[str, Path] = {}
+    for label, declared in study.models.items():
+        # "{run:LABEL}": the run of a model declared before, of this seed (a run that starts from it)
+        overrides = {k: v if (ref := _reference(v)) is None else str(runs[ref]) for k, v in declared.items()}
         run = out / "train" / run_name(label, seed)
         check_same_mode(run, reproducible)
         done = finished(run)
@@ -186,10 +188,9 @@ def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[An
     if data is None:
         raise ValueError(f"measure {m.analysis!r} reads {m.data!r}: the study needs --data")
     if m.data == "blimp":
-        from lime_probe.probes.blimp import load_blimp
-        from lime_probe.specs.blimp import chosen_paradigms
+        from lime_probe.specs.data import load_data
 
-        return load_blimp(str(data.blimp), chosen_paradigms(spec.params(**m.params))), kw
+        return load_data("blimp", str(data.blimp), params=spec.params(**m.params)), kw
     texts = data.test_texts[: m.max_texts]
     if m.data == "test":
         return texts, kw
@@ -227,11 +228,11 @@ def with_runs(m: Measure, runs: Mapping[str, Path]) -> Measure:
 
 def run_measure(m: Measure, cks: list, runs: Sequence[Path], data: Data | None):
     """``m``'s analysis on the checkpoints ``cks`` (their runs ``runs``): a `Result`."""
-    from lime_probe.specs import ANALYSES
+    from lime_probe.specs import ANALYSES, Extraction
 
     spec = ANALYSES[m.analysis]
     source, kw = measure_data(m, spec, cks[0], runs[0], data)
-    return spec.compute(cks, source, spec.params(**m.params), kw)
+    return spec.compute(cks, source, spec.params(**m.params), Extraction(**kw))
 
 
 def measure_runs(

@@ -1,0 +1,157 @@
+"""One traced forward pass of a batch (`trace_batch`): inside an nnsight trace it reads the module values
+`planning` lists, in the order the pass produces them, and keeps each site's rows (`select_rows`; attention
+weights as `pattern_rows`), with the sequences' summed log-probabilities (`token_logprobs`) where asked;
+`attention_for` runs the attention implementation that returns weights where a site reads them.
+
+nnsight notes: the trace lives in this module, so `extract` works from scripts, notebooks, ``python -c``
+and stdin alike; a model must not be traced from two threads at once (use one model per thread).
+Each forward stops (``tracer.stop()``) right after the last site it needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import nnsight
+import torch
+
+from lime_probe.extraction.planning import SitePlan
+from lime_probe.extraction.transfer import finish_host_copies, to_host
+
+
+def envoy_path(path: str) -> str:
+    """A module path ending in .input/.output as nnsight spells it: a module named like an attribute every Envoy
+    has (BERT's ``output`` submodules) is served under nnsight's prefixed name (``E_output``)."""
+    *modules, what = path.split(".")
+    prefix = nnsight.Envoy.OVERLOAD_PREFIX
+    return ".".join(
+        [
+            prefix + m
+            if not m.startswith("_") and inspect.isdatadescriptor(getattr(nnsight.Envoy, m, None))
+            else m
+            for m in modules
+        ]
+        + [what]
+    )
+
+
+@contextlib.contextmanager
+def attention_for(hf: Any, weights: bool, remote: bool | str = False) -> Iterator[str]:
+    """A context in which `hf` runs the attention implementation it yields: its own, or "eager" where the
+    attention `weights` are read and it runs another (SDPA and flash attention return none), with a
+    one-line warning, restoring its own after. A remote model cannot be switched: ValueError."""
+    own = getattr(hf.config, "_attn_implementation", None) or "eager"
+    if not weights or own == "eager":
+        yield own
+        return
+    if remote and remote != "local":
+        raise ValueError(f"attn_pattern needs eager attention, and this remote model runs {own!r}")
+    warnings.warn(
+        f"attn_pattern: {type(hf).__name__} runs {own!r} attention, which returns no weights; this "
+        "extraction runs eager attention for every site (load with attn_implementation='eager' to choose it)",
+        stacklevel=4,  # the caller of `extract` (through contextlib and `extract`)
+    )
+    hf.set_attn_implementation("eager")
+    try:
+        yield "eager"
+    finally:
+        hf.set_attn_implementation(own)
+
+
+def pattern_rows(weights: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Attention weights (batch, heads, T, T) as a row per query (batch, T, heads * width): per head, the
+    weights over the sequence's keys counted from its first real token (`mask` (batch, T) marks them, one
+    contiguous run whichever side is padded), zero past its end and from T to `width`."""
+    b, h, t, _ = weights.shape
+    mask = mask.to(weights.device)
+    positions = torch.arange(t, device=weights.device)
+    start = (mask.cumsum(1) == 0).sum(1, keepdim=True)  # the first real token (left padding: after the pads)
+    columns = (start + positions).clamp(max=t - 1)  # (batch, T): key k of each sequence
+    aligned = weights.gather(-1, columns[:, None, None, :].expand(b, h, t, t))
+    aligned = aligned * (positions < mask.sum(1, keepdim=True))[:, None, None, :]
+    return torch.nn.functional.pad(aligned, (0, width - t)).transpose(1, 2).flatten(2)
+
+
+def trace_batch(
+    nn_model: Any,
+    batch: dict[str, torch.Tensor],
+    keep: torch.Tensor,
+    plan: SitePlan,
+    pool: str,
+    remote: bool | str,
+    index: list[int],
+    logprobs: bool = False,
+) -> dict[str, torch.Tensor]:
+    """One traced forward pass of `batch` (sequences `index` of the input): "<site>/<layer>" -> selected
+    rows (float32, CPU); with `logprobs` also "logprobs" -> (batch,) float64, each sequence's summed
+    log p(t_i | t_<i) over its real tokens after the first. Rows are selected (or pooled) on the model's
+    device and travel to the host in its dtype (`lime_probe.extraction.transfer`), from a local GPU
+    without stalling the pass; a remote run copies them where it runs, synchronously."""
+    inputs = {k: v.to(keep.device) for k, v in batch.items()}
+    host = to_host if not remote else torch.Tensor.cpu
+    if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
+        nnsight.register(__package__)
+    with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
+        rows = nnsight.save({})
+        for read in plan.reads:
+            value = nn_model.get(envoy_path(read.path))
+            for site, layer, take in read.targets:
+                x = take(value)
+                if site == "attn_pattern":
+                    x = pattern_rows(x, inputs["attention_mask"], plan.heads[site][1])
+                elif x.shape[:2] != keep.shape and x.shape[:1] == (keep.numel(),):
+                    x = x.unflatten(0, keep.shape)  # tokens flattened batch-major (OPT's fc1/fc2 inputs)
+                if x.shape[:2] != keep.shape:
+                    raise ValueError(
+                        f"site {site!r} layer {layer} gives a {tuple(x.shape)} tensor, not (batch, seq, ...) "
+                        f"= {tuple(keep.shape)}"
+                    )
+                # dims after seq flattened: a module site may give (batch, seq, heads, head_dim)
+                rows[f"{site}/{layer}"] = host(select_rows(x.reshape(*keep.shape, -1), keep, pool, None))
+        if logprobs:
+            rows["logprobs"] = host(
+                token_logprobs(nn_model.output.logits, inputs["input_ids"], inputs["attention_mask"])
+            )
+        tracer.stop()
+    rows = finish_host_copies(rows, keep.device)
+    for name, x in rows.items():
+        if not torch.isfinite(x).all():
+            what = (
+                "log-probabilities"
+                if name == "logprobs"
+                else "activations (NaN/Inf) at site {!r} layer {}".format(*name.split("/"))
+            )
+            shown = ", ".join(map(str, sorted(index)[:8])) + (", ..." if len(index) > 8 else "")
+            raise ValueError(f"non-finite {what} in a batch of sequences {shown}")
+    return rows
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Summed next-token log-probabilities: logits (batch, seq, vocab), input_ids and attention_mask
+    (batch, seq) -> (batch,) float64, sum over positions i >= 1 where tokens i-1 and i are both real of
+    log softmax(logits[i-1])[input_ids[i]] (left or right padding)."""
+    input_ids, attention_mask = input_ids.to(logits.device), attention_mask.to(logits.device)
+    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    pairs = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
+    return torch.where(pairs, logp, 0.0).double().sum(-1)
+
+
+def select_rows(
+    x: torch.Tensor, keep: torch.Tensor, pool: str, dtype: torch.dtype | None = torch.float32
+) -> torch.Tensor:
+    """Rows of x (batch, seq, dim) where keep (batch, seq) is True, in sequence order -> (n, dim) in
+    `dtype` (None: x's own); with pool="mean" the mean over each sequence's kept tokens -> (batch, dim),
+    summed in float32 (None: kept in float32). Computed on x's device."""
+    keep = keep.to(x.device)  # a layer of a device-mapped (or remote) model: on its own device
+    if pool == "mean":
+        weights = keep.unsqueeze(-1)
+        rows = torch.where(weights, x, 0).sum(1, dtype=torch.float32) / weights.sum(1)
+    else:
+        rows = x[keep]
+    return rows if dtype is None else rows.to(dtype)

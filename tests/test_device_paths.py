@@ -1,0 +1,110 @@
+"""Extraction in the model's own dtype and the entropy on a chosen device, checked on the CPU.
+
+A bfloat16 model is extracted in bfloat16 (rows selected and pooled where the model runs, moved to the
+host in its dtype, float32 there) and compared with the float32 extraction of the same weights; the
+entropy's device path (batches moved to ``device`` in their own dtype, float64 there) against the host
+path and an independent NumPy computation. The pinned, non-blocking copies of a CUDA model need a GPU:
+here `to_host` and `finish_host_copies` run their host branch.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_model, tiny_tokenizer
+
+from lime_probe.extraction.forward import select_rows
+from lime_probe.extraction.tracing import extract
+from lime_probe.extraction.transfer import finish_host_copies, to_host
+from lime_probe.probes.entropy import layer_entropy, stream_entropy
+
+TEXTS = [
+    "The cat is on the mat and the dogs are in the garden.",
+    "It was",
+    "She was happy because the results were good.",
+    "Layers are functions.",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("arch", ["llama", "lime"])
+def test_bf16_extraction_equals_fp32_extraction_of_the_bf16_weights(tok, arch):
+    """Same weights (the bf16 model's, widened to float32 for the reference): every site's rows and
+    pooled means agree within bfloat16's precision (8 bits: a relative error of 2^-8 per operation,
+    ~1e-2 after a few layers), and both come back as float32."""
+    bf16 = tiny_model(arch, tok).to(torch.bfloat16)
+    fp32 = copy.deepcopy(bf16).float()
+    sites = ["hidden", "values"] + (["routed_values"] if arch == "lime" else [])
+    for pool in ("none", "mean"):
+        low = extract(bf16, tok, TEXTS, sites=sites, pool=pool, batch_size=2, progress=False)
+        ref = extract(fp32, tok, TEXTS, sites=sites, pool=pool, batch_size=2, progress=False)
+        assert torch.equal(low.offsets, ref.offsets)
+        for site in sites:
+            for layer in ref.layers(site):
+                assert low[site][layer].dtype == torch.float32
+                assert relative_error(low[site][layer], ref[site][layer]) < 2e-2, (pool, site, layer)
+
+
+def test_rows_stay_in_the_models_dtype_and_means_are_summed_in_float32():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 4).to(torch.bfloat16)
+    keep = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    rows = select_rows(x, keep, "none", None)
+    assert rows.dtype == torch.bfloat16 and torch.equal(rows, x[keep])
+    wide = x.double()
+    expected = torch.stack([wide[i][keep[i]].mean(0) for i in range(3)])
+    mean = select_rows(x, keep, "mean", None)
+    assert mean.dtype == torch.float32
+    torch.testing.assert_close(mean.double(), expected, atol=1e-6, rtol=1e-6)  # float32 sums, not bf16
+    assert select_rows(x, keep, "none").dtype == torch.float32  # the default: float32 rows
+
+
+def test_host_copies_come_back_as_float32_with_log_probabilities_kept():
+    rows = {"hidden/0": to_host(torch.ones(2, 3, dtype=torch.bfloat16)), "logprobs": torch.zeros(2).double()}
+    done = finish_host_copies(rows, torch.device("cpu"))
+    assert done["hidden/0"].dtype == torch.float32 and torch.equal(done["hidden/0"], torch.ones(2, 3))
+    assert done["logprobs"].dtype == torch.float64
+
+
+def numpy_entropy(seqs: list[np.ndarray], alpha: float, zscore: bool, eps: float = 1e-5) -> np.ndarray:
+    """An independent float64 computation: (global z-score,) the smaller Gram matrix (t x t, or d x d when
+    t > d: the larger one's zero eigenvalues come out as round-off, which p^alpha magnifies to ~1e-9),
+    eigenvalues / trace, Renyi."""
+    if zscore:
+        rows = np.concatenate(seqs)
+        mean, std = rows.mean(0), rows.std(0, ddof=1)
+        seqs = [(z - mean) / (std + eps) for z in seqs]
+    out = []
+    for z in seqs:
+        gram = z @ z.T if z.shape[0] <= z.shape[1] else z.T @ z
+        p = np.clip(np.linalg.eigvalsh(gram), 0, None) / np.trace(gram)
+        out.append(np.log((p**alpha).sum()) / (1 - alpha))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("preset", ["lime", "layer-by-layer"])
+def test_entropy_on_a_given_device_equals_the_host_path(preset):
+    """fp64 input: the device path (here device="cpu", the same code a GPU runs) equals the host path to
+    1e-10, and for the "lime" preset an independent NumPy computation; bf16 input moved to the device and
+    converted there equals its exact float64 values."""
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randn(t, 6, generator=gen, dtype=torch.float64) for t in (4, 4, 7, 3, 9)]
+    host = layer_entropy(seqs, preset, n_boot=10)
+    device = layer_entropy(seqs, preset, n_boot=10, device="cpu")
+    np.testing.assert_allclose(device.values, host.values, rtol=0, atol=1e-10)
+    if preset == "lime":
+        expected = numpy_entropy([z.numpy() for z in seqs], alpha=0.5, zscore=True)
+        np.testing.assert_allclose(device.values, expected, rtol=0, atol=1e-10)
+    low = [z.to(torch.bfloat16) for z in seqs]
+    on_device = stream_entropy(lambda: [low[:2], low[2:]], preset, n_boot=10, device="cpu")
+    widened = layer_entropy([z.double() for z in low], preset, n_boot=10)
+    np.testing.assert_allclose(on_device.values, widened.values, rtol=0, atol=1e-10)
