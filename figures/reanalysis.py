@@ -8,7 +8,10 @@ t-interval of the folder's committed differences.csv comes out again (to 1e-9), 
 ``reanalysis.md`` and ``reanalysis.csv`` into the folder: each claim's primary endpoint with its paired
 t-interval, the t-test's and the exact sign-flip p and the minimum detectable effect; the per-layer
 differences as exploratory, Holm- and BH-adjusted over layers. For the arithmetic studies
-the per-tier accuracy figure (`accuracy.png`) is redrawn with its 95 % t-intervals; other figures are not.
+the per-tier accuracy figure (`accuracy.png`) is redrawn with its 95 % t-intervals, and for
+arithmetic-kv-init every figure the study runner draws from its tables (per-layer, endpoints); the
+others are not. A study whose per-run training curves are committed (`CURVE_TABLES`) has its
+`loss_vs_flops` figure redrawn from them, as the runner draws it from the runs' metrics.
 
     python figures/reanalysis.py                      # every study below
     python figures/reanalysis.py figures/lm-cpu       # one
@@ -32,6 +35,8 @@ ARITHMETIC_STUDIES = ("arithmetic-seeds", "arithmetic-kv-init")
 # written by the study runner itself: each per-run table holds its measure's rows as measured
 RUNNER_STUDIES = ("lm-cpu-10-seeds",)
 ALL = LM_STUDIES + ARITHMETIC_STUDIES + RUNNER_STUDIES
+# studies whose per-run training curves are committed: the table loss_vs_flops is redrawn from
+CURVE_TABLES = {"lm-cpu-lr-sweep": "curves.csv"}
 # per-layer tables (measured on the values, the W_V output): their value column -> the runner's column
 PER_LAYER = {"entropy": ("entropy_mean", "entropy_mean"), "separability": ("accuracy", "accuracy_mean")}
 
@@ -169,7 +174,7 @@ def reanalyse(folder: Path) -> Path:
     from lime_probe.output.plots import save_figure
     from lime_probe.output.results import atomic_write_text, rows_to_csv
     from lime_probe.studies import STUDIES
-    from lime_probe.studies.findings import claim_table, compare, findings, tier_figure
+    from lime_probe.studies.findings import claim_table, compare, findings, table_figures, tier_figure
 
     name = folder.name
     if name not in ALL:
@@ -203,8 +208,9 @@ def reanalyse(folder: Path) -> Path:
     if name == "arithmetic-kv-init":
         intro += (
             " The protocol named the two primary endpoints tested here (3-operator accuracy: routing at LLaMA's "
-            "init, and PyTorch's init without routing); Holm over the secondary endpoints is new. `accuracy.png` "
-            "is redrawn by the runner's per-tier figure from `accuracy.csv`."
+            "init, and PyTorch's init without routing); Holm over the secondary endpoints is new. The figures "
+            "are redrawn from `accuracy.csv` and `entropy.csv` by the runner's figures of today: `accuracy.png` "
+            "(per tier), `endpoints.png` and `value_entropy_values_per_layer.png`."
         )
     elif name in ARITHMETIC_STUDIES:
         intro += (
@@ -212,8 +218,13 @@ def reanalyse(folder: Path) -> Path:
             "this re-analysis makes the hardest tier (3 operators) primary, a choice made after its results were "
             "seen (ours), and the 2-operator tier and the mean value entropy secondary."
         )
-    if name in ARITHMETIC_STUDIES:  # per tier, each model's mean with the 95 % t-interval of the mean
-        save_figure(tier_figure(list(study.models), measured, seeds), folder / "accuracy")
+    figures = {}
+    if name == "arithmetic-kv-init":  # every figure the runner draws from these tables
+        figures = table_figures(study, measured, diff, seeds)
+    elif name in ARITHMETIC_STUDIES:  # per tier, each model's mean with the 95 % t-interval of the mean
+        figures = {"accuracy": tier_figure(list(study.models), measured, seeds)}
+    for stem, figure in figures.items():
+        save_figure(figure, folder / stem)
     title, rest = findings(study, diff, seeds).split("\n", 1)
     if name in RUNNER_STUDIES:
         rest += "\n".join(
@@ -233,6 +244,19 @@ def reanalyse(folder: Path) -> Path:
     return atomic_write_text(folder / "reanalysis.md", f"{title} (re-analysis)\n\n{intro}\n{rest}")
 
 
+def redraw_curves(folder: Path) -> Path:
+    """``folder/loss_vs_flops`` (PNG, PDF) from its committed per-run curves (`CURVE_TABLES`), by the
+    runner's figure; returns the PNG's path."""
+    from lime_probe.output.plots import save_figure
+    from lime_probe.studies import STUDIES
+    from lime_probe.studies.findings import curves_figure
+
+    study = STUDIES[folder.name]
+    rows = read_csv(folder / CURVE_TABLES[folder.name])
+    figure = curves_figure(rows, list(study.models), study.seeds)
+    return save_figure(figure, folder / "loss_vs_flops")[0]
+
+
 def official_comparison() -> tuple:
     """The official analysis's site comparison for each routing model against LLaMA: its routed values'
     mean entropy against LLaMA's values' (value_wrapper.py records the routed read for LIMe)."""
@@ -247,10 +271,10 @@ def official_comparison() -> tuple:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    folders = [Path(a) for a in args] or [HERE / s for s in ALL]
+    folders = [Path(a) for a in args] or [HERE / s for s in (*ALL, *CURVE_TABLES)]
     try:
         for folder in folders:
-            print(reanalyse(folder))
+            print(redraw_curves(folder) if folder.name in CURVE_TABLES else reanalyse(folder))
     except (FileNotFoundError, ValueError) as e:
         print(f"reanalysis: {e}", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from . import reproducible
-from .checks import one_line
+from .checks import one_line, weight_files
 from .distributed import on_main, sharded
 from .files import atomic_dir, atomic_write, check_writable, naming_disk_full, umask
 from .recipes import Recipe, identity
@@ -188,10 +188,12 @@ def _quiet_hf_progress():
             hf_logging.enable_progress_bar()
 
 
-def load_weights(ckpt: Path, model) -> None:
-    """The checkpoint's weights into the (unwrapped) model."""
-    missing, unexpected = model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is stored once, as the embedding
+def load_weights(ckpt: Path, model, absent: frozenset[str] = frozenset()) -> None:
+    """The weights of the checkpoint or model folder ``ckpt`` (``model.safetensors``, or the shards its
+    index lists) into the (unwrapped) model; the parameters named in ``absent`` keep their values."""
+    state = {name: t for path in weight_files(ckpt) for name, t in load_file(path).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight", *absent}:  # a tied head is stored once
         raise ValueError(f"{ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
 
 

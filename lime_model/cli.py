@@ -81,6 +81,13 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="optimizer steps (overrides the recipe's steps/epochs)")
     p.add_argument("--seed", type=int, help="the run's seed (default: the recipe's)")
     p.add_argument(
+        "--init",
+        metavar="DIR",
+        help="start from this saved model's weights and tokenizer (a finished run, a checkpoint, an "
+        "upcycled LLaMA) instead of a random init; its shape must be the recipe's; a LLaMA run with a routed "
+        "recipe is upcycled (routers at self-only routing); shorthand for --set init=DIR",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="require a run in --out to continue from its last checkpoint (an unfinished one is continued "
@@ -120,7 +127,7 @@ def _train(args: argparse.Namespace) -> None:
     from .train import train
 
     overrides = parse_set(args.set)
-    for key in ("data", "eval_data", "routing", "steps", "seed"):
+    for key in ("data", "eval_data", "routing", "steps", "seed", "init"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     if args.arch is not None:
@@ -135,6 +142,26 @@ def _train(args: argparse.Namespace) -> None:
         **overrides,
     )
     print(out)
+
+
+def _upcycle_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ckpt", required=True, metavar="DIR|HUB_ID", help="a LLaMA-style causal LM: a folder or a hub id"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="the LIMe checkpoint's folder (new or empty)")
+    p.add_argument(
+        "--routing",
+        default="full",
+        help="the LIMe routing spec, e.g. full, last-4, dilated-2, dynamic (default: %(default)s); "
+        "its routers start at self-only routing",
+    )
+    _threads(p)
+
+
+def _upcycle(args: argparse.Namespace) -> None:
+    from .upcycle import upcycle
+
+    print(upcycle(args.ckpt, args.out, args.routing))
 
 
 def _prepare_options(p: argparse.ArgumentParser) -> None:
@@ -292,6 +319,16 @@ def _eval_downstream(args: argparse.Namespace) -> None:
 def _check_train(args: argparse.Namespace) -> None:
     _check_out(args)
     _check_data(args.data, args.eval_data)
+    if args.init is not None:
+        from .upcycle import check_init_dir
+
+        check_init_dir(args.init)
+
+
+def _check_upcycle(args: argparse.Namespace) -> None:
+    from .upcycle import check_inputs  # imports no torch
+
+    check_inputs(args.ckpt, args.out)
 
 
 def _check_downstream(args: argparse.Namespace) -> None:
@@ -398,6 +435,22 @@ accelerate launch --num_processes 8 -m lime_model.cli train --recipe lime-1b-gqa
             interrupted="run the same command again to continue the run in {out}",
         ),
         Command(
+            "upcycle",
+            "convert a pretrained LLaMA-style causal LM into a LIMe whose routers start at self-only routing",
+            f"""\
+# runs/llama: a LLaMA run (lime-model train ... --routing none); then train on from self-only routing
+lime-model upcycle --ckpt runs/llama --out runs/llama-lime && lime-model train --recipe cpu-tiny --init runs/llama-lime --data {DATA}/valid.txt --out runs/llama-lime-more
+lime-model upcycle --ckpt meta-llama/Llama-3.2-1B --out runs/llama32-lime --routing last-4   # not run in tests: the hub's weights
+""",
+            _upcycle,
+            _upcycle_options,
+            check=_check_upcycle,
+            description="Copies a LLaMA, a Mistral without a sliding window or a lime-model LLaMA run (routing\n"
+            "none) by parameter name into a LIMe with --routing, its routers at self-only routing (each head\n"
+            "reads its own layer's K/V), so its logits equal the source's until it trains (train --init).\n"
+            "What LIMe cannot represent exactly (Qwen2's q/k/v biases, a sliding window) is refused.",
+        ),
+        Command(
             "prepare",
             "tokenise and pack a recipe's data into the cache that train reads, in parallel",
             f"""\
@@ -470,8 +523,9 @@ lime-model plan --recipe lime-1b-gqa --gpus 8 --gpu-memory 80GiB --json plan.jso
             "category under DDP and, on 2 GPUs or more, under FSDP2 (torch's FSDPMemTracker, a fake process\n"
             "group; LIMe: each with and without recompute_routed_kv), whether it fits --gpu-memory and by\n"
             "how much; tokens per step, FLOPs per token and the step time at --mfu of --peak-tflops.\n"
-            "Tensor bytes, as torch.cuda.max_memory_allocated counts them (lime_model.plan says what is not\n"
-            "counted); DDP's validated against real CPU steps (tests/test_plan.py).",
+            "Tensor bytes plus the CUDA allocator's block rounding and cuBLAS workspaces, as\n"
+            "torch.cuda.max_memory_allocated counts them (lime_model.plan says what is modelled and what is\n"
+            "not); DDP's validated against real CPU steps (tests/test_plan.py).",
         ),
         Command(
             "recipes",

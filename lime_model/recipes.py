@@ -19,6 +19,9 @@ Key meanings (batch sizes count sequences):
   1B run reads, so no token need be seen twice); ``max_texts`` then only caps.
 * ``tokenizer``: a tokenizer directory or hub name; ``null`` trains a byte-level BPE of
   ``model.vocab_size`` entries on the data (lm) or uses the task's characters (arithmetic).
+* ``init``: a saved model's folder (a finished run, a checkpoint, an upcycled LLaMA:
+  :mod:`lime_model.upcycle`) whose weights, config and tokenizer the run starts from instead of a random
+  init; its shape, routing and every model field the recipe states must be the recipe's.
 * ``batch_size``: sequences per optimizer step, over all processes; ``micro_batch_size``:
   sequences per forward pass on one process (the rest is gradient accumulation).
 * ``steps`` (or, when ``null``, ``epochs`` over the training set) sets the run length and with it
@@ -34,8 +37,8 @@ Key meanings (batch sizes count sequences):
 * ``schedule``: ``cosine`` / ``linear`` decay to ``min_lr`` after ``warmup_steps``, or ``constant``.
 * ``router_lr_mult``: router learning rate / ``lr``. The default, 10, is the paper's at 1B (App. A,
   Table 3: 1e-2 / 1e-3) and the official code's at every size (config.py); App. A found no effect of 1-4
-  at 135M and used the global rate at 360M, which ``lime-150m`` and ``arithmetic`` read as applying to
-  them (readings: they use 1); the deep recipes keep the official code's 1e-2 (configs/config_deep.yaml
+  at 135M and used the global rate at 360M, which ``arithmetic`` reads as applying to it (a reading: it
+  uses 1; ``lime-150m`` uses 10, as the CPU studies found x1 worse); the deep recipes keep the official code's 1e-2 (configs/config_deep.yaml
   at snapshot 601cd30); the CPU recipes use 10 (ours; each recipe's description says why).
 * ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``. ``bf16`` is
   accelerate's autocast on the CPU too, the GPU's code path (on an AVX2 CPU without bf16 units a step
@@ -123,6 +126,7 @@ class Recipe:
     max_texts: int | None = None
     one_pass: bool = False
     tokenizer: str | None = None
+    init: str | None = None
     routing: str = "full"
     model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_DEFAULTS))
     seq_len: int = 2048

@@ -138,6 +138,16 @@ class LimeRouter(nn.Module):
         if self.weight is not None:
             init_router_matrix(self.weight, len(self.sources), self.num_kv_heads)
 
+    def reset_self_only(self) -> None:
+        """Reinitialise at self-only routing: each head reads its own layer's head unchanged (the
+        coefficients are :func:`own_heads_only`), so the layer computes LLaMA's attention exactly; a
+        pretrained LLaMA upcycled to LIMe starts here (:mod:`lime_model.upcycle`). Learned parameters
+        that do not set the coefficients at this point keep their :meth:`reset_parameters` init."""
+        self.reset_parameters()
+        if self.weight is not None:
+            with torch.no_grad():
+                self.weight[:, : -self.num_kv_heads].zero_()  # the other sources' columns
+
     def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         """Mixing coefficients ``C [n, kv, S, kv, F]`` (see the module docstring).
 
@@ -198,6 +208,12 @@ class AverageRouter(LimeRouter):
     def learned(self) -> bool:
         return False
 
+    def reset_self_only(self) -> None:
+        if len(self.sources) > 1:
+            raise ValueError(
+                "routing 'average' has fixed weights 1/(i+1) on every source: it cannot start at self-only routing"
+            )
+
     def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         kv, S = self.num_kv_heads, len(self.sources)
         like: dict[str, Any] = (
@@ -221,6 +237,12 @@ class NoHeadMixRouter(LimeRouter):
             with torch.no_grad():
                 self.weight.uniform_(-bound, bound)
                 self.weight[:, -1] = 1.0
+
+    def reset_self_only(self) -> None:
+        self.reset_parameters()
+        if self.weight is not None:
+            with torch.no_grad():
+                self.weight[:, :-1].zero_()  # weight [kv, S]: one column per source
 
     def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         if self.weight is None:

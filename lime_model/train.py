@@ -92,6 +92,7 @@ from .optim import param_groups
 from .recipes import Recipe, load_recipe
 from .tasks import arithmetic
 from .tokenization import char_tokenizer, load_tokenizer, train_bpe
+from .upcycle import check_init_dir, init_config, load_init
 
 
 @dataclass
@@ -331,6 +332,9 @@ def train(
         **overrides: recipe fields, e.g. ``steps=100, routing="none", model={"hidden_size": 64}``.
     """
     recipe = load_recipe(recipe, overrides)
+    if recipe.init is not None:  # its refusals come before anything is written
+        check_init_dir(recipe.init)
+        init_config(recipe, model_config(recipe, load_tokenizer(recipe.init)))
     out_dir = Path(out_dir)
     accelerator = accelerator_for(recipe, **tracker_options(report_to, out_dir))
     world = accelerator.num_processes
@@ -380,7 +384,8 @@ def _training_data(recipe: Recipe, out_dir: Path, resume: bool, accelerator, pro
     """:func:`prepare_data` with the run's own tokenizer when a continued run saved one."""
     world = accelerator.num_processes
     saved_tokenizer = resume and (out_dir / "tokenizer_config.json").exists()
-    tokenizer = load_tokenizer(str(out_dir)) if saved_tokenizer else None
+    source = str(out_dir) if saved_tokenizer else recipe.init  # an init's embeddings are its tokenizer's
+    tokenizer = None if source is None else load_tokenizer(source)
     try:  # several processes only read the caches: rank 0 tokenising behind a barrier times out at scale
         return prepare_data(
             recipe, tokenizer, progress=progress and accelerator.is_main_process, build=world == 1
@@ -393,12 +398,18 @@ def _training_data(recipe: Recipe, out_dir: Path, resume: bool, accelerator, pro
 
 
 def _start(accelerator, recipe: Recipe, data: TrainingData, out_dir: Path, ckpt: Path | None):
-    """The model, optimizer and schedule, from ``ckpt`` when given: ``(run, first step, tokens seen)``."""
+    """The model, optimizer and schedule, from ``ckpt`` when given (else the weights of ``recipe.init``,
+    else a random init): ``(run, first step, tokens seen)``."""
     torch.manual_seed(recipe.seed)
+    init = None if recipe.init is None else Path(recipe.init)
     config = model_config(recipe, data.tokenizer)
+    if init is not None:
+        config = init_config(recipe, config)
     model = AutoModelForCausalLM.from_config(config)  # the arch's class (registered by lime_model)
     if ckpt is not None:
         load_weights(ckpt, model)
+    elif init is not None:
+        load_init(init, model)
     model.train()
     world = accelerator.num_processes
     if recipe.fsdp and world > 1:  # before the optimizer: sharding replaces the parameters

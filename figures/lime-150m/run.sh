@@ -7,9 +7,22 @@ set -euo pipefail
 DATA=$(cd "$1" && pwd)  # absolute: the recipe records the data path, and a resumed run must name the same
 GPUS=${2:-8}
 OUT=runs/lime-150m
+TEST="$DATA/fineweb-edu/test.jsonl"
 
-# 1. tokenise the training shards once (the packed-token cache every process reads)
-lime-model prepare --recipe lime-150m --data "$DATA/fineweb-edu/train"
+# 0. the data the protocol fixes, by name and hash (recorded at the first read), and the declaration it
+# amends: nothing trains until the study declares the amendment's eleven secondary endpoints
+bash "$(dirname "$0")/check_data.sh" "$DATA"
+python -c "
+import sys
+from lime_probe.studies import STUDIES
+n = sum(c.role == 'secondary' for c in STUDIES['lime-150m'].claims)
+if n != 11:
+    print(f'run.sh: the lime-150m declaration holds {n} secondary endpoints, the protocol 11', file=sys.stderr)
+    sys.exit(2)
+"
+
+# 1. tokenise the training shards and the held-out documents once (the cache every process reads)
+lime-model prepare --recipe lime-150m --data "$DATA/fineweb-edu/train" --eval-data "$TEST"
 
 # 2. train every run, seed-major, each over all GPUs (DDP); a finished run is refused, so it is skipped
 for seed in 0 1 2 3 4; do
@@ -18,8 +31,8 @@ for seed in 0 1 2 3 4; do
     run="$OUT/train/$1-s$seed"
     if [ -f "$run/model.safetensors" ]; then continue; fi
     accelerate launch --multi_gpu --num_processes "$GPUS" "$(command -v lime-model)" train \
-      --recipe lime-150m --data "$DATA/fineweb-edu/train" --seed "$seed" --routing "$2" \
-      --out "$run" --no-progress
+      --recipe lime-150m --data "$DATA/fineweb-edu/train" --eval-data "$TEST" --seed "$seed" \
+      --routing "$2" --out "$run" --no-progress
   done
 done
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from .reads import route_ablation_claims, route_ablation_measures, route_ablation_tiny
 from .study import LARGEST, Claim, Effect, Endpoint, Measure, Role, Selection, Study
+from .sweep_extension import sweep_extension
+from .upcycling import upcycling_study
 
 LIME = {"routing": "full"}
 LLAMA = {"routing": "none"}
@@ -232,6 +234,22 @@ SWEEP_MODELS = {
 SWEEP = Selection(
     VALIDATION_LOSS,
     {family: tuple(x for x in SWEEP_MODELS if x.startswith(family + "-")) for family in ("LLaMA", "LIMe")},
+)
+
+LR_SWEEP = replace(
+    study(
+        "lm-cpu-lr-sweep",
+        "Which base learning rate (and, for LIMe, router multiplier) gives each model its lowest "
+        "validation loss on held-out training text at CPU scale?",
+        SWEEP_MODELS,
+        (100, 101, 102),  # apart from the evaluation seeds 0-9 of the study that uses the choice
+        (),
+        lm=True,
+    ),
+    select=SWEEP,
+    overrides={"eval_holdout": SWEEP_HOLDOUT},
+    measures={"curves": Measure("training-curves", data="none")},
+    tiny={**LM_TINY, "measures": {}},
 )
 
 # --------------------------------------------------------------------------- the fair comparison
@@ -618,21 +636,8 @@ STUDIES: dict[str, Study] = {
             _ten_seeds_claims(),
             lm=True,
         ),
-        replace(
-            study(
-                "lm-cpu-lr-sweep",
-                "Which base learning rate (and, for LIMe, router multiplier) gives each model its lowest "
-                "validation loss on held-out training text at CPU scale?",
-                SWEEP_MODELS,
-                (100, 101, 102),  # apart from the evaluation seeds 0-9 of the study that uses the choice
-                (),
-                lm=True,
-            ),
-            select=SWEEP,
-            overrides={"eval_holdout": SWEEP_HOLDOUT},
-            measures={"curves": Measure("training-curves", data="none")},
-            tiny={**LM_TINY, "measures": {}},
-        ),
+        LR_SWEEP,
+        sweep_extension(LR_SWEEP, SWEEP_LRS, SWEEP_ROUTER_MULTS, sweep_label, lr_setting),
         replace(
             study(
                 "lm-cpu-fair",
@@ -680,6 +685,7 @@ STUDIES: dict[str, Study] = {
             measures=MEASURES_150M,
             tiny=TINY_150M,
         ),
+        upcycling_study(study, FAIR_LLAMA, LM_MEASURES, PERPLEXITY, entropy(), per_layer),
         study(
             "arithmetic-seeds",
             "Is LIMe more accurate than LLaMA on the Arithmetic Expression Task (Fig. 4b), over 5 seeds?",

@@ -321,26 +321,72 @@ def mean_curve(metrics: Sequence[Mapping[str, np.ndarray]]) -> dict:
     return out | {"low": losses.min(0), "high": losses.max(0)}
 
 
-def draw(study: Study, results: Path, measured: Measured, diff, seeds, runs, out: Path) -> None:
-    from lime_probe.output import charts as C
-    from lime_probe.output import plots as F
+CURVE_COLUMNS = ("step", "tokens", "flops", "loss")  # what loss_vs_flops draws of each run's metrics
+
+
+def curve_rows(
+    runs: Mapping[tuple[str, int], Path], labels: Sequence[str], seeds: Sequence[int]
+) -> list[dict]:
+    """Each run's training records (`CURVE_COLUMNS` of its metrics.jsonl) as rows with its ``model`` and
+    ``seed``: the table ``loss_vs_flops`` is drawn from, committed beside it so that it redraws."""
     from lime_probe.output.results import read_metrics
 
+    rows = []
+    for label in labels:
+        for s in seeds:
+            m = read_metrics(runs[label, s])
+            rows += [
+                {"model": label, "seed": s, **{k: float(m[k][i]) for k in CURVE_COLUMNS}}
+                for i in range(len(m["loss"]))
+            ]
+    return rows
+
+
+def curves_figure(rows: Sequence[Mapping], labels: Sequence[str], seeds: Sequence[int]):
+    """Training loss vs FLOPs and tokens from per-run rows (`curve_rows`, or a committed table of them):
+    each model's mean over ``seeds``, band min-max over them."""
+    from lime_probe.output import charts as C
+
+    per_run: dict[tuple[str, int], list[Mapping]] = {}
+    for r in rows:
+        per_run.setdefault((r["model"], int(r["seed"])), []).append(r)
+    curves = {
+        label: mean_curve(
+            [{k: np.array([float(r[k]) for r in per_run[label, s]]) for k in CURVE_COLUMNS} for s in seeds]
+        )
+        for label in labels
+    }
+    band = f"mean over {len(seeds)} seeds, band: min-max over {len(seeds)} seeds"
+    return C.plot_training_curves(curves, band=band)
+
+
+def table_figures(study: Study, measured: Measured, diff: Sequence[dict], seeds) -> dict[str, Any]:
+    """``{file stem: Figure}`` of the figures drawn from the measured tables and their comparisons: one
+    per-layer figure per endpoint read per layer, the endpoints' intervals, arithmetic accuracy per tier."""
     families: dict[tuple[str, str], list[Claim]] = {}
     for c in study.claims:
         if c.per is not None:
             families.setdefault((c.label(), c.per), []).append(c)
+    figures = {}
     for (label, per), claims in families.items():
         stem = "_".join("".join(ch if ch.isalnum() else " " for ch in f"{label} per {per}").split())
-        F.save_figure(per_layer_figure(study, measured, diff, claims, seeds), results / stem)
+        figures[stem] = per_layer_figure(study, measured, diff, claims, seeds)
     if any(r["role"] != "exploratory" for r in diff):
-        F.save_figure(endpoints_figure(diff, seeds), results / "endpoints")
+        figures["endpoints"] = endpoints_figure(diff, seeds)
     for name, m in study.measures.items():
         if m.analysis == "arithmetic-accuracy":
-            F.save_figure(tier_figure(list(study.models), measured, seeds, name), results / name)
-    curves = {label: mean_curve([read_metrics(runs[label, s]) for s in seeds]) for label in study.models}
-    band = f"mean over {len(seeds)} seeds, band: min-max over {len(seeds)} seeds"
-    F.save_figure(C.plot_training_curves(curves, band=band), results / "loss_vs_flops")
+            figures[name] = tier_figure(list(study.models), measured, seeds, name)
+    return figures
+
+
+def draw(
+    study: Study, results: Path, measured: Measured, diff, seeds, curves: Sequence[dict], out: Path
+) -> None:
+    from lime_probe.output import plots as F
+
+    for stem, fig in table_figures(study, measured, diff, seeds).items():
+        F.save_figure(fig, results / stem)
+    F.save_figure(curves_figure(curves, list(study.models), seeds), results / "loss_vs_flops")
     for name, m in study.measures.items():  # the per-seed figures (t-SNE, routers), as measured
         if m.per != "seed":
             continue
@@ -525,7 +571,9 @@ def write_findings(study: Study, results: Path, seeds, runs, measured: Measured,
     write_results(results / "endpoint_values", endpoint_table(study, measured, seeds), meta=meta)
     for name, rows in per_run_tables(measured).items():
         write_results(results / name, rows, meta=meta)
-    draw(study, results, measured, diff, seeds, runs, out)
+    curves = curve_rows(runs, list(study.models), seeds)
+    write_results(results / "loss_vs_flops", curves, meta=meta)
+    draw(study, results, measured, diff, seeds, curves, out)
     atomic_write_text(results / "findings.md", findings(study, diff, seeds, selection))
     atomic_write_text(
         results / "summary.json", json.dumps({"meta": meta, "differences": diff}, indent=1, default=str)

@@ -31,7 +31,7 @@ LARGEST = "largest"  # an `Endpoint.where` value: the largest value of that key 
 @dataclass(frozen=True)
 class Measure:
     """One analysis of the registry (``analysis``, a key of `lime_probe.specs.ANALYSES`) with its
-    ``params``, run on ``data``. ``extract`` adds extraction keywords (e.g. ``{"max_length": 24}``).
+    ``params``, run on ``data``. ``extract`` sets fields of its `Extraction` (e.g. ``{"max_length": 24}``).
     ``max_texts``: only the first texts of the data. A parameter ``"{run:LABEL}"`` is the path of model
     LABEL's run of the same seed (the mixing null's router); its weights join the measurement's cache key. ``per="run"``: each run alone, cached per run (what endpoints read); ``per="seed"``: the runs of
     ``models`` of one seed together, a descriptive figure per seed (t-SNE, routers)."""
@@ -185,7 +185,8 @@ class Selection:
 class Study:
     """A seeded comparison of models trained with one recipe (see the module docstring).
 
-    ``models``: label -> recipe overrides. ``data``: the layout of ``--data`` that the recipe trains on
+    ``models``: label -> recipe overrides; an override ``"{run:LABEL}"`` is the run folder of model LABEL,
+    declared before it, of the same seed (``{"init": "{run:LLaMA}"}``: a run that starts from that one). ``data``: the layout of ``--data`` that the recipe trains on
     and the measures read (`lime_probe.studies.runner.LAYOUTS`: "wikitext", "fineweb-edu"; BLiMP beside
     it), None when the recipe makes its own (arithmetic).
     ``protocol``: where the protocol is written (a path in the repository), ``results``: the committed
