@@ -8,6 +8,7 @@ the routed sites) built from configs; the tokenizer is the tests' tiny byte-leve
 
     python bench/extract_overhead.py                        # 8 layers, hidden 256, a batch of 8 x 256 tokens
     python bench/extract_overhead.py --device cuda --layers 16 --hidden 1024
+    python bench/extract_overhead.py --device cuda --dtype bfloat16   # the models in bfloat16
 
 Each repeat runs the baseline and every site once, in a shuffled order. Prints, for wall-clock and
 process CPU time, the median of each, the ratio of medians ours / baseline and the median of the
@@ -41,7 +42,7 @@ def make_texts(tok, n: int, n_tokens: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(words) for _ in range(2 * n_tokens)) for _ in range(n)]
 
 
-def build(kind: str, vocab: int, layers: int, hidden: int, device: str) -> torch.nn.Module:
+def build(kind: str, vocab: int, layers: int, hidden: int, device: str, dtype: str) -> torch.nn.Module:
     kw = dict(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -59,7 +60,7 @@ def build(kind: str, vocab: int, layers: int, hidden: int, device: str) -> torch
         config = lime_model.LimeConfig(routing="full", **kw)
     else:
         config = tf.LlamaConfig(**kw)
-    return tf.AutoModelForCausalLM.from_config(config).to(device).eval()
+    return tf.AutoModelForCausalLM.from_config(config).to(device, getattr(torch, dtype)).eval()
 
 
 def sync(device: str) -> None:
@@ -68,7 +69,7 @@ def sync(device: str) -> None:
 
 
 def bench(kind: str, sites: list[str], args: argparse.Namespace, tok) -> None:
-    hf = build(kind, len(tok), args.layers, args.hidden, args.device)
+    hf = build(kind, len(tok), args.layers, args.hidden, args.device, args.dtype)
     model = wrap(hf, tok)
     texts = make_texts(tok, args.batches * args.batch_size, args.seq)
     ids = tok(texts, truncation=True, max_length=args.seq)["input_ids"]
@@ -106,7 +107,7 @@ def bench(kind: str, sites: list[str], args: argparse.Namespace, tok) -> None:
             cpu[name].append(time.process_time() - start_cpu)
     print(
         f"{kind}: {args.layers} layers, hidden {args.hidden}, {args.batches} batch(es) of "
-        f"{args.batch_size} x {args.seq} tokens on {args.device}, {torch.get_num_threads()} threads; "
+        f"{args.batch_size} x {args.seq} tokens, {args.dtype} on {args.device}, {torch.get_num_threads()} threads; "
         f"median of {args.repeats}"
     )
     print(
@@ -126,6 +127,7 @@ def _stats(times: list[float], base: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seq", type=int, default=256)

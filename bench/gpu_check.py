@@ -1,31 +1,61 @@
 """The GPU check: one script, one JSON, sized to run in under 8 minutes on one H200.
 
-Sections, each timed and given a budget (printed at the start; a section past its budget starts no
-further row, finishing the one under way, and lists those it skipped):
+Sections, cheapest first (their bodies in ``bench/gpu_sections.py``), each timed against a budget
+printed at the start; a section with rows starts no row once its budget is spent and lists each row
+it skipped and why. The JSON is rewritten (atomically) before and after every section, so a run killed
+part-way keeps every section that finished and names the one under way (``"running"``).
 
-- ``step``: Table 17's step time (App. I: H100, 1B, PyTorch Inductor) in bf16 with ``torch.compile``,
-  forward + backward of the whole model (``bench/step_overhead.py``'s ``model`` scope and its
-  ``Steps``), LIMe full, first-4, last-4 and dilated-8 against LLaMA at the 1B GQA and MHA shapes
-  (Table 3-4: 16 layers, hidden 2048, 32 heads, 8 or 32 K/V heads), 4 x 2048 tokens (Table 3's
-  micro-batch in ``lime-1b-*``); the ratio is the median over interleaved rounds of variant / LLaMA
-  with its order-statistic interval. The paper's: full +10.5 % (MHA), +1.16 % (GQA), default mode +1.6 %.
 - ``parity``: a LIMe (and, beside it, a LLaMA) forward and backward under bf16 autocast against fp32
-  from the same weights: relative error of the logits, the loss and every gradient (norm of the
-  difference over the norm of the fp32 one), so LIMe's is read against LLaMA's.
+  from the same weights: relative error of the logits, the loss and every gradient.
+- ``generate``: greedy ``generate`` of a random LIMe: the tokens with the K/V cache equal those without
+  (fp32), and tokens per second with and without the cache in bf16.
+- ``extract``: ``lime_probe.extract`` (values, routed values) against a plain forward with the model
+  in bf16: the median per-round ratio of their times, with its interval.
+- ``fsdp``: one LIMe training step sharded with FSDP2 in a world of one process, through the trainer's
+  own path (``lime_model.distributed.shard``, ``prepare``): that it runs, its first loss minus the
+  unsharded model's on the same weights, and its peak against ``lime-model plan``'s FSDP2 figure.
 - ``memory``: peak GPU memory of one training step (forward, backward, AdamW step after a first one,
-  bf16 autocast as training runs it) of the ``lime-1b-gqa`` and ``lime-1b-mha`` recipes at one micro-batch,
-  LIMe and LLaMA, against ``lime-model plan``'s figure for the same step
-  (``lime_model.plan.step_memory(recipe, gpu=True, micro_batches=1).peak["Total"]``, bytes; in the dry run
-  the CPU's plan against the rise of the process's peak RSS).
-- ``probes``: on a random 1B-shape LIMe (full), tokens per second of a plain forward with
-  ``output_hidden_states``, of ``lime_probe.extract`` at values and routed values (their ratio to the
-  plain forward), of the matrix entropy over every layer's values, and of the BLiMP probe's
-  cross-validated logistic regression on mean-pooled features (random pairs: the accuracy is chance).
+  bf16 autocast as training runs it) of the ``lime-1b-gqa`` and ``lime-1b-mha`` recipes at one
+  micro-batch, LIMe and LLaMA, against ``lime-model plan`` (``step_memory(recipe, micro_batches=1)
+  .total``: tensor bytes plus the CUDA allocator's modelled terms), with the allocator's peak per phase
+  and its requested (unrounded) peak; in the dry run the CPU's plan against the rise of the peak RSS.
+- ``probes``: on a random 1B-shape LIMe (fp32 weights), extraction against a plain forward, the matrix
+  entropy over every layer's values and the BLiMP probe's logistic regression (random pairs: chance).
+- ``step``: Table 17's step time (App. I: H100, 1B, PyTorch Inductor) in bf16 with ``torch.compile``,
+  forward + backward of the whole model (``bench/step_overhead.py``'s ``Steps``), LIMe full, first-4,
+  last-4 and dilated-8 against LLaMA at the 1B GQA and MHA shapes (16 layers, hidden 2048, 32 heads, 8
+  or 32 K/V heads), 4 x 2048 tokens; the ratio is the median over interleaved rounds with its interval.
+  Each shape's LLaMA is compiled once and serves every row of that shape. A model's compile takes 45-70
+  s on an H200, ten of them more than the run's 8 minutes: so ``--compile-workers`` processes (3 by
+  default, about 28 GiB of GPU memory each while a model's first step runs) start with the run and
+  compile the ten models, in the step section's order, while the other sections run; their compiles
+  fill torch's on-disk caches (AOTAutograd's and Inductor's FX graph cache, ``TORCHINDUCTOR_CACHE_DIR``,
+  shared by the processes of one machine), so the step section's own compile of each model is mostly
+  Dynamo's trace. Each row records its compiles' seconds and cache hits and misses, and the workers'.
 
 Needs no network and no data: random weights, random tokens, the tests' tiny tokenizer for extraction.
+``--dry-run`` (or ``--tiny``) runs every section at toy size on the CPU (compiling with Dynamo alone);
+``--sections`` runs some sections (in the order above), ``--rows SHAPE:ROUTING ...`` some memory and
+step rows (``gqa:full``, ``mha:first-4``; ``none`` is LLaMA, a memory row).
 
-    python bench/gpu_check.py --out gpu_check.json            # on the GPU (bench/RESULTS.md)
-    python bench/gpu_check.py --dry-run --out /tmp/check.json  # every section at toy size, on the CPU
+On the device machine (torch 2.11 and transformers 5.17 there; lime_probe needs transformers 5.24 and
+nnsight, carried as wheels). Once, here, in the repository's root::
+
+    echo /.whl/ >> .git/info/exclude
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
+      -d .whl transformers==5.24.0 nnsight==0.8.1 greenlet pydantic==2.14.4 pydantic-core==2.50.5 \\
+      annotated-types typing-inspection websocket-client zstandard 'typing-extensions>=4.16' regex
+
+then the device tool's ``run`` with ``carry: [".whl"]``, ``timeout_s: 560`` and the command::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; \\
+    PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT/gpu_check.json
+
+A rerun of what a first run skipped, on the machine still warm (its compile caches kept), names it:
+``... bench/gpu_check.py --sections step --rows mha:last-4 mha:dilated-8 --out $OUT/rest.json``.
+On the CPU: ``python bench/gpu_check.py --dry-run --out /tmp/check.json``.
 """
 
 from __future__ import annotations
@@ -33,383 +63,229 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
-import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
-from helpers import tiny_tokenizer  # noqa: E402
-from step_overhead import Steps, _rss_kb, sync  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+import gpu_sections as sections  # noqa: E402
 
-from lime_probe.probes.stats import median_ci  # noqa: E402
+from lime_model.files import atomic_write  # noqa: E402
 
-VARIANTS = ("full", "first-4", "last-4", "dilated-8")
 # Table 3-4's 1B model; "kv" is the K/V heads of the GQA and MHA shapes
 FULL = dict(layers=16, hidden=2048, heads=32, vocab=50257, batch=4, seq=2048, kv={"gqa": 8, "mha": 32})
 TOY = dict(layers=3, hidden=32, heads=4, vocab=64, batch=1, seq=16, kv={"gqa": 2, "mha": 4})
-BUDGETS = {"step": 300, "parity": 30, "memory": 60, "probes": 60}  # seconds, on one H200: 450 of 480
-RECIPES = {"gqa": "lime-1b-gqa", "mha": "lime-1b-mha"}
+SECTIONS = {  # name -> (body, budget in seconds on one H200: 460 of the 480)
+    "parity": (sections.section_parity, 40),
+    "generate": (sections.section_generate, 25),
+    "extract": (sections.section_extract, 35),
+    "fsdp": (sections.section_fsdp, 35),
+    "memory": (sections.section_memory, 60),
+    "probes": (sections.section_probes, 45),
+    "step": (sections.section_step, 220),
+}
+SHAPES = tuple(FULL["kv"])  # type: ignore[arg-type]
+ROUTINGS = ("none", *sections.VARIANTS)
+DEFAULT_WORKERS = 3  # with the run's own ~42 GiB (memory section) they fit the H200's 139 GiB
 
 
-def settings(dry_run: bool) -> dict[str, Any]:
+def settings(tiny: bool) -> dict[str, Any]:
     """The run's sizes and options: the GPU's, or toy ones on the CPU (``--dry-run``)."""
-    if not dry_run:
-        return {**FULL, "device": "cuda", "dtype": "bfloat16", "backend": "inductor", "rounds": 10}
+    if not tiny:
+        return {
+            **FULL,
+            "device": "cuda",
+            "dtype": "bfloat16",
+            "backend": "inductor",
+            "rounds": 10,
+            "tiny": False,
+        }
     # the CPU compiles with Dynamo alone ("eager"): Inductor's C++ takes minutes on a small machine
     dtype = "bfloat16" if torch.backends.mkldnn.is_available() else "float32"
-    return {**TOY, "device": "cpu", "dtype": dtype, "backend": "eager", "rounds": 2}
+    return {**TOY, "device": "cpu", "dtype": dtype, "backend": "eager", "rounds": 2, "tiny": True}
 
 
-def step_args(s: dict[str, Any], kv: int) -> argparse.Namespace:
-    """``bench/step_overhead.py``'s arguments for its ``Steps`` at this run's size."""
-    return argparse.Namespace(
-        vocab=s["vocab"],
-        hidden=s["hidden"],
-        layers=s["layers"],
-        heads=s["heads"],
-        kv_heads=kv,
-        batch=s["batch"],
-        seq=s["seq"],
-        device=s["device"],
-        dtype=s["dtype"],
-        compile=True,
-        compile_backend=s["backend"],
-    )
+def step_models(rows: frozenset[str] | None) -> list[str]:
+    """The step section's models (``SHAPE:ROUTING``) in the order it compiles them."""
+    models: list[str] = []
+    for variant in sections.VARIANTS:
+        for shape in SHAPES:
+            if rows is None or f"{shape}:{variant}" in rows:
+                models += [m for m in (f"{shape}:none", f"{shape}:{variant}") if m not in models]
+    return models
 
 
-def timed(fn: Callable[[], None], device: str) -> float:
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
+class CompileWorkers:
+    """Processes that compile the step section's models ahead of it (``gpu_sections.warm_models``),
+    each a share of them in the section's order; each model's record lands in ``folder``."""
+
+    def __init__(self, models: list[str], workers: int, tiny: bool) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="gpu_check_warm."))
+        self.procs, self.logs = [], []
+        for i in range(min(workers, len(models))):
+            share = ",".join(models[i::workers])
+            cmd = [sys.executable, __file__, "--warm-models", share, "--warm-dir", str(self.folder)]
+            self.logs.append(open(self.folder / f"worker{i}.log", "w"))  # noqa: SIM115 (closed by stop)
+            cmd += ["--out", os.devnull, *(["--dry-run"] if tiny else [])]
+            self.procs.append(subprocess.Popen(cmd, stdout=self.logs[-1], stderr=subprocess.STDOUT))
+
+    def alive(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def wait(self, model: str, deadline: float) -> dict[str, Any] | None:
+        """The worker's record of ``model`` (``{"seconds": ...}`` or ``{"error": ...}``) once written; None
+        when no worker is left to write it or ``deadline`` passes."""
+        path = self.folder / f"{model.replace(':', '-')}.json"
+        while not path.exists():
+            if not self.alive() or time.perf_counter() > deadline:
+                return None
+            time.sleep(0.5)
+        return json.loads(path.read_text())
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait()
+        for log in self.logs:
+            log.close()
 
 
-def section_step(s: dict[str, Any], deadline: float) -> dict[str, Any]:
-    """Rows in order of priority, full at both shapes first (Table 17's headline numbers): each shape's
-    LLaMA compiled once, each variant compiled, then interleaved rounds (LLaMA, variant, ...)."""
-    out: dict[str, Any] = {"rows": [], "skipped": []}
-    # each model is a new module object, which Dynamo guards on: past its recompile limit (8) the
-    # later models would silently run eager
-    torch._dynamo.config.recompile_limit = 64
-    bases: dict[str, tuple[Steps, float]] = {}  # shape -> (compiled LLaMA, its compile seconds)
-    for variant in VARIANTS:
-        for shape, kv in s["kv"].items():
-            if time.perf_counter() > deadline:
-                out["skipped"].append(f"{shape} {variant}")
-                continue
-            args = step_args(s, kv)
-            if shape not in bases:
-                base = Steps("none", args)
-                bases[shape] = (base, timed(lambda b=base: b.run("model"), s["device"]))  # compiles
-            base, base_compile_s = bases[shape]
-            steps = Steps(variant, args)
-            compile_s = timed(lambda m=steps: m.run("model"), s["device"])
-            base_t, var_t = [], []
-            for _ in range(s["rounds"]):
-                for model, times in ((base, base_t), (steps, var_t)):
-                    model.run("model")  # untimed, as step_overhead.time_pair does
-                    times.append(timed(lambda m=model: m.run("model"), s["device"]))
-            ratios = [v / b for v, b in zip(var_t, base_t, strict=True)]
-            lo, hi, coverage = median_ci(ratios)
-            out["rows"].append(
-                {
-                    "shape": shape,
-                    "variant": variant,
-                    "llama_step_s": statistics.median(base_t),
-                    "step_s": statistics.median(var_t),
-                    "ratio": statistics.median(ratios),
-                    "ci": [lo, hi],
-                    "coverage": coverage,
-                    "compile_s": {"llama": base_compile_s, "variant": compile_s},
-                }
-            )
-            del steps
-            if s["device"] == "cuda":
-                torch.cuda.empty_cache()
-    return out
-
-
-def _config(s: dict[str, Any], routing: str, kv: int):
-    from lime_model import config_for
-
-    return config_for(
-        "lime",
-        routing=routing,
-        vocab_size=s["vocab"],
-        hidden_size=s["hidden"],
-        intermediate_size=4 * s["hidden"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=kv,
-        max_position_embeddings=s["seq"],
-        tie_word_embeddings=True,
-    )
-
-
-def section_parity(s: dict[str, Any], deadline: float) -> dict[str, Any]:
-    """bf16 autocast against fp32, same weights and tokens, LIMe (full) and LLaMA at the GQA shape."""
-    from transformers import AutoModelForCausalLM
-
-    rows = []
-    for routing in ("full", "none"):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(_config(s, routing, s["kv"]["gqa"])).to(s["device"]).train()
-        ids = torch.randint(0, s["vocab"], (1, s["seq"]), generator=torch.Generator().manual_seed(1))
-        ids = ids.to(s["device"])
-        runs = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            with torch.autocast(s["device"], dtype=dtype, enabled=dtype != torch.float32):
-                out = model(ids, labels=ids, use_cache=False)
-            out.loss.backward()
-            grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
-            model.zero_grad(set_to_none=True)
-            runs[dtype] = (out.logits.detach().float(), out.loss.item(), grads)
-        (ref_logits, ref_loss, ref_grads), (logits, loss, grads) = runs[torch.float32], runs[torch.bfloat16]
-        errors = {n: float((grads[n] - g).norm() / g.norm().clamp_min(1e-30)) for n, g in ref_grads.items()}
-        router = [e for n, e in errors.items() if ".router." in n]
-        rows.append(
-            {
-                "model": "LIMe" if routing == "full" else "LLaMA",
-                "logits_rel_error": float((logits - ref_logits).norm() / ref_logits.norm()),
-                "loss_fp32": ref_loss,
-                "loss_abs_error": abs(loss - ref_loss),
-                "grad_rel_error_median": statistics.median(errors.values()),
-                "grad_rel_error_max": max(errors.values()),
-                "router_grad_rel_error_max": max(router) if router else None,
-            }
-        )
-        del model
-    return {"rows": rows}
-
-
-def planned_bytes(recipe, gpu: bool) -> int:
-    """``lime-model plan``'s peak bytes for one micro-batch's training step of one process (no DDP copy)."""
-    from lime_model.plan import step_memory
-
-    return int(step_memory(recipe, gpu=gpu, micro_batches=1).peak["Total"])
-
-
-def measured_peak(recipe, device: str) -> int:
-    """Peak bytes of the second of two training steps of ``recipe``'s model at one micro-batch (AdamW's
-    state made by the first), through the trainer's accelerator (bf16 autocast where it trains so).
-    On the GPU torch's allocator peak; on the CPU the rise of the process's peak RSS over the step."""
-    from transformers import AutoModelForCausalLM
-
-    from lime_model.plan import stand_in_tokenizer
-    from lime_model.train import accelerator_for, build_optimizer, micro_batch_loss, model_config
-
-    accelerator = accelerator_for(recipe)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(model_config(recipe, stand_in_tokenizer(recipe))).train()
-    optimizer = build_optimizer(model, recipe)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    ids = torch.randint(0, recipe.model["vocab_size"], (recipe.micro_batch_size, recipe.seq_len))
-    ids = ids.to(accelerator.device)
-
-    def step() -> None:
-        loss = micro_batch_loss(model, ids, ids, ids.numel())
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
-    if accelerator.device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
-            f.write("5")
-        before = _rss_kb("VmRSS")
-        step()
-        peak = (_rss_kb("VmHWM") - before) * 1024
-    accelerator.free_memory(model, optimizer)
-    return peak
-
-
-def section_memory(s: dict[str, Any], deadline: float, dry_run: bool) -> dict[str, Any]:
-    from lime_model.recipes import load_recipe
-
-    rows, skipped = [], []
-    for shape, name in RECIPES.items():
-        for routing in ("full", "none"):
-            if time.perf_counter() > deadline:
-                skipped.append(f"{shape} {routing}")
-                continue
-            overrides: dict[str, Any] = {"routing": routing, "data": "unused.txt", "mixed_precision": "auto"}
-            if dry_run:
-                overrides |= {
-                    "model.num_hidden_layers": s["layers"],
-                    "model.hidden_size": s["hidden"],
-                    "model.intermediate_size": 4 * s["hidden"],
-                    "model.num_attention_heads": s["heads"],
-                    "model.num_key_value_heads": s["kv"][shape],
-                    "model.vocab_size": s["vocab"],
-                    "seq_len": s["seq"],
-                    "micro_batch_size": s["batch"],
-                    "batch_size": s["batch"],
-                }
-            recipe = load_recipe(name, overrides)
-            planned = planned_bytes(recipe, gpu=s["device"] == "cuda")
-            measured = measured_peak(recipe, s["device"])
-            rows.append(
-                {
-                    "recipe": name,
-                    "model": "LIMe" if routing == "full" else "LLaMA",
-                    "measured_bytes": measured,
-                    "planned_bytes": planned,
-                    "measured_over_planned": measured / planned,
-                    "what": "allocator peak" if s["device"] == "cuda" else "peak RSS rise over the step",
-                }
-            )
-    return {"rows": rows, "skipped": skipped}
-
-
-def section_probes(s: dict[str, Any], deadline: float) -> dict[str, Any]:
-    """Throughput of extraction and the probes on a random 1B-shape LIMe (full), GQA."""
-    import numpy as np
-    from transformers import AutoModelForCausalLM
-
-    from lime_probe.extraction.loading import wrap
-    from lime_probe.extraction.tracing import extract
-    from lime_probe.probes.blimp import blimp_probe
-    from lime_probe.probes.entropy import stream_entropy
-
-    tok = tiny_tokenizer()
-    sized = {**s, "vocab": len(tok)}
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(_config(sized, "full", s["kv"]["gqa"])).to(s["device"]).eval()
-    model = wrap(hf, tok)
-    n_windows, batch = (16, 4) if s["device"] == "cuda" else (4, 2)
-    gen = torch.Generator().manual_seed(0)
-    windows = torch.randint(4, len(tok), (n_windows, s["seq"]), generator=gen).tolist()
-    tokens = n_windows * s["seq"]
-
-    def plain() -> None:
-        with torch.inference_mode():
-            for i in range(0, n_windows, batch):
-                hf(torch.tensor(windows[i : i + batch], device=s["device"]), output_hidden_states=True)
-
-    acts: dict[str, Any] = {}
-
-    def extraction() -> None:
-        acts["a"] = extract(
-            model,
-            tok,
-            windows,
-            sites=["values", "routed_values"],
-            batch_size=batch,
-            max_length=s["seq"],
-            pretokenized=True,
-            progress=False,
-        )
-
-    plain()  # warm-up
-    plain_s, extract_s = timed(plain, s["device"]), timed(extraction, s["device"])
-    a = acts["a"]
-    layers = a.layers("values")
-
-    def entropy() -> None:
-        for layer in layers:
-            stream_entropy(lambda layer=layer: a.iter_sequences("values", layer), n_boot=100)
-
-    entropy_s = timed(entropy, "cpu")
-    # BLiMP's probe on mean-pooled features: half the windows "good", half "bad", paired
-    pooled = extract(
-        model, tok, windows, sites=["values"], pool="mean", batch_size=batch, max_length=s["seq"],
-        pretokenized=True, progress=False,
-    )  # fmt: skip
-    half = n_windows // 2
-    good = {layer: pooled["values"][layer][:half].numpy() for layer in layers}
-    bad = {layer: pooled["values"][layer][half:].numpy() for layer in layers}
-    start = time.perf_counter()
-    probe = blimp_probe(good, bad, np.arange(half), n_splits=2, progress=False)
-    probe_s = time.perf_counter() - start
-    accuracy = [float(x) for x in probe.accuracy_mean]
-    return {
-        "tokens": tokens,
-        "layers": len(layers),
-        "plain_forward_tokens_per_s": tokens / plain_s,
-        "extract_tokens_per_s": tokens / extract_s,
-        "extract_over_plain_time": extract_s / plain_s,
-        "entropy_tokens_per_s": tokens * len(layers) / entropy_s,
-        "blimp_probe_s": probe_s,
-        "blimp_probe_accuracy": accuracy,
-    }
-
-
-SECTIONS = ("step", "parity", "memory", "probes")
-
-
-def run(dry_run: bool, budgets: dict[str, float] | None = None) -> dict[str, Any]:
-    """Every section in order; its result, seconds and budget, or its error (the next one still runs)."""
-    s = settings(dry_run)
-    budgets = budgets or BUDGETS
+def run(
+    tiny: bool,
+    out: Path,
+    names: list[str] | None = None,
+    rows: frozenset[str] | None = None,
+    budgets: dict[str, float] | None = None,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """The sections ``names`` (default all) in :data:`SECTIONS`' order, ``out`` rewritten after each:
+    each one's body, seconds and budget, or its error (the next one still runs)."""
+    s = settings(tiny)
+    names = [n for n in SECTIONS if names is None or n in names]
+    budgets = {n: b for n, (_, b) in SECTIONS.items()} | (budgets or {})
     print(f"gpu_check on {s['device']} ({s['dtype']}, compile backend {s['backend']}): sections and budgets")
-    for name in SECTIONS:
+    for name in names:
         print(f"  {name:<8} {budgets[name]:>5.0f} s")
-    print(f"  {'total':<8} {sum(budgets.values()):>5.0f} s", flush=True)
+    print(f"  {'total':<8} {sum(budgets[n] for n in names):>5.0f} s", flush=True)
     result: dict[str, Any] = {
-        "dry_run": dry_run,
-        "settings": {k: v for k, v in s.items()},
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "dry_run": tiny,
+        "settings": s,
+        "versions": _versions(),
         "device_name": torch.cuda.get_device_name() if s["device"] == "cuda" else platform.processor(),
+        "selected": {"sections": names, "rows": None if rows is None else sorted(rows)},
+        "not_selected": [n for n in SECTIONS if n not in names],
         "sections": {},
     }
+    workers = (0 if tiny else DEFAULT_WORKERS) if workers is None else workers
+    warm = CompileWorkers(step_models(rows), workers, tiny) if "step" in names and workers else None
     start_all = time.perf_counter()
-    for name in SECTIONS:
-        start = time.perf_counter()
-        deadline = start + budgets[name]
-        try:
-            if name == "step":
-                body = section_step(s, deadline)
-            elif name == "parity":
-                body = section_parity(s, deadline)
-            elif name == "memory":
-                body = section_memory(s, deadline, dry_run)
-            else:
-                body = section_probes(s, deadline)
-        except Exception as err:  # one section's failure must not cost the others' numbers
-            body = {"error": f"{type(err).__name__}: {err}"}
-        seconds = time.perf_counter() - start
-        result["sections"][name] = {**body, "seconds": seconds, "budget_s": budgets[name]}
-        print(f"[{name}] {seconds:.1f} s (budget {budgets[name]:.0f} s)", flush=True)
+    try:
+        for name in names:
+            result["running"] = name
+            _write(out, result)
+            start = time.perf_counter()
+            ctx = sections.Context(s, start + budgets[name], budgets[name], rows, warm)
+            alongside = warm.alive() if warm else 0
+            try:
+                body = SECTIONS[name][0](ctx)
+            except Exception as err:  # one section's failure must not cost the others' numbers
+                body = {"error": f"{type(err).__name__}: {err}"}
+            seconds = time.perf_counter() - start
+            result["sections"][name] = {**body, "seconds": seconds, "budget_s": budgets[name]}
+            if alongside:
+                result["sections"][name]["compile_workers_alongside"] = alongside
+            print(f"[{name}] {seconds:.1f} s (budget {budgets[name]:.0f} s)", flush=True)
+            if s["device"] == "cuda":
+                torch.cuda.empty_cache()
+        del result["running"]
+    finally:
+        if warm is not None:
+            warm.stop()
     result["seconds"] = time.perf_counter() - start_all
+    _write(out, result)
     return result
+
+
+def _versions() -> dict[str, Any]:
+    import transformers
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import nnsight
+
+        versions["nnsight"] = nnsight.__version__
+    except ImportError:
+        versions["nnsight"] = None
+    return versions | {"python": platform.python_version(), "cuda": torch.version.cuda}
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    atomic_write(out, json.dumps(result, indent=1, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else str(value)
+
+
+def _names(text: str, valid: tuple[str, ...], what: str) -> list[str]:
+    names = [n for n in text.replace(",", " ").split() if n]
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown {what} {' '.join(bad) or repr(text)}; valid: {', '.join(valid)}"
+        )
+    return names
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", required=True, help="the JSON file to write")
-    parser.add_argument("--dry-run", action="store_true", help="every section at toy size on the CPU")
+    parser.add_argument("--out", required=True, help="the JSON file to write (rewritten after each section)")
+    parser.add_argument(
+        "--dry-run", "--tiny", action="store_true", help="every section at toy size on the CPU"
+    )
+    parser.add_argument(
+        "--sections", nargs="+", metavar="NAME", type=lambda t: _names(t, tuple(SECTIONS), "section"),
+        help=f"run these sections only (of {', '.join(SECTIONS)})",
+    )  # fmt: skip
+    valid_rows = tuple(f"{shape}:{routing}" for shape in SHAPES for routing in ROUTINGS)
+    parser.add_argument(
+        "--rows", nargs="+", metavar="SHAPE:ROUTING", type=lambda t: _names(t, valid_rows, "row"),
+        help="run these memory and step rows only (gqa:full, mha:first-4, ...; none is LLaMA)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compile-workers", type=int, default=None, metavar="N",
+        help=f"processes compiling the step section's models ahead of it (default {DEFAULT_WORKERS}; 0 in the dry run)",
+    )  # fmt: skip
+    parser.add_argument("--warm-models", help=argparse.SUPPRESS)  # a compile worker's models and folder
+    parser.add_argument("--warm-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device: run on a GPU, or --dry-run on the CPU")
-    result = run(args.dry_run)
-    Path(args.out).write_text(json.dumps(result, indent=1, default=_json_default))
+    if args.compile_workers is not None and args.compile_workers < 0:
+        parser.error(f"--compile-workers must be 0 or more, got {args.compile_workers}")
+    out = Path(args.out)
+    if args.warm_models is None and not out.parent.is_dir():
+        parser.error(f"--out {out}: no folder {out.parent}")
+    if args.warm_models is not None:
+        sections.warm_models(settings(args.dry_run), args.warm_models.split(","), Path(args.warm_dir))
+        return
+    names = None if args.sections is None else [n for group in args.sections for n in group]
+    rows = None if args.rows is None else frozenset(r for group in args.rows for r in group)
+    result = run(args.dry_run, out, names, rows, workers=args.compile_workers)
     failed = [n for n, body in result["sections"].items() if "error" in body]
-    print(
-        f"wrote {args.out} in {result['seconds']:.0f} s"
-        + (f"; failed: {', '.join(failed)}" if failed else "")
-    )
+    print(f"wrote {out} in {result['seconds']:.0f} s" + (f"; failed: {', '.join(failed)}" if failed else ""))
     sys.exit(1 if failed else 0)
-
-
-def _json_default(value: Any) -> Any:
-    return None if isinstance(value, float) and math.isnan(value) else str(value)
 
 
 if __name__ == "__main__":

@@ -34,12 +34,16 @@ every reader has kept its gradient.
 Under ``torch.compile`` the read is :func:`traced_read` instead: plain tensor operations that Dynamo
 puts in the model's one graph (the custom function's backward changes the buffer's Python state, which
 Dynamo cannot trace, so each routed layer would break the graph), whose backward the compiler derives.
+There a layer's read is one concatenation of its sources' keys and values (kept as views of the
+projections' outputs) and one contraction giving both mixtures (the same weights mix keys and values),
+for forward and for each gradient.
 """
 
 from __future__ import annotations
 
 from functools import partial
 from itertools import pairwise
+from typing import NamedTuple
 
 import torch
 
@@ -80,7 +84,8 @@ class KVBuffer:
         self.grad_out: list[list[torch.Tensor | None]] = [[None] * num_layers for _ in range(2)]
         # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
         self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
-        # under torch.compile: each layer's raw (keys, values), each (B, T, kv, head_dim) (traced_read)
+        # under torch.compile: each layer's raw (keys, values), views in its read mode's order (TRACED,
+        # traced_read)
         self.raw: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def chunk_shape(self, layers: int, positions: int) -> tuple[int, int, int]:
@@ -385,7 +390,43 @@ def routed_read(
     return buffer.attention_heads(routed_keys, B, T), buffer.attention_heads(routed_values, B, T)
 
 
-EINSUM = {"matrix": "hs,btsd->bhtd", "per-dim": "hsd,btsd->bhtd", "per-position": "bths,btsd->bhtd"}
+class TracedLayout(NamedTuple):
+    """How :func:`traced_read` lays out a layer's sources for one read mode, and mixes them.
+
+    A layer's keys or values viewed ``(B, T, kv, head_dim)`` (``b t h e``) are kept permuted by ``order``
+    (a view); a read concatenates its sources' keys, then their values, along the head axis ``heads`` of
+    that order, which then splits into ``c`` (keys, values) and ``s`` (source heads); ``einsum`` mixes
+    them with the weight repeated over ``c`` (:func:`paired_weight`), batched over ``c``, and ``back``
+    permutes each half of its result (``c`` removed) to attention's ``(B, kv, T, head_dim)``. The orders
+    make the contraction a batched GEMM on views of the concatenation, as the custom read's layouts
+    (:data:`LAYOUTS`) make its GEMMs.
+    """
+
+    order: tuple[int, ...]
+    heads: int
+    einsum: str
+    back: tuple[int, ...]
+
+
+TRACED = {
+    # head-major (c s b t e): [kv, S*kv] @ [S*kv, B*T*head_dim] for keys and for values
+    "matrix": TracedLayout((2, 0, 1, 3), 0, "chs,csbte->chbte", (1, 0, 2, 3)),
+    # feature-major (e c s b t): [kv, S*kv] @ [S*kv, B*T] per feature, for keys and for values
+    "per-dim": TracedLayout((3, 2, 0, 1), 1, "echs,ecsbt->echbt", (2, 1, 3, 0)),
+    # position-outer (b t c s e), the layer's own layout: [kv, S*kv] @ [S*kv, head_dim] per position, twice
+    "per-position": TracedLayout((0, 1, 2, 3), 2, "btchs,btcse->btche", (0, 2, 1, 3)),
+}
+
+
+def paired_weight(weight: torch.Tensor, mode: str, B: int, T: int) -> torch.Tensor:
+    """A ``mode`` weight (:class:`_RoutedRead`) repeated for keys and values (an expanded view) with
+    its dims in the order of the mode's :data:`TRACED` contraction."""
+    if mode == "matrix":  # [kv, S*kv] -> (c, h, s)
+        return weight.expand(2, *weight.shape)
+    if mode == "per-dim":  # [kv, S*kv, hd] -> (e, c, h, s)
+        return weight.permute(2, 0, 1).unsqueeze(1).expand(-1, 2, -1, -1)
+    # per-position: [B*T, kv, S*kv] -> (b, t, c, h, s)
+    return weight.view(B, T, 1, *weight.shape[1:]).expand(-1, -1, 2, -1, -1)
 
 
 def traced_read(
@@ -400,18 +441,28 @@ def traced_read(
     """:func:`routed_read` as plain tensor operations, what ``torch.compile`` traces in its place.
 
     The custom function's backward reads and writes the buffer's Python state across layers, which
-    Dynamo cannot put in a graph (a break around every routed layer); here the raw K/V are kept in
-    ``buffer.raw`` and the mix is an einsum over the sources side by side, whose gradients autograd
-    derives and the compiler fuses. Same arguments and result as :func:`routed_read`."""
+    Dynamo cannot put in a graph (a break around every routed layer); here each layer's raw keys and
+    values are kept as views in ``buffer.raw`` (nothing is copied to write them), and a layer's read is
+    one concatenation of its sources' keys and values, in the compute dtype and in its mode's order
+    (:data:`TRACED`; a copy: nothing in a traced graph can append to one tensor in place while earlier
+    reads keep it for backward), and one contraction with the weight that gives both mixtures, whose
+    gradients autograd derives (again one contraction each for the weight and for the sources). Same
+    arguments and result as :func:`routed_read`.
+    """
     B, T, _ = keys.shape
+    layout = TRACED[mode]
     kv, hd = buffer.kv, buffer.head_dim
-    buffer.raw[layer_idx] = (keys.view(B, T, kv, hd), values.view(B, T, kv, hd))
-    out = []
-    for i in range(2):
-        src = torch.cat([buffer.raw[j][i] for j in sources], dim=2)  # (B, T, S * kv, hd)
-        if weight is None:
-            out.append(src.transpose(1, 2))
-            continue
-        w = weight.view(B, T, kv, -1) if mode == "per-position" else weight
-        out.append(torch.einsum(EINSUM[mode], w.to(src.dtype), src))  # as the custom read casts it
-    return out[0], out[1]
+    buffer.raw[layer_idx] = (
+        keys.view(B, T, kv, hd).permute(layout.order),
+        values.view(B, T, kv, hd).permute(layout.order),
+    )
+    if weight is None:  # the own heads: attention reads the raw ones
+        return keys.view(B, T, kv, hd).transpose(1, 2), values.view(B, T, kv, hd).transpose(1, 2)
+    pairs = [buffer.raw[j][c] for c in (0, 1) for j in sources]
+    src = torch.cat(pairs, layout.heads).unflatten(layout.heads, (2, -1))
+    # weights cast to the sources' dtype, as the custom read casts them
+    out = torch.einsum(layout.einsum, paired_weight(weight, mode, B, T).to(src.dtype), src)
+    routed = [x.permute(layout.back) for x in out.unbind(layout.heads)]
+    if mode == "per-dim":  # features come out strided; attention reads them with unit stride
+        routed = [x.contiguous() for x in routed]
+    return routed[0], routed[1]

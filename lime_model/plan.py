@@ -24,9 +24,27 @@ What a GPU run would do differently, and how the plan follows it:
   it); on the CPU the per-tensor loop.
 * under DDP every process holds the whole step plus DDP's gradient buckets, one more copy of the
   gradients (accelerate leaves ``gradient_as_bucket_view`` off): added from the parameters' bytes, the
-  one number not traced. Not counted anywhere: the CUDA context, NCCL's buffers and the caching
-  allocator's rounding and fragmentation (what ``torch.cuda.max_memory_reserved`` adds to
-  ``max_memory_allocated``); the plan is tensor bytes, ``max_memory_allocated``'s measure.
+  one number not traced.
+* the CUDA caching allocator (a GPU plan only, :attr:`StepMemory.allocator`), so that the plan is
+  ``torch.cuda.max_memory_allocated``'s measure and not only tensor bytes. Modelled, each from torch's
+  source: the allocator hands out blocks of a multiple of 512 bytes (``kMinBlockSize`` and ``round_size``
+  in ``c10/cuda/CUDACachingAllocator.cpp``; MemTracker rounds CUDA storages the same way), so every
+  storage alive at the peak is counted rounded up (``block rounding``, and the peak is found on the
+  rounded total); and cuBLAS's workspaces, which torch allocates through the caching allocator for each
+  cuBLAS handle and stream that runs a GEMM and keeps until ``torch._C._cuda_clearCublasWorkspaces()``
+  (``aten/src/ATen/cuda/CublasHandlePool.cpp``; the CUDA notes' "cuBLAS workspaces"): handles are per
+  thread, and a training step runs its GEMMs on two threads, the forward's and the autograd engine's
+  device thread, on one stream, so :data:`CUBLAS_HANDLES` workspaces of
+  :func:`cublas_workspace_bytes` (32 MiB on a Hopper GPU unless ``CUBLAS_WORKSPACE_CONFIG`` says
+  otherwise). Not modelled: the cuBLASLt workspace (1 MiB per handle and stream, only where a GEMM
+  takes the Lt path, which is decided at run time); a block left unsplit (the large pool keeps a
+  remainder under 1 MiB inside the block it hands out), which depends on the cache's history;
+  kernels' internal workspaces (flash attention's backward allocates ``dq_accum``, fp32, the size of
+  the query gradient; shape-only tensors run no kernel), which add to the peak only if it falls inside
+  that kernel; a compiled graph's buffers (``lime-1b-*`` train eagerly). Not counted either: the CUDA
+  context, NCCL's buffers, and what the allocator reserves beyond what it hands out (its 2 MiB and
+  20 MiB segments: ``torch.cuda.max_memory_reserved``). Measured, not modelled: ``bench/gpu_check.py``
+  compares the plan with ``max_memory_allocated`` of a real step (bench/RESULTS.md).
 * under FSDP2 (on 2 GPUs or more) the model is sharded as training shards it
   (:func:`lime_model.train.shard`: each decoder layer a unit, the rest the root's; no
   ``MixedPrecisionPolicy``, so parameters, gradients and AdamW's state stay fp32, autocast as under DDP)
@@ -42,11 +60,13 @@ recipe; the peak and the utilisation defaults are ours (:data:`DEFAULT_PEAK_TFLO
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -54,6 +74,10 @@ from typing import Any
 DEFAULT_PEAK_TFLOPS = 989.0
 DEFAULT_MFU = 0.33  # ours: a third of the peak, a common utilisation for a 1B model on 8 GPUs
 DEFAULT_GPU_MEMORY = "80GiB"  # an H100's 80 GB, which are 80 GiB
+# torch's CUDA caching allocator hands out blocks of a multiple of this (kMinBlockSize, CUDACachingAllocator.cpp)
+BLOCK_BYTES = 512
+# cuBLAS handles are per thread: a step's GEMMs run on the forward's thread and the autograd engine's
+CUBLAS_HANDLES = 2
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
 # FSDPMemTracker's (its "Inputs" stay empty: the plan counts the input ids as activations, as MemTracker does)
 FSDP_CATEGORIES = (
@@ -74,16 +98,45 @@ def parse_memory(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+def cublas_workspace_bytes(config: str | None = None, hopper: bool = True) -> int:
+    """Bytes of one cuBLAS workspace as torch sizes it (``parseChosenWorkspaceSize`` in
+    ``aten/src/ATen/cuda/CublasHandlePool.cpp``): ``CUBLAS_WORKSPACE_CONFIG`` (``config``, default the
+    environment's), ``:SIZE:COUNT`` pairs in KiB, summed; else 32 MiB on a Hopper GPU (compute capability
+    9.0: the H100 and H200 the plan's defaults describe) and ``:4096:2:16:8`` (8 MiB + 128 KiB) on others."""
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG") if config is None else config
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config or "")
+    if not pairs:  # torch falls back to its default when the setting does not parse
+        return 4096 * 8 * 1024 if hopper else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+def rounded_block(nbytes: int) -> int:
+    """The block the CUDA caching allocator hands out for ``nbytes``: a multiple of :data:`BLOCK_BYTES`."""
+    return math.ceil(nbytes / BLOCK_BYTES) * BLOCK_BYTES
+
+
 @dataclass(frozen=True)
 class StepMemory:
     """One planned training step of one process, in bytes: ``peak`` by MemTracker category (and
     ``Total``) at the step's highest total; ``activations``, the most one micro-batch's forward and
     loss add (what backward keeps, plus the logits and loss); ``kv_buffer``, LIMe's K/V buffer of one
-    micro-batch (0 for LLaMA and the baselines)."""
+    micro-batch (0 for LLaMA and the baselines); ``allocator``, the CUDA caching allocator's modelled
+    bytes beyond the tensors' at the peak (a GPU plan; empty for the CPU): ``"block rounding"``, what
+    rounding every storage alive up to a multiple of :data:`BLOCK_BYTES` adds, and ``"cuBLAS
+    workspaces"`` (module docstring); ``phases``, the highest total (tensor bytes plus block rounding)
+    in each part of the step, ``"forward"`` (with the loss), ``"backward"`` and ``"optimizer"``
+    (clipping and AdamW), to read against a GPU's allocator peak in each part."""
 
     peak: dict[str, int]
     activations: int
     kv_buffer: int
+    allocator: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """The step's peak as the process's allocator would count it: ``peak["Total"]`` plus ``allocator``."""
+        return self.peak["Total"] + sum(self.allocator.values())
 
 
 class _Vocab(SimpleNamespace):
@@ -150,7 +203,7 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2, fsdp: int =
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tracker = _peak_tracker(model, optimizer, sharded=mesh is not None)
+        tracker = _peak_tracker(model, optimizer, sharded=mesh is not None, round_blocks=gpu)
         activations = kv_buffer = 0
         with tracker:
             input_ids = torch.zeros(micro, seq_len, dtype=torch.long)
@@ -160,16 +213,26 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2, fsdp: int =
                 if mesh is not None:
                     model.set_requires_gradient_sync(i == n_micro - 1)
                 before = _total(tracker)
+                tracker.phase = "forward"
                 loss = micro_batch_loss(model, input_ids, input_ids, n_targets)
                 activations = max(activations, _total(tracker) - before)
                 kv_buffer = max([kv_buffer, *(_nbytes(b()) for b in buffers if b() is not None)])
+                tracker.phase = "backward"
                 loss.backward()
                 del loss
+            tracker.phase = "optimizer"
             torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         (peak,) = tracker.get_tracker_snapshot("peak").values()
-    return StepMemory({_name(k): v for k, v in peak.items()}, activations, kv_buffer)
+    allocator = {}
+    if gpu:
+        allocator = {
+            "block rounding": tracker.peak_rounding,
+            "cuBLAS workspaces": CUBLAS_HANDLES * cublas_workspace_bytes(),
+        }
+    peak = {_name(k): v for k, v in peak.items()}
+    return StepMemory(peak, activations, kv_buffer, allocator, dict(tracker.phase_peaks))
 
 
 @contextmanager
@@ -193,21 +256,48 @@ def _fake_process_group(world: int) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
-def _peak_tracker(model, optimizer, sharded: bool):
+def _peak_tracker(model, optimizer, sharded: bool, round_blocks: bool = False):
     """A ``MemTracker`` (``FSDPMemTracker`` for a ``sharded`` model) of ``model`` and ``optimizer`` that
     keeps only the whole step's peak (the per-module peaks, which the plan does not read, cost it most of
-    its time: every op scans every module's statistics)."""
+    its time: every op scans every module's statistics). With ``round_blocks`` it also keeps what rounding
+    each live storage up to :func:`rounded_block` adds (``rounding``), finds the peak on the rounded total,
+    as the CUDA allocator counts it, and keeps the rounding there (``peak_rounding``); the categories stay
+    tensor bytes (the shape-only tensors are the CPU's, which MemTracker does not round). ``phase_peaks``:
+    the highest rounded total while ``phase`` (set by the caller) held each value."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 
     base = FSDPMemTracker if sharded else MemTracker
 
+    def slack(nbytes: int) -> int:
+        return rounded_block(nbytes) - nbytes if round_blocks else 0
+
     class PeakTracker(base):  # type: ignore[valid-type, misc]
+        rounding = peak_rounding = 0
+        phase: str | None = None
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.phase_peaks: dict[str, int] = {}
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            if u_type == _UpdateType.ADD:
+                self.rounding += slack(winfo.mem_consumed)
+            elif u_type == _UpdateType.DEL:
+                self.rounding -= slack(winfo.mem_consumed)
+            elif u_type == _UpdateType.SIZE:
+                self.rounding += slack(winfo.mem_consumed) - slack(old_mem_consumed)
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
-                    self._peak_mem[dev] = snap[_TOTAL_KEY]
+                total = snap[_TOTAL_KEY] + self.rounding
+                if self.phase is not None:
+                    self.phase_peaks[self.phase] = max(self.phase_peaks.get(self.phase, 0), total)
+                if self._peak_mem.get(dev, 0) < total:
+                    self._peak_mem[dev] = total
                     self._peak_mem_snap[dev] = dict(snap)
+                    self.peak_rounding = self.rounding
 
     if sharded:
         return PeakTracker(model, optimizer)
@@ -328,10 +418,10 @@ def plan(
     for name, variant in variants.items():
         step = step_memory(variant)
         buckets = step.peak["Parameter"] if gpus > 1 else 0  # DDP's flat gradient copy (see module doc)
-        ddp[name] = {**asdict(step), "ddp_buckets": buckets, **_fit(step.peak["Total"] + buckets, gpu_memory)}
+        ddp[name] = {**asdict(step), "ddp_buckets": buckets, **_fit(step.total + buckets, gpu_memory)}
         if gpus > 1:
             step = step_memory(variant, fsdp=gpus)
-            fsdp2[name] = {**asdict(step), **_fit(step.peak["Total"], gpu_memory)}
+            fsdp2[name] = {**asdict(step), **_fit(step.total, gpu_memory)}
     tokens_per_step = recipe.batch_size * recipe.seq_len
     flops_per_token = training_flops_per_token(config, recipe.seq_len)
     step_s = tokens_per_step * flops_per_token / (gpus * peak_tflops * 1e12 * mfu)
@@ -408,12 +498,14 @@ def format_plan(name: str, p: dict[str, Any]) -> str:
     lines = [
         f"{name}: {p['params'] / 1e6:.1f}M parameters; {p['gpus']} GPU(s) of {size(p['gpu_memory'])}; "
         f"micro-batch {p['micro_batch_size']} x {p['seq_len']} tokens, {p['accumulation']} per GPU per step",
-        "per-GPU peak under DDP, tensor bytes (MemTracker's categories at the step's peak):",
+        "per-GPU peak under DDP: tensor bytes (MemTracker's categories at the step's peak) and the CUDA "
+        "allocator's block rounding and cuBLAS workspaces:",
         *_table(p["ddp"], CATEGORIES, {"DDP buckets": "ddp_buckets"}),
     ]
     if "fsdp2" in p:
         lines.append(
-            "per-GPU peak under FSDP2, tensor bytes (FSDPMemTracker's categories at the step's peak):"
+            "per-GPU peak under FSDP2: tensor bytes (FSDPMemTracker's categories at the step's peak) and "
+            "the CUDA allocator's:"
         )
         lines += _table(p["fsdp2"], FSDP_CATEGORIES, {})
     lines.append(
@@ -427,13 +519,24 @@ def format_plan(name: str, p: dict[str, Any]) -> str:
 def _table(variants: dict[str, Any], categories: tuple[str, ...], extra: dict[str, str]) -> list[str]:
     """Rows of one strategy's variants: the peak's ``categories``, the ``extra`` columns (header -> key), the
     per-GPU total and its fit, the K/V buffer and the activations."""
-    header = ["variant", *categories, *extra, "per GPU", "fits", "margin", "K/V buffer", "activations"]
+    header = [
+        "variant",
+        *categories,
+        "allocator",
+        *extra,
+        "per GPU",
+        "fits",
+        "margin",
+        "K/V buffer",
+        "activations",
+    ]
     rows = [header]
     for variant, d in variants.items():
         rows.append(
             [
                 variant,
                 *(size(d["peak"].get(c, 0)) for c in categories),
+                size(sum(d["allocator"].values())),
                 *(size(d[key]) for key in extra.values()),
                 size(d["per_gpu"]),
                 "yes" if d["fits"] else "NO",

@@ -1,12 +1,15 @@
 """``torch.compile`` of LIMe on the CPU: one graph per routing variant, and the compiled logits and
 gradients equal eager ones (the compiled model reads through `traced_read`, eager through the custom
-autograd function of `lime_model.kv_buffer`, so each checks the other)."""
+autograd function of `lime_model.kv_buffer`, so each checks the other). The traced read also runs
+eagerly against the custom one for every routing kind, GQA and MHA, and in generation with a cache."""
 
 import pytest
 import torch
 from helpers import routed_specs
 
+import lime_model.router
 from lime_model import LimeConfig, LimeForCausalLM
+from lime_model.kv_buffer import traced_read
 
 VARIANTS = ["none", *routed_specs()]  # every routing kind with a router, and LLaMA
 
@@ -36,9 +39,10 @@ SIZES = dict(
 ATOL, RTOL = 5e-5, 1e-4
 
 
-def make(routing: str, layers: int = 4) -> LimeForCausalLM:
+def make(routing: str, layers: int = 4, kv_heads: int = 2) -> LimeForCausalLM:
     torch.manual_seed(0)
-    model = LimeForCausalLM(LimeConfig(routing=routing, **{**SIZES, "num_hidden_layers": layers})).train()
+    sizes = {**SIZES, "num_hidden_layers": layers, "num_key_value_heads": kv_heads}
+    model = LimeForCausalLM(LimeConfig(routing=routing, **sizes)).train()
     with torch.no_grad():  # non-trivial norms and routers, so nothing hides behind the identity init
         for name, p in model.named_parameters():
             if "norm" in name or ".router." in name:
@@ -86,3 +90,32 @@ def test_compiled_logits_and_gradients_equal_eager(routing):
 def test_inductor_on_the_cpu_equals_eager():
     """Inductor's generated C++ (needs a C++ compiler; minutes on 2 cores, so one variant, 3 layers)."""
     check_equal("full", "inductor", layers=3)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["GQA", "MHA"])
+@pytest.mark.parametrize("routing", routed_specs())
+def test_traced_read_equals_the_custom_read_in_training_and_generation(routing, kv_heads, monkeypatch):
+    """Eagerly, the model reading through `traced_read` (what the compiler traces: keys and values mixed
+    in one contraction) gives the custom read's logits and parameter gradients, and in ``generate`` with
+    a cache (one new position per step, the buffer covering only it) the same tokens and scores."""
+    model = make(routing, kv_heads=kv_heads)
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(1))
+    target = torch.randn(2, 6, 50, generator=torch.Generator().manual_seed(2))
+
+    def run():
+        logits, grads = logits_and_grads(model, model, ids, target)
+        model.eval()
+        out = model.generate(
+            ids, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+        model.train()
+        return logits, grads, out.sequences, torch.stack(out.logits)
+
+    custom = run()
+    monkeypatch.setattr(lime_model.router, "routed_read", traced_read)
+    traced = run()
+    torch.testing.assert_close(traced[0], custom[0], atol=ATOL, rtol=RTOL)
+    for g, e in zip(traced[1], custom[1], strict=True):
+        torch.testing.assert_close(g, e, atol=ATOL, rtol=RTOL)
+    assert torch.equal(traced[2], custom[2])
+    torch.testing.assert_close(traced[3], custom[3], atol=ATOL, rtol=RTOL)

@@ -1,5 +1,6 @@
-"""``bench/gpu_check.py --dry-run``: every section runs at toy size on the CPU and writes one JSON whose
-numbers are what each section says they are."""
+"""``bench/gpu_check.py --dry-run``: the sections run at toy size on the CPU and write one JSON, rewritten
+after each section (a run killed part-way keeps what finished), with ``--sections`` and ``--rows``
+selecting parts; the numbers are what each section says they are."""
 
 import json
 import math
@@ -18,58 +19,149 @@ def gpu_check():
     return bench_script("gpu_check")
 
 
-@pytest.mark.slow
-def test_dry_run_runs_every_section_and_writes_sane_numbers(tmp_path):
-    out = tmp_path / "check.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    plan = done.stdout.splitlines()[1:6]  # the sections and their budgets, printed first
-    assert [line.split()[0] for line in plan] == ["step", "parity", "memory", "probes", "total"]
-    result = json.loads(out.read_text())
-    assert result["dry_run"] is True and result["settings"]["device"] == "cpu"
-    sections = result["sections"]
-    assert list(sections) == ["step", "parity", "memory", "probes"]
-    for body in sections.values():
-        assert "error" not in body
-        assert 0 < body["seconds"] <= result["seconds"]
-
-    step = sections["step"]
-    assert step["skipped"] == []
-    rows = {(r["shape"], r["variant"]): r for r in step["rows"]}
-    assert set(rows) == {(s, v) for s in ("gqa", "mha") for v in ("full", "first-4", "last-4", "dilated-8")}
-    for r in rows.values():
-        assert r["step_s"] > 0 and r["llama_step_s"] > 0 and r["ratio"] > 0
-        assert r["ci"][0] <= r["ratio"] <= r["ci"][1]
-
-    parity = {r["model"]: r for r in sections["parity"]["rows"]}
+def check_parity(body):
+    parity = {r["model"]: r for r in body["rows"]}
     assert set(parity) == {"LIMe", "LLaMA"}
     for r in parity.values():
         errors = [r["logits_rel_error"], r["grad_rel_error_median"], r["grad_rel_error_max"]]
-        assert all(math.isfinite(e) for e in errors)
-        if result["settings"]["dtype"] == "bfloat16":  # bf16 rounds (2^-9 relative): errors small, not 0
-            assert all(0 < e < 0.1 for e in errors)
-            assert r["grad_rel_error_median"] <= r["grad_rel_error_max"]
+        assert all(math.isfinite(e) and 0 <= e < 0.1 for e in errors)  # bf16 rounds at 2^-9: small
+        assert r["grad_rel_error_median"] <= r["grad_rel_error_max"]
         assert r["loss_abs_error"] < 0.05 * r["loss_fp32"]
     assert parity["LIMe"]["router_grad_rel_error_max"] is not None
     assert parity["LLaMA"]["router_grad_rel_error_max"] is None
 
+
+def check_generate(body):
+    # fp32, greedy: the cached K/V reproduce the uncached forward's tokens and scores
+    assert body["tokens_equal"] is True and body["first_difference"] is None
+    assert body["score_rel_error_max"] < 1e-5
+    assert body["cached_tokens_per_s"] > 0 and body["uncached_tokens_per_s"] > 0
+
+
+def check_extraction(body):
+    assert body["tokens"] > 0 and body["rounds"] >= 2
+    assert body["ci"][0] <= body["extract_over_plain_time"] <= body["ci"][1]
+    assert body["plain_forward_tokens_per_s"] > 0 and body["extract_tokens_per_s"] > 0
+
+
+def check_memory_row(row, cuda: bool):
+    assert row["planned_bytes"] == row["planned_tensor_bytes"] + sum(row["allocator"].values()) > 0
+    assert bool(row["allocator"]) == cuda  # the CUDA allocator's terms: a GPU plan's only
+    assert row["measured_over_planned"] == row["measured_bytes"] / row["planned_bytes"]
+    assert len(row["losses"]) == 2 and all(math.isfinite(x) for x in row["losses"])
+
+
+def test_sections_rewrite_the_json_and_a_kill_keeps_those_that_finished(gpu_check, tmp_path, monkeypatch):
+    out = tmp_path / "check.json"
+
+    def killed(ctx):
+        assert json.loads(out.read_text())["running"] == "extract"  # written before the section
+        raise KeyboardInterrupt  # as a kill: no section after it runs, nothing more is written
+
+    monkeypatch.setitem(gpu_check.SECTIONS, "extract", (killed, 35))
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.run(True, out, ["parity", "generate", "extract", "probes"])
+    result = json.loads(out.read_text())
+    assert result["dry_run"] is True and result["settings"]["device"] == "cpu"
+    assert result["running"] == "extract" and list(result["sections"]) == ["parity", "generate"]
+    assert result["selected"] == {"sections": ["parity", "generate", "extract", "probes"], "rows": None}
+    assert result["not_selected"] == ["fsdp", "memory", "step"]
+    for name, body in result["sections"].items():
+        assert body["budget_s"] == gpu_check.SECTIONS[name][1] and body["seconds"] > 0
+    check_parity(result["sections"]["parity"])
+    check_generate(result["sections"]["generate"])
+    assert not list(tmp_path.glob(".*"))  # the atomic writes left no temporary file
+
+
+def test_a_failing_section_is_recorded_and_the_next_one_runs(gpu_check, tmp_path, monkeypatch):
+    def broken(ctx):
+        raise ValueError("no such kernel")
+
+    monkeypatch.setitem(gpu_check.SECTIONS, "generate", (broken, 25))
+    result = gpu_check.run(True, tmp_path / "check.json", ["generate", "extract"])
+    assert result["sections"]["generate"]["error"] == "ValueError: no such kernel"
+    check_extraction(result["sections"]["extract"])
+    assert result["sections"]["extract"]["model_dtype"] == result["settings"]["dtype"]
+    assert "running" not in result and json.loads((tmp_path / "check.json").read_text()) == result
+
+
+def test_rows_and_budgets_select_and_skip_memory_rows(gpu_check, tmp_path):
+    result = gpu_check.run(True, tmp_path / "a.json", ["memory"], frozenset({"mha:none", "gqa:first-4"}))
+    (row,) = result["sections"]["memory"]["rows"]  # gqa:first-4 is a step row
+    assert (row["recipe"], row["model"]) == ("lime-1b-mha", "LLaMA")
+    check_memory_row(row, cuda=False)
+    spent = gpu_check.run(True, tmp_path / "b.json", ["memory"], budgets={"memory": 0})["sections"]["memory"]
+    assert spent["rows"] == []
+    assert spent["skipped"] == [
+        {"row": f"{shape}:{routing}", "why": "the section's budget of 0 s was spent"}
+        for shape in ("gqa", "mha")
+        for routing in ("full", "none")
+    ]
+
+
+def test_step_models_in_the_order_the_section_compiles_them(gpu_check):
+    models = gpu_check.step_models(None)
+    assert models[:4] == ["gqa:none", "gqa:full", "mha:none", "mha:full"]  # Table 17's headline rows first
+    assert len(models) == len(set(models)) == 2 * (1 + 4)  # each LLaMA once, then every variant
+    assert gpu_check.step_models(frozenset({"mha:last-4"})) == ["mha:none", "mha:last-4"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sections", "step", "nope"], "unknown section nope; valid: parity, generate"),
+        (["--rows", "gqa:full", "gqa:half"], "unknown row gqa:half; valid: gqa:none, gqa:full"),
+        (["--compile-workers", "-1"], "--compile-workers must be 0 or more, got -1"),
+        (["--out", "/nonexistent/folder/x.json"], "--out /nonexistent/folder/x.json: no folder"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(gpu_check, args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(["--dry-run", "--out", str(tmp_path / "x.json"), *args])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
+    out = tmp_path / "check.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--compile-workers", "1"]
+    done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    plan = done.stdout.splitlines()[1:9]  # the sections and their budgets, printed first
+    names = ["parity", "generate", "extract", "fsdp", "memory", "probes", "step"]
+    assert [line.split()[0] for line in plan] == [*names, "total"]
+    result = json.loads(out.read_text())
+    sections = result["sections"]
+    assert list(sections) == names and "running" not in result
+    for body in sections.values():
+        assert "error" not in body and 0 < body["seconds"] <= result["seconds"]
+    check_parity(sections["parity"])
+    check_generate(sections["generate"])
+    check_extraction(sections["extract"])
+    check_extraction(sections["probes"])
+    assert len(sections["probes"]["blimp_probe_accuracy"]) == sections["probes"]["layers"]
+
+    fsdp = sections["fsdp"]  # one process: the sharded step's loss is the unsharded model's
+    assert fsdp["sharded"] is True and fsdp["loss_vs_unsharded"] == 0
+    assert fsdp["planned_bytes"] > 0
     memory = sections["memory"]
     assert {(r["recipe"], r["model"]) for r in memory["rows"]} == {
         (f"lime-1b-{s}", m) for s in ("gqa", "mha") for m in ("LIMe", "LLaMA")
     }
-    assert all(r["measured_bytes"] >= 0 for r in memory["rows"])
-    assert all(r["planned_bytes"] > 0 for r in memory["rows"])
+    for row in memory["rows"]:
+        check_memory_row(row, cuda=False)
 
-    probes = sections["probes"]
-    for key in ("plain_forward_tokens_per_s", "extract_tokens_per_s", "entropy_tokens_per_s"):
-        assert probes[key] > 0
-    assert probes["extract_over_plain_time"] == pytest.approx(
-        probes["plain_forward_tokens_per_s"] / probes["extract_tokens_per_s"]
-    )
-    assert len(probes["blimp_probe_accuracy"]) == probes["layers"]
-    assert all(0 <= a <= 1 for a in probes["blimp_probe_accuracy"])
+    step = sections["step"]
+    assert step["skipped"] == [] and step["compile_workers_alongside"] == 1
+    rows = {(r["shape"], r["variant"]): r for r in step["rows"]}
+    assert set(rows) == {(s, v) for s in ("gqa", "mha") for v in ("full", "first-4", "last-4", "dilated-8")}
+    for r in rows.values():
+        assert r["step_s"] > 0 and r["llama_step_s"] > 0
+        assert r["ci"][0] <= r["ratio"] <= r["ci"][1]
+        # the worker compiled each model first and wrote its seconds
+        assert all(w is not None and w["seconds"] > 0 for w in r["compile"]["workers"].values())
+    # each shape's LLaMA compiled once: the rows after the first of a shape reuse it
+    assert sum("none" in r["compile"]["workers"] for r in rows.values()) == 2

@@ -17,7 +17,13 @@ from transformers import AutoModelForCausalLM
 from lime_model import train as T
 from lime_model.cli import main
 from lime_model.modeling import LimeDecoderLayer
-from lime_model.plan import parse_memory, stand_in_tokenizer, step_memory
+from lime_model.plan import (
+    _peak_tracker,
+    cublas_workspace_bytes,
+    parse_memory,
+    stand_in_tokenizer,
+    step_memory,
+)
 from lime_model.recipes import load_recipe
 
 VOCAB = 256
@@ -167,6 +173,55 @@ def test_parse_memory():
             parse_memory(bad)
 
 
+def test_cublas_workspace_is_sized_as_torch_sizes_it(monkeypatch):
+    # CublasHandlePool.cpp: ":SIZE:COUNT" pairs in KiB, summed; 32 MiB on Hopper, :4096:2:16:8 elsewhere
+    assert cublas_workspace_bytes(":4096:2:16:8") == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert cublas_workspace_bytes(":4096:8") == 32 * 2**20
+    assert cublas_workspace_bytes(":0:0") == 0
+    assert cublas_workspace_bytes("nonsense") == 32 * 2**20  # torch warns and keeps its default
+    assert cublas_workspace_bytes("nonsense", hopper=False) == 8 * 2**20 + 128 * 2**10
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:2")
+    assert cublas_workspace_bytes() == 32 * 2**10
+
+
+def test_the_cuda_allocator_terms_are_a_gpu_plans_only(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    recipe = load_recipe("cpu-tiny", {**SIZES, "mixed_precision": "auto"})
+    cpu, gpu = (step_memory(recipe, gpu=g, micro_batches=1) for g in (False, True))
+    assert cpu.allocator == {} and cpu.total == cpu.peak["Total"]
+    # two handles (the forward's thread, the autograd engine's) of 32 MiB each on a Hopper GPU
+    assert gpu.allocator["cuBLAS workspaces"] == 2 * 32 * 2**20
+    assert gpu.allocator["block rounding"] > 0  # its formula: the test below
+    assert gpu.total == gpu.peak["Total"] + gpu.allocator["block rounding"] + 2 * 32 * 2**20
+    assert set(gpu.phases) == {"forward", "backward", "optimizer"}
+    assert max(gpu.phases.values()) == gpu.peak["Total"] + gpu.allocator["block rounding"]
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+    assert step_memory(recipe, micro_batches=1).allocator["cuBLAS workspaces"] == 2 * (
+        8 * 2**20 + 128 * 2**10
+    )
+
+
+def test_block_rounding_counts_each_live_storage_as_a_512_byte_multiple_and_finds_the_peak_so():
+    def block(nbytes: int) -> int:  # CUDACachingAllocator's round_size for small sizes
+        return -(-nbytes // 512) * 512
+
+    model = torch.nn.Linear(1, 1, bias=False)  # a 4-byte weight alive throughout
+    tracker = _peak_tracker(model, torch.optim.SGD(model.parameters(), lr=0.1), False, round_blocks=True)
+    with tracker:
+        tracker.phase = "small"
+        small = [torch.ones(1) for _ in range(5)]  # five storages of 4 bytes
+        del small
+        tracker.phase = "large"
+        large = torch.ones(500)  # one of 2000 bytes
+        del large
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    # unrounded the large tensor's moment is higher (4 + 2000 > 4 + 5 x 4); rounded, the small ones'
+    assert block(4) + 5 * block(4) > block(4) + block(2000)
+    assert peak["Total"] == 4 + 5 * 4
+    assert tracker.peak_rounding == block(4) + 5 * block(4) - (4 + 5 * 4)
+    assert tracker.phase_peaks == {"small": 6 * block(4), "large": block(4) + block(2000)}
+
+
 TINY = [
     "--set",
     "model.num_hidden_layers=2",
@@ -193,7 +248,10 @@ def test_cli_prints_and_writes_a_plan(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result["fsdp2"]) == set(result["ddp"])
     for name, variant in result["fsdp2"].items():  # sharded over 2: less per GPU than DDP's whole copy
-        assert variant["per_gpu"] == variant["peak"]["Total"] < result["ddp"][name]["per_gpu"]
+        allocator = variant["allocator"]  # the CUDA allocator's terms: a GPU plan's
+        assert set(allocator) == {"block rounding", "cuBLAS workspaces"}
+        assert variant["per_gpu"] == variant["peak"]["Total"] + sum(allocator.values())
+        assert variant["per_gpu"] < result["ddp"][name]["per_gpu"]
         assert variant["margin"] == 2**20 - variant["per_gpu"]
     assert result["tokens_per_step"] == 8 * 32 and result["accumulation"] == 1  # 8 rows over 2 GPUs of 4
     for variant in result["ddp"].values():  # a 1 MiB GPU holds no step; DDP on 2 adds a gradient copy
