@@ -261,7 +261,7 @@ def official_comparison() -> tuple:
     """The official analysis's site comparison for each routing model against LLaMA: its routed values'
     mean entropy against LLaMA's values' (value_wrapper.py records the routed read for LIMe)."""
     from lime_probe.studies import Claim
-    from lime_probe.studies.catalog import entropy
+    from lime_probe.studies.lm_cpu import entropy
 
     return tuple(
         Claim(m, "LLaMA", entropy("routed_values"), "secondary", None, reference_endpoint=entropy())

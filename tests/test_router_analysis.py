@@ -315,3 +315,7 @@ def test_mixing_refuses_input_dependent_routers_and_wrong_widths():
         mix_by_router(tiny_lime("full"), {i: torch.zeros(2, 7) for i in range(4)})
     with pytest.raises(ValueError, match="missing"):
         mix_by_router(tiny_lime("full"), {0: torch.zeros(2, 16)})
+    with pytest.raises(
+        ValueError, match=r"values of layers \[4\] given; the routers mix a model of 4 layers"
+    ):
+        mix_by_router(tiny_lime("full"), {i: torch.zeros(2, 16) for i in range(5)})

@@ -191,14 +191,27 @@ def test_a5_the_trajectory_is_logged_and_the_mixing_null_guards_the_run(amendmen
     assert f"gap at step {recipe.steps:,} minus gap at step {recipe.steps * 3 // 4:,}" in amendment
     script = (FOLDER / "run.sh").read_text()
     assert script.count('--eval-data "$TEST"') == 2  # prepare and train read the same held-out rows
-    # the run refuses while the declaration lacks the amendment's two secondaries
+    # the run refuses unless the declaration holds the amendment's two secondaries: it does now
     guard = re.search(r'python -c "\n(.*?)\n"\n', script, re.S)[1]
     n = int(re.search(r"if n != (\d+):", guard)[1])
     assert n == 9 + 2 and "Holm over these eleven" in amendment  # the nine and the two mixing-null rows
     done = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 2
+    assert (done.returncode, done.stderr) == (0, "")
+    without = (  # the declaration without the amendment's rows is refused
+        "from dataclasses import replace\n"
+        "from lime_probe.studies import STUDIES\n"
+        "from lime_probe.studies.amendment_150m import amendment_claims\n"
+        "from lime_probe.studies.lm_tuned import converged_separability\n"
+        "added = amendment_claims(converged_separability(), converged_separability('routed_values'))\n"
+        "s = STUDIES['lime-150m']\n"
+        "STUDIES['lime-150m'] = replace(s, claims=tuple(c for c in s.claims if c not in added))\n"
+    )
+    refused = subprocess.run(
+        [sys.executable, "-c", without + guard], capture_output=True, text=True, cwd=ROOT
+    )
+    assert refused.returncode == 2
     assert (
-        done.stderr.strip()
+        refused.stderr.strip()
         == f"run.sh: the lime-150m declaration holds 9 secondary endpoints, the protocol {n}"
     )
 

@@ -242,6 +242,18 @@ def initial_weights(
     )
 
 
+def mixing_layers(router_model: Any) -> int:
+    """The number of layers whose values ``router_model``'s routers mix (`mix_by_router`). ValueError, one
+    line, for a model that is not a LIMe, has no routers (LLaMA) or routes by its own inputs (dynamic)."""
+    module = _hf_model(router_model)
+    spec = _routing_spec(module)
+    if spec.input_dependent:
+        raise ValueError(
+            f"routing {str(spec)!r} is input-dependent: its mixing of another model's values is undefined"
+        )
+    return len(_layers(module))
+
+
 def mix_by_router(router_model: Any, values: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
     """Values of every layer mixed across layers by ``router_model``'s routers, as its heads would read
     them: ``out[i][n, h, e] = sum_{p, h'} C_i[h, p, h', e] values[sources_i[p]][n, h', e]`` (e over each
@@ -254,17 +266,18 @@ def mix_by_router(router_model: Any, values: Mapping[int, torch.Tensor]) -> dict
     depend on the model's own hidden states. Returns ``{layer: (n_tokens, kv * head_dim)}``.
     """
     module = _hf_model(router_model)
-    spec = _routing_spec(module)
-    if spec.input_dependent:
-        raise ValueError(
-            f"routing {str(spec)!r} is input-dependent: its mixing of another model's values is undefined"
-        )
+    layers = mixing_layers(module)
+    extra = sorted(set(values) - set(range(layers)))
+    if extra:
+        raise ValueError(f"values of layers {extra} given; the routers mix a model of {layers} layers")
     kv, hd = module.config.num_key_value_heads, module.config.head_dim
     out = {}
     for i, layer in enumerate(_layers(module)):
         router = layer.self_attn.router
         if router is None:
-            raise ValueError(f"layer {i} has no self_attn.router although routing is {str(spec)!r}")
+            raise ValueError(
+                f"layer {i} has no self_attn.router although routing is {module.config.routing!r}"
+            )
         missing = [j for j in router.sources if j not in values]
         if missing:
             raise ValueError(

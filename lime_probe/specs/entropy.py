@@ -17,10 +17,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lime_probe.extraction.settings import Extraction
 from lime_probe.protocol import defaults
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 from .base import (
     Checkpoint,
@@ -36,9 +40,9 @@ from .base import (
     value_site_option,
     value_sites,
 )
+from .mixing import MIXED, check_mix_site, mix_router_option, mixing_router
 
 PROTOCOL = defaults("entropy")
-MIXED = "router_mixed_values"  # the rows' site of the mixing null (--mix-router)
 
 
 @dataclass(frozen=True)
@@ -70,22 +74,14 @@ class EntropyParams:
         PROTOCOL["max_normalize"], "divide each entropy by log(min(tokens, dim)), as Skean et al.'s code"
     )
     seed: int = seed_option()
-    mix_router: str | None = option(
-        None,
-        "the mixing null: a routing checkpoint (a LIMe run) whose learned routers mix this model's values "
-        "(W_V output) across its layers, as LIMe's heads would read them; the entropy of those mixed values "
-        f"is reported as site {MIXED!r} instead of the model's own sites (the two models must share "
-        "heads and head size; static routing only)",
-        metavar="CKPT",
-    )
+    mix_router: str | None = mix_router_option("entropy")
 
     def __post_init__(self):
         from lime_model.checks import check_positive  # here: `import lime_model` registers the models
 
         if self.alpha is not None:
             check_positive(self.alpha, "--alpha")
-        if self.mix_router is not None and self.site not in (None, "values"):
-            raise ValueError(f"--mix-router mixes the values; --site {self.site} cannot go with it")
+        check_mix_site(self.mix_router, self.site)
 
 
 def window_for(ck: Checkpoint, p: EntropyParams) -> tuple[int, str]:
@@ -115,6 +111,7 @@ def compute(
     config = entropy_config(p.preset, alpha=p.alpha, max_normalize=p.max_normalize)
     rows = []
     for ck in cks:
+        router = None if p.mix_router is None else mixing_router(ck, p.mix_router)
         sites = value_sites(ck, p.site)
         unit: dict[str, Any] = {"unit": p.unit, "window": None, "window_source": None, "num_windows": None}
         if p.unit == "windows":
@@ -129,12 +126,13 @@ def compute(
             site: {layer: functools.partial(acts.iter_sequences, site, layer) for layer in acts.layers(site)}
             for site in sites
         }  # one cache shard at a time
-        if p.mix_router is not None:
-            streams = {MIXED: mixed_streams(acts, p.mix_router)}
+        if router is not None:
+            streams = {MIXED: mixed_streams(acts, router)}
             unit["mix_router"] = p.mix_router
+        device = model_device(ck)
         for site, per_layer in streams.items():
             for layer, chunks in tqdm(per_layer.items(), desc=f"entropy {ck.label} {site}", unit="layer"):
-                r = stream_entropy(chunks, config, seed=p.seed)
+                r = stream_entropy(chunks, config, seed=p.seed, device=device)
                 rows.append(
                     {
                         "model": ck.label,
@@ -176,16 +174,23 @@ def compute(
     )
 
 
-def mixed_streams(acts, router_ckpt: str) -> dict:
-    """{layer: chunks} of ``acts``'s values mixed across layers by ``router_ckpt``'s routers
+def model_device(ck: Checkpoint) -> torch.device:
+    """Where ``ck``'s model runs (its input embedding's device; the CPU for weights on ``meta``): the
+    entropy's Gram matrices and eigenvalues are computed there, on the GPU when the model is."""
+    from lime_probe.extraction.loading import input_device
+    from lime_probe.probes.router_weights import unwrap_model
+
+    return input_device(cast("PreTrainedModel", unwrap_model(ck.model)))
+
+
+def mixed_streams(acts, router_model: Any) -> dict:
+    """{layer: chunks} of ``acts``'s values mixed across layers by ``router_model``'s routers
     (`mix_by_router`), in the form `stream_entropy` reads. Holds every layer's values at once (the null is
     for the models a study trains, not for billion-parameter ones)."""
     import torch
 
-    from lime_probe.extraction.loading import load
     from lime_probe.probes.router_weights import mix_by_router
 
-    router_model, _ = load(router_ckpt)
     mixed = mix_by_router(router_model, {layer: acts["values"][layer] for layer in acts.layers("values")})
     lengths = acts.offsets.diff().tolist()
 

@@ -42,6 +42,7 @@ from .base import (
     value_site_option,
     value_sites,
 )
+from .mixing import MIXED, check_mix_site, mix_router_option, mixing_router
 
 METHODS = ("logreg", "adam-linear")
 SUBTOKENS = ("last", "mean")
@@ -105,9 +106,11 @@ class SeparabilityParams:
         "folds (default: refused, as such accuracies mean little)",
     )
     jobs: int = jobs_option()
+    mix_router: str | None = mix_router_option("separability")
 
     def __post_init__(self):
         check_words(self.words)
+        check_mix_site(self.mix_router, self.site)
 
 
 def count_words_first(
@@ -282,12 +285,16 @@ def from_features(
 def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str], p: SeparabilityParams, extraction: Extraction
 ) -> Result:
-    """Separability of the occurrences of ``p.words`` in ``texts`` at ``p.site`` (default: `value_sites`)."""
+    """Separability of the occurrences of ``p.words`` in ``texts`` at ``p.site`` (default: `value_sites`);
+    with ``p.mix_router``, of the values mixed by its routers instead (site `MIXED`, `mixed_features`)."""
     rows = []
     for ck in cks:
-        sites = value_sites(ck, p.site)
+        router = None if p.mix_router is None else mixing_router(ck, p.mix_router)
+        sites = value_sites(ck, p.site) if router is None else ["values"]
         features = word_features(ck, texts, sites, p.words, extraction, subtoken=p.subtoken)
         check_probe_sample(features[sites[0]][1], N_SPLITS, p.allow_small_samples, ck.label)
+        if router is not None:
+            features, sites = {MIXED: mixed_features(features["values"], router)}, [MIXED]
         for site in sites:
             rows += separability_rows(
                 {ck.label: features[site]},
@@ -298,6 +305,9 @@ def compute(
                 subtoken=p.subtoken,
                 jobs=p.jobs,
             )
+    if p.mix_router is not None:
+        for r in rows:
+            r["mix_router"] = p.mix_router
     return _result(
         rows,
         classes=p.words,
@@ -307,6 +317,16 @@ def compute(
         subtoken=p.subtoken,
         default=p.site is None,
     )
+
+
+def mixed_features(features: tuple[dict, Any], router_model: Any) -> tuple[dict, Any]:
+    """``({layer: (n, d)}, labels (n,))`` of the values with each layer's rows mixed across layers by
+    ``router_model``'s routers (`mix_by_router`). The mixing is linear and per token, so mixing the rows
+    of a word (a token, or its sub-tokens pooled by their mean or last) equals pooling the mixed tokens."""
+    from lime_probe.probes.router_weights import mix_by_router
+
+    per_layer, y = features
+    return mix_by_router(router_model, per_layer), y
 
 
 def plot(result: Result) -> dict:

@@ -250,14 +250,7 @@ def run_demo(
     extraction = Extraction(max_length=recipe.seq_len, batch_size=32)
 
     _stage(3, n, "accuracy by operator count and training curves")
-    results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
-    results[0].text = (
-        f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
-        "they differ only in routing (LIMe: full, LLaMA: none). " + results[0].text + " One seed only: "
-        "the gap moves by several points with the seed and across machines, so it illustrates the task "
-        "rather than measures the difference; `lime-probe reproduce --study arithmetic` measures it over "
-        "five seeds with 95 % intervals (README, figures/arithmetic-seeds/)."
-    )
+    results = accuracy_and_curves(cks, steps, seed)
 
     _stage(4, n, "matrix entropy of values and hidden states")
     texts = [sample_text(s, tok) for s in test[: settings.entropy_texts]]
@@ -270,7 +263,43 @@ def run_demo(
     probe_texts = [
         sample_text(s, tok) for s in test + probe_samples(NUMBER_SETS["100-103"], settings.per_number, seed)
     ]
-    acts = {c.label: extract_site(c, probe_texts, NUMBER_SITE, extraction) for c in cks}
+    results += number_probes(cks, probe_texts, extraction, settings, seed)
+
+    _stage(6, n, "router weights of LIMe")
+    results.append(ANALYSES["router"].run([c for c in cks if c.label == "LIMe"]))
+
+    _stage(7, n, "writing results, figures and the report")
+    sections = [write_analysis(r, out, meta) for r in results]
+    report = write_report(
+        out / "report.html",
+        "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
+        sections,
+        meta=meta,
+    )
+    return report, headline(results)
+
+
+def accuracy_and_curves(cks: Sequence[Checkpoint], steps: int | None, seed: int) -> list[Result]:
+    """Accuracy by operator count (its text saying how the two models were trained, and that one seed
+    illustrates rather than measures) and the training curves."""
+    results = [ANALYSES["arithmetic-accuracy"].run(cks), ANALYSES["training-curves"].run(cks)]
+    results[0].text = (
+        f"Both models were trained with the same recipe ({RECIPE}, {steps} steps, seed {seed}); "
+        "they differ only in routing (LIMe: full, LLaMA: none). " + results[0].text + " One seed only: "
+        "the gap moves by several points with the seed and across machines, so it illustrates the task "
+        "rather than measures the difference; `lime-probe reproduce --study arithmetic` measures it over "
+        "five seeds with 95 % intervals (README, figures/arithmetic-seeds/)."
+    )
+    return results
+
+
+def number_probes(
+    cks: Sequence[Checkpoint], texts: Sequence[str], extraction: Extraction, settings: DemoSettings, seed: int
+) -> list[Result]:
+    """Separability and t-SNE of each set of close numbers (`NUMBER_SETS`) at `NUMBER_SITE`, read from one
+    extraction of ``texts`` per checkpoint."""
+    acts = {c.label: extract_site(c, texts, NUMBER_SITE, extraction) for c in cks}
+    results = []
     for key, numbers in NUMBER_SETS.items():
         feats = {
             c.label: number_features(acts[c.label], c.tokenizer, NUMBER_SITE, numbers, c.label) for c in cks
@@ -297,19 +326,7 @@ def run_demo(
         ):
             r.text += " " + NUMBER_NOTE
             results.append(r)
-
-    _stage(6, n, "router weights of LIMe")
-    results.append(ANALYSES["router"].run([c for c in cks if c.label == "LIMe"]))
-
-    _stage(7, n, "writing results, figures and the report")
-    sections = [write_analysis(r, out, meta) for r in results]
-    report = write_report(
-        out / "report.html",
-        "LIMe vs LLaMA on arithmetic expressions (lime-probe demo)",
-        sections,
-        meta=meta,
-    )
-    return report, headline(results)
+    return results
 
 
 def headline(results: Sequence[Result]) -> list[dict]:

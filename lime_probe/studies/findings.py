@@ -6,7 +6,7 @@ Each row of ``differences.csv`` is one `Claim` (an exploratory claim: one row pe
 and the minimum detectable effect at this many seeds (`stats.paired_difference`). Primary and secondary
 rows carry a verdict from the interval; the primary p-values are also Holm-adjusted over the study's
 primary endpoints; exploratory rows get Holm-adjusted p and BH q over each family (one claim's layers)
-and no verdict.
+and no verdict, and an exploratory endpoint read alone (no ``per``) neither.
 """
 
 from __future__ import annotations
@@ -459,7 +459,7 @@ def exploratory_table(diff: Sequence[dict], alpha: float = 0.05) -> list[str]:
     ]
     families: dict[tuple, list[dict]] = {}
     for r in diff:
-        if r["role"] == "exploratory":
+        if r["role"] == "exploratory" and "q_bh" in r:  # a family read per layer (or tier)
             families.setdefault((r["endpoint"], r["model"], r["reference"]), []).append(r)
     for (endpoint, model, ref), rows in families.items():
         per = next(k for k in ("layer", "n_operators") if k in rows[0])
@@ -527,7 +527,17 @@ def findings(study: Study, diff: Sequence[dict], seeds: Sequence[int], selection
         rows = [r for r in diff if r["role"] == role]
         if rows:
             lines += [f"## {role.capitalize()} endpoints", "", *claim_table(rows, holm_column=True), ""]
-    if any(r["role"] == "exploratory" for r in diff):
+    alone = [r for r in diff if r["role"] == "exploratory" and "q_bh" not in r]
+    if alone:
+        lines += [
+            "## Exploratory endpoints",
+            "",
+            "Each read alone, outside the Holm families and without a verdict: the interval is the reading.",
+            "",
+            *claim_table(alone, holm_column=False),
+            "",
+        ]
+    if any(r["role"] == "exploratory" and "q_bh" in r for r in diff):
         lines += [
             "## Per layer (exploratory)",
             "",

@@ -1,6 +1,6 @@
 """The route-ablation study's claims and measures (figures/route-ablation/PROTOCOL.md): does a trained LIMe
 use its reads of earlier layers? Its models are lm-cpu-fair's LIMe and LLaMA, so the declaration takes
-them, and the mixing null's measures, from the catalog that registers it."""
+them, and the mixing null's measures, from lm_tuned.py, which declares it."""
 
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lime_probe.extraction.settings import Extraction
+
 from .study import Measure, Study
 
 # A study's ``--data`` folder, by its `Study.data`: (the training text, the held-out text the measures
@@ -169,11 +171,15 @@ def cached(path: Path, compute: Callable[[], dict]) -> dict:
     return value
 
 
-def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[Any, dict]:
-    """What ``m`` reads for checkpoint ``ck`` and the extraction keywords that go with it."""
-    kw: dict[str, Any] = {"cache_dir": None, **m.extract}
+def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[Any, Extraction]:
+    """What ``m`` reads for checkpoint ``ck`` and the extraction settings that go with it: what the data
+    needs, then the measure's own ``extract``, without the activation cache."""
+
+    def settings(**needed: Any) -> Extraction:
+        return Extraction(**{**needed, "cache_dir": None, **m.extract})
+
     if m.data == "none":
-        return None, kw
+        return None, settings()
     if m.data == "expressions":
         from lime_model.recipes import load_recipe
         from lime_model.tasks.arithmetic import recipe_splits
@@ -181,29 +187,24 @@ def measure_data(m: Measure, spec, ck, run: Path, data: Data | None) -> tuple[An
 
         recipe = load_recipe(str(run / "recipe.json"))
         _, test = recipe_splits(recipe, with_train=False)
-        return [sample_text(s, ck.tokenizer) for s in test[: m.max_texts]], {
-            "max_length": recipe.seq_len,
-            **kw,
-        }
+        return [sample_text(s, ck.tokenizer) for s in test[: m.max_texts]], settings(
+            max_length=recipe.seq_len
+        )
     if data is None:
         raise ValueError(f"measure {m.analysis!r} reads {m.data!r}: the study needs --data")
     if m.data == "blimp":
         from lime_probe.specs.data import load_data
 
-        return load_data("blimp", str(data.blimp), params=spec.params(**m.params)), kw
+        return load_data("blimp", str(data.blimp), params=spec.params(**m.params)), settings()
     texts = data.test_texts[: m.max_texts]
     if m.data == "test":
-        return texts, kw
+        return texts, settings()
     from lime_probe.extraction.windows import max_positions, token_windows
 
     window = max_positions(ck.model)
     if window is None:
         raise ValueError(f"{ck.label} states no maximum length to cut windows of")
-    return token_windows(texts, ck.tokenizer, window, None), {
-        "max_length": window,
-        "pretokenized": True,
-        **kw,
-    }
+    return token_windows(texts, ck.tokenizer, window, None), settings(max_length=window, pretokenized=True)
 
 
 def _reference(value: Any) -> str | None:
@@ -228,11 +229,11 @@ def with_runs(m: Measure, runs: Mapping[str, Path]) -> Measure:
 
 def run_measure(m: Measure, cks: list, runs: Sequence[Path], data: Data | None):
     """``m``'s analysis on the checkpoints ``cks`` (their runs ``runs``): a `Result`."""
-    from lime_probe.specs import ANALYSES, Extraction
+    from lime_probe.specs import ANALYSES
 
     spec = ANALYSES[m.analysis]
-    source, kw = measure_data(m, spec, cks[0], runs[0], data)
-    return spec.compute(cks, source, spec.params(**m.params), Extraction(**kw))
+    source, extraction = measure_data(m, spec, cks[0], runs[0], data)
+    return spec.compute(cks, source, spec.params(**m.params), extraction)
 
 
 def measure_runs(

@@ -29,6 +29,28 @@ LARGEST = "largest"  # an `Endpoint.where` value: the largest value of that key 
 
 
 @dataclass(frozen=True)
+class OfLargest:
+    """An `Endpoint.where` value: ``fraction`` of the largest value of that key present, e.g. step 15,000
+    of a 20,000-step run as ``OfLargest(0.75)``, so that a smoke run's shorter curve is read at the same
+    point of it."""
+
+    fraction: float
+
+    def __str__(self) -> str:
+        return f"{self.fraction:g} x the largest"
+
+
+def _resolved(value: Any, key: str, rows: Sequence[Mapping]) -> Any:
+    """``value`` of `Endpoint.where` as the value of ``key`` it names in ``rows`` (`LARGEST`, `OfLargest`)."""
+    if value != LARGEST and not isinstance(value, OfLargest):
+        return value
+    top = max((r[key] for r in rows if key in r), default=None)
+    if top is None:
+        return value
+    return top if value == LARGEST else top * value.fraction
+
+
+@dataclass(frozen=True)
 class Measure:
     """One analysis of the registry (``analysis``, a key of `lime_probe.specs.ANALYSES`) with its
     ``params``, run on ``data``. ``extract`` sets fields of its `Extraction` (e.g. ``{"max_length": 24}``).
@@ -62,10 +84,7 @@ class Endpoint:
     unit: str = ""
 
     def rows(self, rows: Sequence[Mapping]) -> list[Mapping]:
-        where = {
-            k: max((r[k] for r in rows if k in r), default=v) if v == LARGEST else v
-            for k, v in self.where.items()
-        }
+        where = {k: _resolved(v, k, rows) for k, v in self.where.items()}
         out = [r for r in rows if all(r.get(k) == v for k, v in where.items())]
         if self.part == "upper half":
             keys = sorted({r[self.over[0]] for r in out})
@@ -92,7 +111,10 @@ class Endpoint:
     def label(self, per: str | None = None) -> str:
         """How tables name it: the name, the filter and what is averaged, e.g. "value entropy (values; mean
         over layers)"; ``per``: read per that key (exploratory), so nothing is averaged over it."""
-        bits = [f"largest {k}" if v == LARGEST else str(v) for k, v in self.where.items()]
+        bits = [
+            f"largest {k}" if v == LARGEST else f"{k} {v}" if isinstance(v, OfLargest) else str(v)
+            for k, v in self.where.items()
+        ]
         if self.over and per is None:
             over = " and ".join(f"{k}s" for k in self.over)  # the keys are singular: "layer"
             bits.append("upper half" if self.part == "upper half" else f"mean over {over}")
@@ -127,7 +149,8 @@ class Claim:
     """``model`` minus ``reference`` on ``endpoint``, paired by seed; either side may be an `Effect`.
 
     ``role``: "primary" (the one pre-registered endpoint of a claim), "secondary", or "exploratory" (one
-    test per value of ``per``, e.g. per layer, Holm- and BH-adjusted over them, no verdict). ``sign``:
+    test per value of ``per``, e.g. per layer, Holm- and BH-adjusted over them, no verdict; without
+    ``per``, one endpoint read alone, outside every Holm family, no verdict). ``sign``:
     the direction stated in advance (+1: model higher), None for a two-sided question.
     ``reference_endpoint``: the reference's own endpoint where the two sides are read at different
     sites (the official analysis compares LIMe's routed values with LLaMA's values); default ``endpoint``."""
@@ -156,8 +179,10 @@ class Claim:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
-        if (self.role == "exploratory") != (self.per is not None):
-            raise ValueError("an exploratory claim names what it is tested per (per='layer'); others do not")
+        if self.per is not None and self.role != "exploratory":
+            raise ValueError(
+                f"a {self.role} claim is one test, not one per {self.per!r}: only exploratory ones are"
+            )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 rate for both families and one more router multiplier for LIMe at every base rate, on the sweep's budget,
 declared as a study of its own whose runs are exactly the new settings' (the sweep's own runs are not
 repeated), and the sweep's rule applied over the old and the new settings together. Declared from the
-catalog's sweep, which `lime_probe.studies.catalog` passes in."""
+sweep, which `lime_probe.studies.lm_tuned` passes in."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def extension_models(
     """The settings of the extended grid that ``sweep`` did not train: LLaMA at each base rate of
     ``EXTRA_LRS``, LIMe at every (base rate, multiplier) of (``lrs`` + ``EXTRA_LRS``) x (``router_mults``
     + ``EXTRA_ROUTER_MULTS``) not in the sweep. Each is a sweep setting of its family with the base rate
-    (``setting``: the catalog's ``lr_setting``) changed, so k/v init and routing stay the sweep's.
-    ``label``: the catalog's ``sweep_label``."""
+    (``setting``: lm_tuned's ``lr_setting``) changed, so k/v init and routing stay the sweep's.
+    ``label``: lm_tuned's ``sweep_label``."""
     llama = sweep.models[label("LLaMA", lrs[0])]
     lime = sweep.models[label("LIMe", lrs[0], router_mults[0])]
     new = {label("LLaMA", lr): {**llama, **setting(lr)} for lr in EXTRA_LRS}

@@ -1,6 +1,6 @@
 """The upcycling study (figures/upcycling/PROTOCOL.md): a trained LLaMA continued N steps as itself and as
-a LIMe upcycled from it (routers at self-only routing), paired by seed; declared from the catalog's parts
-(its LLaMA arm, measures and smoke size), which `lime_probe.studies.catalog` passes in."""
+a LIMe upcycled from it (routers at self-only routing), paired by seed; declared from the language-model
+studies' parts (its LLaMA arm, measures and smoke size), which `lime_probe.studies.lm_tuned` passes in."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def upcycling_models(llama: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def upcycling_claims(perplexity: Endpoint, entropy: Endpoint, per_layer: Callable) -> tuple[Claim, ...]:
     """One primary (perplexity, upcycled LIMe - LLaMA continued, two-sided), three secondaries (Holm over
-    them), value entropy per layer exploratory (``per_layer``: the catalog's)."""
+    them), value entropy per layer exploratory (``per_layer``: the studies' `per_layer`)."""
     return (
         Claim(
             UPCYCLED,
@@ -56,8 +56,8 @@ def upcycling_study(
     entropy: Endpoint,
     per_layer: Callable,
 ) -> Study:
-    """The study, declared with the catalog's ``declare`` (its ``study``: the LM recipe, data and smoke
-    size), LLaMA arm ``llama``, LM ``measures`` and endpoints."""
+    """The study, declared with ``declare`` (`lm_study`: the LM recipe, measures, data and
+    smoke size), LLaMA arm ``llama``, LM ``measures`` and endpoints."""
     study = declare(
         "upcycling",
         "Given a trained LLaMA and N more steps, is held-out perplexity lower when they train it as a LIMe "
@@ -65,7 +65,6 @@ def upcycling_study(
         upcycling_models(llama),
         range(10),
         upcycling_claims(perplexity, entropy, per_layer),
-        lm=True,
     )
     steps = study.tiny["overrides"]["steps"]  # the smoke size's length, for the continued runs too
     return replace(
