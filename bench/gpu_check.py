@@ -167,7 +167,7 @@ def run(
     budgets: dict[str, float] | None = None,
     workers: int | None = None,
 ) -> dict[str, Any]:
-    """The sections ``names`` (default all) in :data:`SECTIONS`' order, ``out`` rewritten after each:
+    """The sections ``names`` (default all) in ``SECTIONS``' order, ``out`` rewritten after each:
     each one's body, seconds and budget, or its error (the next one still runs)."""
     s = settings(tiny)
     names = [n for n in SECTIONS if names is None or n in names]

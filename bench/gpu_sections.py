@@ -1,4 +1,4 @@
-"""The sections of ``bench/gpu_check.py``: each takes the run's :class:`Context` and returns its JSON body.
+"""The sections of ``bench/gpu_check.py``: each takes the run's ``Context`` and returns its JSON body.
 
 A section with rows (parity, memory, step) starts no row once its budget is spent and lists each row it
 skipped with the reason; ``--rows`` (``SHAPE:ROUTING``) selects the memory and step rows.
@@ -297,7 +297,7 @@ def one_process_group(device_type: str) -> Iterator[Any]:
 
 def measured_step(recipe, device: str, mesh=None) -> dict[str, Any]:
     """Two training steps of ``recipe``'s model at one micro-batch through the trainer's accelerator
-    (bf16 autocast where it trains so; sharded with :func:`lime_model.distributed.shard` over ``mesh``
+    (bf16 autocast where it trains so; sharded with ``lime_model.distributed.shard`` over ``mesh``
     when given, as training shards); the second step measured (AdamW's state made by the first).
 
     Returns ``peak`` (bytes; on the GPU torch's allocator peak, on the CPU the rise of the process's
@@ -417,7 +417,7 @@ def section_memory(ctx: Context) -> dict[str, Any]:
 
 def section_fsdp(ctx: Context) -> dict[str, Any]:
     """One LIMe (full, GQA) training step sharded with FSDP2 in a world of one process, through the
-    trainer's own path (:func:`lime_model.distributed.shard`, ``prepare``), against the FSDP2 plan."""
+    trainer's own path (``lime_model.distributed.shard``, ``prepare``), against the FSDP2 plan."""
     recipe = recipe_for(ctx.s, "gqa", "full", ctx.s["tiny"], fsdp=True)
     plan = planned(recipe, gpu=ctx.device == "cuda", fsdp=1)  # its fake process group, before the real one
     with one_process_group(ctx.device) as mesh:

@@ -1,11 +1,11 @@
 """What the reproducible mode costs: training-step time in the mode over the same step without it.
 
-The mode (:mod:`lime_model.reproducible`) can only be entered before torch loads, so the two sides
+The mode (``lime_model.reproducible``) can only be entered before torch loads, so the two sides
 cannot share a process: each round starts two fresh processes, one per mode, in alternating order, and
 each times ``--steps`` full training steps (forward, backward, clipping, AdamW, as ``lime_model.train``
 takes them, after two untimed steps) of the same model from the same seed, on one thread, by process
 CPU time. The ratio of a round is mode / default; the row is the median over rounds with its
-distribution-free confidence interval (:func:`lime_probe.probes.stats.median_ci`). Rows: the demo's
+distribution-free confidence interval (``lime_probe.probes.stats.median_ci``). Rows: the demo's
 LIMe (recipe ``arithmetic-cpu``) and a LIMe run of the language-model studies (``wikitext-cpu``, as
 lm-cpu-fair trains it). Each child also checks that its mode took effect (torch's CPU capability).
 
@@ -29,7 +29,7 @@ ROWS = {"demo": ("arithmetic-cpu", 20), "lm-study": ("wikitext-cpu", None)}
 
 def child(row: str, mode: bool, steps: int) -> dict[str, float | str]:
     """Time ``steps`` training steps of ``row``'s LIMe in this (fresh) process, in the mode or not."""
-    # first: with LIME_REPRODUCIBLE=1 (set by :func:`run_child`) the package enters the mode before torch loads
+    # first: with LIME_REPRODUCIBLE=1 (set by ``run_child``) the package enters the mode before torch loads
     import lime_model  # noqa: F401
 
     # isort: split

@@ -14,9 +14,9 @@ Each routing variant runs in its own process next to its own LLaMA, interleaved:
 both once, and the reported ratio is the median over rounds of (variant time / LLaMA time in the same
 round), so a load spike that hits one round moves one sample, not the statistic; min-max over rounds
 is printed too, and the median's distribution-free confidence interval (order statistics,
-:func:`lime_probe.probes.stats.median_ci`), against which each row's time target (:data:`TIME_TARGETS`) is
+``lime_probe.probes.stats.median_ci``), against which each row's time target (``TIME_TARGETS``) is
 called met, missed or not resolved (then with the rounds that might resolve it,
-:func:`rounds_to_resolve`): on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a median of a
+``rounds_to_resolve``): on a shared 2-core VM per-round ratios spread by 0.1-0.4, so a median of a
 few rounds alone says little about a target a few points away. ``best x`` is the fastest variant step
 over the fastest LLaMA step: interference only ever adds time, so on a shared host the fastest steps
 are the least disturbed. One process per pair,
@@ -115,7 +115,7 @@ def verdict(name: str, median: float, lo: float, hi: float, coverage: float, rou
 
 def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
     """The model of one row at the benchmark's size: a cross-layer baseline named by its arch
-    (``denseformer``, ``resformer``, ``hyperconnections``: :data:`lime_model.ARCHITECTURES`), or LIMe
+    (``denseformer``, ``resformer``, ``hyperconnections``: ``lime_model.ARCHITECTURES``), or LIMe
     with routing ``name`` (``"none"`` = LLaMA); ``<routing>+recompute`` sets ``recompute_routed_kv``."""
     name, _, option = ("none", "", "") if name == AA else name.partition("+")
     if option not in ("", "recompute"):
@@ -206,7 +206,7 @@ def profile_rows(models: dict[str, Steps], args: argparse.Namespace, top: int = 
 def gemm_rates(args: argparse.Namespace, reps: int = 10) -> None:
     """GFLOP/s of the routed read's GEMM shapes at this size next to the layer's q/k/v projection:
     with kv output rows the router GEMMs are far slower per FLOP, and on the CPU a read summed from
-    pieces of :data:`lime_model.kv_buffer.CPU_HEADS_PER_GEMM` source heads beats one long GEMM."""
+    pieces of ``lime_model.kv_buffer.CPU_HEADS_PER_GEMM`` source heads beats one long GEMM."""
     from lime_model.kv_buffer import CPU_HEADS_PER_GEMM
 
     kv, hd = args.kv_heads or args.heads, args.hidden // args.heads
@@ -275,7 +275,7 @@ def peak_memory_mb(routing: str, args: argparse.Namespace) -> dict[str, float]:
 
 def time_pair(variant: str, args: argparse.Namespace) -> None:
     """Print the step times of LLaMA (``base``) and ``variant``, interleaved over rounds, per scope
-    (JSON). ``--_variant-first`` builds and times the variant first (see :func:`pair_times`)."""
+    (JSON). ``--_variant-first`` builds and times the variant first (see ``pair_times``)."""
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     roles = ("variant", "base") if args.variant_first else ("base", "variant")
     models = {role: Steps("none" if role == "base" else variant, args) for role in roles}

@@ -2,11 +2,11 @@
 
 ``import lime_model`` registers every model type with the Auto classes (``modeling.register_auto``), so
 ``AutoModelForCausalLM.from_pretrained(DIR)`` loads LIMe checkpoints (``model_type="lime"``) and the
-baselines' ("denseformer", "resformer", "hyperconnections"; :mod:`lime_model.architectures`).
+baselines' ("denseformer", "resformer", "hyperconnections"; ``lime_model.architectures``).
 
 The two programs, ``lime-model`` and ``lime-probe`` (console scripts, or ``python -m lime_model.cli`` /
 ``lime_probe.cli``), skip that import, so their ``--help`` and usage errors take no time: their commands
-register the model types after parsing (:func:`lime_model.cli.main`, :func:`lime_probe.extraction.loading.load`). The names below are imported on first use either way.
+register the model types after parsing (``lime_model.cli.main``, ``lime_probe.extraction.loading.load``). The names below are imported on first use either way.
 """
 
 import os

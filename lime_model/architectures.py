@@ -1,5 +1,5 @@
 """The model architectures a recipe can train (``model.arch``): LIMe (LLaMA with ``routing="none"``) and
-the paper's cross-layer baselines, each a :class:`LimeConfig` subclass registered with the Auto classes."""
+the paper's cross-layer baselines, each a ``LimeConfig`` subclass registered with the Auto classes."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ deleted). Sharded (FSDP) runs gather the whole model and optimizer state on the 
 checkpoint has one format whatever the number of processes.
 
 ``trainer_state.json`` records the sha256 of every other file of its checkpoint; a continued run takes
-the newest checkpoint whose files still match (:func:`resume_point`), and holds the run directory's lock
-(:class:`RunLock`) while it writes there, so a second run into the same folder is refused.
+the newest checkpoint whose files still match (``resume_point``), and holds the run directory's lock
+(``RunLock``) while it writes there, so a second run into the same folder is refused.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def load_training_state(ckpt: Path, accelerator, model, optimizer, scheduler) ->
 
 def publish_final(out_dir: Path, ckpt: Path) -> None:
     """Copy the last checkpoint's HF files into ``out_dir`` (each file replaced atomically), the weights
-    last: a folder with weights holds the whole final model (see :func:`_finished`)."""
+    last: a folder with weights holds the whole final model (see ``_finished``)."""
     for f in sorted(ckpt.iterdir(), key=lambda f: ("safetensors" in f.name, f.suffix == ".json", f.name)):
         if f.name in (STATE_JSON, STATE_TENSORS):
             continue
@@ -233,7 +233,7 @@ def check_out_dir(out_dir: Path, recipe: Recipe, resume: bool) -> bool:
 
     An absent or empty folder starts a new run. A folder holding an unfinished run of the same recipe
     (stopped by Ctrl-C, a crash or ``stop_after``) is continued, with or without ``resume``: from its
-    last intact checkpoint (:func:`resume_point`), or from the start when it has none. A finished run is
+    last intact checkpoint (``resume_point``), or from the start when it has none. A finished run is
     continued (republished) only with ``resume``; another recipe, another length or a folder of other
     files is refused.
     """
@@ -318,7 +318,7 @@ def damage(ckpt: Path) -> str | None:
 
 
 def resume_point(out_dir: Path) -> Path | None:
-    """The newest intact checkpoint of ``out_dir`` (:func:`damage`); None when it has none (the run starts
+    """The newest intact checkpoint of ``out_dir`` (``damage``); None when it has none (the run starts
     from step 0). Each newer, damaged one is set aside as ``checkpoints/corrupt-step-N`` with a one-line
     notice that names the damaged file.
 
@@ -405,7 +405,7 @@ def in_use(out_dir: Path) -> ValueError:
 
 def claim(lock: RunLock, out_dir: Path, resume: bool) -> Path | None:
     """The checkpoint to continue from, with the run directory locked (a new run's folder is locked as it
-    is made: :func:`open_run_dir`)."""
+    is made: ``open_run_dir``)."""
     if not resume:
         return None
     lock.take(out_dir, out_dir)
@@ -415,7 +415,7 @@ def claim(lock: RunLock, out_dir: Path, resume: bool) -> Path | None:
 def open_run_dir(
     lock: RunLock, out_dir: Path, recipe: Recipe, tokenizer, accelerator, ckpt: Path | None
 ) -> None:
-    """Main process: a continued run's (its folder locked by :func:`claim`) recipe, tokenizer (when it
+    """Main process: a continued run's (its folder locked by ``claim``) recipe, tokenizer (when it
     has none) and run info; a new run's folder made whole at once, locked, and only where no other run has
     appeared meanwhile."""
     if lock.held:
@@ -477,7 +477,7 @@ def run_info(accelerator) -> dict[str, Any]:
 
 
 def record_run_info(out_dir: Path, accelerator) -> None:
-    """Append this invocation's :func:`run_info` to ``run_info.json`` (a list: one entry per start)."""
+    """Append this invocation's ``run_info`` to ``run_info.json`` (a list: one entry per start)."""
     path = out_dir / "run_info.json"
     runs = json.loads(path.read_text()) if path.is_file() else []
     atomic_write(path, json.dumps([*runs, run_info(accelerator)], indent=1))

@@ -1,11 +1,11 @@
 """The command-line plumbing shared by the two programs, ``lime-model`` and ``lime-probe``: input checks,
-subcommands declared as :class:`Command` and built by :func:`build_parser`, and one mapping of how a
-command ends to an exit code (:func:`run_program`, :func:`run_command`).
+subcommands declared as ``Command`` and built by ``build_parser``, and one mapping of how a
+command ends to an exit code (``run_program``, ``run_command``).
 
 Both end a failure with one line on stderr and an exit code: 0 done, 2 bad usage or input, 1 an
 unexpected failure (``--debug``: the full traceback instead), 130 interrupted (Ctrl-C). The checks here
 run before any work (a minute of evaluation is not spent on a mistyped device or a corrupt weights file)
-and raise one of :data:`BAD_INPUT` with a message that names the user's option or file. Options that mean
+and raise one of ``BAD_INPUT`` with a message that names the user's option or file. Options that mean
 the same in both programs have the same name: ``--ckpt``, ``--data``, ``--out`` (always a folder the
 command writes its outputs into), ``--device``, ``--threads``, ``--seed``, ``--batch-size``, ``--debug``.
 Importing this module imports nothing heavy: torch and safetensors are imported inside the checks that
@@ -135,7 +135,7 @@ def check_positive(value: float, what: str) -> None:
 
 
 def add_device_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--device``, as both programs take it (checked by :func:`check_device` before any work)."""
+    """``--device``, as both programs take it (checked by ``check_device`` before any work)."""
     parser.add_argument(
         "--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default: %(default)s)"
     )
@@ -165,7 +165,7 @@ class Command:
 
 
 def build_parser(prog: str, description: str, commands: Iterable[Command]) -> OneLineParser:
-    """The parser of ``prog``: one subcommand per :class:`Command`, each with ``--debug``; the chosen name
+    """The parser of ``prog``: one subcommand per ``Command``, each with ``--debug``; the chosen name
     is ``args.command``."""
     parser = OneLineParser(
         prog=prog,
@@ -220,7 +220,7 @@ def run_command(
     """``work()``'s exit code (None: 0), with how it fails mapped to an exit code and one line on stderr:
 
     - Ctrl-C: ``WHERE: interrupted[; INTERRUPTED]``, 130 (``interrupted`` says what it left behind);
-    - bad input (:data:`BAD_INPUT`): ``ERROR_PREFIX: error: MESSAGE``, 2 (``error_prefix`` default ``where``);
+    - bad input (``BAD_INPUT``): ``ERROR_PREFIX: error: MESSAGE``, 2 (``error_prefix`` default ``where``);
     - anything else: ``WHERE: failed: TYPE: MESSAGE (rerun with --debug for the traceback)``, 1.
 
     With ``debug`` the last two raise instead, for the full traceback."""
@@ -300,7 +300,7 @@ def check_weights(ckpt: str | os.PathLike) -> None:
 
 def check_model_dir(ckpt: str | os.PathLike) -> None:
     """FileNotFoundError unless ``ckpt`` is a folder with a ``config.json``; ValueError naming a missing,
-    truncated or corrupt weights file (:func:`check_weights`). Imports no torch: run before any."""
+    truncated or corrupt weights file (``check_weights``). Imports no torch: run before any."""
     if not (Path(ckpt) / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a model directory (no config.json)")
     check_weights(ckpt)
@@ -373,7 +373,7 @@ def is_causal_lm(config) -> bool:
 
 def check_causal_lm(config, what: str, purpose: str = "perplexity") -> None:
     """ValueError, one line naming ``what`` and its model type, unless ``config`` is a causal LM
-    (:func:`is_causal_lm`): ``purpose`` scores next-token predictions, which such a model has not."""
+    (``is_causal_lm``): ``purpose`` scores next-token predictions, which such a model has not."""
     if not is_causal_lm(config):
         raise ValueError(
             f"{what} ({config.model_type}) is not a causal LM: {purpose} needs a next-token head, which it has not"

@@ -1,6 +1,6 @@
 """``lime-model``: train LIMe / LLaMA from a recipe; perplexity, arithmetic and benchmark evals; list recipes.
 
-Each subcommand is a :class:`lime_model.checks.Command` in :data:`COMMANDS` (help, examples, options, what
+Each subcommand is a ``lime_model.checks.Command`` in ``COMMANDS`` (help, examples, options, what
 runs); options that ``lime-probe`` also takes have its names and meanings (``--out`` is always a folder the
 command writes into).
 
@@ -538,7 +538,7 @@ lime-model plan --recipe lime-1b-gqa --gpus 8 --gpu-memory 80GiB --json plan.jso
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``lime-model`` argument parser: one subcommand per entry of :data:`COMMANDS`."""
+    """The ``lime-model`` argument parser: one subcommand per entry of ``COMMANDS``."""
     return checks.build_parser(
         PROG,
         "Train LIMe / LLaMA from a recipe; perplexity, arithmetic and benchmark evals; list recipes.",

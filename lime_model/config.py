@@ -39,7 +39,7 @@ class LimeConfig(LlamaConfig):
     """Configuration of a LIMe decoder; every LLaMA field keeps its meaning.
 
     Args:
-        routing: routing variant (see :mod:`lime_model.routing`); ``"none"`` is the LLaMA baseline.
+        routing: routing variant (see ``lime_model.routing``); ``"none"`` is the LLaMA baseline.
         recompute_routed_kv: training memory option, results unchanged: attention does not keep the
             routed K/V for backward; they are recomputed there from the K/V buffer, which backward
             keeps anyway (static routers; dynamic ones ignore it). Saves two K/V-sized tensors per
@@ -51,13 +51,13 @@ class LimeConfig(LlamaConfig):
             ``"normal"`` forces one for either model (the two inits differ ~3.6x in std at hidden 64).
             A reading: the paper's App. H LIMe attention keeps LLaMA's k/v projections (normal); the
             official default is kept because every committed study trained with it (docs/fidelity.md).
-        **kwargs: any :class:`transformers.LlamaConfig` field (``hidden_size``, ``num_hidden_layers``,
+        **kwargs: any ``transformers.LlamaConfig`` field (``hidden_size``, ``num_hidden_layers``,
             ``num_attention_heads``, ``num_key_value_heads``, ...).
 
     Attributes:
         routing_spec: ``routing`` parsed, whenever it is set (here, by ``from_pretrained``'s overrides
             or by hand): what the model, its routers and the FLOP count read (source sets per layer:
-            :meth:`RoutingSpec.sources`). Not saved: ``routing`` is.
+            ``RoutingSpec.sources``). Not saved: ``routing`` is.
     """
 
     model_type = "lime"

@@ -159,9 +159,9 @@ def check_source(spec: str, split: str | None = None) -> None:
 
 @dataclass(frozen=True)
 class TextSource:
-    """The first ``max_texts`` (default: all) documents of a data ``spec``, not read until :meth:`load`.
+    """The first ``max_texts`` (default: all) documents of a data ``spec``, not read until ``load``.
 
-    :meth:`key` identifies them without reading any text, so a cache keyed on it is checked first:
+    ``key`` identifies them without reading any text, so a cache keyed on it is checked first:
     local files by resolved path, size and modification time (rewriting a file changes the key);
     hub specs by the spec itself (a dataset changed upstream needs a fresh cache folder).
     """
@@ -275,7 +275,7 @@ def stream_pack(
     chunk: int = 1000,
     num_proc: int = 1,
 ) -> int:
-    """Pack documents (as :func:`pack`) into the rows of ``out`` (max_rows, seq_len), reading only as
+    """Pack documents (as ``pack``) into the rows of ``out`` (max_rows, seq_len), reading only as
     many documents as fill it (tokenised by ``num_proc`` processes); returns the number of rows
     filled (fewer when the documents run out)."""
     eos, filled = tokenizer.eos_token_id, 0
@@ -309,15 +309,15 @@ def packed_sequences(
     num_proc: int = 1,
     build: bool = True,
 ) -> np.ndarray:
-    """:func:`tokenize_and_pack`, cached in ``cache_dir`` under a key of (texts, tokenizer, seq_len).
+    """``tokenize_and_pack``, cached in ``cache_dir`` under a key of (texts, tokenizer, seq_len).
 
-    ``texts`` is a list of documents (keyed by their hash) or a :class:`TextSource` (keyed by
-    :meth:`TextSource.key`, and read only when the cache misses). The cache is ``packed-KEY.npy``
+    ``texts`` is a list of documents (keyed by their hash) or a ``TextSource`` (keyed by
+    ``TextSource.key``, and read only when the cache misses). The cache is ``packed-KEY.npy``
     beside ``packed-KEY.json`` (what the key was made of), each written atomically, so an
     interrupted run never leaves a truncated array; a hit is memory-mapped (copy-on-write), not read.
     With ``max_rows``, documents are streamed and only the first ``max_rows`` rows are made (written
     straight into the cache file, so they need not fit in memory). ``num_proc`` processes tokenise
-    (the same rows for any number). With ``build=False`` a miss raises :class:`NotPrepared` instead
+    (the same rows for any number). With ``build=False`` a miss raises ``NotPrepared`` instead
     (nothing is read). Returns (n_sequences, seq_len) int32. Raises ValueError if the texts do not
     fill one sequence.
     """

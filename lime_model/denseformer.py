@@ -108,7 +108,7 @@ class DenseFormerModel(LimeModel):
         return hidden_states
 
     def mixing_weights(self) -> dict[str, torch.Tensor]:
-        """``{"DWA weights": alpha}``, alpha ``[L, L+1]``: row i-1 is block i's DWA, column j its weight on
+        """``{"DWA weights": alpha}``, alpha ``(L, L+1)``: row i-1 is block i's DWA, column j its weight on
         X_j (column 0 the embeddings); NaN where X_j is not averaged (j > i, dilation, no DWA)."""
         L = self.config.num_hidden_layers
         alpha = torch.full((L, L + 1), float("nan"))

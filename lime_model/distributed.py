@@ -3,7 +3,7 @@ sharding, gradient synchronisation, work done by the main process alone, and the
 
 Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``): DDP, or, when the
 recipe sets ``fsdp``, PyTorch's FSDP2 (``fully_shard``, applied here on CPUs and GPUs alike:
-:func:`shard`).
+``shard``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ _T = TypeVar("_T")
 
 
 def sharded(model) -> bool:
-    """Whether ``model`` is sharded with FSDP2 (:func:`shard`)."""
+    """Whether ``model`` is sharded with FSDP2 (``shard``)."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
@@ -33,8 +33,8 @@ def sharded(model) -> bool:
 
 def accelerator_for(recipe: Recipe, **tracking: Any):
     """The ``accelerate.Accelerator`` of a recipe: its mixed precision ("auto": bf16 where supported) and
-    compile; ``tracking``: the trackers' arguments (:func:`tracker_options`). FSDP is not accelerate's
-    (its plugin shards only on GPUs): :func:`shard` applies it."""
+    compile; ``tracking``: the trackers' arguments (``tracker_options``). FSDP is not accelerate's
+    (its plugin shards only on GPUs): ``shard`` applies it."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import TorchDynamoPlugin
@@ -64,7 +64,7 @@ def shard(model, mesh):
     """``model`` sharded over ``mesh``'s processes with FSDP2 (``fully_shard``, in place): each
     decoder layer a unit whose parameters are gathered for its forward and again for its backward, the
     rest (embeddings, final norm, head) the root's. LIMe's K/V buffer keeps copies of the router
-    weights that earlier layers' backward reads (:func:`lime_model.kv_buffer._own_copy`). ``mesh``: a
+    weights that earlier layers' backward reads (``lime_model.kv_buffer._own_copy``). ``mesh``: a
     1-D device mesh (``init_device_mesh(device.type, (world,))``)."""
     from torch.distributed.fsdp import fully_shard
 
@@ -101,7 +101,7 @@ TRACKER_PROJECT = "lime-model"  # the W&B project; TensorBoard's events go to RU
 
 
 def tracker_options(report_to: str, out_dir: Path) -> dict[str, Any]:
-    """``Accelerator`` arguments that log to ``report_to`` (one of :data:`REPORT_TO`). A tracker whose
+    """``Accelerator`` arguments that log to ``report_to`` (one of ``REPORT_TO``). A tracker whose
     package is missing is refused here: accelerate would silently skip it."""
     if report_to not in REPORT_TO:
         raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
@@ -133,7 +133,7 @@ def hparams(recipe: Recipe) -> dict[str, Any]:
 def on_main(accelerator, work: Callable[[], _T]) -> _T:
     """``work()`` on the main process (the one that writes the run directory); its result on every
     process, and its failure too, so that no process waits for one that has stopped (the others raise
-    ValueError for a bad input or a full disk, as :data:`~lime_model.checks.BAD_INPUT` counts them, else
+    ValueError for a bad input or a full disk, as ``lime_model.checks.BAD_INPUT`` counts them, else
     RuntimeError, with the main process's line)."""
     outcome: list[Any] = [None, None, False]  # result, error line, whether the error is bad input
     if accelerator.is_main_process:

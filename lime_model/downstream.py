@@ -92,7 +92,7 @@ def _task_manager(include_path: tuple[str, ...], include_defaults: bool):
 def resolve_tasks(tasks: list[str], include_path: str | os.PathLike | None = None):
     """The lm-eval ``TaskManager`` that knows every name in ``tasks``.
 
-    Searched: ``include_path``, our :data:`TASKS_DIR`, then lm-eval's built-in tasks, which are
+    Searched: ``include_path``, our `TASKS_DIR`, then lm-eval's built-in tasks, which are
     indexed only when a name is not found in the first two (lm-eval, too, lets included folders
     take precedence). Raises ``ValueError`` naming the unknown tasks.
     """
@@ -133,7 +133,7 @@ def build_tasks(tasks: list[str], manager) -> list:
 
 
 def expand_tasks(tasks: str | list[str] | tuple[str, ...]) -> tuple[list[str], str | None]:
-    """Task names and the name of the preset they came from (or None): a preset name (:data:`PRESETS`) stands for its tasks;
+    """Task names and the name of the preset they came from (or None): a preset name (`PRESETS`) stands for its tasks;
     a comma-separated string or a list gives task names as they are.
 
     Raises ``ValueError`` for an empty list or a preset name mixed with other names.
@@ -180,8 +180,8 @@ def evaluate_downstream(
     Args:
         ckpt: a model directory with its tokenizer (a run directory or one of its
             ``checkpoints/step-N``), of any architecture the Auto classes load.
-        tasks: a preset name (:data:`PRESETS`; default ``paper``, Table 1's tasks at 3 shots), or
-            lm-eval task, group or tag names (or ours in :data:`TASKS_DIR`), as a list or one
+        tasks: a preset name (`PRESETS`; default ``paper``, Table 1's tasks at 3 shots), or
+            lm-eval task, group or tag names (or ours in `TASKS_DIR`), as a list or one
             comma-separated string.
         num_fewshot: few-shot examples per prompt; default the preset's, else each task's own.
         limit: score only the first ``limit`` documents of each task (for quick checks).
@@ -189,7 +189,7 @@ def evaluate_downstream(
         device: torch device of the model (``cpu``, ``cuda``, ``cuda:1``, ``mps``).
         include_path: a folder of extra task YAMLs (local data: ``dataset_path: json``).
         seed: lm-eval's Python, numpy, torch and few-shot sampling seeds; default lm-eval's (0/1234).
-        out: the folder of the JSON file (:func:`output_path`); default ``CKPT/downstream``.
+        out: the folder of the JSON file (`output_path`); default ``CKPT/downstream``.
 
     Returns:
         ``(report, path)``: ``report`` is lm-eval's results dict (``results``, ``versions``,
@@ -200,16 +200,8 @@ def evaluate_downstream(
     if preset is not None and num_fewshot is None:
         num_fewshot = PRESETS[preset].num_fewshot
     ckpt = Path(ckpt)
-    check_model_dir(ckpt)
-    if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {limit}")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    if num_fewshot is not None and num_fewshot < 0:
-        raise ValueError(f"--num-fewshot must be >= 0, got {num_fewshot}")
-    check_device(device)
-    name = preset or tasks
-    path = output_path(ckpt / "downstream" if out is None else out, name, num_fewshot, limit)
+    _check_settings(ckpt, limit, batch_size, num_fewshot, device)
+    path = output_path(ckpt / "downstream" if out is None else out, preset or tasks, num_fewshot, limit)
     check_writable(path, option="--out")  # before hours of evaluation
 
     manager = resolve_tasks(tasks, include_path)
@@ -231,15 +223,45 @@ def evaluate_downstream(
         log_samples=False,
         **seeds,
     )
-    config = report.get("config", {})
-    import torch
-
     report["run_info"] = {
         "checkpoint": str(ckpt),
         "preset": preset,
         "tasks": tasks,
         "include_path": None if include_path is None else str(include_path),
-        "lm_eval_version": lm_eval.__version__,
+        **_run_settings(report, lm_eval.__version__, device, batch_size, num_fewshot, limit),
+    }
+    _write_report(report, path)
+    return report, path
+
+
+def _check_settings(
+    ckpt: Path, limit: int | None, batch_size: int, num_fewshot: int | None, device: str
+) -> None:
+    """ValueError (or the model directory's error) naming the first setting lm-eval would fail on."""
+    check_model_dir(ckpt)
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if num_fewshot is not None and num_fewshot < 0:
+        raise ValueError(f"--num-fewshot must be >= 0, got {num_fewshot}")
+    check_device(device)
+
+
+def _run_settings(
+    report: dict,
+    lm_eval_version: str,
+    device: str,
+    batch_size: int,
+    num_fewshot: int | None,
+    limit: int | None,
+) -> dict:
+    """The versions, threads, settings and seeds (as lm-eval's ``config`` records them) of a finished run."""
+    import torch
+
+    config = report.get("config", {})
+    return {
+        "lm_eval_version": lm_eval_version,
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": device,
@@ -248,9 +270,12 @@ def evaluate_downstream(
         "limit": limit,
         "seed": {k: config.get(k) for k in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")},
     }
+
+
+def _write_report(report: dict, path: Path) -> None:
+    """``report`` as JSON at ``path``, written whole or not at all (lm-eval's objects as it serialises them)."""
     from lm_eval.utils import handle_non_serializable
 
     text = json.dumps(report, indent=1, default=handle_non_serializable)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, text)
-    return report, path

@@ -1,6 +1,6 @@
 """Held-out loss and perplexity: during training (``eval_every``) and of any checkpoint (``lime-model eval``).
 
-Text is cut into fixed windows exactly as training packs it (:func:`lime_model.data.pack`): the
+Text is cut into fixed windows exactly as training packs it (``lime_model.data.pack``): the
 documents, each followed by eos, are concatenated and split into non-overlapping windows of
 ``window`` tokens, the incomplete tail dropped. Every token of a window but the first is predicted
 from the tokens before it in the same window, so the windows, and with them the perplexity, are the
@@ -72,7 +72,7 @@ def perplexity(
 
     Args:
         ckpt: a finished run directory or one of its ``checkpoints/step-N``.
-        data: a data spec (see :mod:`lime_model.data`).
+        data: a data spec (see ``lime_model.data``).
         window: tokens per window, 2 to the model's ``max_position_embeddings``; default that (the
             training ``seq_len`` of a ``lime-model`` run).
         device: where the model runs (``cpu``, ``cuda``, ``cuda:1``, ``mps``).

@@ -5,12 +5,12 @@ Everything is written under a temporary name in the destination's own folder (so
 a crashed run never sees a half-written file. The results get the permissions a plain ``open()``
 or ``mkdir()`` would give them (0o666 / 0o777 minus the umask), not mkstemp's private 0o600/0o700.
 
-* :func:`atomic_write` -- text or bytes, or a function that writes into the open binary file;
-* :func:`atomic_path` -- a temporary path for writers that want a file name (safetensors'
+* ``atomic_write`` -- text or bytes, or a function that writes into the open binary file;
+* ``atomic_path`` -- a temporary path for writers that want a file name (safetensors'
   ``save_file``, matplotlib's ``savefig``);
-* :func:`atomic_dir` -- a temporary folder, published as a whole;
-* :func:`check_writable` -- before any work, whether an output file or folder can be written;
-* :func:`naming_disk_full` -- a write that runs out of space as one :class:`DiskFullError` naming the
+* ``atomic_dir`` -- a temporary folder, published as a whole;
+* ``check_writable`` -- before any work, whether an output file or folder can be written;
+* ``naming_disk_full`` -- a write that runs out of space as one ``DiskFullError`` naming the
   file or folder (the atomic writes above raise it).
 """
 
@@ -62,7 +62,7 @@ def _is_disk_full(error: BaseException) -> bool:
 
 @contextmanager
 def naming_disk_full(path: str | os.PathLike) -> Iterator[None]:
-    """Raise a :class:`DiskFullError` naming ``path`` when a write inside runs out of space (its one line:
+    """Raise a ``DiskFullError`` naming ``path`` when a write inside runs out of space (its one line:
     the path, and that the disk is full); other errors pass unchanged."""
     try:
         yield
@@ -94,7 +94,7 @@ def _fsync(path: Path) -> None:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary file path beside ``path``; on normal exit it is fsynced, given mode
     ``0o666 & ~umask`` and renamed onto ``path``. On an exception it is deleted and ``path`` is
-    untouched (out of space: :class:`DiskFullError` naming ``path``). The parent folder must exist.
+    untouched (out of space: ``DiskFullError`` naming ``path``). The parent folder must exist.
 
     >>> with atomic_path("model.safetensors") as tmp:  # doctest: +SKIP
     ...     save_file(tensors, tmp)
@@ -132,7 +132,7 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = True) -> Iterator[Pat
     """Yield a fresh temporary folder beside ``path``; on normal exit it gets mode ``0o777 & ~umask``
     and replaces ``path`` (an existing folder at ``path`` is deleted first; with ``replace=False`` only an
     empty one is replaced, else OSError ENOTEMPTY: another writer came first). On an exception the
-    temporary folder is deleted and ``path`` is untouched (out of space: :class:`DiskFullError` naming
+    temporary folder is deleted and ``path`` is untouched (out of space: ``DiskFullError`` naming
     ``path``). The parent folder must exist.
     """
     path = Path(path)

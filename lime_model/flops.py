@@ -20,9 +20,9 @@ def flops_breakdown(config: LimeConfig, seq_len: int) -> dict[str, int]:
     """Forward cost of one sequence of ``seq_len`` tokens, by component (see module docstring).
 
     Returns a dict with ``linear`` (projection and lm-head MACs), ``router`` (router MACs, as each
-    router class counts them: :meth:`lime_model.router.LimeRouter.flops`), ``attention`` (SDPA as
+    router class counts them: ``lime_model.router.LimeRouter.flops``), ``attention`` (SDPA as
     above), ``elementwise`` (norms, RoPE, SiLU gate, residual adds, router element-wise ops) and
-    ``cross_layer`` (a baseline's own cross-layer mixing: :meth:`LimeConfig.cross_layer_flops`).
+    ``cross_layer`` (a baseline's own cross-layer mixing: ``LimeConfig.cross_layer_flops``).
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")

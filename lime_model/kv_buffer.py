@@ -4,10 +4,10 @@ Layout: keys and values each live in a tensor in which layer j's raw heads form 
 ``j * kv .. (j + 1) * kv`` of a head axis, so a layer's sources are one strided range of that axis,
 read without copying. Where the head axis sits depends on how the weights vary, so that each read
 mode is (batched) GEMMs on views (one per source range, or on the CPU a sum of pieces:
-:data:`CPU_HEADS_PER_GEMM`). On the CPU that tensor is stored in chunks of one piece's layers, with
-the pieces cut at chunk boundaries: a whole buffer (33 MB at ``bench/step_overhead.py``'s size) lies
-above glibc's mmap threshold, so every step mapped and zero-filled it afresh (filling fresh memory
-took ~7x as long as reused memory), while chunks of a few MB are reused from the heap.
+``CPU_HEADS_PER_GEMM``). On the CPU that tensor is stored in chunks of one piece's layers, with
+the pieces cut at chunk boundaries: a whole buffer can lie above glibc's mmap threshold, so every step
+would map and zero-fill it afresh, while chunks of a few MB are reused from the heap (bench/RESULTS.md,
+"the K/V buffer in chunks").
 
 - position-major ``[L * kv, B * T, head_dim]`` (static matrices, mode "matrix"): mixing with
   ``R [kv, S * kv]`` is one GEMM over a contiguous row range, and routed heads come out with
@@ -25,13 +25,12 @@ buffer L times and makes backward keep every copy (O(L^2) memory and traffic). H
 writes its own block once. In backward each layer keeps the gradient w.r.t. its routed K/V (one
 small tensor per layer, so nothing is added at the step's memory peak), and the gradient w.r.t. a
 layer's raw K/V is read like a routed read: its readers' kept gradients mixed by their transposed
-weights. On the CPU that read runs at about twice the speed of scattering ``R^T @ grad`` from each
-reader into every source's block (the earlier design). A layer computes it when its own backward
-runs, which is always after every later layer's backward: a later layer's K/V depend, through the
-residual stream, on this layer's output, so autograd's reverse topological order guarantees that
-every reader has kept its gradient.
+weights, which on the CPU is faster than scattering ``R^T @ grad`` from each reader into every
+source's block. A layer computes it when its own backward runs, which is always after every later
+layer's backward: a later layer's K/V depend, through the residual stream, on this layer's output, so
+autograd's reverse topological order guarantees that every reader has kept its gradient.
 
-Under ``torch.compile`` the read is :func:`traced_read` instead: plain tensor operations that Dynamo
+Under ``torch.compile`` the read is ``traced_read`` instead: plain tensor operations that Dynamo
 puts in the model's one graph (the custom function's backward changes the buffer's Python state, which
 Dynamo cannot trace, so each routed layer would break the graph), whose backward the compiler derives.
 There a layer's read is one concatenation of its sources' keys and values (kept as views of the
@@ -50,10 +49,9 @@ import torch
 LAYOUTS = {"matrix": "position-major", "per-dim": "feature-major", "per-position": "position-outer"}
 
 
-# On the CPU, GEMMs with few output rows (kv) slow down at long inner dimensions: with one thread MKL
-# runs [8, 128] @ [128, N] at ~18 GFLOP/s but sums the same product from [8, 16] @ [16, N] pieces at
-# ~42 (per feature in per-dim mode likewise; per-position products are small and gain nothing). So CPU
-# reads in those two modes sum pieces of at most this many source heads.
+# On the CPU, GEMMs with few output rows (kv) slow down at long inner dimensions (bench/RESULTS.md,
+# "numbers that stood in code comments"), so CPU reads in the matrix and per-dim modes sum pieces of at
+# most this many source heads.
 CPU_HEADS_PER_GEMM = 16
 
 
@@ -99,7 +97,7 @@ class KVBuffer:
 
     def stored(self, chunks: list[torch.Tensor], start_layer: int, stop_layer: int) -> torch.Tensor:
         """The buffered heads of layers ``start_layer .. stop_layer - 1`` (within one chunk) of the keys
-        or values ``chunks`` (an entry of :attr:`data`), as :meth:`block` gives them: a view."""
+        or values ``chunks`` (an entry of ``data``), as ``block`` gives them: a view."""
         index, first = divmod(start_layer, self.chunk_layers)
         if stop_layer - start_layer + first > self.chunk_layers:
             raise ValueError(f"layers {start_layer}..{stop_layer - 1} span two buffer chunks")
@@ -114,7 +112,7 @@ class KVBuffer:
         return data[heads]
 
     def heads(self, rows: torch.Tensor, B: int, T: int) -> torch.Tensor:
-        """A ``(n, B, T, head_dim)`` view of ``n`` heads ``rows [n, *row]`` (as :meth:`block` gives)."""
+        """A ``(n, B, T, head_dim)`` view of ``n`` heads ``rows [n, *row]`` (as ``block`` gives)."""
         if self.layout == "feature-major":
             return rows.view(-1, self.head_dim, B, T).permute(0, 2, 3, 1)
         return rows.view(-1, B, T, self.head_dim)
@@ -127,7 +125,7 @@ class KVBuffer:
         return heads.contiguous() if self.layout == "feature-major" else heads
 
     def layers_per_gemm(self, device: torch.device, mode: str) -> int:
-        """How many buffered layers one GEMM of a ``mode`` read covers (:data:`CPU_HEADS_PER_GEMM`)."""
+        """How many buffered layers one GEMM of a ``mode`` read covers (``CPU_HEADS_PER_GEMM``)."""
         if gemm_pieces(device) and mode != "per-position":
             return max(1, CPU_HEADS_PER_GEMM // self.kv)
         return self.num_layers
@@ -137,7 +135,7 @@ class KVBuffer:
     ) -> None:
         """Store layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``, and
         record the layer as a reader of its ``sources`` with routing ``weight``. The first write
-        allocates the buffer in the layout of read ``mode`` (:data:`LAYOUTS`)."""
+        allocates the buffer in the layout of read ``mode`` (``LAYOUTS``)."""
         B, T, _ = keys.shape
         if not self.data:
             self.layout = LAYOUTS[mode]
@@ -151,7 +149,7 @@ class KVBuffer:
             ]
         for store, x in zip(self.data, (keys, values), strict=True):
             block = self.stored(store, layer_idx, layer_idx + 1)
-            if self.layout == "feature-major":  # [kv*hd, B*T]: a 2D transpose, ~2.5x faster than 4D
+            if self.layout == "feature-major":  # [kv*hd, B*T]: a 2D transpose, faster than 4D
                 block.view(-1, B * T).copy_(x.reshape(B * T, -1).t())
             else:
                 self.heads(block, B, T).copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
@@ -185,7 +183,7 @@ class KVBuffer:
 
     def kept(self, store: list[torch.Tensor | None], start_layer: int, stop_layer: int) -> torch.Tensor:
         """The kept gradients of layers ``start_layer .. stop_layer - 1`` as heads ``[n, *row]``
-        (as :meth:`block` gives); more than one layer is a concatenated copy."""
+        (as ``block`` gives); more than one layer is a concatenated copy."""
         return self.block(
             _joined(store, self.head_axis, start_layer, stop_layer), 0, stop_layer - start_layer
         )
@@ -221,7 +219,7 @@ class KVBuffer:
 
 
 def _own_copy(weight: torch.Tensor) -> torch.Tensor:
-    """A routing weight as the buffer keeps it for its sources' backward (:meth:`KVBuffer.take_grad`).
+    """A routing weight as the buffer keeps it for its sources' backward (``KVBuffer.take_grad``).
 
     Detached: a per-position weight's graph leads back through earlier layers to the autograd nodes
     that hold this buffer, and a reference from here would close a cycle that keeps every step's
@@ -253,7 +251,7 @@ def pieces(first: int, stop: int, step: int) -> list[tuple[int, int]]:
 
 
 def weight_axis(mode: str) -> int:
-    """The axis of a ``mode`` weight (:class:`_RoutedRead`) that runs over source heads."""
+    """The axis of a ``mode`` weight (``_RoutedRead``) that runs over source heads."""
     return 2 if mode == "per-position" else 1
 
 
@@ -268,12 +266,12 @@ def _joined(blocks: list, axis: int, lo: int, hi: int) -> torch.Tensor:
 
 
 def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
-    """Heads ``[kv, *row]`` mixed by a ``mode`` weight (:class:`_RoutedRead`) from the layers ``runs``
+    """Heads ``[kv, *row]`` mixed by a ``mode`` weight (``_RoutedRead``) from the layers ``runs``
     name. ``weight(lo, hi)`` gives its column blocks ``lo .. hi-1`` and ``source(a, b)`` layers
-    ``a .. b-1`` as heads ``[n, *row]`` (as :meth:`KVBuffer.block`); both are called per GEMM, so
+    ``a .. b-1`` as heads ``[n, *row]`` (as ``KVBuffer.block``); both are called per GEMM, so
     either side may be stored in pieces. Run ``(first, stop, pos)`` pairs layers ``first .. stop-1``
     with column blocks from ``pos``; each GEMM covers the layers between two multiples of ``step``
-    (:func:`pieces`), and the pieces are summed in place (through ``out=``, which FLOP counters see,
+    (``pieces``), and the pieces are summed in place (through ``out=``, which FLOP counters see,
     unlike ``addmm_``)."""
     out = None
     for first, stop, pos in runs:
@@ -287,7 +285,7 @@ def _mix(weight, source, kv: int, runs, mode: str, step: int) -> torch.Tensor:
                 out = w @ src if out is None else torch.addmm(out, w, src, out=out)
             else:  # per-dim: one [kv, s] @ [s, B*T] product per feature; per-position: [kv, s] @ [s, hd] per position
                 # per-dim's weights contiguous (small): with this strided batch operand the CPU baddbmm
-                # falls back to one addmm_ per feature, cloning each slice (reads ran ~1.1x slower)
+                # falls back to one addmm_ per feature, cloning each slice
                 w = w.permute(2, 0, 1).contiguous() if mode == "per-dim" else w
                 src = src.transpose(0, 1)
                 if out is None and mode == "per-dim":
@@ -306,10 +304,10 @@ def _weight_grad(
     grad_out: torch.Tensor, data: list[torch.Tensor], buffer: KVBuffer, runs, mode: str
 ) -> torch.Tensor:
     """``d <grad_out, read(data)> / d weight`` for the keys or values chunks ``data``, in ``weight``'s
-    layout (:class:`_RoutedRead`).
+    layout (``_RoutedRead``).
 
-    Computed in the reads' pieces (one per buffer chunk, :func:`pieces`): on the CPU ``[kv, n] @ [n, s]``
-    slows with ``s`` as the reads do (one thread: ~28 GFLOP/s at s = 128, ~35 summed from 16-head pieces)."""
+    Computed in the reads' pieces (one per buffer chunk, ``pieces``): on the CPU ``[kv, n] @ [n, s]``
+    slows with ``s`` as the reads do (bench/RESULTS.md, "Weight gradients in the reads' pieces")."""
     parts = []
     for first, stop, _ in runs:
         for a, b in pieces(first, stop, buffer.chunk_layers):
@@ -377,7 +375,7 @@ def routed_read(
 
     Args:
         keys, values: raw ``k_proj``/``v_proj`` outputs ``(B, T, kv * head_dim)``.
-        weight: routing weights for ``mode`` (see :class:`_RoutedRead`); ``None`` = own heads only.
+        weight: routing weights for ``mode`` (see ``_RoutedRead``); ``None`` = own heads only.
         sources: ascending layer indices, ``layer_idx`` last.
 
     Returns:
@@ -391,15 +389,15 @@ def routed_read(
 
 
 class TracedLayout(NamedTuple):
-    """How :func:`traced_read` lays out a layer's sources for one read mode, and mixes them.
+    """How ``traced_read`` lays out a layer's sources for one read mode, and mixes them.
 
     A layer's keys or values viewed ``(B, T, kv, head_dim)`` (``b t h e``) are kept permuted by ``order``
     (a view); a read concatenates its sources' keys, then their values, along the head axis ``heads`` of
     that order, which then splits into ``c`` (keys, values) and ``s`` (source heads); ``einsum`` mixes
-    them with the weight repeated over ``c`` (:func:`paired_weight`), batched over ``c``, and ``back``
+    them with the weight repeated over ``c`` (``paired_weight``), batched over ``c``, and ``back``
     permutes each half of its result (``c`` removed) to attention's ``(B, kv, T, head_dim)``. The orders
     make the contraction a batched GEMM on views of the concatenation, as the custom read's layouts
-    (:data:`LAYOUTS`) make its GEMMs.
+    (``LAYOUTS``) make its GEMMs.
     """
 
     order: tuple[int, ...]
@@ -419,8 +417,8 @@ TRACED = {
 
 
 def paired_weight(weight: torch.Tensor, mode: str, B: int, T: int) -> torch.Tensor:
-    """A ``mode`` weight (:class:`_RoutedRead`) repeated for keys and values (an expanded view) with
-    its dims in the order of the mode's :data:`TRACED` contraction."""
+    """A ``mode`` weight (``_RoutedRead``) repeated for keys and values (an expanded view) with
+    its dims in the order of the mode's ``TRACED`` contraction."""
     if mode == "matrix":  # [kv, S*kv] -> (c, h, s)
         return weight.expand(2, *weight.shape)
     if mode == "per-dim":  # [kv, S*kv, hd] -> (e, c, h, s)
@@ -438,16 +436,16 @@ def traced_read(
     sources: list[int],
     mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`routed_read` as plain tensor operations, what ``torch.compile`` traces in its place.
+    """``routed_read`` as plain tensor operations, what ``torch.compile`` traces in its place.
 
     The custom function's backward reads and writes the buffer's Python state across layers, which
     Dynamo cannot put in a graph (a break around every routed layer); here each layer's raw keys and
     values are kept as views in ``buffer.raw`` (nothing is copied to write them), and a layer's read is
     one concatenation of its sources' keys and values, in the compute dtype and in its mode's order
-    (:data:`TRACED`; a copy: nothing in a traced graph can append to one tensor in place while earlier
+    (``TRACED``; a copy: nothing in a traced graph can append to one tensor in place while earlier
     reads keep it for backward), and one contraction with the weight that gives both mixtures, whose
     gradients autograd derives (again one contraction each for the weight and for the sources). Same
-    arguments and result as :func:`routed_read`.
+    arguments and result as ``routed_read``.
     """
     B, T, _ = keys.shape
     layout = TRACED[mode]

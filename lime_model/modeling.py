@@ -1,8 +1,8 @@
 """LIMe decoder as a Hugging Face model; ``routing="none"`` is exactly LLaMA.
 
-Differences from ``transformers``' ``LlamaForCausalLM`` are confined to :class:`LimeAttention`:
+Differences from ``transformers``' ``LlamaForCausalLM`` are confined to ``LimeAttention``:
 its raw K/V go through ``self_attn.router`` (which also appends them to the per-forward
-:class:`~lime_model.kv_buffer.KVBuffer`) before RoPE, and the cache stores the *routed* K/V, since
+``lime_model.kv_buffer.KVBuffer``) before RoPE, and the cache stores the *routed* K/V, since
 routing is per position. Every parameter name is LLaMA's, so LLaMA state dicts load unchanged.
 """
 
@@ -168,7 +168,7 @@ class LimeAttention(nn.Module):
         """Raw ``keys``/``values`` ``(B, T, kv * head_dim)`` -> the heads attention reads, each
         ``(B, kv, T, head_dim)``: routed by ``self.router`` (LIMe), else unchanged (LLaMA). Subclasses
         mixing K/V across layers override this; ``kv_buffer`` is the per-forward cross-layer store
-        their model's :meth:`LimeModel.run_layers` passes."""
+        their model's ``LimeModel.run_layers`` passes."""
         if self.router is not None:
             return self.router(kv_buffer, hidden_states, keys, values)
         B, T, _ = keys.shape
@@ -261,7 +261,7 @@ class LimeModel(LimePreTrainedModel):
     ) -> BaseModelOutputWithPast:
         """``input_ids (B, T)`` or ``inputs_embeds (B, T, hidden)`` -> ``last_hidden_state (B, T, hidden)``.
 
-        One :class:`KVBuffer` per call collects every layer's raw K/V for the routers; with a cache it
+        One ``KVBuffer`` per call collects every layer's raw K/V for the routers; with a cache it
         covers only the new positions, which is all routing needs (it mixes K/V of the same position).
         """
         if (input_ids is None) == (inputs_embeds is None):
@@ -299,7 +299,7 @@ class LimeModel(LimePreTrainedModel):
         """The blocks on the embeddings ``(B, T, hidden)`` -> the last block's output ``(B, T, hidden)``.
 
         ``layer_kwargs`` (mask, RoPE, cache, ...) go to every block; the blocks of a LIMe model also share
-        one :class:`KVBuffer`. Baselines that carry earlier layers forward differently override this.
+        one ``KVBuffer``. Baselines that carry earlier layers forward differently override this.
         """
         kv_buffer = None
         if self.config.routing_spec.enabled:

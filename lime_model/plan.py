@@ -1,9 +1,9 @@
 """A recipe's memory and time plan: one training step run on shape-only tensors, measured by torch's tracker.
 
-The model is built from the recipe as :func:`lime_model.train.train` builds it, under
+The model is built from the recipe as ``lime_model.train.train`` builds it, under
 ``FakeTensorMode`` (tensors with shapes and dtypes but no data, so a 1B model costs no memory), and
-runs training's own step pieces (:func:`~lime_model.train.micro_batch_loss`, backward, gradient
-clipping, :func:`~lime_model.train.build_optimizer`'s AdamW step) under
+runs training's own step pieces (``lime_model.train.micro_batch_loss``, backward, gradient
+clipping, ``lime_model.train.build_optimizer``'s AdamW step) under
 ``torch.distributed._tools.mem_tracker.MemTracker``, which records every tensor storage alive at each
 op by category (parameters, buffers, gradients, activations, backward temporaries, optimizer state).
 One optimizer step runs, of ``min(accumulation, 2)`` micro-batches, with AdamW's state made
@@ -17,15 +17,15 @@ What a GPU run would do differently, and how the plan follows it:
   lists differ from CUDA's in details, not in the matmuls it runs in bf16.
 * attention: scaled-dot-product attention with a causal flag and no mask (transformers' SDPA path)
   runs the CPU's flash kernel, which keeps for backward what CUDA's flash kernel keeps (output and
-  log-sum-exp), not the T x T matrix.
+  log-sum-exp), not the (T, T) matrix.
 * LIMe's K/V buffer is read as on a GPU: one GEMM per contiguous range of source layers (on the CPU,
-  training sums pieces of a few layers each, for speed: :func:`lime_model.kv_buffer.gemm_pieces`).
+  training sums pieces of a few layers each, for speed: ``lime_model.kv_buffer.gemm_pieces``).
 * AdamW on CUDA takes torch's foreach path by default (its temporaries are counted: the plan asks for
   it); on the CPU the per-tensor loop.
 * under DDP every process holds the whole step plus DDP's gradient buckets, one more copy of the
   gradients (accelerate leaves ``gradient_as_bucket_view`` off): added from the parameters' bytes, the
   one number not traced.
-* the CUDA caching allocator (a GPU plan only, :attr:`StepMemory.allocator`), so that the plan is
+* the CUDA caching allocator (a GPU plan only, ``StepMemory.allocator``), so that the plan is
   ``torch.cuda.max_memory_allocated``'s measure and not only tensor bytes. Modelled, each from torch's
   source: the allocator hands out blocks of a multiple of 512 bytes (``kMinBlockSize`` and ``round_size``
   in ``c10/cuda/CUDACachingAllocator.cpp``; MemTracker rounds CUDA storages the same way), so every
@@ -34,8 +34,8 @@ What a GPU run would do differently, and how the plan follows it:
   cuBLAS handle and stream that runs a GEMM and keeps until ``torch._C._cuda_clearCublasWorkspaces()``
   (``aten/src/ATen/cuda/CublasHandlePool.cpp``; the CUDA notes' "cuBLAS workspaces"): handles are per
   thread, and a training step runs its GEMMs on two threads, the forward's and the autograd engine's
-  device thread, on one stream, so :data:`CUBLAS_HANDLES` workspaces of
-  :func:`cublas_workspace_bytes` (32 MiB on a Hopper GPU unless ``CUBLAS_WORKSPACE_CONFIG`` says
+  device thread, on one stream, so ``CUBLAS_HANDLES`` workspaces of
+  ``cublas_workspace_bytes`` (32 MiB on a Hopper GPU unless ``CUBLAS_WORKSPACE_CONFIG`` says
   otherwise). Not modelled: the cuBLASLt workspace (1 MiB per handle and stream, only where a GEMM
   takes the Lt path, which is decided at run time); a block left unsplit (the large pool keeps a
   remainder under 1 MiB inside the block it hands out), which depends on the cache's history;
@@ -46,16 +46,16 @@ What a GPU run would do differently, and how the plan follows it:
   20 MiB segments: ``torch.cuda.max_memory_reserved``). Measured, not modelled: ``bench/gpu_check.py``
   compares the plan with ``max_memory_allocated`` of a real step (bench/RESULTS.md).
 * under FSDP2 (on 2 GPUs or more) the model is sharded as training shards it
-  (:func:`lime_model.train.shard`: each decoder layer a unit, the rest the root's; no
+  (``lime_model.train.shard``: each decoder layer a unit, the rest the root's; no
   ``MixedPrecisionPolicy``, so parameters, gradients and AdamW's state stay fp32, autocast as under DDP)
   in a fake process group of N processes, this one rank 0, and measured by
   ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (its categories: sharded and gathered
   parameters and gradients, collectives' buffers). The micro-batches before the last run with gradient
   sync off, as training's do, and FSDP2 then accumulates whole unsharded gradients.
 
-Tokens per step, FLOPs per token (:func:`lime_model.flops.training_flops_per_token`: the paper's count
+Tokens per step, FLOPs per token (``lime_model.flops.training_flops_per_token``: the paper's count
 with each matmul's multiply-accumulates counted twice, as a GPU's peak FLOP/s counts them) and the step time at a stated model-FLOPs utilisation follow from the
-recipe; the peak and the utilisation defaults are ours (:data:`DEFAULT_PEAK_TFLOPS`, :data:`DEFAULT_MFU`).
+recipe; the peak and the utilisation defaults are ours (``DEFAULT_PEAK_TFLOPS``, ``DEFAULT_MFU``).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def cublas_workspace_bytes(config: str | None = None, hopper: bool = True) -> in
 
 
 def rounded_block(nbytes: int) -> int:
-    """The block the CUDA caching allocator hands out for ``nbytes``: a multiple of :data:`BLOCK_BYTES`."""
+    """The block the CUDA caching allocator hands out for ``nbytes``: a multiple of ``BLOCK_BYTES``."""
     return math.ceil(nbytes / BLOCK_BYTES) * BLOCK_BYTES
 
 
@@ -122,7 +122,7 @@ class StepMemory:
     loss add (what backward keeps, plus the logits and loss); ``kv_buffer``, LIMe's K/V buffer of one
     micro-batch (0 for LLaMA and the baselines); ``allocator``, the CUDA caching allocator's modelled
     bytes beyond the tensors' at the peak (a GPU plan; empty for the CPU): ``"block rounding"``, what
-    rounding every storage alive up to a multiple of :data:`BLOCK_BYTES` adds, and ``"cuBLAS
+    rounding every storage alive up to a multiple of ``BLOCK_BYTES`` adds, and ``"cuBLAS
     workspaces"`` (module docstring); ``phases``, the highest total (tensor bytes plus block rounding)
     in each part of the step, ``"forward"`` (with the loss), ``"backward"`` and ``"optimizer"``
     (clipping and AdamW), to read against a GPU's allocator peak in each part."""
@@ -140,7 +140,7 @@ class StepMemory:
 
 
 class _Vocab(SimpleNamespace):
-    """What :func:`lime_model.train.model_config` reads of a tokenizer: its length and special ids."""
+    """What ``lime_model.train.model_config`` reads of a tokenizer: its length and special ids."""
 
     def __len__(self) -> int:
         return self.size
@@ -163,12 +163,12 @@ def step_memory(recipe, *, gpu: bool = True, micro_batches: int = 2, fsdp: int =
     """Plan one training step of ``recipe`` on one process (see the module docstring).
 
     Args:
-        recipe: a :class:`lime_model.recipes.Recipe`.
+        recipe: a ``lime_model.recipes.Recipe``.
         gpu: plan for a GPU (``mixed_precision="auto"`` is bf16, AdamW takes the foreach path), else
             for the CPU (``"auto"`` is fp32, AdamW's per-tensor loop), as training would choose.
         micro_batches: micro-batches per optimizer step to run (the process's accumulation, at most this).
         fsdp: shard the model over this many processes with FSDP2 as training does
-            (:func:`lime_model.train.shard`), in a fake process group of this one process as rank 0, and
+            (``lime_model.train.shard``), in a fake process group of this one process as rank 0, and
             measure with ``FSDPMemTracker`` (its categories in ``peak``); 0: the whole model, unsharded.
     """
     import torch
@@ -260,7 +260,7 @@ def _peak_tracker(model, optimizer, sharded: bool, round_blocks: bool = False):
     """A ``MemTracker`` (``FSDPMemTracker`` for a ``sharded`` model) of ``model`` and ``optimizer`` that
     keeps only the whole step's peak (the per-module peaks, which the plan does not read, cost it most of
     its time: every op scans every module's statistics). With ``round_blocks`` it also keeps what rounding
-    each live storage up to :func:`rounded_block` adds (``rounding``), finds the peak on the rounded total,
+    each live storage up to ``rounded_block`` adds (``rounding``), finds the peak on the rounded total,
     as the CUDA allocator counts it, and keeps the rounding there (``peak_rounding``); the categories stay
     tensor bytes (the shape-only tensors are the CPU's, which MemTracker does not round). ``phase_peaks``:
     the highest rounded total while ``phase`` (set by the caller) held each value."""
@@ -324,7 +324,7 @@ def _kv_buffers(gpu: bool) -> Iterator[list]:
     """Weak references to the K/V buffers the model's forwards create inside (each forward its own,
     locally; a strong reference here would keep them alive past their backward). With ``gpu`` the
     buffer lays out and reads its data as on a GPU (one GEMM per source range, one tensor; the CPU's
-    pieces and chunks are for CPU speed: :func:`lime_model.kv_buffer.gemm_pieces`)."""
+    pieces and chunks are for CPU speed: ``lime_model.kv_buffer.gemm_pieces``)."""
     from . import kv_buffer, modeling
 
     made: list = []
@@ -393,9 +393,9 @@ def plan(
     mfu: float = DEFAULT_MFU,
     peak_tflops: float = DEFAULT_PEAK_TFLOPS,
 ) -> dict[str, Any]:
-    """The plan of ``recipe`` (a :class:`~lime_model.recipes.Recipe`) on ``gpus`` GPUs of ``gpu_memory``
+    """The plan of ``recipe`` (a ``lime_model.recipes.Recipe``) on ``gpus`` GPUs of ``gpu_memory``
     bytes: per-GPU peak memory under DDP and, on 2 GPUs or more, under FSDP2 as training shards
-    (:func:`lime_model.train.shard`; LIMe: each with and without ``recompute_routed_kv``), tokens per
+    (``lime_model.train.shard``; LIMe: each with and without ``recompute_routed_kv``), tokens per
     step, FLOPs per token, step time at ``mfu`` of ``peak_tflops``, GPU-hours, whether it fits. JSON-able."""
     from .flops import training_flops_per_token
     from .recipes import load_recipe
@@ -494,7 +494,7 @@ def size(n: float) -> str:
 
 
 def format_plan(name: str, p: dict[str, Any]) -> str:
-    """A plan (:func:`plan`'s dict) as a few readable lines and a table per strategy, one row per variant."""
+    """A plan (``plan``'s dict) as a few readable lines and a table per strategy, one row per variant."""
     lines = [
         f"{name}: {p['params'] / 1e6:.1f}M parameters; {p['gpus']} GPU(s) of {size(p['gpu_memory'])}; "
         f"micro-batch {p['micro_batch_size']} x {p['seq_len']} tokens, {p['accumulation']} per GPU per step",

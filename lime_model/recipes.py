@@ -1,49 +1,8 @@
-"""Training recipes: JSON files in ``lime_model/recipes/`` loaded into a typed, validated :class:`Recipe`.
+"""Training recipes: JSON files in ``lime_model/recipes/`` loaded into a typed, validated ``Recipe``.
 
-A recipe file is a flat JSON object plus two nested ones, ``model`` (any `LlamaConfig` field, plus
-``arch`` and that architecture's own fields: :mod:`lime_model.architectures`) and
-``arithmetic`` (the task's generator: :class:`ArithmeticSettings`); it lists only what differs from
-the defaults (the field defaults of :class:`Recipe`). Overrides use dotted keys for nested fields
-(``model.hidden_size=64``).
-
-Key meanings (batch sizes count sequences):
-
-* ``model.arch``: ``"lime"`` (default; LLaMA is ``routing="none"``) or a cross-layer baseline
-  (``denseformer``, ``resformer``, ...), whose routing is ``"none"`` (the default for a baseline when the
-  recipe and overrides leave ``routing`` unset).
-* ``task``: ``"lm"`` (packed text from ``data``) or ``"arithmetic"`` (generated expressions).
-* ``data``, ``split``, ``max_texts``: the text spec of :func:`lime_model.data.load_texts`.
-* ``one_pass``: read (stream) exactly the ``steps x batch_size`` sequences the run consumes, so
-  training makes one pass over fresh data (as the official train.py, which reads the first steps x batch
-  rows of its prepared set; Sec. 5.1's FineWeb-Edu subset of about 50B tokens holds more than the 42B a
-  1B run reads, so no token need be seen twice); ``max_texts`` then only caps.
-* ``tokenizer``: a tokenizer directory or hub name; ``null`` trains a byte-level BPE of
-  ``model.vocab_size`` entries on the data (lm) or uses the task's characters (arithmetic).
-* ``init``: a saved model's folder (a finished run, a checkpoint, an upcycled LLaMA:
-  :mod:`lime_model.upcycle`) whose weights, config and tokenizer the run starts from instead of a random
-  init; its shape, routing and every model field the recipe states must be the recipe's.
-* ``batch_size``: sequences per optimizer step, over all processes; ``micro_batch_size``:
-  sequences per forward pass on one process (the rest is gradient accumulation).
-* ``steps`` (or, when ``null``, ``epochs`` over the training set) sets the run length and with it
-  the learning-rate schedule, so it cannot change on ``--resume`` (a finished run is not extended).
-* ``eval_data``: held-out text (a data spec) for validation loss and perplexity; without it,
-  ``eval_holdout`` (a fraction) of ``data``'s packed sequences, the last ones, is held out and never
-  trained on. The arithmetic task evaluates on its test expressions. ``eval_every``: steps between
-  evaluations (the last step is always evaluated when there is a held-out set); ``eval_max_rows``
-  caps the sequences evaluated (the first ones, so every evaluation sees the same windows).
-* ``cache_dir``: where packed token rows and trained BPEs are cached (default ``$LIME_MODEL_CACHE``,
-  else ``~/.cache/lime_model``), keyed on the data source (each file's path, size and mtime, or the
-  ``hf:`` spec), ``split``, ``max_texts``, the tokenizer and ``seq_len``; a hit reads no text.
-* ``schedule``: ``cosine`` / ``linear`` decay to ``min_lr`` after ``warmup_steps``, or ``constant``.
-* ``router_lr_mult``: router learning rate / ``lr``. The default, 10, is the paper's at 1B (App. A,
-  Table 3: 1e-2 / 1e-3) and the official code's at every size (config.py); App. A found no effect of 1-4
-  at 135M and used the global rate at 360M, which ``arithmetic`` reads as applying to it (a reading: it
-  uses 1; ``lime-150m`` uses 10, as the CPU studies found x1 worse); the deep recipes keep the official code's 1e-2 (configs/config_deep.yaml
-  at snapshot 601cd30); the CPU recipes use 10 (ours; each recipe's description says why).
-* ``mixed_precision``: ``auto`` (bf16 on a GPU, else fp32), ``no``, ``bf16``, ``fp16``. ``bf16`` is
-  accelerate's autocast on the CPU too, the GPU's code path (on an AVX2 CPU without bf16 units a step
-  takes about 5x its fp32 time: for testing that path, not for speed).
-* ``log_every``, ``save_every``, ``keep_last``, ``eval_every``: run control; they may change on ``--resume``.
+A recipe lists only what differs from the field defaults of ``Recipe``; nested fields (``model``,
+``arithmetic``) take dotted override keys (``model.hidden_size=64``). What each key means is documented
+in docs/models.md, "Recipe keys".
 """
 
 from __future__ import annotations
@@ -100,7 +59,7 @@ _MODEL_KEYS = frozenset(LlamaConfig().to_dict())
 
 @dataclass(frozen=True)
 class ArithmeticSettings:
-    """The Arithmetic Expression Task's data: tiers by operator count (:mod:`lime_model.tasks.arithmetic`)."""
+    """The Arithmetic Expression Task's data: tiers by operator count (``lime_model.tasks.arithmetic``)."""
 
     operators: list[int] = field(default_factory=lambda: [4, 5, 6])
     train_per_tier: int = 50000
@@ -117,7 +76,7 @@ class ArithmeticSettings:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A validated training recipe (see the module docstring for the meaning of each field)."""
+    """A validated training recipe (docs/models.md, "Recipe keys", gives the meaning of each field)."""
 
     description: str = ""
     task: str = "lm"
@@ -352,7 +311,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 def load_recipe(
     recipe: str | Mapping[str, Any] | Recipe, overrides: Mapping[str, Any] | None = None
 ) -> Recipe:
-    """A shipped recipe name, a JSON path, a dict or a :class:`Recipe`, with ``overrides``, validated.
+    """A shipped recipe name, a JSON path, a dict or a ``Recipe``, with ``overrides``, validated.
 
     A file or dict lists only what differs from the defaults; ``model`` and ``arithmetic`` merge
     key by key over the defaults too.

@@ -7,8 +7,8 @@ of them to AVX2, the highest set every AMD EPYC and Intel Xeon since 2015 has, p
 PyTorch's deterministic algorithms:
 
     MKL_CBWR=AVX2,STRICT     MKL's conditional numerical reproducibility on its AVX2 branch. COMPATIBLE
-                             (the SSE2 branch) is identical on any x86-64 too but made a 256x512 @ 512x512
-                             GEMM 3.6 times slower on an EPYC (6.0 vs 1.7 ms); AVX2 cost nothing there.
+                             (the SSE2 branch) is identical on any x86-64 too but slows GEMMs several
+                             times over (bench/RESULTS.md); AVX2 cost nothing measurable.
                              STRICT: the bitwise variant of its level-3 BLAS (GEMM), at no measured cost.
     ONEDNN_MAX_CPU_ISA=AVX2  oneDNN's kernels (convolutions, some matmuls) capped at AVX2.
     ATEN_CPU_CAPABILITY=avx2 PyTorch's vectorised kernels (softmax, norms, reductions) on their AVX2 build,
@@ -23,12 +23,12 @@ PyTorch's deterministic algorithms:
     torch.use_deterministic_algorithms(True)
                              refuses (with an error) an operation that has no deterministic implementation.
 
-The libraries read their variables once, when torch or NumPy loads them, so :func:`enable` must run
+The libraries read their variables once, when torch or NumPy loads them, so ``enable`` must run
 before the first ``import torch`` or ``import numpy``; the programs do it first thing in their commands.
 A library user's ``import lime_model`` loads torch (it registers the Auto classes), so a script enters
-the mode by starting Python with ``LIME_REPRODUCIBLE=1``: the package then calls :func:`enable` before
-anything else. In a process where torch or NumPy is already loaded, :func:`enable` checks that the
-variables were set beforehand (a parent process, a shell) and otherwise raises :class:`ModeError`: the
+the mode by starting Python with ``LIME_REPRODUCIBLE=1``: the package then calls ``enable`` before
+anything else. In a process where torch or NumPy is already loaded, ``enable`` checks that the
+variables were set beforehand (a parent process, a shell) and otherwise raises ``ModeError``: the
 mode cannot take effect there.
 
 Which processors the promise covers: Intel ones with AVX2. MKL honours ``MKL_CBWR`` on Intel processors
@@ -71,15 +71,15 @@ class ModeError(ValueError):
 
 
 def pin() -> None:
-    """Set :data:`PINNED` in the environment while neither torch nor NumPy is loaded (each reads it as it
-    loads); a program calls it before its input checks, which may load NumPy, and :func:`enable` after."""
+    """Set ``PINNED`` in the environment while neither torch nor NumPy is loaded (each reads it as it
+    loads); a program calls it before its input checks, which may load NumPy, and ``enable`` after."""
     if not any(name in sys.modules for name in LOADERS):
         os.environ.update(PINNED)
 
 
 def enable() -> None:
-    """Enter the reproducible mode: :func:`pin`, then one torch thread and deterministic algorithms.
-    Raises :class:`ModeError` if torch or NumPy was loaded without the pins, or on a CPU without AVX2."""
+    """Enter the reproducible mode: ``pin``, then one torch thread and deterministic algorithms.
+    Raises ``ModeError`` if torch or NumPy was loaded without the pins, or on a CPU without AVX2."""
     pin()
     unset = {k: v for k, v in PINNED.items() if os.environ.get(k) != v}
     if unset:
@@ -164,7 +164,7 @@ def check_same_mode(run_dir: str | os.PathLike, reproducible: bool) -> None:
 
 
 def describe(info: dict[str, Any]) -> str:
-    """One line for the model card from a :func:`settings` record."""
+    """One line for the model card from a ``settings`` record."""
     if info.get("reproducible"):
         pins = ", ".join(f"{k}={v}" for k, v in info["env"].items())
         return f"reproducible mode: on ({pins}; torch CPU capability {info['cpu_capability']}, deterministic algorithms)"

@@ -100,7 +100,7 @@ class ResFormerModel(LimeModel):
         return hidden_states
 
     def mixing_weights(self) -> dict[str, torch.Tensor]:
-        """``{"value residual lambdas": lam}``, lam ``[L, 2]``: row n-1 is layer n's (lambda on V_1,
+        """``{"value residual lambdas": lam}``, lam ``(L, 2)``: row n-1 is layer n's (lambda on V_1,
         lambda on its own V_n); row 0 is NaN (the first layer provides V_1 and mixes nothing)."""
         lam = torch.full((self.config.num_hidden_layers, 2), float("nan"))
         for i, layer in enumerate(self.layers):

@@ -4,14 +4,14 @@ Every router reads ``(buffer, hidden_states, keys, values)`` and returns the rou
 ``(keys, values)``, each ``(B, kv, T, head_dim)``: exactly what the layer's heads attend to, so a
 forward hook (or nnsight) on ``self_attn.router`` reads the routed K/V.
 
-All routers describe their mixing in one shape, :meth:`LimeRouter.coefficients`:
-``C [n, kv, S, kv, F]``, where ``C[m, h, p, h', e]`` weights feature ``e`` of head ``h'`` of layer
+All routers describe their mixing in one shape, ``LimeRouter.coefficients``:
+``C (n, kv, S, kv, F)``, where ``C[m, h, p, h', e]`` weights feature ``e`` of head ``h'`` of layer
 ``sources[p]`` in routed head ``h`` at position ``m``. ``n`` is 1 (the same weights at every position)
 unless the router is ``input_dependent``, and ``F`` is 1 (one weight per head) except for ``per-dim``
 (``head_dim``). The forward pass, the FLOP count and the router analysis all read this one description.
 
 Each class declares the routing spec kinds it implements in ``routes`` (``"<kind>"`` or ``"<kind>-<n>"``
--> the source layers of layer ``i``), from which :data:`lime_model.routing.ROUTINGS` is built: a new
+-> the source layers of layer ``i``), from which ``lime_model.routing.ROUTINGS`` is built: a new
 routing variant is one class here.
 """
 
@@ -55,7 +55,7 @@ def dilated_back_layers(i: int, d: int) -> list[int]:
 
 
 def init_router_matrix(weight: torch.Tensor, num_sources: int, kv: int) -> None:
-    """Identity on the own (last) block, uniform(+-sqrt(3 / fan_in)) elsewhere; ``weight [kv, S*kv, ...]``."""
+    """Identity on the own (last) block, uniform(+-sqrt(3 / fan_in)) elsewhere; ``weight (kv, S*kv, ...)``."""
     bound = math.sqrt(3.0 / (num_sources * kv))
     with torch.no_grad():
         weight.uniform_(-bound, bound)
@@ -65,15 +65,15 @@ def init_router_matrix(weight: torch.Tensor, num_sources: int, kv: int) -> None:
 
 
 def own_heads_only(kv: int, num_sources: int) -> torch.Tensor:
-    """Coefficients ``[1, kv, S, kv, 1]`` that read each head of the own (last) source unchanged."""
+    """Coefficients ``(1, kv, S, kv, 1)`` that read each head of the own (last) source unchanged."""
     c = torch.zeros(1, kv, num_sources, kv, 1)
     c[0, torch.arange(kv), -1, torch.arange(kv), 0] = 1.0
     return c
 
 
 def buffer_layout(coefficients: torch.Tensor, per_position: bool) -> tuple[torch.Tensor, str]:
-    """``C [n, kv, S, kv, F]`` as the weight and mode :func:`~lime_model.kv_buffer.routed_read` takes:
-    ``[n, kv, S*kv]`` "per-position", ``[kv, S*kv, F]`` "per-dim" (F > 1) or ``[kv, S*kv]`` "matrix"."""
+    """``C (n, kv, S, kv, F)`` as the weight and mode ``lime_model.kv_buffer.routed_read`` takes:
+    ``(n, kv, S*kv)`` "per-position", ``(kv, S*kv, F)`` "per-dim" (F > 1) or ``(kv, S*kv)`` "matrix"."""
     n, kv, S, _, F = coefficients.shape
     if per_position:
         return coefficients.reshape(n, kv, S * kv), "per-position"
@@ -83,7 +83,7 @@ def buffer_layout(coefficients: torch.Tensor, per_position: bool) -> tuple[torch
 
 
 class LimeRouter(nn.Module):
-    """Static router: ``weight [kv, S * kv]`` over ``sources`` (full, first-j, last-j, dilated-d).
+    """Static router: ``weight (kv, S * kv)`` over ``sources`` (full, first-j, last-j, dilated-d).
 
     Column ``p * kv + h'`` of ``weight`` weights head ``h'`` of layer ``sources[p]``. Initialised to
     the identity on the own heads and uniform(+-sqrt(3 / (S * kv))) elsewhere (official code). A layer
@@ -140,16 +140,16 @@ class LimeRouter(nn.Module):
 
     def reset_self_only(self) -> None:
         """Reinitialise at self-only routing: each head reads its own layer's head unchanged (the
-        coefficients are :func:`own_heads_only`), so the layer computes LLaMA's attention exactly; a
-        pretrained LLaMA upcycled to LIMe starts here (:mod:`lime_model.upcycle`). Learned parameters
-        that do not set the coefficients at this point keep their :meth:`reset_parameters` init."""
+        coefficients are ``own_heads_only``), so the layer computes LLaMA's attention exactly; a
+        pretrained LLaMA upcycled to LIMe starts here (``lime_model.upcycle``). Learned parameters
+        that do not set the coefficients at this point keep their ``reset_parameters`` init."""
         self.reset_parameters()
         if self.weight is not None:
             with torch.no_grad():
                 self.weight[:, : -self.num_kv_heads].zero_()  # the other sources' columns
 
     def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
-        """Mixing coefficients ``C [n, kv, S, kv, F]`` (see the module docstring).
+        """Mixing coefficients ``C (n, kv, S, kv, F)`` (see the module docstring).
 
         Args:
             hidden_states: the layer's normalised attention input ``(..., hidden)``; read only by
@@ -168,14 +168,14 @@ class LimeRouter(nn.Module):
         return routed_read(buffer, self.layer_idx, keys, values, weight, self.sources, mode)
 
     def read_weight(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor | None, str]:
-        """The weight and mode of this layer's routed read (:func:`buffer_layout`); a single source
+        """The weight and mode of this layer's routed read (``buffer_layout``); a single source
         (the own heads) is ``None``: no arithmetic."""
         if len(self.sources) == 1:
             return None, self.own_only_mode
         return buffer_layout(self.coefficients(hidden_states), self.input_dependent)
 
     def reread(self, buffer: KVBuffer, hidden_states: torch.Tensor, which: int) -> torch.Tensor:
-        """The routed keys (``which=0``) or values (1) of :meth:`forward`, ``(B, kv, T, head_dim)``,
+        """The routed keys (``which=0``) or values (1) of ``forward``, ``(B, kv, T, head_dim)``,
         recomputed from ``buffer`` without autograd, for backward (static routers: their weights do
         not change between forward and backward). Of ``hidden_states`` only the shape ``(B, T, ...)``,
         dtype and device are read: a stand-in without data serves."""
@@ -188,7 +188,7 @@ class LimeRouter(nn.Module):
     @classmethod
     def flops(cls, config: PreTrainedConfig, num_sources: int, seq_len: int) -> dict[str, int]:
         """Forward cost of one layer's routing over ``seq_len`` tokens, in the paper's convention
-        (see :mod:`lime_model.flops`): ``router`` multiply-accumulates, ``elementwise`` ops."""
+        (see ``lime_model.flops``): ``router`` multiply-accumulates, ``elementwise`` ops."""
         if num_sources == 1:
             return {}  # own K/V only: a slice
         kv = config.num_key_value_heads
@@ -224,7 +224,7 @@ class AverageRouter(LimeRouter):
 
 
 class NoHeadMixRouter(LimeRouter):
-    """``weight [kv, S]``: head h mixes only head h of each source layer (own layer initialised to 1)."""
+    """``weight (kv, S)``: head h mixes only head h of each source layer (own layer initialised to 1)."""
 
     routes = {"no-head-mix": all_layers}
 
@@ -242,7 +242,7 @@ class NoHeadMixRouter(LimeRouter):
         self.reset_parameters()
         if self.weight is not None:
             with torch.no_grad():
-                self.weight[:, :-1].zero_()  # weight [kv, S]: one column per source
+                self.weight[:, :-1].zero_()  # weight (kv, S): one column per source
 
     def coefficients(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         if self.weight is None:
@@ -252,7 +252,7 @@ class NoHeadMixRouter(LimeRouter):
 
 
 class PerDimRouter(LimeRouter):
-    """``weight [kv, S * kv, head_dim]``: each source head scaled feature-wise before summing."""
+    """``weight (kv, S * kv, head_dim)``: each source head scaled feature-wise before summing."""
 
     routes = {"per-dim": all_layers}
     own_only_mode = "per-dim"
@@ -271,7 +271,7 @@ class DynamicRouter(LimeRouter):
 
     For the layer's normalised attention input ``x_t`` and every routed (kv) head ``h``, a query
     ``q_{t,h} = query[h] @ x_t`` (``head_dim`` wide) is dotted with a learnable key ``keys[p*kv + h']``
-    for every source layer ``sources[p]`` and head ``h'``; a learnable offset ``weight [kv, S * kv]``
+    for every source layer ``sources[p]`` and head ``h'``; a learnable offset ``weight (kv, S * kv)``
     is added::
 
         C[t, h, p, h'] = weight[h, p*kv + h'] + q_{t,h} . keys[p*kv + h']      (no normalisation)
@@ -314,7 +314,7 @@ class DynamicRouter(LimeRouter):
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         q = (x @ self.query.t()).view(-1, kv, self.head_dim)  # [n, kv, head_dim]
         scores = q @ self.keys.t()  # [n, kv, S * kv]
-        # in place: the product is ours (mm's backward keeps its inputs), and a fresh [n, kv, S*kv]
+        # in place: the product is ours (mm's backward keeps its inputs), and a fresh (n, kv, S*kv)
         # tensor per layer costs page faults as well as a pass
         return scores.add_(self.weight).view(-1, kv, S, kv, 1)
 

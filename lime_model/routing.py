@@ -1,9 +1,9 @@
 """The routing table: which buffered K/V layers each attention layer mixes, and with which router.
 
 Layer ``i`` (0-based) of an L-layer model can read the K/V of layers ``0..i`` (``i`` is its own).
-A spec string names a variant: a kind from :data:`ROUTINGS`, with ``-<n>`` for the parametric ones.
-:func:`parse_routing` validates it, :meth:`RoutingSpec.sources` gives each layer's exact, ascending
-source set and :attr:`RoutingSpec.router` the router class (:mod:`lime_model.router`) that mixes it.
+A spec string names a variant: a kind from ``ROUTINGS``, with ``-<n>`` for the parametric ones.
+``parse_routing`` validates it, ``RoutingSpec.sources`` gives each layer's exact, ascending
+source set and ``RoutingSpec.router`` the router class (``lime_model.router``) that mixes it.
 
 ==================  ============================================================  ===============
 spec                sources of layer i                                             origin
@@ -31,8 +31,8 @@ on layers that are multiples of d and sets of different sizes elsewhere, so a ch
 silently load as the other. The learned weights of each kind are described by its router class. A layer
 whose only source is itself (always layer 0) attends to its own K/V exactly as LLaMA does.
 
-Adding a variant is one router class, a subclass of :class:`~lime_model.router.LimeRouter`: its ``routes``
-declare the spec kind(s) it implements and their source sets, and :data:`ROUTINGS` is built from those
+Adding a variant is one router class, a subclass of ``lime_model.router.LimeRouter``: its ``routes``
+declare the spec kind(s) it implements and their source sets, and ``ROUTINGS`` is built from those
 declarations; a subclass defined later (in a user's own module) joins the table when it is defined
 (docs/extending.md, "Adding a routing variant").
 """
@@ -88,7 +88,7 @@ ROUTINGS: dict[str, RoutingKind] = routing_table()
 
 @dataclass(frozen=True)
 class RoutingSpec:
-    """A parsed routing spec: ``kind`` (a key of :data:`ROUTINGS`) plus ``n`` for the parametric kinds."""
+    """A parsed routing spec: ``kind`` (a key of ``ROUTINGS``) plus ``n`` for the parametric kinds."""
 
     kind: str
     n: int | None = None

@@ -2,36 +2,15 @@
 
 Distributed runs go through `accelerate` (``torchrun`` or ``accelerate launch``): DDP, or, when the
 recipe sets ``fsdp``, PyTorch's FSDP2 (``fully_shard``, applied here on CPUs and GPUs alike:
-:func:`shard`). Every process sees the same global batch order (a seeded permutation per epoch) and
+``shard``). Every process sees the same global batch order (a seeded permutation per epoch) and
 takes its own slice; each micro-batch's loss is the summed token loss over the number of target
 tokens in the *global* batch, so 1 process with accumulation and N processes give the same gradients.
 Several processes never tokenise: they read the packed-token cache that ``lime-model prepare`` made
-(:func:`prepare_data`).
+(``prepare_data``).
 
-An output directory holds::
+What a run folder holds and what each metric means is documented in docs/models.md, "The run folder".
 
-    recipe.json            the recipe (resuming checks it)
-    run_info.json          per start of the process: versions, device, threads, determinism flags
-    metrics.jsonl          one JSON line every log_every (and eval_every) steps (fields below)
-    checkpoints/step-N/    HF model + tokenizer, trainer_state.json (step, optimizer hyperparameters,
-                           scheduler), optimizer.safetensors (Adam moments by parameter name, RNG)
-    config.json, model.safetensors, tokenizer files     the final model, a self-contained HF dir
-    *.py                   the model's code (in checkpoints too): loads with trust_remote_code=True
-    README.md              the model card (:mod:`lime_model.hub`), written when the run finishes
-    arithmetic_eval.json   accuracy per operator count, the task's tiers (arithmetic task)
-    tensorboard/           event files, with ``report_to="tensorboard"``
-
-Metrics: ``step``; ``tokens``, the real input tokens seen so far (padding excluded: the arithmetic
-task's right-padded rows count their ``bos prompt solution eos`` only); ``flops`` (3 x forward
-FLOPs per sequence, padding included: it is compute spent); ``loss``, the mean token loss of the
-step's global batch; ``lr``, the step's learning rate (routers use ``lr * router_lr_mult``);
-``grad_norm`` before clipping; ``tokens_per_s``, real tokens per second since the previous line;
-on evaluation steps (every ``eval_every`` and the last, when there are held-out rows) also
-``val_loss``, the mean token NLL of the held-out rows, and ``val_perplexity``, its exp (see
-:mod:`lime_model.evaluate`). Training warns (:class:`SecondEpochWarning`) when it starts a
-second pass over its data.
-
-Checkpoints are whole or absent and carry their files' digests (:mod:`lime_model.checkpoint`). A new
+Checkpoints are whole or absent and carry their files' digests (``lime_model.checkpoint``). A new
 run's folder appears with its recipe, tokenizer and run info at once, and the final model's weights are
 published last, so a run stopped at any moment (Ctrl-C, a crash) leaves a folder that the same command
 continues: from the last intact checkpoint, or from the start before the first. One run at a time
@@ -166,7 +145,7 @@ def prepare_data(
 ) -> TrainingData:
     """Training rows, held-out rows (and the arithmetic test set) for ``recipe``; ``tokenizer``
     overrides the recipe's. ``num_proc`` processes tokenise (the same rows for any number); with
-    ``build=False`` the caches must hold everything (else :class:`~lime_model.data.NotPrepared`).
+    ``build=False`` the caches must hold everything (else ``lime_model.data.NotPrepared``).
 
     Language-model rows come from the packed-token cache when it holds them (memory-mapped, int32),
     checked before any text is read; a BPE trained on the data is cached the same way. Held-out
@@ -219,8 +198,8 @@ def prepare_data(
 
 
 def _cached_bpe(source: data_mod.TextSource, vocab_size: int, cache_dir, build: bool = True) -> Any:
-    """:func:`train_bpe` on ``source``, saved under ``cache_dir`` and loaded from there next time
-    (``build=False``: only loaded, :class:`~lime_model.data.NotPrepared` if it is not there)."""
+    """``train_bpe`` on ``source``, saved under ``cache_dir`` and loaded from there next time
+    (``build=False``: only loaded, ``lime_model.data.NotPrepared`` if it is not there)."""
     folder = data_mod.cache_path(cache_dir, "bpe", {"texts": source.key(), "vocab_size": vocab_size})
     assert folder is not None  # `cache_dir` is given
     if not folder.is_dir():
@@ -266,7 +245,7 @@ def micro_batch_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, n_tar
 
 
 def build_optimizer(model, recipe: Recipe, foreach: bool | None = None) -> torch.optim.AdamW:
-    """The recipe's AdamW over :func:`~lime_model.optim.param_groups` (``foreach``: torch's own choice
+    """The recipe's AdamW over ``lime_model.optim.param_groups`` (``foreach``: torch's own choice
     when None, as training leaves it)."""
     return torch.optim.AdamW(
         param_groups(model, recipe.weight_decay, recipe.router_lr_mult, lr=recipe.lr),
@@ -317,11 +296,11 @@ def train(
     """Train the recipe into ``out_dir`` and return it (a self-contained HF model directory).
 
     Args:
-        recipe: a shipped recipe name, a JSON path, or a dict (see :mod:`lime_model.recipes`).
+        recipe: a shipped recipe name, a JSON path, or a dict (see ``lime_model.recipes``).
         out_dir: the run directory: absent or empty for a new run; a folder holding an unfinished run
             of the same recipe is continued from its last intact checkpoint (see
-            :func:`~lime_model.checkpoint.check_out_dir`). One run at a time writes it: a second is
-            refused while the first holds its lock (:class:`~lime_model.checkpoint.RunLock`).
+            ``lime_model.checkpoint.check_out_dir``). One run at a time writes it: a second is
+            refused while the first holds its lock (``lime_model.checkpoint.RunLock``).
         resume: require a run in ``out_dir`` to continue (a finished one is republished).
         progress: show tqdm progress bars.
         stop_after: end this invocation after that global step (with a checkpoint) so that a later
@@ -368,7 +347,7 @@ def train(
 
 @dataclass
 class _Run:
-    """One invocation of :func:`train`: its prepared model, optimizer and schedule, and where it writes."""
+    """One invocation of ``train``: its prepared model, optimizer and schedule, and where it writes."""
 
     accelerator: Any
     recipe: Recipe
@@ -381,7 +360,7 @@ class _Run:
 
 
 def _training_data(recipe: Recipe, out_dir: Path, resume: bool, accelerator, progress: bool) -> TrainingData:
-    """:func:`prepare_data` with the run's own tokenizer when a continued run saved one."""
+    """``prepare_data`` with the run's own tokenizer when a continued run saved one."""
     world = accelerator.num_processes
     saved_tokenizer = resume and (out_dir / "tokenizer_config.json").exists()
     source = str(out_dir) if saved_tokenizer else recipe.init  # an init's embeddings are its tokenizer's

@@ -1,11 +1,11 @@
 """Upcycling: a pretrained LLaMA-style causal LM as a LIMe whose routers start at self-only routing.
 
-Every parameter of a LLaMA-style checkpoint has its LIMe name (:mod:`lime_model.modeling`), so the
+Every parameter of a LLaMA-style checkpoint has its LIMe name (``lime_model.modeling``), so the
 conversion copies the weights by name, adds each layer's router at self-only routing (every head reads
-its own layer's head unchanged: :meth:`~lime_model.router.LimeRouter.reset_self_only`) and copies the
+its own layer's head unchanged: ``lime_model.router.LimeRouter.reset_self_only``) and copies the
 tokenizer. The result computes the source's logits exactly at step 0, whatever the routing; training it
 (``lime-model train --init DIR``) moves the routers from there. ``train --init`` of a routed recipe from a
-LLaMA of this project (routing none) upcycles the same way in memory (:func:`load_init`).
+LLaMA of this project (routing none) upcycles the same way in memory (``load_init``).
 
 What converts: ``llama`` (no attention biases), ``mistral`` without a sliding window (then it is LLaMA),
 and this project's own LLaMA runs (``lime`` with routing ``none``). Everything else is refused in one
@@ -75,8 +75,8 @@ def check_out(out: str | os.PathLike) -> None:
 
 
 def check_inputs(ckpt: str, out: str | os.PathLike) -> None:
-    """The checks that need no torch: a local ``ckpt`` is a model folder that converts (:func:`check_source`);
-    ``out`` is new (:func:`check_out`). A hub id's config is checked by :func:`upcycle` (network)."""
+    """The checks that need no torch: a local ``ckpt`` is a model folder that converts (``check_source``);
+    ``out`` is new (``check_out``). A hub id's config is checked by ``upcycle`` (network)."""
     if is_local(ckpt):
         if not Path(ckpt).is_dir():
             raise FileNotFoundError(f"--ckpt {ckpt}: no such folder (nor a hub id)")
@@ -86,7 +86,7 @@ def check_inputs(ckpt: str, out: str | os.PathLike) -> None:
 
 
 def lime_config(source: dict[str, Any], routing: str, ckpt: str):
-    """The :class:`~lime_model.config.LimeConfig` of the source model's ``config.json`` (``source``) with
+    """The ``lime_model.config.LimeConfig`` of the source model's ``config.json`` (``source``) with
     ``routing``: every field LLaMA has (a ``lime`` source's own fields too), the source recorded."""
     from transformers import LlamaConfig
 
@@ -132,9 +132,9 @@ def upcycle(ckpt: str, out: str | os.PathLike, routing: str = "full", verbose: b
     """Convert the causal LM ``ckpt`` (a local folder or hub id) into a LIMe with ``routing`` in ``out``.
 
     Args:
-        ckpt: a LLaMA-style checkpoint (:data:`SOURCES`; see the module docstring).
+        ckpt: a LLaMA-style checkpoint (``SOURCES``; see the module docstring).
         out: the new folder (absent or empty); written whole or not at all.
-        routing: the LIMe routing spec (:mod:`lime_model.routing`); its routers start at self-only.
+        routing: the LIMe routing spec (``lime_model.routing``); its routers start at self-only.
         verbose: show transformers' load messages.
 
     Returns:
@@ -208,7 +208,7 @@ RUN_OPTIONS = ("arch", "kv_proj_init", "recompute_routed_kv", "max_position_embe
 
 
 def check_init_dir(init: str | os.PathLike) -> None:
-    """The checks of ``--init`` that need no torch: a model folder (:func:`check_model_dir`) with
+    """The checks of ``--init`` that need no torch: a model folder (``check_model_dir``) with
     safetensors weights and a tokenizer (the one its embeddings were trained with)."""
     check_model_dir(init)
     if not weight_files(init):
@@ -224,11 +224,11 @@ def check_init_dir(init: str | os.PathLike) -> None:
 def init_config(recipe, expected):
     """The model config of a run that starts from ``recipe.init``'s weights: the saved model's own (its
     RoPE, norms and activation are its weights' companions) with the recipe's run options. A LLaMA (a
-    ``lime`` model with routing none) takes a routed recipe's routing: it is upcycled (:func:`load_init`).
+    ``lime`` model with routing none) takes a routed recipe's routing: it is upcycled (``load_init``).
 
     Args:
-        recipe: a :class:`~lime_model.recipes.Recipe` with ``init`` set.
-        expected: the recipe's model config (:func:`lime_model.train.model_config` with the init's tokenizer).
+        recipe: a ``lime_model.recipes.Recipe`` with ``init`` set.
+        expected: the recipe's model config (``lime_model.train.model_config`` with the init's tokenizer).
 
     Raises:
         ValueError: naming the first field of the model's shape (``SIZES``, tied embeddings, routing), or
@@ -278,9 +278,9 @@ def upcycles(saved, expected) -> bool:
 
 
 def load_init(init: str | os.PathLike, model) -> None:
-    """The weights of the model folder ``init`` into ``model`` (built from :func:`init_config`); a routed
+    """The weights of the model folder ``init`` into ``model`` (built from ``init_config``); a routed
     model started from a LLaMA, whose folder holds no router weights, gets its routers at self-only
-    routing, as :func:`upcycle` gives them, so it starts with the LLaMA's logits."""
+    routing, as ``upcycle`` gives them, so it starts with the LLaMA's logits."""
     from .checkpoint import load_weights
 
     routers = frozenset(n for n, _ in model.named_parameters() if ".self_attn.router." in n)

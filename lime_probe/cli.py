@@ -7,20 +7,20 @@ results as JSON and CSV (settings, checkpoint identity and versions recorded; se
 ``lime_probe.output.results``) and figures as PNG and PDF into ``--out``, and prints a compact table.
 
 Output is staged in a hidden temporary folder beside ``--out`` and moved in only when the
-command succeeds, so a failure or Ctrl-C never leaves half-written files there. Exit codes:
+command succeeds (`lime_probe.output.staging`), so a failure or Ctrl-C never leaves half-written files there. Exit codes:
 0 done, 2 bad usage or input (one line on stderr), 3 written but incomplete (``report`` skipped a
 section for its input, one line naming them; ``--allow-skips`` makes that 0), 1 an unexpected failure,
 130 interrupted.
 
-Every subcommand is a ``lime_model.checks.Command`` in :data:`COMMANDS`, and ``build_parser`` is one loop
+Every subcommand is a ``lime_model.checks.Command`` in `COMMANDS`, and ``build_parser`` is one loop
 over them: one per analysis of the registry ``lime_probe.specs.ANALYSES`` (its options generated from the
 analysis's parameter dataclass and the settings dataclasses ``Loading`` and ``Extraction``, its ``--data``
 from ``lime_probe.specs.data.DATA_KINDS`` by its data kind), then report, demo, reproduce (a study of
 ``lime_probe.studies.STUDIES``) and cache. ``lime-model`` declares its commands the same way; options that
 both programs take have the same names and meanings (``--out``: the folder a command writes into), and both
-map how a command ends to an exit code with ``lime_model.checks.run_command``. This module parses arguments,
-stages the output and prints tables. It imports nothing heavy (torch, transformers, matplotlib) before the
-arguments are parsed and every input that needs no model is checked (:func:`check_inputs`), so ``--help``,
+map how a command ends to an exit code with ``lime_model.checks.run_command``. This module parses arguments
+and translates them into the settings dataclasses and calls below it. It imports nothing heavy (torch, transformers, matplotlib) before the
+arguments are parsed and every input that needs no model is checked (`check_inputs`), so ``--help``,
 usage errors and a bad path, number or output folder are named within a second; Ctrl-C at any point, imports
 included, prints one line and exits 130.
 """
@@ -28,16 +28,12 @@ included, prints one line and exits 130.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import os
-import shutil
 import sys
-import tempfile
 import typing
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
 from lime_model import checks
@@ -45,15 +41,11 @@ from lime_model.checks import (
     Command,
     add_device_option,
     check_device,
-    check_window,
     positive_int,
     print_error,
-    read_config,
     run_command,
     run_program,
 )
-from lime_model.files import check_writable, umask
-from lime_probe.extraction.cachedir import remove_stale_staging, staging_prefix
 from lime_probe.extraction.settings import (
     LAYERS_HELP,
     Extraction,
@@ -62,25 +54,25 @@ from lime_probe.extraction.settings import (
     default_cache,
     dest_of,
     from_options,
-    layer_list,
 )
-from lime_probe.extraction.sources import check_local, is_hub_id
-from lime_probe.interventions.pairs import load_pairs
+from lime_probe.output.console import format_table, one_line_warnings
+from lime_probe.output.staging import staged_output
 from lime_probe.specs import (
     ANALYSES,
     Checkpoint,
-    Result,
     Spec,
-    labels_for,
     load_checkpoints,
     named_checkpoints,
 )
 from lime_probe.specs.base import THREADS_HELP, configure_threads
-from lime_probe.specs.data import DATA_KINDS, check_blimp_source, load_data
+from lime_probe.specs.data import DATA_KINDS, load_data
+from lime_probe.specs.inputs import check_request
 from lime_probe.specs.reporting import (
     REPORT_DEFAULT,
     REPORT_JOINED,
     REPORTABLE,
+    analyse,
+    differing_defaults,
     report_texts,
     results_meta,
     run_report,
@@ -106,110 +98,6 @@ def loading_of(args: argparse.Namespace) -> Loading:
     return from_options(Loading, vars(args))
 
 
-# --------------------------------------------------------------------------- output
-
-
-@contextmanager
-def staged_output(out: str | os.PathLike):
-    """Yield a fresh temp folder beside ``out``; on success move its files into ``out``.
-
-    Missing parent folders are created (as ``mkdir -p``) and removed again if the command fails.
-    On any exception (including KeyboardInterrupt) the temp folder is removed and ``out`` is
-    left as it was. The temp folder's name holds this process's id, so the staging folders of killed runs
-    (``kill -9``) are removed here by the next run (`lime_probe.extraction.cachedir.remove_stale_staging`).
-    A new ``out`` gets the mode a plain ``mkdir`` gives (0o777 & ~umask), not mkdtemp's private 0o700.
-    ``out`` is checked first, creating nothing (``lime_model.files.check_writable``): NotADirectoryError
-    if it or a folder on its way is a file, PermissionError if it cannot be written.
-    """
-    out = Path(out)
-    check_writable(out, folder=True, option="--out")  # before any folder is made
-    parent = out.resolve().parent
-    created = [p for p in (parent, *parent.parents) if not p.exists()]  # innermost first
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PermissionError(f"--out {out}: cannot create {parent} ({e.strerror})") from None
-    published = False
-    try:
-        try:
-            remove_stale_staging(parent)  # those of runs killed before they could remove their own
-            tmp = Path(tempfile.mkdtemp(prefix=staging_prefix(out), suffix=".partial", dir=parent))
-        except OSError as e:
-            raise PermissionError(f"--out {out} is not writable ({e.strerror})") from None
-        try:
-            yield tmp
-            os.chmod(tmp, 0o777 & ~umask())
-            if not out.exists():
-                os.replace(tmp, out)
-            else:
-                for item in sorted(tmp.rglob("*")):
-                    target = out / item.relative_to(tmp)
-                    if item.is_dir():
-                        target.mkdir(exist_ok=True)
-                    else:
-                        os.replace(item, target)
-            published = True
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        if not published:
-            for folder in created:
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-
-
-@contextmanager
-def one_line_warnings(where: str):
-    """Inside the block a ``lime_probe.extraction.windows.DataWarning`` (the data weakens the result) prints as one
-    line, ``WHERE: warning: MESSAGE``, on stderr, each message once; other warnings as Python shows them."""
-    import warnings
-
-    from lime_probe.extraction.windows import DataWarning
-
-    shown: set[str] = set()
-    with warnings.catch_warnings():
-        default = warnings.showwarning
-
-        def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, DataWarning):
-                if str(message) not in shown:
-                    shown.add(str(message))
-                    print(f"{where}: warning: {message}", file=sys.stderr)
-            else:
-                default(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
-        yield
-
-
-def format_table(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
-    """A compact fixed-width text table of ``rows`` (floats to 4 significant digits)."""
-    import numpy as np
-
-    if not rows:
-        return "(no rows)"
-    cols = list(columns) or list(dict.fromkeys(k for r in rows for k in r))
-
-    def cell(v):
-        if isinstance(v, float | np.floating):
-            return f"{v:.4g}"
-        return "" if v is None else str(v)
-
-    cells = [[cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    # numbers right-aligned, text left-aligned
-    numeric = [
-        all(isinstance(r.get(c), int | float | np.number) or r.get(c) is None for r in rows) for c in cols
-    ]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += [
-        "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(row, widths, numeric, strict=True))
-        for row in cells
-    ]
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- commands
 
 
@@ -217,15 +105,6 @@ def params_of(spec: Spec, args: argparse.Namespace):
     """The parameter dataclass of ``spec`` filled from the options generated from its fields; a field
     without its option in ``args`` (``report``'s options left out) keeps the analysis's default."""
     return from_options(spec.params, vars(args))
-
-
-def run_analysis(spec: Spec, cks: Sequence[Checkpoint], data, args: argparse.Namespace) -> Result:
-    """``spec.compute`` with the parameters and extraction settings of ``args``."""
-    from lime_probe.extraction.cachedir import cache_use
-
-    extraction = extraction_of(args, _own_layers(spec))
-    with cache_use(spec.name):  # its cache entries are listed under its name
-        return spec.compute(cks, data, params_of(spec, args), extraction)
 
 
 def _settings(args: argparse.Namespace) -> dict:
@@ -251,7 +130,7 @@ def _analysis_command(spec: Spec) -> Callable:
             spec.data_kind, source, getattr(args, "max_sequences", None), params=params, lazy=lazy
         )
         cks = _checkpoints(spec, args)
-        result = run_analysis(spec, cks, data, args)
+        result = analyse(spec, cks, data, params, extraction_of(args, _own_layers(spec)))
         write_analysis(result, out, results_meta(spec.name, _settings(args), cks))
         print(format_table(result.table()))
 
@@ -266,7 +145,7 @@ def cmd_report(args, out: Path) -> str | None:
     option left out its own default), so a section equals the command's result. A section that fails on
     its input is skipped and named on stderr; the command returns a one-line summary of them (exit 3)
     unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (an analysis of
-    :data:`REPORT_JOINED` reads its data from an option of report's own)."""
+    `REPORT_JOINED` reads its data from an option of report's own)."""
     names = _analyses_of(args)
     joined = {n: getattr(args, _dest(flag)) for n, flag in REPORT_JOINED.items() if n in names}
     texts = report_texts(names, args.data, args.max_sequences)  # before the models: a bad --data fails fast
@@ -310,21 +189,6 @@ def cmd_demo(args, out: Path) -> None:
 
 def _dest(flag: str) -> str:
     return flag.removeprefix("--").replace("-", "_")
-
-
-def _differing_defaults() -> dict[str, str]:
-    """The report options whose default differs between the analyses (the specs' parameter dataclasses):
-    {field: "values (entropy, separability); hidden (cka)"}."""
-    by_field: dict[str, dict[str, list[str]]] = {}
-    for name in [*REPORTABLE, *REPORT_JOINED]:
-        for f in dataclasses.fields(ANALYSES[name].params):
-            shown = " ".join(map(repr, f.default)) if isinstance(f.default, tuple) else str(f.default)
-            by_field.setdefault(f.name, {}).setdefault(shown.replace("%", "%%"), []).append(name)
-    return {
-        k: "; ".join(f"{v} ({', '.join(ns)})" for v, ns in d.items())
-        for k, d in by_field.items()
-        if len(d) > 1
-    }
 
 
 def _checkpoint_options(
@@ -421,7 +285,7 @@ def add_param_options(
         if own_defaults is not None:
             help = help.replace("%(default)s", str(kw["default"]).replace("%", "%%"))
             if f.name in own_defaults:
-                help += f"; each analysis its own: {own_defaults[f.name]}"
+                help += f"; each analysis its own: {own_defaults[f.name]}".replace("%", "%%")
             kw["default"] = argparse.SUPPRESS
         kw["help"] = help
         positive, off = meta.pop("positive", False), meta.pop("off", None)
@@ -448,7 +312,7 @@ def add_param_options(
 def _report_options(p: argparse.ArgumentParser) -> None:
     _checkpoint_options(p, data="texts", max_sequences=None, layers=False)
     _run_options(p)
-    g, seen, own = p.add_argument_group("analyses"), ["layers"], _differing_defaults()
+    g, seen, own = p.add_argument_group("analyses"), ["layers"], differing_defaults()
     g.add_argument(
         "--layers",
         default=argparse.SUPPRESS,  # left out, an analysis with layers of its own (BLiMP) keeps them
@@ -717,7 +581,7 @@ COMMANDS: dict[str, Command] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``lime-probe`` argument parser: one subcommand per entry of :data:`COMMANDS`."""
+    """The ``lime-probe`` argument parser: one subcommand per entry of `COMMANDS`."""
     return checks.build_parser(
         PROG, "The LIMe paper's analyses of representation collapse.", COMMANDS.values()
     )
@@ -750,47 +614,31 @@ def _text_data(args: argparse.Namespace) -> str | None:
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Every check of a parsed command line that needs no model, run before torch is imported (it and a
-    model take half a minute to load on a busy machine, a mistyped option a second to name): the labels,
-    the analyses' parameters (each dataclass checks itself, e.g. --words, --alpha), --max-length against
-    what each analysis needs (`Spec.min_length`), --layers, the folders written (--out, the activation
-    --cache, the demo's --runs), a local --data (`lime_model.data.check_source`) and a local --ckpt
-    (`lime_probe.extraction.sources.check_local`; a --window against the positions its config.json states)."""
-    from lime_model.data import check_source
-
-    if getattr(args, "label", None):
-        labels_for(args.ckpt, args.label)
-    windows = set()  # the --window given, checked against each local checkpoint's positions below
-    for name in _analyses_of(args):
-        window = getattr(params_of(ANALYSES[name], args), "window", None)
-        if window != getattr(ANALYSES[name].params(), "window", None):  # a default is the analysis's to fit
-            windows.add(window)
-        if getattr(args, "max_length", None) is not None and args.max_length < ANALYSES[name].min_length:
-            raise ValueError(
-                f"--max-length {args.max_length}: {name} needs at least {ANALYSES[name].min_length} tokens "
-                "per sequence"
-            )
-    if not (args.command in ANALYSES and _own_layers(ANALYSES[args.command])):  # else its parameter
-        layer_list(getattr(args, "layers", None))
-    for option in ("out", "cache", "runs"):
-        if getattr(args, option, None) is not None:
-            check_writable(getattr(args, option), folder=True, option=f"--{option}")
-    if (data := _text_data(args)) is not None:
-        check_source(data)
-    if getattr(args, "pairs", None) is not None:
-        load_pairs(args.pairs)
-    for option, source in _blimp_sources(args):
-        check_blimp_source(source, option)
+    model take half a minute to load on a busy machine, a mistyped option a second to name): those of
+    `lime_probe.specs.inputs.check_request` on its options (the labels, the analyses' parameters, --max-length,
+    --layers, the folders written: --out, the activation --cache, the demo's --runs, a local --data, --pairs,
+    a BLiMP source and a local --ckpt), then the files of a study's --data."""
+    own = args.command in ANALYSES and _own_layers(ANALYSES[args.command])  # --layers: its parameter
+    params = ((name, params_of(ANALYSES[name], args)) for name in _analyses_of(args))  # built as checked
+    check_request(
+        params,
+        checkpoints=getattr(args, "ckpt", None) or (),
+        labels=getattr(args, "label", None),
+        load=_loads_models(args),
+        max_length=getattr(args, "max_length", None),
+        layers=None if own else getattr(args, "layers", None),
+        folders={
+            f"--{o}": getattr(args, o) for o in ("out", "cache", "runs") if getattr(args, o, None) is not None
+        },
+        texts=_text_data(args),
+        pairs=getattr(args, "pairs", None),
+        blimp=_blimp_sources(args),
+    )
     layout = STUDIES[args.study].data if args.command == "reproduce" else None
     if layout is not None and args.data is not None:
         from lime_probe.studies.runner import Data
 
         Data.under(args.data, layout)  # the study's files, named before any training
-    if _loads_models(args):  # a local --ckpt; a hub id is the hub's to answer, when it is loaded
-        for ckpt, label in zip(args.ckpt, labels_for(args.ckpt, args.label), strict=True):
-            if not is_hub_id(ckpt):
-                check_local(Path(ckpt).expanduser())
-                for window in windows:
-                    check_window(window, read_config(Path(ckpt).expanduser()), label)
 
 
 def _blimp_sources(args: argparse.Namespace) -> list[tuple[str, str]]:

@@ -60,9 +60,9 @@ def command_defaults(command: str) -> dict[str, Any]:
     analysis's parameters; so a notebook measures what the command measures: ``{field: default}``."""
     from dataclasses import asdict
 
-    from lime_probe.cli import DATA_KINDS
     from lime_probe.extraction.settings import Extraction, Loading, command_settings
     from lime_probe.specs import ANALYSES
+    from lime_probe.specs.data import DATA_KINDS
 
     if command not in ANALYSES:
         raise ValueError(f"unknown analysis {command!r}; choose one of {', '.join(ANALYSES)}")

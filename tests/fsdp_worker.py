@@ -1,5 +1,5 @@
 """Gradients of a tiny model sharded with FSDP2 over the current process group
-(:func:`lime_model.train.shard`) beside the unsharded model's, for ``test_fsdp.py``. Under torchrun it
+(``lime_model.train.shard``) beside the unsharded model's, for ``test_fsdp.py``. Under torchrun it
 writes their relative differences, per routing and parameter, as JSON::
 
     python -m torch.distributed.run --nproc_per_node=2 tests/fsdp_worker.py OUT.json ROUTING...

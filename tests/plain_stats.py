@@ -26,7 +26,7 @@ def t_two_sided_p(t: float, df: int) -> float:
 
 
 def t_quantile(q: float, df: int) -> float:
-    """The ``q`` quantile (``q`` > 0.5) of Student's t: :func:`t_two_sided_p` inverted by bisection."""
+    """The ``q`` quantile (``q`` > 0.5) of Student's t: ``t_two_sided_p`` inverted by bisection."""
     lo, hi = 0.0, 1e4
     for _ in range(200):
         mid = (lo + hi) / 2

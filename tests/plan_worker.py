@@ -1,4 +1,4 @@
-"""Real training steps measured on every process (:func:`real_step.real_step`), for ``test_plan.py``.
+"""Real training steps measured on every process (``real_step.real_step``), for ``test_plan.py``.
 Under torchrun it writes, per configuration, each process's (peak, activations) bytes as JSON::
 
     python -m torch.distributed.run --nproc_per_node=2 tests/plan_worker.py OUT.json '{"NAME": OVERRIDES}'

@@ -1,7 +1,7 @@
 """A real training step's allocated bytes, for the plan's tests (``test_plan.py``; ``plan_worker.py`` on
 several processes).
 
-The step is training's own (:func:`lime_model.train.train_step` through accelerate, the second step, so
+The step is training's own (``lime_model.train.train_step`` through accelerate, the second step, so
 that AdamW's state exists), measured by the profiler's record of the CPU allocator's allocations and frees
 (``profile_memory``): the running sum of allocated bytes, its highest value during the step, and, per
 micro-batch, what it gained between the model's forward starting and backward starting (markers recorded
@@ -25,7 +25,7 @@ UNSEEN = 1024  # bytes of blocks freed where the profiler did not see (see _allo
 
 
 class Vocab:
-    """What :func:`lime_model.train.model_config` reads of a tokenizer, for a recipe that sets
+    """What ``lime_model.train.model_config`` reads of a tokenizer, for a recipe that sets
     ``model.vocab_size``."""
 
     bos_token_id = eos_token_id = 0
@@ -42,7 +42,7 @@ def real_step(recipe) -> tuple[int, int]:
     """(peak allocated bytes of this process during a real second training step, the most one
     micro-batch's forward and loss added before its backward). In a process group of several processes
     (torchrun) the step is this process's share, and with ``recipe.fsdp`` the model is sharded as
-    :func:`lime_model.train.train` shards it (:func:`lime_model.train.shard`, before the optimizer)."""
+    ``lime_model.train.train`` shards it (``lime_model.train.shard``, before the optimizer)."""
     AcceleratorState._reset_state(reset_partial_state=True)  # each configuration its own precision
     accelerator = T.accelerator_for(recipe)
     vocab = Vocab(recipe.model["vocab_size"])
@@ -78,8 +78,8 @@ def real_step(recipe) -> tuple[int, int]:
 
 
 def allocated(tree) -> tuple[int, list[int]]:
-    """From a profile's event tree: the highest running sum of allocated bytes within the :data:`STEP`
-    range, and what it gained from each :data:`FORWARD` marker to the next :data:`BACKWARD` one."""
+    """From a profile's event tree: the highest running sum of allocated bytes within the ``STEP``
+    range, and what it gained from each ``FORWARD`` marker to the next ``BACKWARD`` one."""
     events = list(_walk(tree))
     times, held, total = [], [], 0
     for t, nbytes in _allocations(events):
@@ -111,7 +111,7 @@ def _allocations(events) -> list[tuple[int, int]]:
       parameters are copied out of them (its ``FSDP::all_gather_copy_out`` record), where a free not
       recorded is put.
     * Any other block whose free went unrecorded shows as its address allocated again while held: it is
-      freed there, and at most :data:`UNSEEN` bytes of such blocks are allowed (a functional
+      freed there, and at most ``UNSEEN`` bytes of such blocks are allowed (a functional
       collective's output, the gradient norm, is one: a few bytes).
     """
     copy_outs: dict[str, list] = {}

@@ -35,6 +35,7 @@ from lime_probe.extraction.cachedir import (
     staging_prefix,
 )
 from lime_probe.extraction.settings import default_cache
+from lime_probe.output.staging import staged_output
 
 HIDDEN, VALUES, LAYERS = 32, 16, 2  # the tiny LLaMA: hidden size, K/V width (2 heads of 8), blocks
 
@@ -278,7 +279,7 @@ def test_stale_staging_is_removed_only_when_its_owner_is_gone(tmp_path):
     for folder in (live, dead, elsewhere, other_out, legacy):
         folder.mkdir()
         (folder / "x.json").write_text("{}")
-    with cli.staged_output(out) as tmp:
+    with staged_output(out) as tmp:
         assert tmp.name.startswith(staging_prefix(out)) and tmp.name.endswith(".partial")
         (tmp / "r.json").write_text("1")
     assert (out / "r.json").read_text() == "1"
@@ -288,8 +289,8 @@ def test_stale_staging_is_removed_only_when_its_owner_is_gone(tmp_path):
 
 KILLED_STAGING = """
 import os, signal, sys
-from lime_probe import cli
-with cli.staged_output(sys.argv[1]) as tmp:
+from lime_probe.output.staging import staged_output
+with staged_output(sys.argv[1]) as tmp:
     (tmp / "half.json").write_text("{")
     os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -315,7 +316,7 @@ def test_a_sigkilled_command_leaves_staging_that_the_next_run_removes(tmp_path):
     run_killed(KILLED_STAGING, out)
     (left,) = tmp_path.iterdir()
     assert left.name.startswith(".out.") and (left / "half.json").is_file()
-    with cli.staged_output(out) as tmp:
+    with staged_output(out) as tmp:
         (tmp / "ok.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 

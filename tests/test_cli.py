@@ -15,6 +15,8 @@ import transformers as tf
 from helpers import digits_checkpoint, read_json, run_cli
 
 from lime_probe import cli
+from lime_probe.output.console import format_table
+from lime_probe.output.staging import staged_output
 
 
 @pytest.mark.parametrize("command", cli.COMMANDS)
@@ -81,7 +83,7 @@ def test_staged_output_moves_files_only_on_success(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("old")
-    with cli.staged_output(out) as tmp:
+    with staged_output(out) as tmp:
         (tmp / "new.json").write_text("{}")
         (tmp / "sub").mkdir()
         (tmp / "sub" / "a.png").write_text("png")
@@ -92,7 +94,7 @@ def test_staged_output_moves_files_only_on_success(tmp_path):
         "sub",
         "sub/a.png",
     ]
-    with pytest.raises(KeyboardInterrupt), cli.staged_output(out) as tmp:
+    with pytest.raises(KeyboardInterrupt), staged_output(out) as tmp:
         (tmp / "half.json").write_text("{")
         raise KeyboardInterrupt
     assert not (out / "half.json").exists()
@@ -101,17 +103,17 @@ def test_staged_output_moves_files_only_on_success(tmp_path):
 
 def test_staged_output_creates_missing_parents_and_removes_them_on_failure(tmp_path):
     out = tmp_path / "a" / "b" / "out"
-    with cli.staged_output(out) as tmp:
+    with staged_output(out) as tmp:
         (tmp / "r.json").write_text("{}")
     assert (out / "r.json").read_text() == "{}"
     failed = tmp_path / "x" / "y" / "out"
-    with pytest.raises(ValueError), cli.staged_output(failed) as tmp:
+    with pytest.raises(ValueError), staged_output(failed) as tmp:
         raise ValueError("bad input")
     assert not (tmp_path / "x").exists()  # nothing half-made is left behind
 
 
 def test_format_table_aligns_columns():
-    text = cli.format_table(
+    text = format_table(
         [{"model": "LIMe", "layer": 0, "v": 1.234567}, {"model": "LLaMA", "layer": 10, "v": None}]
     )
     lines = text.splitlines()
@@ -252,7 +254,7 @@ def test_a_bug_raising_keyerror_is_exit_1_not_bad_input(capsys, tmp_path, monkey
     def buggy(*args):
         raise KeyError("internal")
 
-    monkeypatch.setattr(cli, "run_analysis", buggy)
+    monkeypatch.setattr(cli, "analyse", buggy)
     monkeypatch.setattr(cli, "load_checkpoints", lambda *a, **kw: [])
     (tmp_path / "t.txt").write_text("hello there\n")
     code, _, err = run_cli(

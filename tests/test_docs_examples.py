@@ -9,7 +9,7 @@ The examples are parsed, never listed here, so a new or changed example is teste
 - ``--help``: every line after ``example:`` / ``examples:`` in the help of each subcommand of
   ``lime-probe`` and ``lime-model``; a line carrying ``# not run in tests: REASON`` is skipped.
 - The same documents' ```python blocks, whole (one test; see
-  :func:`test_python_examples_run`).
+  ``test_python_examples_run``).
 
 How a command is run, in one shared scratch folder (so ``runs/lime`` made by one example is there
 for the next), with ``lime-probe``/``lime-model`` called in-process and ``&&`` chains in order:

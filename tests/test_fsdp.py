@@ -1,4 +1,4 @@
-"""FSDP2 (``fully_shard``, :func:`lime_model.train.shard`) on gloo CPU processes: LLaMA's and LIMe's
+"""FSDP2 (``fully_shard``, ``lime_model.train.shard``) on gloo CPU processes: LLaMA's and LIMe's
 gradients equal the unsharded model's, and a short run's weights equal one process's.
 
 Tolerance, per parameter: ``|sharded - unsharded| / |unsharded| <= 1e-6`` (Frobenius norms). Sharded,
@@ -82,7 +82,7 @@ def write_entry(folder: Path) -> str:
 
 
 def assert_same_run(one: Path, two: Path) -> None:
-    """``two`` holds the weights (within :data:`RTOL`), losses and files of ``one``."""
+    """``two`` holds the weights (within ``RTOL``), losses and files of ``one``."""
     weights = [load_file(run / "model.safetensors") for run in (one, two)]
     assert weights[0].keys() == weights[1].keys()  # a tied head stored once in both
     for name, value in weights[0].items():

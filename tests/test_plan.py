@@ -1,5 +1,5 @@
 """``lime-model plan``: the planned memory of a training step against what a real CPU step allocates
-(:func:`real_step.real_step`: training's own second step, measured from the profiler's record of the
+(``real_step.real_step``: training's own second step, measured from the profiler's record of the
 CPU allocator; nothing of the plan's code measures it), in one process and, sharded with FSDP2, on two.
 """
 

@@ -202,7 +202,7 @@ def test_value_probes_report_values_and_routed_values_by_default(capsys, tmp_pat
         "LIMe: values (W_V output)", "LLaMA: values (W_V output)", "LIMe: routed values (what LIMe's heads attend to)"
     ]  # fmt: skip
     assert "one-epoch linear probe" in fig.axes[0].get_title()
-    from lime_probe.cli import format_table
+    from lime_probe.output.console import format_table
 
     assert "one-epoch linear probe (official code's)" in format_table(sep.table())  # what the command prints
     tsne = ANALYSES["tsne"].run(cks, DOCS, kw, per_word=6, perplexity=3)

@@ -215,13 +215,23 @@ def test_p_values_are_holm_adjusted_over_the_primaries_and_separately_over_the_s
     )
 
 
-def test_an_exploratory_claim_needs_per_and_the_others_refuse_it():
-    with pytest.raises(ValueError, match="per="):
-        Claim("A", "B", LAYERED, "exploratory")
-    with pytest.raises(ValueError, match="per="):
+def test_only_an_exploratory_claim_is_read_per_a_key():
+    Claim("A", "B", LAYERED, "exploratory")  # an exploratory endpoint read alone
+    with pytest.raises(ValueError, match="a primary claim is one test, not one per 'layer'"):
         Claim("A", "B", LAYERED, "primary", per="layer")
     with pytest.raises(ValueError, match="role must be"):
         Claim("A", "B", LAYERED, "tertiary")
+
+
+def test_of_largest_reads_that_fraction_of_the_largest_key_present():
+    from lime_probe.studies.study import OfLargest
+
+    rows = [{"step": float(s), "val_loss": s / 100} for s in range(1, 21)] + [{"other": 1, "val_loss": 9.0}]
+    e = Endpoint("held-out loss", "curves", "val_loss", {"step": OfLargest(0.75)})
+    assert e.of(rows) == 0.15 and e.of(rows[:8]) == 0.06  # step 15 of 20; step 6 of 8
+    assert e.label() == "held-out loss (step 0.75 x the largest)"
+    with pytest.raises(ValueError, match="no row"):
+        e.of(rows[:9])  # 0.75 x 9 is no step present
 
 
 # --------------------------------------------------------------------------- the catalog
@@ -297,11 +307,11 @@ def test_kv_init_ablations_change_only_the_kv_init(ablation, plain, kv_proj_init
 
     from lime_model.recipes import load_recipe
     from lime_model.train import model_config
-    from lime_probe.studies import catalog
+    from lime_probe.studies import parts
 
     tok = tiny_tokenizer()
     base, changed = (
-        model_config(load_recipe("wikitext-cpu", {"data": "x.txt", **getattr(catalog, o)}), tok)
+        model_config(load_recipe("wikitext-cpu", {"data": "x.txt", **getattr(parts, o)}), tok)
         for o in (plain, ablation)
     )
     assert changed.to_dict() == {**base.to_dict(), "kv_proj_init": kv_proj_init}

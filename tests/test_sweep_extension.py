@@ -16,7 +16,7 @@ import pytest
 
 from lime_model.recipes import load_recipe
 from lime_probe.studies import STUDIES
-from lime_probe.studies.catalog import SWEEP_ROUTER_MULTS
+from lime_probe.studies.lm_tuned import SWEEP_ROUTER_MULTS
 from lime_probe.studies.runner import run_name
 from lime_probe.studies.sweep_extension import NAME, extended_choice
 

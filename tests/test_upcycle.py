@@ -202,7 +202,7 @@ def test_the_upcycling_study_plan_is_well_formed(tmp_path, monkeypatch, capsys):
     the two runs that start from that seed's base run; the claims as figures/upcycling/PROTOCOL.md fixes them."""
     import lime_model.train
     from lime_probe.studies import STUDIES, runner
-    from lime_probe.studies.catalog import PERPLEXITY, entropy
+    from lime_probe.studies.lm_cpu import PERPLEXITY, entropy
     from lime_probe.studies.upcycling import BASE, CONTINUE_STEPS, CONTINUED, UPCYCLED
 
     study = STUDIES["upcycling"]

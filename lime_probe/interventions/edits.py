@@ -11,7 +11,7 @@ An `Edit` names a cell set of one extraction site (the same names and layer indi
 ``value`` is (dim,), the same vector in every cell, or (n_cells, dim), one row per cell in sequence-major
 order with positions ascending (what ``acts[site][layer]`` of the same texts and positions holds).
 
-A `RouteEdit` changes the coefficients ``C [n, kv, S, kv, F]`` a LIMe layer mixes its sources with
+A `RouteEdit` changes the coefficients ``C (n, kv, S, kv, F)`` a LIMe layer mixes its sources with
 (`lime_model.router.LimeRouter.coefficients`): the weights routed heads ``heads`` give to source layers
 ``sources`` are zeroed, scaled or set, optionally renormalised (ours: each routed head's remaining weights
 rescaled to the L1 mass its weights had before the edit; the paper's router weights are unnormalised,
@@ -284,7 +284,7 @@ def check_route_edit(edit: RouteEdit, routers: list[Any]) -> None:
 
 
 def edited_coefficients(c: torch.Tensor, sources: list[int], edits: Sequence[RouteEdit]) -> torch.Tensor:
-    """Coefficients ``c [n, kv, S, kv, F]`` over `sources` with `edits` applied in order (a new tensor)."""
+    """Coefficients ``c (n, kv, S, kv, F)`` over `sources` with `edits` applied in order (a new tensor)."""
     c = c.clone()
     for edit in edits:
         before = c.abs().sum(dim=(2, 3), keepdim=True)  # each routed head's L1 mass (n, kv, 1, 1, F)

@@ -68,7 +68,7 @@ def to_jsonable(obj):
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` all or nothing (:func:`lime_model.files.atomic_write`),
+    """Write ``text`` (UTF-8) to ``path`` all or nothing (``lime_model.files.atomic_write``),
     creating its folder; return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ For one sequence Z (t, d) the Gram matrix K = Z Z^T has eigenvalues lambda_i; wi
 A high entropy means the tokens spread over many directions; collapse drives it down.
 
 Computation: Z Z^T (t, t) and Z^T Z (d, d) share their non-zero spectrum, so the smaller one is used
-(the official code always builds the t x t one). Everything runs in float64 (a float32 t x t Gram is off by
+(the official code always builds the (t, t) one). Everything runs in float64 (a float32 (t, t) Gram is off by
 ~1e-3 at alpha = 0.5, t = 2048, d = 512: its many round-off eigenvalues are magnified by p^alpha), batched over sequences of the
 same length, with negative round-off eigenvalues clamped to zero. alpha = 2 uses the closed form
 S_2 = -log(||K||_F^2 / tr(K)^2), which needs no eigendecomposition.
@@ -18,7 +18,7 @@ Presets (every knob can be overridden):
   tokens of all sequences of that layer, eps = 1e-5 added to the std, alpha = 0.5.
 - ``"layer-by-layer"``: Skean et al. 2025 as their code computes prompt entropy (OFSkean/information_flow,
   experiments/utils/misc/metric_utils.py): each sequence is centred (token mean removed) and every token row
-  L2-normalised; the smaller Gram matrix (t x t, or d x d when t > d) has its negative *entries* set to 0
+  L2-normalised; the smaller Gram matrix, (t, t) or (d, d) when t > d, has its negative *entries* set to 0
   (elementwise, which changes the spectrum; `clamp_gram`), its positive eigenvalues divided by their sum
   give p; alpha = 1, float64. Their optional normalisation by the maximum entropy log(min(t, d))
   ("maxEntropy") is the `max_normalize` flag (off by default: entropies in nats, like "lime").
@@ -165,7 +165,7 @@ def _gram_config_entropy(K: torch.Tensor, config: EntropyConfig, t: int, d: int)
 
 
 def _entropy(Z: torch.Tensor, config: EntropyConfig) -> torch.Tensor:
-    """Entropy of validated float64 Z (..., t, d) through the smaller Gram matrix (d x d only when t > d,
+    """Entropy of validated float64 Z (..., t, d) through the smaller Gram matrix (shape (d, d) only when t > d,
     as Skean et al.'s code chooses, which matters for `clamp_gram`)."""
     t, d = Z.shape[-2:]
     return _gram_config_entropy(Z @ Z.mT if t <= d else Z.mT @ Z, config, t, d)
@@ -174,7 +174,7 @@ def _entropy(Z: torch.Tensor, config: EntropyConfig) -> torch.Tensor:
 def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Tensor:
     """Matrix-based Renyi entropy of Z (..., t, d), taken as given (no normalisation) -> (...) float64.
 
-    Uses the smaller of the t x t and d x d Gram matrices; see the module docstring for the formula.
+    Uses the smaller of the (t, t) and (d, d) Gram matrices; see the module docstring for the formula.
     """
     Z = torch.as_tensor(Z)
     if Z.ndim < 2 or Z.shape[-1] == 0 or Z.shape[-2] == 0:

@@ -170,7 +170,7 @@ def cka_matrix(
     ``other`` (another model's layers on the same n rows) every layer of ``features`` against every layer of
     ``other`` -> (L, L_other). debiased: HSIC_1 in place of HSIC (see the module doc).
 
-    Rows must be the same tokens in every layer. Uses n x n Gram matrices when n is at most the largest
+    Rows must be the same tokens in every layer. Uses (n, n) Gram matrices when n is at most the largest
     width, otherwise feature cross-products (one `CkaStream` batch). Cost: about L^2 n d^2 / 2 flops for
     n > d (L n^2 d otherwise); for many tokens a random subsample of rows keeps it cheap, or `CkaStream`
     streams them.

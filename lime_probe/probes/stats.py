@@ -105,7 +105,7 @@ class Difference:
 
     ``verdict`` is ``"a > b"`` or ``"a < b"`` when the difference is `resolved`, else ``"not resolved"``.
     Beside the interval: ``p`` (the paired t-test's two-sided p, the test the interval inverts),
-    ``p_sign_flip`` (:func:`sign_flip_p`, exact, no normality assumed) and ``mde`` (:func:`paired_t_mde`
+    ``p_sign_flip`` (``sign_flip_p``, exact, no normality assumed) and ``mde`` (``paired_t_mde``
     at this n and the observed std, two-sided at ``1 - level`` with 80 % power: the smallest true
     difference this many seeds would resolve four times in five).
     """
@@ -319,7 +319,7 @@ def paired_bootstrap_ci(
 
 
 def median_ci_rank(n: int, level: float = 0.95) -> tuple[int, float]:
-    """The order statistic ``k`` of :func:`median_ci` for ``n`` values, and the interval's coverage.
+    """The order statistic ``k`` of ``median_ci`` for ``n`` values, and the interval's coverage.
 
     ``(x_(k), x_(n+1-k))`` covers the population median with probability
     ``1 - 2 P(Binomial(n, 1/2) < k)`` whatever the distribution (independent draws); ``k`` is the
@@ -342,7 +342,7 @@ def median_ci_rank(n: int, level: float = 0.95) -> tuple[int, float]:
 
 def median_ci(values: ArrayLike, level: float = 0.95) -> tuple[float, float, float]:
     """Distribution-free confidence interval of the median of ``values`` (n,), from order statistics
-    (:func:`median_ci_rank`). Returns ``(low, high, coverage)``."""
+    (``median_ci_rank``). Returns ``(low, high, coverage)``."""
     v = np.sort(_as_finite_1d(values, "median_ci"))
     k, coverage = median_ci_rank(v.size, level)
     return float(v[k - 1]), float(v[v.size - k]), coverage

@@ -52,6 +52,21 @@ def own_layers(spec: Spec) -> bool:
     return "layers" in {f.name for f in dataclasses.fields(spec.params)}
 
 
+def differing_defaults() -> dict[str, str]:
+    """The parameters whose default differs between the analyses a report runs (their parameter
+    dataclasses): ``{field: "values (entropy, separability); hidden (cka)"}``."""
+    by_field: dict[str, dict[str, list[str]]] = {}
+    for name in [*REPORTABLE, *REPORT_JOINED]:
+        for f in dataclasses.fields(ANALYSES[name].params):
+            shown = " ".join(map(repr, f.default)) if isinstance(f.default, tuple) else str(f.default)
+            by_field.setdefault(f.name, {}).setdefault(shown, []).append(name)
+    return {
+        k: "; ".join(f"{v} ({', '.join(ns)})" for v, ns in d.items())
+        for k, d in by_field.items()
+        if len(d) > 1
+    }
+
+
 def text_sizes(analyses: Sequence[str], max_sequences: int | None) -> dict[str, int]:
     """How many documents each of ``analyses`` that reads texts takes: ``max_sequences``, else its own
     `Spec.max_sequences` (what its command takes by default)."""
@@ -134,13 +149,7 @@ def run_report(
         ValueError: when every section failed or was left out, naming each reason.
     """
     joined = dict(joined or {})
-    unknown = [n for n in analyses if n not in REPORTABLE] + [n for n in joined if n not in REPORT_JOINED]
-    if unknown:
-        raise ValueError(
-            f"not an analysis a report runs: {', '.join(unknown)} (analyses: {', '.join(REPORTABLE)}; "
-            f"joined: {', '.join(REPORT_JOINED)})"
-        )
-    names = [*analyses, *joined]
+    names = _checked_names(analyses, joined)
     chosen_params = {n: (params or {}).get(n, ANALYSES[n].params()) for n in names}
     sizes = text_sizes(names, max_sequences)
     texts = report_texts(names, data, max_sequences) if isinstance(data, str) else data
@@ -162,17 +171,10 @@ def run_report(
             reason = f"it applies to {spec.applies_to or 'other checkpoints'}, and none of these is one"
             skip(report.left_out, name, reason)
             continue
-        used = dataclasses.asdict(chosen_params[name]) | (
-            {"max_sequences": sizes[name]} if name in sizes else {}
-        )
+        size = {"max_sequences": sizes[name]} if name in sizes else {}
+        used = dataclasses.asdict(chosen_params[name]) | size
         try:
-            if name in joined:  # its own data, read now: a bad source skips its section only
-                option = REPORT_JOINED[name]
-                section_data = load_data(
-                    spec.data_kind, joined[name], params=chosen_params[name], option=option
-                )
-            else:
-                section_data = texts[: sizes[name]] if name in sizes and texts is not None else None
+            section_data = _section_data(spec, joined, texts, sizes, chosen_params[name])
             result = analyse(spec, chosen, section_data, chosen_params[name], extraction or Extraction())
         except BAD_INPUT as e:
             skip(report.skipped, name, one_line(e))
@@ -185,6 +187,34 @@ def run_report(
             on_result(result)
     _write_page(report, checkpoints, out / "report.html", meta)
     return report
+
+
+def _checked_names(analyses: Sequence[str], joined: Mapping[str, str]) -> list[str]:
+    """The analyses a report runs, in order: ``analyses`` then the ``joined``; ValueError naming any that
+    is not one a report runs."""
+    unknown = [n for n in analyses if n not in REPORTABLE] + [n for n in joined if n not in REPORT_JOINED]
+    if unknown:
+        raise ValueError(
+            f"not an analysis a report runs: {', '.join(unknown)} (analyses: {', '.join(REPORTABLE)}; "
+            f"joined: {', '.join(REPORT_JOINED)})"
+        )
+    return [*analyses, *joined]
+
+
+def _section_data(
+    spec: Spec,
+    joined: Mapping[str, str],
+    texts: Sequence[str] | None,
+    sizes: Mapping[str, int],
+    params: Any,
+) -> Any:
+    """The data of one section: a joined analysis's own source, read now (a bad source skips its section
+    only, its errors naming its option of `REPORT_JOINED`), else its `text_sizes` first documents of the
+    report's ``texts`` (None: the analysis reads no texts)."""
+    name = spec.name
+    if name in joined:
+        return load_data(spec.data_kind, joined[name], params=params, option=REPORT_JOINED[name])
+    return texts[: sizes[name]] if name in sizes and texts is not None else None
 
 
 def _write_page(report: Report, checkpoints: Sequence[Checkpoint], path: Path, meta: dict) -> None:

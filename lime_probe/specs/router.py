@@ -53,6 +53,17 @@ def has_weights(ck: Checkpoint) -> bool:
     return has_routers(ck) or callable(getattr(_base(ck), "mixing_weights", None))
 
 
+ROUTER_TEXT = (
+    "Normalised |router weight| of each layer over the buffered layers it reads (rows sum to 1), averaged "
+    "over heads (first figure per model: trained, initial, and the change) and per KV head. Mass off the "
+    "diagonal means the layer reads keys/values of earlier layers; the router starts with much of it "
+    "(identity on its own heads, uniform elsewhere), so the change from the initial map (weight_share_initial: "
+    "the run's own step 0, rebuilt from its seed, where the checkpoint is a lime-model run folder; else the "
+    "init's expected map) is what training did. Baselines: their learned mixing weights as they are (rows: "
+    "destination layer, columns: source; table router_mixing_weights)."
+)
+
+
 def compute(
     cks: Sequence[Checkpoint], texts: Sequence[str] | None, p: RouterParams, extraction: Extraction
 ) -> Result:
@@ -62,59 +73,22 @@ def compute(
     ``texts`` are needed only for routing "dynamic", whose weights depend on the token. Checkpoints with
     neither (LLaMA) are skipped with a note, unless no checkpoint has any (ValueError).
     """
-    from lime_probe.probes.router_weights import initial_weights, router_weights
-
     rows, extra, mixing, skipped = [], {}, {}, []
     for ck in cks:
-        if not has_routers(ck):
-            weights = mixing_weights(ck)
-            if weights is None:
-                skipped.append(ck)
-            else:
-                mixing[ck.label] = {title: w.detach().float().cpu().numpy() for title, w in weights.items()}
-            continue
-        hidden = None
-        if ck.config.routing_spec.input_dependent:
-            if not texts:
-                raise ValueError(f"{ck.label}: routing 'dynamic' depends on the input; give --data")
-            acts = extract_site(ck, texts, "hidden", replace(extraction, layers=None))
-            hidden = {layer: acts["hidden"][layer] for layer in acts["hidden"]}
-        res = router_weights(ck.model, hidden)
-        init, init_what = initial_weights(ck.model, ck.source, hidden)
-        for i, src in enumerate(res.sources):
-            for j in src:
-                rows.append(
-                    {
-                        "model": ck.label,
-                        "routing": res.routing,
-                        "layer": i,
-                        "source_layer": j,
-                        "weight_share": float(res.per_layer[i, j]),
-                        "weight_share_initial": float(init.per_layer[i, j]),
-                    }
-                )
-        extra[ck.label] = {
-            "routing": res.routing,
-            "per_layer": res.per_layer,
-            "per_head": res.per_head,
-            "sources": res.sources,
-            "initial_per_layer": init.per_layer,
-            "initial": init_what,
-        }
+        if has_routers(ck):
+            ck_rows, extra[ck.label] = _router_shares(ck, texts, extraction)
+            rows += ck_rows
+        elif (weights := mixing_weights(ck)) is not None:
+            mixing[ck.label] = {title: w.detach().float().cpu().numpy() for title, w in weights.items()}
+        else:
+            skipped.append(ck)
     if len(skipped) == len(cks):
         ck = skipped[0]
         raise ValueError(
             f"{ck.label} ({ck.source}) has no LIMe routers (routing {getattr(ck.config, 'routing', None)!r}) "
             "and no cross-layer mixing weights; the router analysis applies to LIMe and the cross-layer baselines"
         )
-    mixing_rows = [
-        {"model": label, "weights": title, "layer": i, "source": j, "weight": float(w[i, j])}
-        for label, matrices in mixing.items()
-        for title, w in matrices.items()
-        for i in range(w.shape[0])
-        for j in range(w.shape[1])
-        if math.isfinite(w[i, j])
-    ]
+    mixing_rows = _mixing_rows(mixing)
     note = (
         f" Without cross-layer weights (skipped): {', '.join(ck.label for ck in skipped)}." if skipped else ""
     )
@@ -123,20 +97,62 @@ def compute(
         "router",
         "Router weights",
         rows,
-        text=(
-            "Normalised |router weight| of each layer over the buffered layers it reads (rows sum to 1), averaged "
-            "over heads (first figure per model: trained, initial, and the change) and per KV head. Mass off the "
-            "diagonal means the layer reads keys/values of earlier layers; the router starts with much of it "
-            "(identity on its own heads, uniform elsewhere), so the change from the initial map (weight_share_initial: "
-            "the run's own step 0, rebuilt from its seed, where the checkpoint is a lime-model run folder; else the "
-            "init's expected map) is what training did. Baselines: their learned mixing weights as they are (rows: "
-            "destination layer, columns: source; table router_mixing_weights)." + note
-        ),
+        text=ROUTER_TEXT + note,
         extra={"routers": extra, "mixing_weights": mixing},
         columns=("model", "layer", "source_layer", "weight_share", "weight_share_initial"),
         tables={"router_mixing_weights": mixing_rows} if mixing_rows else {},
         summary=_summary(rows, mixing_rows) if mixing_rows else None,
     )
+
+
+def _router_shares(
+    ck: Checkpoint, texts: Sequence[str] | None, extraction: Extraction
+) -> tuple[list[dict], dict]:
+    """One LIMe checkpoint's rows (a share per layer and source, trained and initial) and its maps: per
+    layer (layers, sources), per head, the sources each layer reads and the initial map with what it is."""
+    from lime_probe.probes.router_weights import initial_weights, router_weights
+
+    hidden = None
+    if ck.config.routing_spec.input_dependent:
+        if not texts:
+            raise ValueError(f"{ck.label}: routing 'dynamic' depends on the input; give --data")
+        acts = extract_site(ck, texts, "hidden", replace(extraction, layers=None))
+        hidden = {layer: acts["hidden"][layer] for layer in acts["hidden"]}
+    res = router_weights(ck.model, hidden)
+    init, init_what = initial_weights(ck.model, ck.source, hidden)
+    rows = [
+        {
+            "model": ck.label,
+            "routing": res.routing,
+            "layer": i,
+            "source_layer": j,
+            "weight_share": float(res.per_layer[i, j]),
+            "weight_share_initial": float(init.per_layer[i, j]),
+        }
+        for i, src in enumerate(res.sources)
+        for j in src
+    ]
+    maps = {
+        "routing": res.routing,
+        "per_layer": res.per_layer,
+        "per_head": res.per_head,
+        "sources": res.sources,
+        "initial_per_layer": init.per_layer,
+        "initial": init_what,
+    }
+    return rows, maps
+
+
+def _mixing_rows(mixing: dict[str, dict]) -> list[dict]:
+    """The baselines' weights as rows, one per finite entry: ``{label: {title: (rows, cols) array}}``."""
+    return [
+        {"model": label, "weights": title, "layer": i, "source": j, "weight": float(w[i, j])}
+        for label, matrices in mixing.items()
+        for title, w in matrices.items()
+        for i in range(w.shape[0])
+        for j in range(w.shape[1])
+        if math.isfinite(w[i, j])
+    ]
 
 
 def _summary(router_rows: list[dict], mixing_rows: list[dict]) -> list[dict]:
