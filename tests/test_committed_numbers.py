@@ -36,6 +36,7 @@ STUDIES = {
     "lm-cpu-fair": (("differences.csv",), ("findings.md", "README.md")),
     "arithmetic-dose-response": (("differences.csv",), ("findings.md", "README.md")),
     "arithmetic-dose-response/interim-4-seeds": (("differences.csv",), ("findings.md",)),
+    "upcycling/interim-5-seeds": (("differences.csv",), ("findings.md",)),
 }
 
 

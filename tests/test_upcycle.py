@@ -126,6 +126,20 @@ def test_a_llama_run_upcycles_and_its_routers_train_from_identity(tmp_path, text
     diff = trained["model.embed_tokens.weight"] - start["model.embed_tokens.weight"]
     assert 0 < diff.abs().max() < 0.1
 
+    # the router analysis's step 0 of this run is where it started (self-only), not a seed's fresh init
+    from lime_probe.probes.router_weights import initial_weights
+
+    initial, words = initial_weights(load(run), run)
+    assert words == f"step 0, the weights of its --init {out.name}"
+    self_only = torch.where(torch.ones(LAYERS, LAYERS).tril().bool(), 0.0, float("nan")).double()
+    self_only.fill_diagonal_(1.0)  # reader i's share of buffered layer j: 1 at j = i, 0 before, NaN after
+    torch.testing.assert_close(
+        torch.from_numpy(initial.per_layer), self_only, rtol=0, atol=1e-12, equal_nan=True
+    )
+    (out / "config.json").rename(out / "gone.json")
+    with pytest.raises(ValueError, match="which is not here"):
+        initial_weights(load(run), run)
+
 
 def test_a_source_without_a_tokenizer_converts_and_says_so(tmp_path, capsys):
     source = tmp_path / "src"

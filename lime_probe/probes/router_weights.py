@@ -192,6 +192,20 @@ def run_seed(source: str | os.PathLike) -> int | None:
     return seed if isinstance(seed, int) else None
 
 
+def run_init(source: str | os.PathLike) -> str | None:
+    """The folder a lime-model run started from (its recipe's ``init``), or None (a random init). A
+    recorded folder that is gone is a one-line ValueError: the run's step 0 cannot be rebuilt without it."""
+    recipe = Path(source) / "recipe.json"
+    init = json.loads(recipe.read_text()).get("init") if recipe.is_file() else None
+    if init is None:
+        return None
+    if not (Path(init) / "config.json").is_file():
+        raise ValueError(
+            f"{source} started from --init {init}, which is not here: its step 0 cannot be rebuilt"
+        )
+    return str(init)
+
+
 def step0_model(model: Any, seed: int) -> torch.nn.Module:
     """The model at step 0 of a lime-model run trained with ``seed``: `lime_model.train` seeds torch
     (``torch.manual_seed(recipe.seed)``) right before it builds the model from its config, so the same
@@ -233,9 +247,14 @@ def initial_weights(
     ratios). ``hidden_states`` as for `router_weights` (dynamic routing)."""
     seed = run_seed(source) if source is not None else None
     if seed is not None:
-        return router_weights(
-            step0_model(model, seed), hidden_states
-        ), f"step 0, rebuilt from the run's seed {seed}"
+        step0 = step0_model(model, seed)
+        init = run_init(source) if source is not None else None
+        if init is None:
+            return router_weights(step0, hidden_states), f"step 0, rebuilt from the run's seed {seed}"
+        from lime_model.upcycle import load_init
+
+        load_init(init, step0)  # the weights it started from: a LLaMA's give self-only routers
+        return router_weights(step0, hidden_states), f"step 0, the weights of its --init {Path(init).name}"
     return (
         _weights(_hf_model(model), hidden_states, _expected_abs_coefficients),
         f"expected step 0 of the init (mean |R| over {INIT_DRAWS} draws)",
