@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from .parts import mixing_split
 from .study import LARGEST, Claim, Effect, Endpoint, Measure, OfLargest
 
 MIXED_SITE = "router_mixed_values"  # the separability spec's site of the mixed values (--mix-router)
@@ -34,24 +35,12 @@ def amendment_claims(values: Endpoint, routed: Endpoint) -> tuple[Claim, ...]:
     output, ``routed``: on LIMe's routed values), both two-sided, then the trajectory's endpoint."""
     mixed = replace(values, measure="separability-mixed", where={**values.where, "site": MIXED_SITE})
     return (
-        Claim(
-            "LLaMA",
-            "LLaMA",
+        *mixing_split(
+            values,
+            routed,
             mixed,
-            "secondary",
-            None,
             "the separability mixing null: LLaMA's values mixed across layers by the same seed's LIMe "
             "routers against LLaMA's values",
-            reference_endpoint=values,
-        ),
-        Claim(
-            "LIMe",
-            "LLaMA",
-            routed,
-            "secondary",
-            None,
-            "beyond mixing: LIMe's routed values against LLaMA's values mixed by the same routers",
-            reference_endpoint=mixed,
         ),
         Claim(
             Effect("gap at the last evaluation", "LIMe", "LLaMA"),

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from .lm_cpu import LM_MEASURES, LM_TINY, PERPLEXITY, entropy, lm_study, separability
-from .parts import LIME, LLAMA, per_layer
+from .parts import LIME, LLAMA, mixing_split, per_layer
 from .reads import route_ablation_claims, route_ablation_measures, route_ablation_tiny
 from .study import LARGEST, Claim, Effect, Endpoint, Measure, Selection
 from .sweep_extension import sweep_extension
@@ -135,23 +135,11 @@ def mixing_claims(values: Endpoint, routed: Endpoint) -> tuple[Claim, ...]:
             "the official analysis's comparison: LIMe's routed values against LLaMA's values (Fig. 2a)",
             reference_endpoint=values,
         ),
-        Claim(
-            "LLaMA",
-            "LLaMA",
-            MIXED_ENTROPY,
-            "secondary",
-            None,
-            "the mixing null: LLaMA's values mixed by LIMe's routers against LLaMA's values",
-            reference_endpoint=values,
-        ),
-        Claim(
-            "LIMe",
-            "LLaMA",
+        *mixing_split(
+            values,
             routed,
-            "secondary",
-            None,
-            "beyond mixing: LIMe's routed values against LLaMA's values mixed by the same routers",
-            reference_endpoint=MIXED_ENTROPY,
+            MIXED_ENTROPY,
+            "the mixing null: LLaMA's values mixed by LIMe's routers against LLaMA's values",
         ),
     )
 

@@ -17,6 +17,24 @@ LIME_LLAMA_KV = {"routing": "full", "model.kv_proj_init": "normal"}
 LLAMA_TORCH_KV = {"routing": "none", "model.kv_proj_init": "torch"}
 
 
+def mixing_split(values: Endpoint, routed: Endpoint, mixed: Endpoint, null: str) -> tuple[Claim, Claim]:
+    """LIMe's routed values against LLaMA's values split by the mixing null (``mixed``: LLaMA's values
+    mixed by the same seed's LIMe routers): the null against LLaMA's values (worded ``null``), and LIMe
+    beyond it; both secondary, two-sided."""
+    return (
+        Claim("LLaMA", "LLaMA", mixed, "secondary", None, null, reference_endpoint=values),
+        Claim(
+            "LIMe",
+            "LLaMA",
+            routed,
+            "secondary",
+            None,
+            "beyond mixing: LIMe's routed values against LLaMA's values mixed by the same routers",
+            reference_endpoint=mixed,
+        ),
+    )
+
+
 def per_layer(pairs: Iterable[tuple[str, str]], endpoints: Iterable[Endpoint]) -> tuple[Claim, ...]:
     """Exploratory: each endpoint per layer for each (model, reference) pair."""
     endpoints = list(endpoints)  # every layer, not the upper half a summary may average
