@@ -1,6 +1,6 @@
 """Collapse metrics per layer, as the literature defines them (`lime_probe.probes.collapse`): TwoNN intrinsic
 dimension, effective rank, Diff-eRank, trajectory curvature, dataset entropy, LiDAR and the angular distance
-between layers (beyond the paper).
+between layers (beyond the LIMe paper).
 
 Every metric is measured at one site on each layer of each checkpoint. The token rows feed TwoNN (at most
 ``twonn_points`` of them, drawn with the seed: its cost grows with their square) and the effective rank; the
@@ -126,10 +126,10 @@ class MetricsParams:
         positive=True,
     )
     curvature_form: str = option(
-        "paper",
+        "defining",
         "curvature as Hosseini & Fedorenko define it (angles in [0, pi] of the raw tokens) or as Skean et "
         "al.'s code computes it (tokens centred and L2-normalised, angles of |cos|, in [0, pi/2])",
-        choices=("paper", "layer-by-layer"),
+        choices=("defining", "layer-by-layer"),
     )
     alpha: float = option(1.0, "Renyi order of the dataset entropy and LiDAR")
     augmentations: int = option(
@@ -214,9 +214,9 @@ def _values(ck: Checkpoint, texts: Sequence[str], p: MetricsParams, extraction: 
                 raise ValueError("diff-erank: every sequence is one token long; give longer texts")
             row("diff-erank", la, C.diff_erank(*zip(*pairs, strict=True)), len(pairs))
     for la in layers if "curvature" in chosen else []:
-        paper = p.curvature_form == "paper"
-        trajectories = seqs[la] if paper else [C.center_l2(z) for z in seqs[la]]
-        row("curvature", la, C.mean_curvature(trajectories, absolute=not paper), len(trajectories))
+        defining = p.curvature_form == "defining"
+        trajectories = seqs[la] if defining else [C.center_l2(z) for z in seqs[la]]
+        row("curvature", la, C.mean_curvature(trajectories, absolute=not defining), len(trajectories))
     for la in layers if "dataset-entropy" in chosen else []:
         row("dataset-entropy", la, C.dataset_entropy(seqs[la], alpha=p.alpha), len(seqs[la]))
     if "lidar" in chosen:
