@@ -72,3 +72,18 @@ def test_both_choices_are_interior_and_the_run_count_is_the_declared_grid():
     assert "both are interior" in README
     new = STUDIES["lm-cpu-lr-sweep-ext"].models
     assert len(new) * 3 == 21 and "21 of 21 trainings" in README
+
+
+def test_the_interior_comparison_is_lm_cpu_fair_at_the_extended_choice():
+    """The amendment's follow-up: lm-cpu-fair's declaration (arms, seeds, measures, claims) with the two
+    chosen settings of the extended sweep, and the three side arms moved with them (base rate only)."""
+    fair, interior = STUDIES["lm-cpu-fair"], STUDIES["lm-cpu-fair-interior"]
+    ext = STUDIES["lm-cpu-lr-sweep-ext"]
+    chosen = extended_choice(STUDIES["lm-cpu-lr-sweep"], ext, FOLDERS)
+    assert interior.models["LIMe"] == ext.models[chosen["LIMe"]]
+    assert interior.models["LLaMA"] == ext.models[chosen["LLaMA"]]
+    assert (interior.claims, interior.measures, interior.seeds) == (fair.claims, fair.measures, fair.seeds)
+    assert list(interior.models) == list(fair.models)
+    for label, setting in fair.models.items():
+        assert interior.models[label] == {**setting, "lr": 5e-3, "min_lr": 5e-4}, label
+    assert interior.reproducible and (FIGURES / "lm-cpu-fair-interior" / "PROTOCOL.md").is_file()

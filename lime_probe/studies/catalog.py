@@ -14,7 +14,7 @@ from dataclasses import replace
 from .arithmetic import ARITHMETIC_DOSE_RESPONSE, ARITHMETIC_KV_INIT, ARITHMETIC_SEEDS
 from .lime_150m import LIME_150M
 from .lm_cpu import LM_CPU, LM_CPU_10_SEEDS, LM_CPU_BASELINES, LM_CPU_KV_INIT
-from .lm_tuned import LM_CPU_FAIR, LR_SWEEP, LR_SWEEP_EXT, ROUTE_ABLATION, UPCYCLING
+from .lm_tuned import LM_CPU_FAIR, LM_CPU_FAIR_INTERIOR, LR_SWEEP, LR_SWEEP_EXT, ROUTE_ABLATION, UPCYCLING
 from .study import Study
 
 # Studies whose committed results were trained before the reproducible mode existed: they run without it,
@@ -47,6 +47,7 @@ STUDIES: dict[str, Study] = {
         LR_SWEEP,
         LR_SWEEP_EXT,
         LM_CPU_FAIR,
+        LM_CPU_FAIR_INTERIOR,
         ROUTE_ABLATION,
         LIME_150M,
         UPCYCLING,

@@ -1,6 +1,7 @@
 """The learning-rate sweep and the language-model studies at the setting it chose: lm-cpu-lr-sweep and
 its extension (sweep_extension.py), lm-cpu-fair, route-ablation (its claims in reads.py) and upcycling
-(upcycling.py), all at CPU scale on WikiText-2."""
+(upcycling.py), and lm-cpu-fair again at the extended sweep's choice (lm-cpu-fair-interior), all at CPU
+scale on WikiText-2."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from .lm_cpu import LM_MEASURES, LM_TINY, PERPLEXITY, entropy, lm_study, separability
 from .parts import LIME, LLAMA, mixing_split, per_layer
 from .reads import route_ablation_claims, route_ablation_measures, route_ablation_tiny
-from .study import LARGEST, Claim, Effect, Endpoint, Measure, Selection
+from .study import LARGEST, Claim, Effect, Endpoint, Measure, Selection, Study
 from .sweep_extension import sweep_extension
 from .upcycling import upcycling_study
 
@@ -75,13 +76,20 @@ LR_SWEEP_EXT = sweep_extension(LR_SWEEP, SWEEP_LRS, SWEEP_ROUTER_MULTS, sweep_la
 # multiplier the sweep did not choose.
 FAIR_LIME = SWEEP_MODELS[sweep_label("LIMe", 3e-3, 10)]
 FAIR_LLAMA = SWEEP_MODELS[sweep_label("LLaMA", 3e-3)]
-FAIR_MODELS = {
-    "LIMe": FAIR_LIME,
-    "LLaMA": FAIR_LLAMA,
-    "LIMe-router-x1": {**FAIR_LIME, "router_lr_mult": 1},
-    "LIMe-LLaMA-kv-init": {**FAIR_LIME, "model.kv_proj_init": "normal"},
-    "LLaMA-torch-kv-init": {**FAIR_LLAMA, "model.kv_proj_init": "torch"},
-}
+
+
+def fair_models(lime: dict[str, Any], llama: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The five arms of figures/lm-cpu-fair/PROTOCOL.md around the chosen ``lime`` and ``llama``
+    settings: both, LIMe at router multiplier 1, and each at the other family's k/v init."""
+    return {
+        "LIMe": lime,
+        "LLaMA": llama,
+        "LIMe-router-x1": {**lime, "router_lr_mult": 1},
+        "LIMe-LLaMA-kv-init": {**lime, "model.kv_proj_init": "normal"},
+        "LLaMA-torch-kv-init": {**llama, "model.kv_proj_init": "torch"},
+    }
+
+
 MIXED_ENTROPY = Endpoint(
     "value entropy",
     "entropy-mixed",
@@ -202,23 +210,40 @@ def _fair_claims() -> tuple[Claim, ...]:
     )
 
 
-LM_CPU_FAIR = replace(
-    lm_study(
-        "lm-cpu-fair",
-        "At each model's tuned learning rate, is LIMe's held-out perplexity different from LLaMA's? "
-        "And do entropy and separability, read on instruments that measure what they name, differ?",
-        FAIR_MODELS,
-        range(10),
-        _fair_claims(),
-    ),
-    measures=FAIR_MEASURES,
-    tiny={
-        **LM_TINY,
-        "measures": {
-            "entropy": {"params": {"num_windows": 8}},
-            "entropy-mixed": {"params": {"num_windows": 8}},
+def fair_study(name: str, question: str, lime: dict[str, Any], llama: dict[str, Any]) -> Study:
+    """figures/lm-cpu-fair/PROTOCOL.md's study (arms, seeds 0-9, measures, claims) at the chosen
+    ``lime`` and ``llama`` settings."""
+    return replace(
+        lm_study(name, question, fair_models(lime, llama), range(10), _fair_claims()),
+        measures=FAIR_MEASURES,
+        tiny={
+            **LM_TINY,
+            "measures": {
+                "entropy": {"params": {"num_windows": 8}},
+                "entropy-mixed": {"params": {"num_windows": 8}},
+            },
         },
-    },
+    )
+
+
+LM_CPU_FAIR = fair_study(
+    "lm-cpu-fair",
+    "At each model's tuned learning rate, is LIMe's held-out perplexity different from LLaMA's? "
+    "And do entropy and separability, read on instruments that measure what they name, differ?",
+    FAIR_LIME,
+    FAIR_LLAMA,
+)
+# figures/lm-cpu-fair-interior/PROTOCOL.md: lm-cpu-fair's protocol unchanged at the extended sweep's
+# choice, both models at base rate 5e-3 and LIMe's router at x10 (a test holds it equal to
+# extended_choice over the two sweep folders).
+INTERIOR_LIME = LR_SWEEP_EXT.models[sweep_label("LIMe", 5e-3, 10)]
+INTERIOR_LLAMA = LR_SWEEP_EXT.models[sweep_label("LLaMA", 5e-3)]
+LM_CPU_FAIR_INTERIOR = fair_study(
+    "lm-cpu-fair-interior",
+    "lm-cpu-fair again at the extended sweep's interior optimum (both models at base rate 5e-3, LIMe's "
+    "router at x10): is LIMe's held-out perplexity different from LLaMA's?",
+    INTERIOR_LIME,
+    INTERIOR_LLAMA,
 )
 ROUTE_ABLATION = replace(
     lm_study(
