@@ -5,6 +5,7 @@ scale on WikiText-2."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -78,7 +79,7 @@ FAIR_LIME = SWEEP_MODELS[sweep_label("LIMe", 3e-3, 10)]
 FAIR_LLAMA = SWEEP_MODELS[sweep_label("LLaMA", 3e-3)]
 
 
-def fair_models(lime: dict[str, Any], llama: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def fair_models(lime: Mapping[str, Any], llama: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """The five arms of figures/lm-cpu-fair/PROTOCOL.md around the chosen ``lime`` and ``llama``
     settings: both, LIMe at router multiplier 1, and each at the other family's k/v init."""
     return {
@@ -210,7 +211,7 @@ def _fair_claims() -> tuple[Claim, ...]:
     )
 
 
-def fair_study(name: str, question: str, lime: dict[str, Any], llama: dict[str, Any]) -> Study:
+def fair_study(name: str, question: str, lime: Mapping[str, Any], llama: Mapping[str, Any]) -> Study:
     """figures/lm-cpu-fair/PROTOCOL.md's study (arms, seeds 0-9, measures, claims) at the chosen
     ``lime`` and ``llama`` settings."""
     return replace(
