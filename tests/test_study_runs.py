@@ -189,10 +189,17 @@ def test_routed_values_are_measured_and_compared_for_the_two_routing_models_only
     assert (lm10 / "value_entropy_values_per_layer.png").stat().st_size > 1000
 
 
-def test_tsne_and_router_figures_for_every_seed(lm10):
+def test_tsne_and_router_figures_for_every_seed_with_the_router_table_they_are_drawn_from(lm10):
     for seed in STUDIES["lm-cpu-10-seeds"].sized("tiny").seeds:
         assert list(lm10.glob(f"tsne*_s{seed}.png")), seed
         assert list(lm10.glob(f"router*_s{seed}.png")), seed
+        shares: dict[tuple[str, str], float] = {}
+        for r in read_csv(lm10 / f"router_s{seed}.csv"):
+            assert int(r["source_layer"]) <= int(r["layer"])  # a layer reads itself and earlier layers only
+            key = (r["model"], r["layer"])
+            shares[key] = shares.get(key, 0.0) + float(r["weight_share"])
+        assert {m for m, _ in shares} == set(STUDIES["lm-cpu-10-seeds"].measures["router"].models), seed
+        assert all(abs(total - 1) < 1e-6 for total in shares.values()), seed  # each layer's read sums to 1
 
 
 def test_findings_list_the_four_primary_claims_and_perplexity_is_recomputed(lm10):

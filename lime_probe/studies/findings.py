@@ -387,13 +387,15 @@ def draw(
     for stem, fig in table_figures(study, measured, diff, seeds).items():
         F.save_figure(fig, results / stem)
     F.save_figure(curves_figure(curves, list(study.models), seeds), results / "loss_vs_flops")
-    for name, m in study.measures.items():  # the per-seed figures (t-SNE, routers), as measured
+    # the per-seed figures (t-SNE, routers) as measured, with the tables they are drawn from
+    for name, m in study.measures.items():
         if m.per != "seed":
             continue
         for seed in seeds:
             for folder in sorted((out / "measure" / name).glob(f"s{seed}-*")):
-                for f in sorted(folder.glob("*.png")) + sorted(folder.glob("*.pdf")):
-                    shutil.copyfile(f, results / f"{f.stem}_s{seed}{f.suffix}")
+                for suffix in ("png", "pdf", "csv"):
+                    for f in sorted(folder.glob(f"*.{suffix}")):
+                        shutil.copyfile(f, results / f"{f.stem}_s{seed}{f.suffix}")
 
 
 # --------------------------------------------------------------------------- findings.md
