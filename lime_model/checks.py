@@ -15,6 +15,7 @@ need them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -27,18 +28,22 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .files import DiskFullError
 
 if TYPE_CHECKING:
     import torch
 
+_T = TypeVar("_T")
+
 __all__ = [
     "BAD_INPUT",
+    "POSITIVE_INT",
     "Command",
     "OneLineParser",
     "add_device_option",
+    "argument_type",
     "build_parser",
     "check_causal_lm",
     "check_device",
@@ -112,14 +117,32 @@ def one_line(error: BaseException) -> str:
 
 
 def positive_int(text: str) -> int:
-    """An argparse ``type``: ``text`` as an integer > 0, else a usage error naming it."""
+    """``text`` as an integer > 0; ValueError naming it otherwise (`POSITIVE_INT` is its option type)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise ValueError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise ValueError(f"expected a positive integer, got {value}")
     return value
+
+
+def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """``parse`` as an argparse ``type``: its ValueError becomes a usage error whose message argparse prints
+    as it is (a ValueError it would print as "invalid PARSE value" instead). For the library's parsers of an
+    option's text (`positive_int`, a size, a site), which know nothing of argparse."""
+
+    @functools.wraps(parse, updated=())  # its name, not the attributes of a class such as `str`
+    def parse_option(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse_option
+
+
+POSITIVE_INT = argument_type(positive_int)  # the type of a count option: --batch-size, --threads, ...
 
 
 def check_positive(value: float, what: str) -> None:

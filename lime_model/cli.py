@@ -24,11 +24,11 @@ import sys
 
 from . import checks
 from .checks import (
+    POSITIVE_INT,
     Command,
     add_device_option,
     check_model_dir,
     check_window,
-    positive_int,
     read_config,
     run_command,
     run_program,
@@ -47,7 +47,7 @@ CKPT_HELP = "a run directory or one of its checkpoints/step-N"
 def _threads(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=POSITIVE_INT,
         metavar="N",
         help="torch CPU threads (default: torch's own choice); train records it in run_info.json",
     )
@@ -176,7 +176,7 @@ def _prepare_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--num-proc",
-        type=positive_int,
+        type=POSITIVE_INT,
         default=os.cpu_count() or 1,
         metavar="N",
         help="tokenising processes (default: the CPU count, %(default)s)",
@@ -207,10 +207,10 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, metavar="SPEC", help=DATA_HELP)
     p.add_argument(
         "--window",
-        type=positive_int,
+        type=POSITIVE_INT,
         help="tokens per window, at most the model's positions (default: those, the training seq_len)",
     )
-    p.add_argument("--batch-size", type=positive_int, default=8, metavar="B", help="windows per forward pass")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=8, metavar="B", help="windows per forward pass")
     add_device_option(p)
     p.add_argument(
         "--out", metavar="DIR", help="also write the result to DIR/perplexity.json (default: only print it)"
@@ -281,7 +281,7 @@ def _eval_downstream_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=int, help="only the first N documents of each task (quick checks)")
     p.add_argument(
-        "--batch-size", type=positive_int, default=8, metavar="B", help="requests per forward pass"
+        "--batch-size", type=POSITIVE_INT, default=8, metavar="B", help="requests per forward pass"
     )
     add_device_option(p)
     p.add_argument("--include-path", help="a folder of extra task YAMLs (local data: dataset_path: json)")
@@ -341,7 +341,7 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
         "--recipe", required=True, help="a recipe name (lime-model recipes lists them) or a JSON path"
     )
     p.add_argument(
-        "--gpus", type=positive_int, default=8, metavar="N", help="data-parallel GPUs (default: %(default)s)"
+        "--gpus", type=POSITIVE_INT, default=8, metavar="N", help="data-parallel GPUs (default: %(default)s)"
     )
     p.add_argument(
         "--gpu-memory",

@@ -38,10 +38,11 @@ from pathlib import Path
 
 from lime_model import checks
 from lime_model.checks import (
+    POSITIVE_INT,
     Command,
     add_device_option,
+    argument_type,
     check_device,
-    positive_int,
     print_error,
     run_command,
     run_program,
@@ -220,7 +221,7 @@ def _checkpoint_options(
     if kind.texts:
         g.add_argument(
             "--max-sequences",
-            type=positive_int,
+            type=POSITIVE_INT,
             default=max_sequences,
             metavar="N",
             help="use at most N sequences (default: %(default)s)"
@@ -245,7 +246,7 @@ def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> Non
 
 
 def _threads_option(p) -> None:
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N", help=THREADS_HELP)
+    p.add_argument("--threads", type=POSITIVE_INT, default=None, metavar="N", help=THREADS_HELP)
 
 
 def _seed_list(s: str) -> tuple[int, ...]:
@@ -300,7 +301,9 @@ def add_param_options(
         elif typing.get_origin(base) is tuple:
             kw["nargs"] = "+"
         else:
-            kw["type"] = positive_int if positive else base
+            kw["type"] = POSITIVE_INT if positive else base
+        if "type" in meta:  # the library's parser of the text, its ValueError the usage error
+            meta["type"] = argument_type(meta["type"])
         kw.update(meta)  # metavar, choices, type, action
         group.add_argument(flag, dest=dest, **kw)
         if off is not None:

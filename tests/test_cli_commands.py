@@ -87,7 +87,7 @@ def test_device_threads_and_debug_are_declared_the_same_everywhere():
         for p in subcommands(prog).values()
     )
     threads = [a for prog in TOOLS for _, a in options(prog) if "--threads" in a.option_strings]
-    assert {a.type for a in threads} == {checks.positive_int} and {a.default for a in threads} == {None}
+    assert {a.type for a in threads} == {checks.POSITIVE_INT} and {a.default for a in threads} == {None}
     device = next(a for _, a in options("lime-model") if "--device" in a.option_strings)
     assert device.default == "cpu"
 
@@ -152,7 +152,7 @@ def test_debug_shows_the_traceback_but_not_for_ctrl_c(capsys):
 def test_run_program_parses_and_maps_usage_help_and_ctrl_c(capsys):
     def parser():
         p = checks.OneLineParser(prog="tool")
-        p.add_argument("--n", type=checks.positive_int)
+        p.add_argument("--n", type=checks.POSITIVE_INT)
         return p
 
     assert checks.run_program("tool", ["--n", "2"], parser, lambda args: args.n + 5) == 7
@@ -164,6 +164,21 @@ def test_run_program_parses_and_maps_usage_help_and_ctrl_c(capsys):
     )
     assert checks.run_program("tool", [], parser, _raise(KeyboardInterrupt())) == 130
     assert capsys.readouterr().err == "tool: interrupted\n"
+
+
+def test_a_library_parser_keeps_its_message_only_through_argument_type(capsys):
+    """The library's parsers raise ValueError, which argparse alone prints as "invalid NAME value";
+    through `argument_type` the usage error is the parser's own message."""
+    with pytest.raises(ValueError, match=r"^expected a positive integer, got 'x'$"):
+        checks.positive_int("x")
+    for parse, said in (
+        (checks.positive_int, "invalid positive_int value: 'x'"),
+        (checks.argument_type(checks.positive_int), "expected a positive integer, got 'x'"),
+    ):
+        p = checks.OneLineParser(prog="tool")
+        p.add_argument("--n", type=parse)
+        assert checks.run_program("tool", ["--n", "x"], lambda p=p: p, lambda args: 9) == 2
+        assert capsys.readouterr().err == f"tool: error: argument --n: {said} (see tool --help)\n"
 
 
 def test_each_program_keeps_its_message_prefixes(tmp_path, capsys):

@@ -16,8 +16,8 @@ import pytest
 
 from lime_model.recipes import load_recipe
 from lime_probe.studies import STUDIES
-from lime_probe.studies.lm_tuned import SWEEP_ROUTER_MULTS
 from lime_probe.studies.runner import run_name
+from lime_probe.studies.sweep import SWEEP_ROUTER_MULTS
 from lime_probe.studies.sweep_extension import NAME, extended_choice
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,6 @@ writer were left by a killed run and are removed when the cache is next looked a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -269,12 +268,12 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
 def parse_size(text: str) -> int:
-    """An argparse ``type`` for a size in bytes: a number with an optional decimal unit (B, kB, MB, GB, TB;
-    the B and the case optional: "5GB", "500m", "1.5 GB") or a binary one (KiB, MiB, GiB, TiB); else a usage
-    error naming it."""
+    """A size in bytes from ``text``: a number with an optional decimal unit (B, kB, MB, GB, TB; the B and
+    the case optional: "5GB", "500m", "1.5 GB") or a binary one (KiB, MiB, GiB, TiB); else ValueError
+    naming it."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt]?)b?|([kmgt])ib)\s*", text.lower())
     if match is None:
-        raise argparse.ArgumentTypeError(f"expected a size such as 5GB, 500MB or 0, got {text!r}")
+        raise ValueError(f"expected a size such as 5GB, 500MB or 0, got {text!r}")
     unit = _UNITS[match[2]] if match[3] is None else 1024 ** ("kmgt".index(match[3]) + 1)
     return round(float(match[1]) * unit)
 

@@ -23,7 +23,8 @@ from lime_probe.extraction.cachedir import DEFAULT_LIMIT, parse_size
 
 def option(default: Any = MISSING, help: str = "", **cli: Any) -> Any:
     """A settings or parameter field with its command-line help; ``cli`` holds argparse extras (``metavar``,
-    ``choices``, ``type``, ``action``), ``positive=True`` for integers that must be > 0, ``flag`` for an
+    ``choices``, ``type``, ``action``; a ``type`` raises ValueError, whose message the command line prints
+    as the usage error), ``positive=True`` for integers that must be > 0, ``flag`` for an
     option not named after the field, ``cli_default`` (a value, or a function called when the parser is
     built) where the command's default differs from the field's, and ``off`` for the help of a ``--no-``
     option that sets the field to None."""

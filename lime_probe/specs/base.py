@@ -11,7 +11,6 @@ stays cheap; each analysis imports what it uses when it runs.
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -221,15 +220,6 @@ def extract_site(
     return extract(ck.model, ck.tokenizer, texts, sites=sites, **{**settings, **kw})
 
 
-def site_arg(text: str) -> str:
-    """The command line's type of a site: `text` when it names one (`check_site`: one of `SITES` or
-    ``module:PATH``), else a usage error in one line."""
-    try:
-        return check_site(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 # a --site's help: what it may name beyond the listed sites
 SITE_HELP = f"one of {', '.join(SITES)}, or module:PATH[:input] (any module, {{i}} = each block)"
 
@@ -240,7 +230,7 @@ def value_site_option() -> Any:
         None,
         "representation to probe (default: values, the W_V output, and for a model that routes also "
         f"routed_values, what its heads attend to): {SITE_HELP}",
-        type=site_arg,
+        type=check_site,
         metavar="SITE",
     )
 

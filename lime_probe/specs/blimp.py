@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from lime_probe.extraction.settings import LAYERS_HELP, Extraction, layer_list
+from lime_probe.extraction.sites import check_site
 from lime_probe.protocol import BLIMP_SPREADS, TABLE2_TASKS, defaults
 
 from .base import (
@@ -33,7 +34,6 @@ from .base import (
     option,
     routing_note,
     seed_option,
-    site_arg,
     site_label,
     sites_text,
     slug,
@@ -54,7 +54,7 @@ class BlimpParams:
         None,
         "representations to probe, mean-pooled per sentence (default: values and hidden, and for a model "
         f"that routes also routed_values, what its heads attend to): {SITE_HELP}",
-        type=site_arg,
+        type=check_site,
         metavar="SITE",
     )
     tasks: str = option(

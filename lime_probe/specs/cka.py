@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lime_probe.extraction.settings import Extraction
+from lime_probe.extraction.sites import check_site
 
-from .base import SITE_HELP, Checkpoint, Result, Spec, curve, extract_site, group, option, site_arg, slug
+from .base import SITE_HELP, Checkpoint, Result, Spec, curve, extract_site, group, option, slug
 
 # Sequences extracted at once (ours): 8 windows of 512 tokens are one forward batch at the default 4096
 # tokens a batch, so the activations held beside the sums are one batch's.
@@ -26,7 +27,7 @@ CHUNK_SEQUENCES = 8
 
 @dataclass(frozen=True)
 class CkaParams:
-    site: str = option("hidden", f"representation to probe: {SITE_HELP}", type=site_arg, metavar="SITE")
+    site: str = option("hidden", f"representation to probe: {SITE_HELP}", type=check_site, metavar="SITE")
     debiased: bool = option(
         False,
         "debiased linear CKA: HSIC replaced by its unbiased estimator (Song et al. 2012, as Kornblith et al. "

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lime_probe.extraction.settings import Extraction
+from lime_probe.extraction.sites import check_site
 
 from .base import (
     SITE_HELP,
@@ -28,7 +29,6 @@ from .base import (
     group,
     option,
     seed_option,
-    site_arg,
     slug,
 )
 
@@ -113,7 +113,7 @@ class MetricsParams:
         choices=("all", *METRICS),
         metavar="NAME",
     )
-    site: str = option("hidden", f"representation to measure: {SITE_HELP}", type=site_arg, metavar="SITE")
+    site: str = option("hidden", f"representation to measure: {SITE_HELP}", type=check_site, metavar="SITE")
     twonn_method: str = option(
         "fit",
         "TwoNN estimator: Facco et al.'s line fit with the largest 10%% of ratios left out, or the MLE",

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lime_probe.extraction.settings import Extraction
+from lime_probe.extraction.sites import check_site
 
-from .base import SITE_HELP, Checkpoint, Result, Spec, option, site_arg, slug
+from .base import SITE_HELP, Checkpoint, Result, Spec, option, slug
 
 
 @dataclass(frozen=True)
 class PatchParams:
-    site: str = option("hidden", f"the site patched: {SITE_HELP}", type=site_arg, metavar="SITE")
+    site: str = option("hidden", f"the site patched: {SITE_HELP}", type=check_site, metavar="SITE")
     per_head: bool = option(
         False, "patch each kv head of a per-head site (values, keys, routed_*) on its own"
     )

@@ -2,9 +2,9 @@
 
 Each study's protocol, written before its runs, is in its results folder under figures/; its claims are
 that protocol's endpoints. The declarations live by family: lm_cpu.py (the paper's language-model
-findings at CPU scale), lm_tuned.py (the learning-rate sweep and the studies at its chosen setting),
-lime_150m.py (the 150M study on GPUs), arithmetic.py (the Arithmetic Expression Task); this module
-registers them.
+findings at CPU scale), sweep.py and sweep_extension.py (the learning-rate sweep), lm_tuned.py (the
+studies at its chosen setting), reads.py (route ablation), upcycling.py, lime_150m.py (the 150M study on
+GPUs), arithmetic.py (the Arithmetic Expression Task); this module registers them.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from dataclasses import replace
 from .arithmetic import ARITHMETIC_DOSE_RESPONSE, ARITHMETIC_KV_INIT, ARITHMETIC_SEEDS
 from .lime_150m import LIME_150M
 from .lm_cpu import LM_CPU, LM_CPU_10_SEEDS, LM_CPU_BASELINES, LM_CPU_KV_INIT
-from .lm_tuned import LM_CPU_FAIR, LM_CPU_FAIR_INTERIOR, LR_SWEEP, LR_SWEEP_EXT, ROUTE_ABLATION, UPCYCLING
+from .lm_tuned import LM_CPU_FAIR, LM_CPU_FAIR_INTERIOR
+from .reads import ROUTE_ABLATION
 from .study import Study
+from .sweep import LR_SWEEP
+from .sweep_extension import LR_SWEEP_EXT
+from .upcycling import UPCYCLING
 
 # Studies whose committed results were trained before the reproducible mode existed: they run without it,
 # so that their finished runs are reused (a run is reused only in the mode it was trained in). Every study

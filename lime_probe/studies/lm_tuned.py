@@ -1,7 +1,8 @@
-"""The learning-rate sweep and the language-model studies at the setting it chose: lm-cpu-lr-sweep and
-its extension (sweep_extension.py), lm-cpu-fair, route-ablation (its claims in reads.py) and upcycling
-(upcycling.py), and lm-cpu-fair again at the extended sweep's choice (lm-cpu-fair-interior), all at CPU
-scale on WikiText-2."""
+"""The language-model studies at the learning-rate sweep's choice (the sweep: sweep.py and
+sweep_extension.py): lm-cpu-fair, and lm-cpu-fair again at the extended sweep's choice
+(lm-cpu-fair-interior), at CPU scale on WikiText-2; and the parts of their protocol that route-ablation
+(reads.py), upcycling (upcycling.py) and lime-150m declare with (their arms, the mixing null, the
+converged probe)."""
 
 from __future__ import annotations
 
@@ -10,67 +11,10 @@ from dataclasses import replace
 from typing import Any
 
 from .lm_cpu import LM_MEASURES, LM_TINY, PERPLEXITY, entropy, lm_study, separability
-from .parts import LIME, LLAMA, mixing_split, per_layer
-from .reads import route_ablation_claims, route_ablation_measures, route_ablation_tiny
-from .study import LARGEST, Claim, Effect, Endpoint, Measure, Selection, Study
-from .sweep_extension import sweep_extension
-from .upcycling import upcycling_study
-
-# --------------------------------------------------------------------------- the learning-rate sweep
-
-# figures/lm-cpu-lr-sweep/PROTOCOL.md: base learning rates x LIMe's router multipliers, each model family
-# at its own k/v init stated explicitly (the defaults may change; the sweep's meaning must not).
-SWEEP_LRS = (1e-3, 3e-3, 1e-2)
-SWEEP_ROUTER_MULTS = (1, 10)
-SWEEP_HOLDOUT = 0.1  # the last 10 % of the training text's packed rows: never trained on, never test.txt
-VALIDATION_LOSS = Endpoint("validation loss", "curves", "val_loss", {"step": LARGEST}, unit="nats per token")
-
-
-def lr_setting(lr: float, router_mult: float | None = None) -> dict[str, Any]:
-    """Recipe overrides for base rate ``lr``: ``min_lr`` scales with it (the recipe's lr / 10), and the
-    router's multiplier when given."""
-    out: dict[str, Any] = {"lr": lr, "min_lr": round(lr / 10, 12)}
-    return out if router_mult is None else {**out, "router_lr_mult": router_mult}
-
-
-def sweep_label(model: str, lr: float, router_mult: float | None = None) -> str:
-    return f"{model}-lr{lr:.0e}".replace("e-0", "e-") + ("" if router_mult is None else f"-r{router_mult:g}")
-
-
-SWEEP_MODELS = {
-    **{
-        sweep_label("LLaMA", lr): {**LLAMA, "model.kv_proj_init": "normal", **lr_setting(lr)}
-        for lr in SWEEP_LRS
-    },
-    **{
-        sweep_label("LIMe", lr, r): {**LIME, "model.kv_proj_init": "torch", **lr_setting(lr, r)}
-        for lr in SWEEP_LRS
-        for r in SWEEP_ROUTER_MULTS
-    },
-}
-SWEEP = Selection(
-    VALIDATION_LOSS,
-    {family: tuple(x for x in SWEEP_MODELS if x.startswith(family + "-")) for family in ("LLaMA", "LIMe")},
-)
-
-LR_SWEEP = replace(
-    lm_study(
-        "lm-cpu-lr-sweep",
-        "Which base learning rate (and, for LIMe, router multiplier) gives each model its lowest "
-        "validation loss on held-out training text at CPU scale?",
-        SWEEP_MODELS,
-        (100, 101, 102),  # apart from the evaluation seeds 0-9 of the study that uses the choice
-        (),
-    ),
-    select=SWEEP,
-    overrides={"eval_holdout": SWEEP_HOLDOUT},
-    measures={"curves": Measure("training-curves", data="none")},
-    tiny={**LM_TINY, "measures": {}},
-)
-
-LR_SWEEP_EXT = sweep_extension(LR_SWEEP, SWEEP_LRS, SWEEP_ROUTER_MULTS, sweep_label, lr_setting)
-
-# --------------------------------------------------------------------------- the fair comparison
+from .parts import mixing_split, per_layer
+from .study import Claim, Effect, Endpoint, Measure, Study
+from .sweep import SWEEP_MODELS, sweep_label
+from .sweep_extension import LR_SWEEP_EXT
 
 # figures/lm-cpu-fair/PROTOCOL.md: each model at the setting lm-cpu-lr-sweep chose (its selection.csv;
 # a test holds the two equal), the 2 x 2 of routing x k/v init around them, and LIMe at the router
@@ -246,16 +190,3 @@ LM_CPU_FAIR_INTERIOR = fair_study(
     INTERIOR_LIME,
     INTERIOR_LLAMA,
 )
-ROUTE_ABLATION = replace(
-    lm_study(
-        "route-ablation",
-        "Does a trained LIMe use its reads of earlier layers? Held-out loss with every cross-layer read "
-        "cut against its own, per seed, with the mixing null beside it (lm-cpu-fair's LIMe and LLaMA)",
-        {"LIMe": FAIR_LIME, "LLaMA": FAIR_LLAMA},
-        range(5),
-        route_ablation_claims(entropy(), MIXED_ENTROPY),
-    ),
-    measures=route_ablation_measures(FAIR_MEASURES["entropy"], FAIR_MEASURES["entropy-mixed"]),
-    tiny=route_ablation_tiny(LM_TINY),
-)
-UPCYCLING = upcycling_study(lm_study, FAIR_LLAMA, LM_MEASURES, PERPLEXITY, entropy(), per_layer)

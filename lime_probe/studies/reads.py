@@ -1,11 +1,13 @@
-"""The route-ablation study's claims and measures (figures/route-ablation/PROTOCOL.md): does a trained LIMe
-use its reads of earlier layers? Its models are lm-cpu-fair's LIMe and LLaMA, so the declaration takes
-them, and the mixing null's measures, from lm_tuned.py, which declares it."""
+"""The route-ablation study (figures/route-ablation/PROTOCOL.md): does a trained LIMe use its reads of
+earlier layers? Its models are lm-cpu-fair's LIMe and LLaMA, with lm-cpu-fair's mixing null beside the
+cuts (lm_tuned.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import replace
 
+from .lm_cpu import LM_TINY, entropy, lm_study
+from .lm_tuned import FAIR_LIME, FAIR_LLAMA, FAIR_MEASURES, MIXED_ENTROPY
 from .study import Claim, Endpoint, Measure
 
 # Every layer's cross-layer reads cut at once (plain or renormalised), read from `ablate-routes`' rows.
@@ -44,22 +46,7 @@ def entropy_endpoints() -> tuple[Endpoint, Endpoint]:
     )
 
 
-def route_ablation_measures(entropy: Measure, mixed: Measure) -> dict[str, Measure]:
-    """The cuts on LIMe (64 windows of its 128 positions from the held-out text, seed 0), beside the mixing
-    null's two entropy measures on LLaMA (lm-cpu-fair's)."""
-    return {
-        "ablate-routes": Measure(
-            "ablate-routes",
-            {"window": 128, "num_windows": 64, "renormalize": "both"},
-            data="test",
-            models=("LIMe",),
-        ),
-        "entropy": entropy,
-        "entropy-mixed": mixed,
-    }
-
-
-def route_ablation_claims(values: Endpoint, mixed: Endpoint) -> tuple[Claim, ...]:
+def route_ablation_claims() -> tuple[Claim, ...]:
     """One primary (the loss rise of the plain cut of every cross-layer read, predicted positive), three
     secondaries (Holm over them) and the per-layer cuts (exploratory)."""
     cut, own = cut_endpoints(False)
@@ -97,23 +84,44 @@ def route_ablation_claims(values: Endpoint, mixed: Endpoint) -> tuple[Claim, ...
         Claim(
             "LLaMA",
             "LLaMA",
-            mixed,
+            MIXED_ENTROPY,
             "secondary",
             None,
             "the mixing null beside it: LLaMA's values mixed by the same seed's LIMe routers against its own",
-            reference_endpoint=values,
+            reference_endpoint=entropy(),
         ),  # fmt: skip
         Claim("LIMe", "LIMe", layer_cut, "exploratory", per="layer", reference_endpoint=layer_own),
     )
 
 
-def route_ablation_tiny(tiny: Mapping) -> dict:
-    """The smoke size: the language-model studies' tiny models, few windows of their 64 positions."""
-    return {
-        **tiny,
+ROUTE_ABLATION = replace(
+    lm_study(
+        "route-ablation",
+        "Does a trained LIMe use its reads of earlier layers? Held-out loss with every cross-layer read "
+        "cut against its own, per seed, with the mixing null beside it (lm-cpu-fair's LIMe and LLaMA)",
+        {"LIMe": FAIR_LIME, "LLaMA": FAIR_LLAMA},
+        range(5),
+        route_ablation_claims(),
+    ),
+    # the cuts on LIMe (64 windows of its 128 positions from the held-out text, seed 0), beside the mixing
+    # null's two entropy measures on LLaMA (lm-cpu-fair's)
+    measures={
+        "ablate-routes": Measure(
+            "ablate-routes",
+            {"window": 128, "num_windows": 64, "renormalize": "both"},
+            data="test",
+            models=("LIMe",),
+        ),
+        "entropy": FAIR_MEASURES["entropy"],
+        "entropy-mixed": FAIR_MEASURES["entropy-mixed"],
+    },
+    # the smoke size: the language-model studies' tiny models, few windows of their 64 positions
+    tiny={
+        **LM_TINY,
         "measures": {
             "ablate-routes": {"params": {"window": 16, "num_windows": 4}},
             "entropy": {"params": {"num_windows": 8}},
             "entropy-mixed": {"params": {"num_windows": 8}},
         },
-    }
+    },
+)

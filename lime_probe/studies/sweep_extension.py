@@ -1,19 +1,19 @@
 """The learning-rate sweep's extension (figures/lm-cpu-lr-sweep/PROTOCOL.md, its amendment): one more base
 rate for both families and one more router multiplier for LIMe at every base rate, on the sweep's budget,
 declared as a study of its own whose runs are exactly the new settings' (the sweep's own runs are not
-repeated), and the sweep's rule applied over the old and the new settings together. Declared from the
-sweep, which `lime_probe.studies.lm_tuned` passes in."""
+repeated), and the sweep's rule applied over the old and the new settings together."""
 
 from __future__ import annotations
 
 import csv
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .study import Selection, Study
+from .sweep import LR_SWEEP, SWEEP_LRS, SWEEP_ROUTER_MULTS, lr_setting, sweep_label
 
 NAME = "lm-cpu-lr-sweep-ext"
 # 5e-3: between the grid's best base rate (3e-3, both families) and 1e-2, where the parabolas through
@@ -23,25 +23,18 @@ EXTRA_ROUTER_MULTS = (30,)  # x10, LIMe's best, is the edge of {1, 10}: one step
 FAMILIES = ("LLaMA", "LIMe")
 
 
-def extension_models(
-    sweep: Study,
-    lrs: Sequence[float],
-    router_mults: Sequence[float],
-    label: Callable[..., str],
-    setting: Callable[..., dict[str, Any]],
-) -> dict[str, dict[str, Any]]:
-    """The settings of the extended grid that ``sweep`` did not train: LLaMA at each base rate of
-    ``EXTRA_LRS``, LIMe at every (base rate, multiplier) of (``lrs`` + ``EXTRA_LRS``) x (``router_mults``
-    + ``EXTRA_ROUTER_MULTS``) not in the sweep. Each is a sweep setting of its family with the base rate
-    (``setting``: lm_tuned's ``lr_setting``) changed, so k/v init and routing stay the sweep's.
-    ``label``: lm_tuned's ``sweep_label``."""
-    llama = sweep.models[label("LLaMA", lrs[0])]
-    lime = sweep.models[label("LIMe", lrs[0], router_mults[0])]
-    new = {label("LLaMA", lr): {**llama, **setting(lr)} for lr in EXTRA_LRS}
-    for lr in sorted((*lrs, *EXTRA_LRS)):
-        for r in (*router_mults, *EXTRA_ROUTER_MULTS):
-            if label("LIMe", lr, r) not in sweep.models:
-                new[label("LIMe", lr, r)] = {**lime, **setting(lr, r)}
+def extension_models() -> dict[str, dict[str, Any]]:
+    """The settings of the extended grid that the sweep (`LR_SWEEP`) did not train: LLaMA at each base
+    rate of ``EXTRA_LRS``, LIMe at every (base rate, multiplier) of (``SWEEP_LRS`` + ``EXTRA_LRS``) x
+    (``SWEEP_ROUTER_MULTS`` + ``EXTRA_ROUTER_MULTS``) not in the sweep. Each is a sweep setting of its
+    family with the base rate (`lr_setting`) changed, so k/v init and routing stay the sweep's."""
+    llama = LR_SWEEP.models[sweep_label("LLaMA", SWEEP_LRS[0])]
+    lime = LR_SWEEP.models[sweep_label("LIMe", SWEEP_LRS[0], SWEEP_ROUTER_MULTS[0])]
+    new = {sweep_label("LLaMA", lr): {**llama, **lr_setting(lr)} for lr in EXTRA_LRS}
+    for lr in sorted((*SWEEP_LRS, *EXTRA_LRS)):
+        for r in (*SWEEP_ROUTER_MULTS, *EXTRA_ROUTER_MULTS):
+            if sweep_label("LIMe", lr, r) not in LR_SWEEP.models:
+                new[sweep_label("LIMe", lr, r)] = {**lime, **lr_setting(lr, r)}
     return new
 
 
@@ -53,26 +46,19 @@ def family_selection(sweep: Study, labels: Sequence[str], families: Sequence[str
     )
 
 
-def sweep_extension(
-    sweep: Study,
-    lrs: Sequence[float],
-    router_mults: Sequence[float],
-    label: Callable[..., str],
-    setting: Callable[..., dict[str, Any]],
-) -> Study:
-    """The extension as a study: ``sweep`` (seeds, budget, held-out split, measures, protocol) with only
-    the new settings. Its own selection ranks LIMe's new settings (LLaMA has one); the choice is
-    `extended_choice`'s, over both grids."""
-    models = extension_models(sweep, lrs, router_mults, label, setting)
-    return replace(
-        sweep,
-        name=NAME,
-        question="Beyond the sweep's best (one more base rate for both, router x30 for LIMe at every rate): "
-        "does either model's lowest validation loss move, and is its best setting interior?",
-        models=models,
-        select=family_selection(sweep, list(models), ("LIMe",)),
-        results=f"figures/{NAME}",
-    )
+# The extension as a study: the sweep (seeds, budget, held-out split, measures, protocol) with only the new
+# settings. Its own selection ranks LIMe's new settings (LLaMA has one); the choice is `extended_choice`'s,
+# over both grids.
+EXTENSION_MODELS = extension_models()
+LR_SWEEP_EXT = replace(
+    LR_SWEEP,
+    name=NAME,
+    question="Beyond the sweep's best (one more base rate for both, router x30 for LIMe at every rate): "
+    "does either model's lowest validation loss move, and is its best setting interior?",
+    models=EXTENSION_MODELS,
+    select=family_selection(LR_SWEEP, list(EXTENSION_MODELS), ("LIMe",)),
+    results=f"figures/{NAME}",
+)
 
 
 def extended_choice(sweep: Study, extension: Study, folders: Sequence[str | Path]) -> dict[str, str]:
