@@ -35,6 +35,14 @@ All computations are in float64; inputs are torch tensors or numpy arrays.
 
 Angles are taken as 2 atan2(|a - b|, |a + b|) of the unit vectors a, b (Kahan), exact near 0 and pi where
 arccos of a rounded cosine is not.
+
+Checked against the reference code on the same seeded inputs (`bench/collapse_reference.py`, numbers in
+bench/RESULTS.md): TwoNN's fit against dadapy 0.3.4's ``compute_id_2NN`` (1e-9 relative; its "ml" divides
+N - 1, ours N; `tests/test_collapse_reference.py` where dadapy is installed); the prompt and dataset entropies,
+curvature with ``absolute=True`` and LiDAR against Skean et al.'s ``metric_functions.py`` with ``repitl``
+(1e-15; LiDAR's 1e-6 as they run it is their scatter sums in float32; at alpha = 2 their entropies add
+2 log n, repitl's shortcut assuming tr K = n). Diff-eRank and the angular distance have no runnable
+reference here: they are checked against their formulas only.
 """
 
 from __future__ import annotations
