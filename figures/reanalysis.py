@@ -36,7 +36,11 @@ ARITHMETIC_STUDIES = ("arithmetic-seeds", "arithmetic-kv-init")
 RUNNER_STUDIES = ("lm-cpu-10-seeds",)
 ALL = LM_STUDIES + ARITHMETIC_STUDIES + RUNNER_STUDIES
 # studies whose per-run training curves are committed: the table loss_vs_flops is redrawn from
-CURVE_TABLES = {"lm-cpu-lr-sweep": "curves.csv", "lm-cpu-lr-sweep-ext": "curves.csv"}
+CURVE_TABLES = {
+    "lm-cpu-lr-sweep": "curves.csv",
+    "lm-cpu-lr-sweep-ext": "curves.csv",
+    "upcycling": "loss_vs_flops.csv",  # the runner writes it since the table was added
+}
 # per-layer tables (measured on the values, the W_V output): their value column -> the runner's column
 PER_LAYER = {"entropy": ("entropy_mean", "entropy_mean"), "separability": ("accuracy", "accuracy_mean")}
 
