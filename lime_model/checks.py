@@ -1,67 +1,42 @@
-"""The command-line plumbing shared by the two programs, ``lime-model`` and ``lime-probe``: input checks,
-subcommands declared as ``Command`` and built by ``build_parser``, and one mapping of how a
-command ends to an exit code (``run_program``, ``run_command``).
-
-Both end a failure with one line on stderr and an exit code: 0 done, 2 bad usage or input, 1 an
-unexpected failure (``--debug``: the full traceback instead), 130 interrupted (Ctrl-C). The checks here
-run before any work (a minute of evaluation is not spent on a mistyped device or a corrupt weights file)
-and raise one of ``BAD_INPUT`` with a message that names the user's option or file. Options that mean
-the same in both programs have the same name: ``--ckpt``, ``--data``, ``--out`` (always a folder the
-command writes its outputs into), ``--device``, ``--threads``, ``--seed``, ``--batch-size``, ``--debug``.
-Importing this module imports nothing heavy: torch and safetensors are imported inside the checks that
-need them.
+"""Checks of a command's input, run before any work (a minute of evaluation is not spent on a mistyped device
+or a corrupt weights file), shared by ``lime_model`` and ``lime_probe``: each raises one of ``BAD_INPUT``
+with a message that names the user's option or file, and ``one_line`` is how such an error is shown.
+Nothing here knows of argparse (the programs' machinery is ``lime_model.command_line``). Importing this
+module imports nothing heavy: torch and safetensors are imported inside the checks that need them.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 import math
 import os
 import re
-import signal
-import sys
-import textwrap
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .files import DiskFullError
 
 if TYPE_CHECKING:
     import torch
 
-_T = TypeVar("_T")
-
 __all__ = [
     "BAD_INPUT",
-    "POSITIVE_INT",
-    "Command",
-    "OneLineParser",
-    "add_device_option",
-    "argument_type",
-    "build_parser",
     "check_causal_lm",
     "check_device",
     "check_model_dir",
     "check_positive",
     "check_weights",
     "check_window",
-    "close_progress_bars",
     "config_positions",
     "is_causal_lm",
     "is_hub_id",
     "one_line",
     "positive_int",
-    "print_error",
     "quiet_library",
     "read_config",
-    "run_command",
-    "run_program",
 ]
 
 # Errors that mean "the input is wrong" (exit 2), as opposed to a bug or a crash (exit 1). KeyError is not
@@ -77,35 +52,6 @@ BAD_INPUT = (
 )
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (the usage itself stays one ``--help`` away) and no abbreviated
-    options (``--ckp`` is an error, not ``--ckpt``). Pass it on as ``add_subparsers(parser_class=...)``."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs["allow_abbrev"] = False
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def close_progress_bars() -> None:
-    """Close every tqdm progress bar still drawn (innermost first), so that the line printed next starts a
-    line of its own instead of following a bar that a failure or Ctrl-C left half-way; tqdm is not imported
-    for it (no bar exists unless it was)."""
-    tqdm = sys.modules.get("tqdm.std")
-    if tqdm is None:
-        return
-    for bar in sorted(tqdm.tqdm._instances, key=lambda b: -abs(getattr(b, "pos", 0))):
-        bar.close()
-
-
-def print_error(line: str) -> None:
-    """``line`` on stderr, on a line of its own (`close_progress_bars` first)."""
-    close_progress_bars()
-    print(line, file=sys.stderr)
-
-
 def one_line(error: BaseException) -> str:
     """``error`` as one line: an OS error as ``PATH: reason`` (no errno prefix), else its first line of
     text (a KeyError's key unquoted), or its type name."""
@@ -117,7 +63,7 @@ def one_line(error: BaseException) -> str:
 
 
 def positive_int(text: str) -> int:
-    """``text`` as an integer > 0; ValueError naming it otherwise (`POSITIVE_INT` is its option type)."""
+    """``text`` as an integer > 0; ValueError naming it otherwise (the command line's ``POSITIVE_INT`` wraps it)."""
     try:
         value = int(text)
     except ValueError:
@@ -125,24 +71,6 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise ValueError(f"expected a positive integer, got {value}")
     return value
-
-
-def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
-    """``parse`` as an argparse ``type``: its ValueError becomes a usage error whose message argparse prints
-    as it is (a ValueError it would print as "invalid PARSE value" instead). For the library's parsers of an
-    option's text (`positive_int`, a size, a site), which know nothing of argparse."""
-
-    @functools.wraps(parse, updated=())  # its name, not the attributes of a class such as `str`
-    def parse_option(text: str) -> _T:
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return parse_option
-
-
-POSITIVE_INT = argument_type(positive_int)  # the type of a count option: --batch-size, --threads, ...
 
 
 def check_positive(value: float, what: str) -> None:
@@ -155,116 +83,6 @@ def check_positive(value: float, what: str) -> None:
         or value <= 0
     ):
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
-
-
-def add_device_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--device``, as both programs take it (checked by ``check_device`` before any work)."""
-    parser.add_argument(
-        "--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default: %(default)s)"
-    )
-
-
-# --------------------------------------------------------------------------- subcommands and exit codes
-
-
-@dataclass(frozen=True)
-class Command:
-    """One subcommand, declared once: ``PROG NAME``'s one-line ``help`` (also its description unless
-    ``description``), its ``example`` lines (shown under ``examples:`` and run as written by
-    tests/test_docs_examples.py), ``options(parser)`` adding its options, and ``run`` (called by its
-    program with the parsed arguments). ``check(args)``: the checks of its input that need no model, run by
-    its program before torch is imported, so a mistyped path or number is named in a second, not after a
-    minute of imports and loading. ``interrupted``: what a Ctrl-C leaves behind, said after
-    ``PROG NAME: interrupted; `` (``str.format``-ted with the parsed arguments; empty: nothing said)."""
-
-    name: str
-    help: str
-    example: str
-    run: Callable
-    options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
-    description: str = ""
-    interrupted: str = "nothing was written"
-    check: Callable[[argparse.Namespace], None] = lambda args: None
-
-
-def build_parser(prog: str, description: str, commands: Iterable[Command]) -> OneLineParser:
-    """The parser of ``prog``: one subcommand per ``Command``, each with ``--debug``; the chosen name
-    is ``args.command``."""
-    parser = OneLineParser(
-        prog=prog,
-        description=description,
-        epilog=f"Run '{prog} COMMAND --help' for a command's options and examples.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
-    for c in commands:
-        p = sub.add_parser(
-            c.name,
-            help=c.help,
-            description=c.description or c.help,
-            epilog="examples:\n" + textwrap.indent(c.example.rstrip("\n"), "  "),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        c.options(p)
-        p.add_argument("--debug", action="store_true", help="show the full traceback on failure")
-    return parser
-
-
-def run_program(
-    prog: str,
-    argv: Sequence[str] | None,
-    parser: Callable[[], argparse.ArgumentParser],
-    run: Callable[[argparse.Namespace], int],
-) -> int:
-    """A program's ``main``: parse ``argv`` with ``parser()`` and return ``run(args)``. From here on Ctrl-C
-    raises KeyboardInterrupt; one that reaches here (while parsing, or while a command reports how it
-    ended) prints ``PROG: interrupted`` and gives 130. ``--help`` gives 0 and a usage error 2, argparse's
-    one line printed."""
-    try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            args = parser().parse_args(argv)
-        except SystemExit as e:
-            return int(e.code or 0)
-        return run(args)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
-        print_error(f"{prog}: interrupted")
-        return 130
-
-
-def run_command(
-    where: str,
-    work: Callable[[], int | None],
-    *,
-    debug: bool,
-    interrupted: str = "",
-    error_prefix: str | None = None,
-) -> int:
-    """``work()``'s exit code (None: 0), with how it fails mapped to an exit code and one line on stderr:
-
-    - Ctrl-C: ``WHERE: interrupted[; INTERRUPTED]``, 130 (``interrupted`` says what it left behind);
-    - bad input (``BAD_INPUT``): ``ERROR_PREFIX: error: MESSAGE``, 2 (``error_prefix`` default ``where``);
-    - anything else: ``WHERE: failed: TYPE: MESSAGE (rerun with --debug for the traceback)``, 1.
-
-    With ``debug`` the last two raise instead, for the full traceback."""
-    try:
-        return work() or 0
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
-        print_error(f"{where}: interrupted" + (f"; {interrupted}" if interrupted else ""))
-        return 130
-    except BAD_INPUT as e:
-        if debug:
-            raise
-        print_error(f"{error_prefix or where}: error: {one_line(e)}")
-        return 2
-    except Exception as e:
-        if debug:
-            raise
-        print_error(
-            f"{where}: failed: {type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)"
-        )
-        return 1
 
 
 def check_device(device: str | torch.device, option: str = "--device") -> torch.device:

@@ -1,6 +1,6 @@
 """``lime-model``: train LIMe / LLaMA from a recipe; perplexity, arithmetic and benchmark evals; list recipes.
 
-Each subcommand is a ``lime_model.checks.Command`` in ``COMMANDS`` (help, examples, options, what
+Each subcommand is a ``lime_model.command_line.Command`` in ``COMMANDS`` (help, examples, options, what
 runs); options that ``lime-probe`` also takes have its names and meanings (``--out`` is always a folder the
 command writes into).
 
@@ -10,7 +10,7 @@ unavailable ``--device``, a corrupt weights file), one ``lime-model: error: ...`
 any work; also 2, when it happens, a full disk (the line names the file) and a ``train`` into a run folder
 that another one holds (the line names it); 1 an unexpected failure, one line (``--debug`` shows the traceback); 130 interrupted
 (Ctrl-C): an interrupted ``train`` is continued by running the same command again, an interrupted
-evaluation has written nothing (``lime_model.checks.run_command``). Nothing heavy (torch, transformers) is
+evaluation has written nothing (``lime_model.command_line.run_command``). Nothing heavy (torch, transformers) is
 imported before the arguments are parsed and the inputs that need no model are checked (each command's
 ``Command.check``: paths, data, output folder), so ``--help``, usage errors and such mistakes are instant.
 """
@@ -22,17 +22,9 @@ import json
 import os
 import sys
 
-from . import checks
-from .checks import (
-    POSITIVE_INT,
-    Command,
-    add_device_option,
-    check_model_dir,
-    check_window,
-    read_config,
-    run_command,
-    run_program,
-)
+from . import command_line
+from .checks import check_model_dir, check_positive, check_window, read_config
+from .command_line import POSITIVE_INT, Command, add_device_option, run_command, run_program
 from .downstream import DEFAULT_PRESET, PRESETS
 from .files import check_writable
 from .plan import DEFAULT_GPU_MEMORY, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, parse_memory
@@ -372,7 +364,7 @@ def _check_plan(args: argparse.Namespace) -> None:
     parse_memory(args.gpu_memory)
     if not 0 < args.mfu <= 1:
         raise ValueError(f"--mfu must lie in (0, 1], got {args.mfu}")
-    checks.check_positive(args.peak_tflops, "--peak-tflops")
+    check_positive(args.peak_tflops, "--peak-tflops")
     if args.json is not None:
         check_writable(args.json, option="--json")
 
@@ -539,7 +531,7 @@ lime-model plan --recipe lime-1b-gqa --gpus 8 --gpu-memory 80GiB --json plan.jso
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lime-model`` argument parser: one subcommand per entry of ``COMMANDS``."""
-    return checks.build_parser(
+    return command_line.build_parser(
         PROG,
         "Train LIMe / LLaMA from a recipe; perplexity, arithmetic and benchmark evals; list recipes.",
         COMMANDS.values(),

@@ -12,13 +12,13 @@ command succeeds (`lime_probe.output.staging`), so a failure or Ctrl-C never lea
 section for its input, one line naming them; ``--allow-skips`` makes that 0), 1 an unexpected failure,
 130 interrupted.
 
-Every subcommand is a ``lime_model.checks.Command`` in `COMMANDS`, and ``build_parser`` is one loop
+Every subcommand is a ``lime_model.command_line.Command`` in `COMMANDS`, and ``build_parser`` is one loop
 over them: one per analysis of the registry ``lime_probe.specs.ANALYSES`` (its options generated from the
-analysis's parameter dataclass and the settings dataclasses ``Loading`` and ``Extraction``, its ``--data``
-from ``lime_probe.specs.data.DATA_KINDS`` by its data kind), then report, demo, reproduce (a study of
+analysis's parameter dataclass and the settings dataclasses ``Loading`` and ``Extraction`` by
+``lime_probe.cli_options``, its ``--data`` from ``lime_probe.specs.data.DATA_KINDS`` by its data kind), then report, demo, reproduce (a study of
 ``lime_probe.studies.STUDIES``) and cache. ``lime-model`` declares its commands the same way; options that
 both programs take have the same names and meanings (``--out``: the folder a command writes into), and both
-map how a command ends to an exit code with ``lime_model.checks.run_command``. This module parses arguments
+map how a command ends to an exit code with ``lime_model.command_line.run_command``. This module parses arguments
 and translates them into the settings dataclasses and calls below it. It imports nothing heavy (torch, transformers, matplotlib) before the
 arguments are parsed and every input that needs no model is checked (`check_inputs`), so ``--help``,
 usage errors and a bad path, number or output folder are named within a second; Ctrl-C at any point, imports
@@ -28,63 +28,32 @@ included, prints one line and exits 130.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import sys
-import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from lime_model import checks
-from lime_model.checks import (
-    POSITIVE_INT,
-    Command,
-    add_device_option,
-    argument_type,
-    check_device,
-    print_error,
-    run_command,
-    run_program,
-)
-from lime_probe.extraction.settings import (
-    LAYERS_HELP,
-    Extraction,
-    Loading,
-    cli_defaults,
-    default_cache,
-    dest_of,
-    from_options,
-)
+from lime_model import command_line
+from lime_model.checks import check_device
+from lime_model.command_line import Command, print_error, run_command, run_program
+from lime_probe import cli_options
+from lime_probe.cli_options import dest
+from lime_probe.extraction.settings import Extraction, Loading, from_options
 from lime_probe.output.console import format_table, one_line_warnings
 from lime_probe.output.staging import staged_output
-from lime_probe.specs import (
-    ANALYSES,
-    Checkpoint,
-    Spec,
-    load_checkpoints,
-    named_checkpoints,
-)
-from lime_probe.specs.base import THREADS_HELP, configure_threads
+from lime_probe.specs import ANALYSES, Checkpoint, Spec, load_checkpoints, named_checkpoints
+from lime_probe.specs.base import configure_threads
 from lime_probe.specs.data import DATA_KINDS, load_data
 from lime_probe.specs.inputs import check_request
-from lime_probe.specs.reporting import (
-    REPORT_DEFAULT,
-    REPORT_JOINED,
-    REPORTABLE,
-    analyse,
-    differing_defaults,
-    report_texts,
-    results_meta,
-    run_report,
-)
+from lime_probe.specs.reporting import REPORT_JOINED, analyse, report_texts, results_meta, run_report
 from lime_probe.specs.reporting import own_layers as _own_layers
 from lime_probe.studies import STUDIES  # declarations only: no model code
 
 PROG = "lime-probe"
 
 
-# --------------------------------------------------------------------------- options
+# --------------------------------------------------------------------------- settings of the parsed arguments
 
 
 def extraction_of(args: argparse.Namespace, own_layers: bool = False) -> Extraction:
@@ -125,7 +94,7 @@ def _analysis_command(spec: Spec) -> Callable:
         from lime_probe.specs import write_analysis
 
         params = params_of(spec, args)
-        source = getattr(args, _dest(DATA_KINDS[spec.data_kind].flag), None)
+        source = getattr(args, dest(DATA_KINDS[spec.data_kind].flag), None)
         lazy = spec.streams(params)  # an analysis that reads its texts in one pass never holds them whole
         data = load_data(
             spec.data_kind, source, getattr(args, "max_sequences", None), params=params, lazy=lazy
@@ -148,7 +117,7 @@ def cmd_report(args, out: Path) -> str | None:
     unless ``--allow-skips``. With ``--blimp DIR`` the BLiMP analysis joins (an analysis of
     `REPORT_JOINED` reads its data from an option of report's own)."""
     names = _analyses_of(args)
-    joined = {n: getattr(args, _dest(flag)) for n, flag in REPORT_JOINED.items() if n in names}
+    joined = {n: getattr(args, dest(flag)) for n, flag in REPORT_JOINED.items() if n in names}
     texts = report_texts(names, args.data, args.max_sequences)  # before the models: a bad --data fails fast
     cks = load_checkpoints(args.ckpt, args.label, loading_of(args))
     report = run_report(
@@ -185,242 +154,6 @@ def cmd_demo(args, out: Path) -> None:
     print(f"checkpoints: {runs} (a rerun reuses them)")
 
 
-# --------------------------------------------------------------------------- parser
-
-
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")
-
-
-def _checkpoint_options(
-    p: argparse.ArgumentParser, *, data: str, max_sequences: int | None = 64, layers: bool = True
-) -> None:
-    """--ckpt/--label and, unless ``data`` is "none", --data (as the analysis's ``data_kind``), the size limits
-    and the cache; ``max_sequences`` None (``report``): each analysis's own."""
-    g = p.add_argument_group("checkpoints and data")
-    g.add_argument(
-        "--ckpt",
-        action="append",
-        required=True,
-        metavar="PATH|HUB_ID",
-        help="checkpoint directory or hub id"
-        + (" (a lime-model train run folder)" if data == "none" else "")
-        + "; repeat to compare side by side",
-    )
-    g.add_argument(
-        "--label",
-        action="append",
-        metavar="NAME",
-        help="name per --ckpt in tables and legends (default: the folder name)",
-    )
-    kind = DATA_KINDS[data]
-    if kind.option is None:  # the analysis reads the run folders only
-        return
-    add_param_options(g, Loading)
-    g.add_argument(kind.flag, **kind.option)
-    if kind.texts:
-        g.add_argument(
-            "--max-sequences",
-            type=POSITIVE_INT,
-            default=max_sequences,
-            metavar="N",
-            help="use at most N sequences (default: %(default)s)"
-            if max_sequences
-            else "use at most N sequences in every analysis (default: each analysis's own: "
-            + ", ".join(f"{n} {s.max_sequences}" for n, s in ANALYSES.items() if n in REPORT_DEFAULT)
-            + ")",
-        )
-    add_param_options(g, Extraction, skip=() if layers else ("layers",))
-
-
-def _run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> None:
-    r = p.add_argument_group("run")
-    add_device_option(r)
-    r.add_argument(
-        "--out", default=out, metavar="DIR", help="folder for results and figures (default: %(default)s)"
-    )
-    _threads_option(r)
-    r.add_argument(
-        "--verbose", action="store_true", help="show the libraries' own loading messages and warnings"
-    )
-
-
-def _threads_option(p) -> None:
-    p.add_argument("--threads", type=POSITIVE_INT, default=None, metavar="N", help=THREADS_HELP)
-
-
-def _seed_list(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in s.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-
-
-def add_param_options(
-    group, params: type, skip: Sequence[str] = (), own_defaults: dict[str, str] | None = None
-) -> list[str]:
-    """One option per field of the dataclass ``params`` declared with ``option`` (``per_word`` ->
-    ``--per-word``), typed from its annotation and documented from its metadata (``flag``, ``cli_default``,
-    argparse extras; `lime_probe.extraction.settings.option`); a boolean field that defaults to True
-    becomes ``--no-NAME``, a field with ``off`` gets a ``--no-NAME`` that sets it to None, a field that
-    ``parse`` reads takes one text value. Fields named in ``skip`` are left out. Returns the names added.
-
-    With ``own_defaults`` (``report``: {field: the differing defaults of the analyses, as text}) an option
-    left out is left out of the parsed arguments, so each analysis keeps its own default (``params_of``)."""
-    hints = typing.get_type_hints(params)
-    defaults = cli_defaults(params)
-    added = []
-    for f in dataclasses.fields(params):
-        if f.name in skip or "help" not in f.metadata:  # a plain field is set by code, not by an option
-            continue
-        meta = {k: v for k, v in f.metadata.items() if k not in ("cli_default", "parse")}
-        hint = hints[f.name]
-        args = typing.get_args(hint)
-        optional = type(None) in args
-        base = next(a for a in args if a is not type(None)) if optional else hint
-        default = defaults[dest_of(f)]
-        kw: dict = {"default": list(default) if isinstance(default, tuple) else default}
-        help = meta.pop("help")
-        if "default" not in help and default is not None:
-            help += " (default: %(default)s)"
-        if own_defaults is not None:
-            help = help.replace("%(default)s", str(kw["default"]).replace("%", "%%"))
-            if f.name in own_defaults:
-                help += f"; each analysis its own: {own_defaults[f.name]}".replace("%", "%%")
-            kw["default"] = argparse.SUPPRESS
-        kw["help"] = help
-        positive, off = meta.pop("positive", False), meta.pop("off", None)
-        flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
-        dest = dest_of(f)
-        if base is bool and default is True:  # on by default: the option turns it off
-            flag, kw["action"] = "--no-" + flag[2:], "store_false"
-        elif base is bool:
-            kw["action"] = "store_true"
-        elif "parse" in f.metadata or "action" in meta:  # one text value for parse, or as the action says
-            pass
-        elif typing.get_origin(base) is tuple:
-            kw["nargs"] = "+"
-        else:
-            kw["type"] = POSITIVE_INT if positive else base
-        if "type" in meta:  # the library's parser of the text, its ValueError the usage error
-            meta["type"] = argument_type(meta["type"])
-        kw.update(meta)  # metavar, choices, type, action
-        group.add_argument(flag, dest=dest, **kw)
-        if off is not None:
-            group.add_argument("--no-" + flag[2:], dest=dest, action="store_const", const=None, help=off)
-        added.append(f.name)
-    return added
-
-
-def _report_options(p: argparse.ArgumentParser) -> None:
-    _checkpoint_options(p, data="texts", max_sequences=None, layers=False)
-    _run_options(p)
-    g, seen, own = p.add_argument_group("analyses"), ["layers"], differing_defaults()
-    g.add_argument(
-        "--layers",
-        default=argparse.SUPPRESS,  # left out, an analysis with layers of its own (BLiMP) keeps them
-        help=LAYERS_HELP + " (default: all; BLiMP: the paper's range)",
-    )
-    for name in REPORTABLE:  # each option once; left out, every analysis keeps its own default
-        seen += add_param_options(g, ANALYSES[name].params, skip=seen, own_defaults=own)
-    g.add_argument(
-        "--analyses",
-        nargs="+",
-        default=REPORT_DEFAULT,
-        choices=REPORTABLE,
-        metavar="NAME",
-        help="analyses (from: %(choices)s) to include, each on the checkpoints it applies to (default: %(default)s)",
-    )
-    for name, flag in REPORT_JOINED.items():
-        j = p.add_argument_group(f"{name} (with {flag})")
-        report = DATA_KINDS[ANALYSES[name].data_kind].report
-        assert report is not None  # what REPORT_JOINED holds
-        j.add_argument(flag, **report[1])
-        add_param_options(j, ANALYSES[name].params, skip=seen, own_defaults=own)
-    p.add_argument(
-        "--allow-skips",
-        action="store_true",
-        help="exit 0 when some sections were skipped for their input (default: the report is written and "
-        "the command exits 3, naming them)",
-    )
-
-
-def _demo_options(p: argparse.ArgumentParser) -> None:
-    _run_options(p, out="lime-probe-out/demo")
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of training, sampling and probes (default: %(default)s)"
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="a tiny smoke run (about a minute) instead of the real demo"
-    )
-    p.add_argument(
-        "--runs",
-        default=None,
-        metavar="DIR",
-        help="keep the two training runs here and reuse finished ones (default: runs/ inside --out)",
-    )
-    _reproducible_option(p, "on")
-
-
-def _reproduce_options(p: argparse.ArgumentParser) -> None:
-    p.description = (p.description or "") + "\n".join(
-        f"  {s.name:<19} {s.question}" for s in STUDIES.values()
-    )
-    p.add_argument(
-        "--study", required=True, choices=STUDIES, metavar="NAME", help="the study to run (listed above)"
-    )
-    p.add_argument(
-        "--data",
-        default=None,
-        metavar="DIR",
-        help="folder holding blimp/ and wikitext-2/{valid,test}.txt or fineweb-edu/{train/,test.jsonl} "
-        "(needed by "
-        + ", ".join(n for n, s in STUDIES.items() if s.needs_data)
-        + "; the others make their own data)",
-    )
-    p.add_argument(
-        "--seeds",
-        type=_seed_list,
-        default=None,
-        metavar="S,S,...",
-        help="training seeds, at least two, instead of the study's (e.g. the finished seeds of a stopped study)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="folder of the training runs and measurements, reused on a rerun (default: runs/STUDY)",
-    )
-    p.add_argument(
-        "--results",
-        default=None,
-        metavar="DIR",
-        help="folder of the tables, figures and findings.md (default: OUT/results)",
-    )
-    p.add_argument(
-        "--size",
-        default="full",
-        choices=("full", "tiny"),
-        help="full: the study as declared; tiny: a smoke run of it (default: %(default)s)",
-    )
-    add_device_option(p)
-    _threads_option(p)
-    _reproducible_option(p, "the study's own: on, unless it declares reproducible=False")
-
-
-def _reproducible_option(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument(
-        "--reproducible",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="pin MKL, oneDNN, openBLAS and PyTorch's CPU kernels to AVX2, one thread and deterministic "
-        "algorithms, so that the same seed gives the same bits on any Intel x86-64 CPU with AVX2 (MKL ignores "
-        "its pin on AMD ones: lime_model.reproducible); "
-        "recorded in the runs and the results' metadata; finished runs are reused only in their own mode "
-        f"(default: {default})",
-    )
-
-
 def _reproducible(args: argparse.Namespace) -> bool | None:
     """The mode a command runs in: its --reproducible flag, else the demo's (on) or the study's; None for
     a command without the flag."""
@@ -429,37 +162,6 @@ def _reproducible(args: argparse.Namespace) -> bool | None:
     if args.reproducible is not None:
         return args.reproducible
     return STUDIES[args.study].reproducible if args.command == "reproduce" else True
-
-
-def _cache_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--cache",
-        dest="cache_dir",
-        default=default_cache(),
-        metavar="DIR",
-        help="the activation cache (default: %(default)s, yours alone: under $XDG_CACHE_HOME, else ~/.cache)",
-    )
-    p.add_argument(
-        "--clear",
-        action="store_true",
-        help="remove the entries (all, or those --older-than / of --ckpt), after asking on the terminal",
-    )
-    p.add_argument(
-        "--older-than",
-        type=float,
-        default=None,
-        metavar="DAYS",
-        help="only entries unused for over DAYS days",
-    )
-    p.add_argument(
-        "--ckpt",
-        default=None,
-        metavar="PATH|HUB_ID",
-        help="only the entries of this checkpoint (list or clear)",
-    )
-    p.add_argument(
-        "--yes", action="store_true", help="clear without asking (needed where stdin is not a terminal)"
-    )
 
 
 def cmd_reproduce(args) -> None:
@@ -513,18 +215,13 @@ STAGED = "nothing was written to {out}"
 
 
 def _analysis(spec: Spec) -> Command:
-    def options(p: argparse.ArgumentParser) -> None:
-        _checkpoint_options(
-            p,
-            data=spec.data_kind,
-            max_sequences=spec.max_sequences,
-            layers=spec.data_kind in ("texts", "pairs"),
-        )
-        _run_options(p)
-        add_param_options(p.add_argument_group("analysis"), spec.params)
-
     return Command(
-        spec.name, spec.help, spec.example, _staged(_analysis_command(spec)), options, interrupted=STAGED
+        spec.name,
+        spec.help,
+        spec.example,
+        _staged(_analysis_command(spec)),
+        cli_options.analysis_options(spec),
+        interrupted=STAGED,
     )
 
 
@@ -541,7 +238,7 @@ COMMANDS: dict[str, Command] = {
             "    --out out/report   # then open out/report/report.html (--allow-skips: the cpu-tiny runs' "
             "64-token documents hold too few ' are' for separability)",
             _staged(cmd_report),
-            _report_options,
+            cli_options.report_options,
             interrupted=STAGED,
         ),
         Command(
@@ -551,7 +248,7 @@ COMMANDS: dict[str, Command] = {
             "lime-probe-out/demo/\n"
             "lime-probe demo --quick --out /tmp/demo   # a 1-minute smoke run",
             _staged(cmd_demo),
-            _demo_options,
+            cli_options.demo_options,
             interrupted=STAGED,
         ),
         Command(
@@ -564,7 +261,7 @@ COMMANDS: dict[str, Command] = {
             "lime-probe reproduce --study arithmetic-seeds --results figures/arithmetic-seeds"
             "   # not run in tests: about 30 min at one thread",
             cmd_reproduce,
-            _reproduce_options,
+            cli_options.reproduce_options,
             description="Train a study's models over its seeds (or reuse finished runs), measure them and test "
             "its pre-registered\nclaims; a rerun continues where the last one stopped. The studies:\n",
             interrupted="run the same command again to continue (finished runs and measurements are reused)",
@@ -576,7 +273,7 @@ COMMANDS: dict[str, Command] = {
             "lime-probe cache --clear --older-than 30 --yes   # remove entries last used over 30 days ago\n"
             "lime-probe cache --clear --ckpt runs/lime --yes   # remove one checkpoint's entries",
             cmd_cache,
-            _cache_options,
+            cli_options.cache_options,
             interrupted="",
         ),
     ]
@@ -585,7 +282,7 @@ COMMANDS: dict[str, Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``lime-probe`` argument parser: one subcommand per entry of `COMMANDS`."""
-    return checks.build_parser(
+    return command_line.build_parser(
         PROG, "The LIMe paper's analyses of representation collapse.", COMMANDS.values()
     )
 
@@ -600,7 +297,7 @@ def _analyses_of(args: argparse.Namespace) -> list[str]:
     if args.command in ANALYSES:
         return [args.command]
     if args.command == "report":
-        return list(args.analyses) + [n for n, flag in REPORT_JOINED.items() if getattr(args, _dest(flag))]
+        return list(args.analyses) + [n for n, flag in REPORT_JOINED.items() if getattr(args, dest(flag))]
     return []
 
 

@@ -1,4 +1,4 @@
-"""Both programs' subcommands are declared one way (``lime_model.checks.Command``): each has help and examples
+"""Both programs' subcommands are declared one way (``lime_model.command_line.Command``): each has help and examples
 that parse, options that mean the same thing have the same name in both, and one mapping of how a command
 ends to its exit code and message."""
 
@@ -9,9 +9,10 @@ import shlex
 
 import pytest
 
-from lime_model import checks
+from lime_model import checks, command_line
 from lime_model import cli as model_cli
 from lime_probe import cli as probe_cli
+from lime_probe import cli_options
 from lime_probe.specs import ANALYSES
 
 TOOLS = {"lime-probe": probe_cli, "lime-model": model_cli}
@@ -87,7 +88,7 @@ def test_device_threads_and_debug_are_declared_the_same_everywhere():
         for p in subcommands(prog).values()
     )
     threads = [a for prog in TOOLS for _, a in options(prog) if "--threads" in a.option_strings]
-    assert {a.type for a in threads} == {checks.POSITIVE_INT} and {a.default for a in threads} == {None}
+    assert {a.type for a in threads} == {command_line.POSITIVE_INT} and {a.default for a in threads} == {None}
     device = next(a for _, a in options("lime-model") if "--device" in a.option_strings)
     assert device.default == "cpu"
 
@@ -135,34 +136,34 @@ def _raise(error: BaseException):
 )  # fmt: skip
 def test_run_command_maps_how_a_command_ends_to_one_line_and_an_exit_code(work, code, line, capsys):
     said = {"interrupted": "nothing was written to out", "error_prefix": "tool"}
-    assert checks.run_command("tool cmd", work, debug=False, **said) == code
+    assert command_line.run_command("tool cmd", work, debug=False, **said) == code
     err = capsys.readouterr().err
     assert err == ("" if line is None else line + "\n")
 
 
 def test_debug_shows_the_traceback_but_not_for_ctrl_c(capsys):
     with pytest.raises(ValueError, match="bad"):
-        checks.run_command("tool cmd", _raise(ValueError("bad")), debug=True)
+        command_line.run_command("tool cmd", _raise(ValueError("bad")), debug=True)
     with pytest.raises(RuntimeError, match="boom"):
-        checks.run_command("tool cmd", _raise(RuntimeError("boom")), debug=True)
-    assert checks.run_command("tool cmd", _raise(KeyboardInterrupt()), debug=True) == 130
+        command_line.run_command("tool cmd", _raise(RuntimeError("boom")), debug=True)
+    assert command_line.run_command("tool cmd", _raise(KeyboardInterrupt()), debug=True) == 130
     assert capsys.readouterr().err == "tool cmd: interrupted\n"
 
 
 def test_run_program_parses_and_maps_usage_help_and_ctrl_c(capsys):
     def parser():
-        p = checks.OneLineParser(prog="tool")
-        p.add_argument("--n", type=checks.POSITIVE_INT)
+        p = command_line.OneLineParser(prog="tool")
+        p.add_argument("--n", type=command_line.POSITIVE_INT)
         return p
 
-    assert checks.run_program("tool", ["--n", "2"], parser, lambda args: args.n + 5) == 7
-    assert checks.run_program("tool", ["--help"], parser, lambda args: 9) == 0
+    assert command_line.run_program("tool", ["--n", "2"], parser, lambda args: args.n + 5) == 7
+    assert command_line.run_program("tool", ["--help"], parser, lambda args: 9) == 0
     capsys.readouterr()
-    assert checks.run_program("tool", ["--n", "0"], parser, lambda args: 9) == 2
+    assert command_line.run_program("tool", ["--n", "0"], parser, lambda args: 9) == 2
     assert capsys.readouterr().err == (
         "tool: error: argument --n: expected a positive integer, got 0 (see tool --help)\n"
     )
-    assert checks.run_program("tool", [], parser, _raise(KeyboardInterrupt())) == 130
+    assert command_line.run_program("tool", [], parser, _raise(KeyboardInterrupt())) == 130
     assert capsys.readouterr().err == "tool: interrupted\n"
 
 
@@ -173,11 +174,11 @@ def test_a_library_parser_keeps_its_message_only_through_argument_type(capsys):
         checks.positive_int("x")
     for parse, said in (
         (checks.positive_int, "invalid positive_int value: 'x'"),
-        (checks.argument_type(checks.positive_int), "expected a positive integer, got 'x'"),
+        (command_line.argument_type(checks.positive_int), "expected a positive integer, got 'x'"),
     ):
-        p = checks.OneLineParser(prog="tool")
+        p = command_line.OneLineParser(prog="tool")
         p.add_argument("--n", type=parse)
-        assert checks.run_program("tool", ["--n", "x"], lambda p=p: p, lambda args: 9) == 2
+        assert command_line.run_program("tool", ["--n", "x"], lambda p=p: p, lambda args: 9) == 2
         assert capsys.readouterr().err == f"tool: error: argument --n: {said} (see tool --help)\n"
 
 
@@ -229,6 +230,7 @@ def test_reproduce_offers_exactly_the_registered_studies(monkeypatch, capsys):
 
     fake = {"one": Study("one", True), "two": Study("two", False)}
     monkeypatch.setattr(probe_cli, "STUDIES", fake)
+    monkeypatch.setattr(cli_options, "STUDIES", fake)
     reproduce = subcommands("lime-probe")["reproduce"]
     (study,) = [a for a in reproduce._actions if a.dest == "study"]
     assert study.required and list(study.choices) == ["one", "two"]

@@ -8,6 +8,7 @@ from helpers import read_json, run_cli, run_cli_ok
 
 from lime_probe import cli
 from lime_probe.specs import ANALYSES
+from lime_probe.specs.reporting import REPORTABLE
 
 
 @pytest.mark.slow  # ~11 s under load: every analysis twice
@@ -42,7 +43,7 @@ def test_report_options_left_out_keep_each_analysis_default():
     parameters (and --max-sequences) its own command has by default."""
     args = cli.build_parser().parse_args(["report", "--ckpt", "x", "--data", "t.txt"])
     assert args.max_sequences is None
-    for name in [*cli.REPORTABLE, *cli.REPORT_JOINED]:  # BLiMP too: its layers the paper's range
+    for name in [*REPORTABLE, *cli.REPORT_JOINED]:  # BLiMP too: its layers the paper's range
         assert cli.params_of(ANALYSES[name], args) == ANALYSES[name].params(), name
     assert "layers" not in vars(args) and cli.extraction_of(args).layers is None  # extraction: all
     layered = cli.build_parser().parse_args(["report", "--ckpt", "x", "--data", "t.txt", "--layers", "2,3"])

@@ -43,7 +43,7 @@ def test_extraction_and_probes_import_no_plotting_and_no_training():
 
 
 # The package's layers, bottom to top: a module may import its own layer and those below, never above.
-# protocol.py is data every layer reads; cli.py, notebook.py and __init__.py sit on top of everything.
+# protocol.py is data every layer reads; cli.py, cli_options.py, notebook.py and __init__.py sit on top of everything.
 LAYERS = (
     "protocol",
     "extraction",
@@ -52,7 +52,7 @@ LAYERS = (
     "output",
     "specs",
     "studies",
-    "cli notebook __init__",
+    "cli cli_options notebook __init__",
 )
 PACKAGE = ROOT / "lime_probe"
 
@@ -116,6 +116,24 @@ def test_no_module_imports_a_layer_above_its_own():
         if i != "lime_probe" and layer_of(i) > layer_of(m)
     ]
     assert upward == []
+
+
+# The command line's modules; below them the settings are dataclasses and nothing knows of argparse.
+COMMAND_LINE = {"lime_probe/cli.py", "lime_probe/cli_options.py", "lime_model/cli.py", "lime_model/command_line.py"}
+
+
+def test_only_the_command_line_imports_argparse():
+    importers = {
+        str(f.relative_to(ROOT))
+        for package in ("lime_probe", "lime_model")
+        for f in (ROOT / package).rglob("*.py")
+        if any(
+            (isinstance(n, ast.Import) and any(a.name == "argparse" for a in n.names))
+            or (isinstance(n, ast.ImportFrom) and n.module == "argparse")
+            for n in ast.walk(ast.parse(f.read_text()))
+        )
+    }
+    assert importers - COMMAND_LINE == set() and importers, importers
 
 
 @pytest.mark.parametrize("package", ["lime_probe", "lime_model"])

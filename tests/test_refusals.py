@@ -16,7 +16,8 @@ from helpers import CORPUS, save_tiny_checkpoint, tiny_config, tiny_tokenizer, t
 from test_checks_first import BUDGET_S, run_program
 
 from lime_model import cli as model_cli
-from lime_model.checks import check_window, config_positions, run_command
+from lime_model.checks import check_window, config_positions
+from lime_model.command_line import run_command
 from lime_probe import cli as probe_cli
 from lime_probe.extraction.settings import Extraction
 

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from lime_model import checkpoint as C
 from lime_model import train as T
-from lime_model.checks import run_command
 from lime_model.cli import main
+from lime_model.command_line import run_command
 from lime_model.files import DiskFullError, atomic_dir, atomic_write
 
 STEPS = ["--steps", "6", "--set", "save_every=2", "--set", "keep_last=3"]
