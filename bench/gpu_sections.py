@@ -7,6 +7,7 @@ skipped with the reason; ``--rows`` (``SHAPE:ROUTING``) selects the memory and s
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -302,23 +303,29 @@ def measured_step(recipe, device: str, mesh=None) -> dict[str, Any]:
 
     Returns ``peak`` (bytes; on the GPU torch's allocator peak, on the CPU the rise of the process's
     peak RSS over the step), on the GPU ``phases`` (the allocator's peak in the forward and loss, the
-    backward and the optimizer step) and ``requested_peak`` (the peak of the bytes asked for, before
-    the allocator's rounding), ``step_s``, the ``losses`` of both steps, and for a sharded model
-    ``loss_vs_unsharded`` (the first step's loss minus the unsharded model's on the same weights)."""
+    backward and the optimizer step), ``requested_peak`` (the peak of the bytes asked for, before
+    the allocator's rounding) and ``allocated_before`` (bytes still allocated when the row starts, which
+    the peak includes: earlier rows' cuBLAS workspaces, kept by design), ``step_s``, the ``losses`` of
+    both steps, and for a sharded model ``loss_vs_unsharded`` (the first step's loss minus the unsharded
+    model's on the same weights)."""
     from transformers import AutoModelForCausalLM
 
     from lime_model.distributed import prepare, shard, sharded
     from lime_model.plan import stand_in_tokenizer
     from lime_model.train import accelerator_for, build_optimizer, micro_batch_loss, model_config
 
+    # An earlier row's model outlives its row in a reference cycle (accelerate's autocast wrapper of its
+    # forward, set on the model itself) until the cyclic collector runs; uncollected, its parameters
+    # would count in this row's peak.
+    gc.collect()
     accelerator = accelerator_for(recipe)
     cuda = accelerator.device.type == "cuda"
+    out: dict[str, Any] = {"allocated_before": torch.cuda.memory_allocated() if cuda else None}
     torch.manual_seed(0)
     with torch.device(accelerator.device):
         model = AutoModelForCausalLM.from_config(model_config(recipe, stand_in_tokenizer(recipe))).train()
     ids = torch.randint(0, recipe.model["vocab_size"], (recipe.micro_batch_size, recipe.seq_len))
     ids = ids.to(accelerator.device)
-    out: dict[str, Any] = {}
     if mesh is not None:
         with torch.no_grad(), accelerator.autocast():
             reference = micro_batch_loss(model, ids, ids, ids.numel()).item()

@@ -20,6 +20,7 @@ not fit, the files written so far left whole.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -480,6 +481,9 @@ def _finish(run: _Run, complete: bool, progress: bool) -> None:
     # holding the GIL, while a gloo thread waits for the GIL to free the barrier's work (a hang at exit,
     # pytorch/pytorch#56297). Released first, the group is freed by end_training without the GIL.
     run.model, run.optimizer, run.scheduler = accelerator.free_memory(run.model, run.optimizer, run.scheduler)
+    # Under mixed precision accelerate sets an autocast wrapper of forward on the model itself, a cycle that
+    # would keep its weights on the device until the cyclic collector runs (a study trains run after run).
+    gc.collect()
     accelerator.end_training()
 
 

@@ -99,6 +99,37 @@ def test_rows_and_budgets_select_and_skip_memory_rows(gpu_check, tmp_path):
     ]
 
 
+def test_a_memory_row_starts_with_no_earlier_model_alive(gpu_check, monkeypatch):
+    """Trained under mixed precision (as on the GPU), a row's model outlives its row in a reference cycle
+    (accelerate sets an autocast wrapper of its forward on the model itself); the next row collects it
+    before building its own, or the earlier model's parameters would count in that row's peak."""
+    import gc
+    import weakref
+
+    import transformers
+
+    sections = bench_script("gpu_sections")
+    built: list[weakref.ref] = []
+    from_config = transformers.AutoModelForCausalLM.from_config
+
+    def build(*args, **kwargs):
+        assert [ref() for ref in built] == [None] * len(built), "an earlier row's model is still alive"
+        model = from_config(*args, **kwargs)
+        built.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
+    s = gpu_check.settings(True)
+    gc.disable()  # no automatic collection between the rows: only the row's own
+    try:
+        for routing in ("full", "none"):
+            recipe = sections.recipe_for(s, "gqa", routing, True, mixed_precision="bf16")
+            assert sections.measured_step(recipe, "cpu")["allocated_before"] is None  # CPU: RSS, no allocator
+        assert built[0]() is None and len(built) == 2
+    finally:
+        gc.enable()
+
+
 def test_step_models_in_the_order_the_section_compiles_them(gpu_check):
     models = gpu_check.step_models(None)
     assert models[:4] == ["gqa:none", "gqa:full", "mha:none", "mha:full"]  # Table 17's headline rows first
@@ -165,3 +196,44 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
         assert all(w is not None and w["seconds"] > 0 for w in r["compile"]["workers"].values())
     # each shape's LLaMA compiled once: the rows after the first of a shape reuse it
     assert sum("none" in r["compile"]["workers"] for r in rows.values()) == 2
+
+
+def test_memory_rows_subtract_the_previous_rows_parameters():
+    """bench/memory_rows.py: each row beside the plan, with the fp32 parameter bytes of the row before it
+    (counted here on a model built on the CPU) and the two ratios from them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lime_model.plan import stand_in_tokenizer
+    from lime_model.train import model_config
+
+    rows_script, sections = bench_script("memory_rows"), bench_script("gpu_sections")
+    gpu_check = bench_script("gpu_check")
+    s = gpu_check.settings(True)
+    recipe = sections.recipe_for(s, "gqa", "full", True)
+    lime = AutoModelForCausalLM.from_config(model_config(recipe, stand_in_tokenizer(recipe)))
+    lime_bytes = 4 * sum(p.numel() for p in lime.parameters())
+    assert all(p.dtype == torch.float32 for p in lime.parameters())
+    measured = [10**8, 2 * 10**8]
+    result = {
+        "dry_run": True,
+        "sections": {
+            "memory": {
+                "rows": [
+                    {"recipe": "lime-1b-gqa", "model": "LIMe", "measured_bytes": measured[0]},
+                    {
+                        "recipe": "lime-1b-gqa",
+                        "model": "LLaMA",
+                        "measured_bytes": measured[1],
+                        "allocated_before": 7,
+                    },
+                ]
+            }
+        },
+    }
+    first, second = rows_script.rows_against_plan(result)
+    assert first["previous_parameters"] == 0 and second["previous_parameters"] == lime_bytes
+    assert (first["allocated_before"], second["allocated_before"]) == (None, 7)
+    for row, m in zip((first, second), measured, strict=True):
+        assert row["plan"] > 0 and row["over_plan"] == m / row["plan"]
+        assert row["without_previous_over_plan"] == (m - row["previous_parameters"]) / row["plan"]
