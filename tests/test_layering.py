@@ -119,7 +119,12 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 # The command line's modules; below them the settings are dataclasses and nothing knows of argparse.
-COMMAND_LINE = {"lime_probe/cli.py", "lime_probe/cli_options.py", "lime_model/cli.py", "lime_model/command_line.py"}
+COMMAND_LINE = {
+    "lime_probe/cli.py",
+    "lime_probe/cli_options.py",
+    "lime_model/cli.py",
+    "lime_model/command_line.py",
+}
 
 
 def test_only_the_command_line_imports_argparse():
