@@ -61,6 +61,7 @@ On the CPU: ``python bench/gpu_check.py --dry-run --out /tmp/check.json``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -204,6 +205,7 @@ def run(
             if alongside:
                 result["sections"][name]["compile_workers_alongside"] = alongside
             print(f"[{name}] {seconds:.1f} s (budget {budgets[name]:.0f} s)", flush=True)
+            gc.collect()  # a section's models may sit in reference cycles (nnsight's, accelerate's): freed here
             if s["device"] == "cuda":
                 torch.cuda.empty_cache()
         del result["running"]

@@ -130,6 +130,31 @@ def test_a_memory_row_starts_with_no_earlier_model_alive(gpu_check, monkeypatch)
         gc.enable()
 
 
+def test_no_section_leaves_its_models_alive(gpu_check, tmp_path, monkeypatch):
+    """nnsight's wrapper holds the extraction section's model in a reference cycle; the run collects
+    after each section, so the next section (the step timings) does not share the device with it."""
+    import gc
+    import weakref
+
+    import transformers
+
+    built: list[weakref.ref] = []
+    from_config = transformers.AutoModelForCausalLM.from_config
+
+    def build(*args, **kwargs):
+        model = from_config(*args, **kwargs)
+        built.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
+    gc.disable()  # no automatic collection: only the run's own
+    try:
+        assert "error" not in gpu_check.run(True, tmp_path / "x.json", ["extract"])["sections"]["extract"]
+        assert built and [ref() for ref in built] == [None] * len(built)
+    finally:
+        gc.enable()
+
+
 def test_step_models_in_the_order_the_section_compiles_them(gpu_check):
     models = gpu_check.step_models(None)
     assert models[:4] == ["gqa:none", "gqa:full", "mha:none", "mha:full"]  # Table 17's headline rows first
