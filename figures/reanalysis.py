@@ -40,6 +40,7 @@ CURVE_TABLES = {
     "lm-cpu-lr-sweep": "curves.csv",
     "lm-cpu-lr-sweep-ext": "curves.csv",
     "upcycling": "loss_vs_flops.csv",  # the runner writes it since the table was added
+    "lm-cpu-fair-interior": "loss_vs_flops.csv",
 }
 # per-layer tables (measured on the values, the W_V output): their value column -> the runner's column
 PER_LAYER = {"entropy": ("entropy_mean", "entropy_mean"), "separability": ("accuracy", "accuracy_mean")}

@@ -37,7 +37,7 @@ STUDIES = {
     "arithmetic-dose-response": (("differences.csv",), ("findings.md", "README.md")),
     "arithmetic-dose-response/interim-4-seeds": (("differences.csv",), ("findings.md",)),
     "upcycling": (("differences.csv",), ("findings.md", "README.md")),
-    "lm-cpu-fair-interior/interim-8-seeds": (("differences.csv",), ("findings.md", "../README.md")),
+    "lm-cpu-fair-interior": (("differences.csv",), ("findings.md", "README.md")),
 }
 
 

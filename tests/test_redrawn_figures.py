@@ -34,7 +34,9 @@ def assert_same_bytes(folder: Path, stems: tuple[str, ...]) -> None:
             assert made.read_bytes() == committed.read_bytes(), committed
 
 
-@pytest.mark.parametrize("name", ["lm-cpu-lr-sweep", "lm-cpu-lr-sweep-ext", "upcycling"])
+@pytest.mark.parametrize(
+    "name", ["lm-cpu-lr-sweep", "lm-cpu-lr-sweep-ext", "upcycling", "lm-cpu-fair-interior"]
+)
 def test_the_training_curves_redraw_from_their_per_run_table(name, tmp_path):
     folder = copy_tables(name, (load_script().CURVE_TABLES[name],), tmp_path)
     assert load_script().main([str(folder)]) == 0
