@@ -326,3 +326,9 @@ def test_the_readings_numbers_recompute_from_the_per_run_tables(sweep):
         "seeds 0-3 trained in order, then seeds 4-9 in concurrent processes (seed 9's four runs "
         "finished before seed 5's, seed 8's before seed 6's",
     )
+
+
+def test_the_readme_counts_the_studies_on_the_results_page():
+    count = sum(line.startswith("| [") for line in (ROOT / "docs" / "results.md").read_text().splitlines())
+    words = {10: "Ten", 11: "Eleven", 12: "Twelve", 13: "Thirteen", 14: "Fourteen", 15: "Fifteen"}
+    assert f"{words[count]} pre-registered studies" in flat(ROOT / "README.md")
