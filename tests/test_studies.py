@@ -512,3 +512,43 @@ def test_a_selection_chooses_the_lowest_mean_per_family_and_never_a_diverged_one
     assert sel.choose({"A": float("nan"), "C": 5.0, "B": 1.0, "D": 0.0}) == {"low": "C", "mid": "D"}
     text = findings(replace(study, claims=(), select=sel), [], SEEDS, table)
     assert "## Selection" in text and "Primary endpoints" not in text and text.count("**chosen**") == 2
+
+
+def test_measuring_a_seed_frees_its_models(tmp_path, monkeypatch):
+    """A model that has been traced sits in a reference cycle (nnsight's), which only the cyclic
+    collector frees; the checkpoints a seed's measures loaded are freed when its measuring ends, so a
+    study on a GPU does not keep seed after seed's models on the device."""
+    import gc
+    import weakref
+
+    from helpers import save_tiny_checkpoint
+
+    from lime_probe.extraction.tracing import extract
+    from lime_probe.specs.base import Result
+    from lime_probe.studies import runner
+
+    runs = {
+        label: save_tiny_checkpoint(tmp_path / label, arch) for label, arch in (("A", "lime"), ("B", "llama"))
+    }
+    loaded: list[weakref.ref] = []
+
+    def measure(m, cks, run_dirs, data):  # traces the model, as every measure that reads it does
+        extract(cks[0].model, cks[0].tokenizer, ["the cat sat on the mat"], sites=["values"], progress=False)
+        loaded.append(weakref.ref(cks[0].model))
+        return Result(analysis="entropy", name="stub", title="stub", rows=[{"model": cks[0].label, "x": 1.0}])
+
+    monkeypatch.setattr(runner, "run_measure", measure)
+    study = Study(
+        name="frees", question="?", recipe="none", models={"A": {}, "B": {}}, seeds=(0, 1),
+        measures={"x": Measure("entropy")}, claims=(),
+    )  # fmt: skip
+    gc.disable()  # no automatic collection: only the runner's own
+    try:
+        measured = runner.measure_runs(study, tmp_path / "out", 0, runs, None, "cpu", runner.Progress(2))
+        assert (
+            len(loaded) == 2
+            and [ref() for ref in loaded] == [None, None]
+            and set(measured["x"]) == {"A", "B"}
+        )
+    finally:
+        gc.enable()

@@ -16,6 +16,7 @@ a `Spec` of the registry, exactly as ``lime-probe ANALYSIS`` computes it.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import sys
@@ -297,6 +298,10 @@ def measure_runs(
             result = run_measure(m, cks, [runs[x] for x in labels], data)
             write_analysis(result, folder, {"study": study.name, "seed": seed, "measure": asdict(m)})
             (folder / "done").write_text("")
+    # a traced model sits in a reference cycle (nnsight's) that only the cyclic collector frees: without
+    # this a study on a GPU would keep seed after seed's models on the device until it ran
+    opened.clear()
+    gc.collect()
     return measured
 
 
