@@ -12,7 +12,11 @@ float32.
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -283,3 +287,36 @@ def word_features(ckpt: Path, site: str) -> tuple[dict[int, torch.Tensor], torch
     )
     rows, y = word_rows(acts.token_ids, ids)
     return {la: acts[site][la][rows] for la in acts[site]}, y
+
+
+@contextmanager
+def collector_off() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside: an object in a reference cycle stays alive there
+    unless the code under test collects it."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@contextmanager
+def built_models(monkeypatch, before_each: Callable[[list], None] | None = None) -> Iterator[list]:
+    """Weak references to every model ``AutoModelForCausalLM.from_config`` builds inside, with the cyclic
+    collector off (`collector_off`): a model that the code under test let go of but left in a cycle reads
+    as alive. ``before_each(refs)`` runs before each build, with the references so far."""
+    import transformers
+
+    built: list[weakref.ref] = []
+    from_config = transformers.AutoModelForCausalLM.from_config
+
+    def build(*args, **kwargs):
+        if before_each is not None:
+            before_each(built)
+        model = from_config(*args, **kwargs)
+        built.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
+    with collector_off():
+        yield built

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import bench_script
+from helpers import bench_script, built_models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,56 +103,24 @@ def test_a_memory_row_starts_with_no_earlier_model_alive(gpu_check, monkeypatch)
     """Trained under mixed precision (as on the GPU), a row's model outlives its row in a reference cycle
     (accelerate sets an autocast wrapper of its forward on the model itself); the next row collects it
     before building its own, or the earlier model's parameters would count in that row's peak."""
-    import gc
-    import weakref
 
-    import transformers
+    def none_alive(refs):
+        assert [ref() for ref in refs] == [None] * len(refs), "an earlier row's model is still alive"
 
-    sections = bench_script("gpu_sections")
-    built: list[weakref.ref] = []
-    from_config = transformers.AutoModelForCausalLM.from_config
-
-    def build(*args, **kwargs):
-        assert [ref() for ref in built] == [None] * len(built), "an earlier row's model is still alive"
-        model = from_config(*args, **kwargs)
-        built.append(weakref.ref(model))
-        return model
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
-    s = gpu_check.settings(True)
-    gc.disable()  # no automatic collection between the rows: only the row's own
-    try:
+    sections, s = bench_script("gpu_sections"), gpu_check.settings(True)
+    with built_models(monkeypatch, before_each=none_alive) as built:
         for routing in ("full", "none"):
             recipe = sections.recipe_for(s, "gqa", routing, True, mixed_precision="bf16")
             assert sections.measured_step(recipe, "cpu")["allocated_before"] is None  # CPU: RSS, no allocator
         assert built[0]() is None and len(built) == 2
-    finally:
-        gc.enable()
 
 
 def test_no_section_leaves_its_models_alive(gpu_check, tmp_path, monkeypatch):
-    """nnsight's wrapper holds the extraction section's model in a reference cycle; the run collects
-    after each section, so the next section (the step timings) does not share the device with it."""
-    import gc
-    import weakref
-
-    import transformers
-
-    built: list[weakref.ref] = []
-    from_config = transformers.AutoModelForCausalLM.from_config
-
-    def build(*args, **kwargs):
-        model = from_config(*args, **kwargs)
-        built.append(weakref.ref(model))
-        return model
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
-    gc.disable()  # no automatic collection: only the run's own
-    try:
+    """A traced model sits in nnsight's reference cycle (the extraction section's); the run collects after
+    each section, so the next section (the step timings) does not share the device with it."""
+    with built_models(monkeypatch) as built:
         assert "error" not in gpu_check.run(True, tmp_path / "x.json", ["extract"])["sections"]["extract"]
         assert built and [ref() for ref in built] == [None] * len(built)
-    finally:
-        gc.enable()
 
 
 def test_step_models_in_the_order_the_section_compiles_them(gpu_check):

@@ -518,10 +518,9 @@ def test_measuring_a_seed_frees_its_models(tmp_path, monkeypatch):
     """A model that has been traced sits in a reference cycle (nnsight's), which only the cyclic
     collector frees; the checkpoints a seed's measures loaded are freed when its measuring ends, so a
     study on a GPU does not keep seed after seed's models on the device."""
-    import gc
     import weakref
 
-    from helpers import save_tiny_checkpoint
+    from helpers import collector_off, save_tiny_checkpoint
 
     from lime_probe.extraction.tracing import extract
     from lime_probe.specs.base import Result
@@ -542,13 +541,7 @@ def test_measuring_a_seed_frees_its_models(tmp_path, monkeypatch):
         name="frees", question="?", recipe="none", models={"A": {}, "B": {}}, seeds=(0, 1),
         measures={"x": Measure("entropy")}, claims=(),
     )  # fmt: skip
-    gc.disable()  # no automatic collection: only the runner's own
-    try:
+    with collector_off():
         measured = runner.measure_runs(study, tmp_path / "out", 0, runs, None, "cpu", runner.Progress(2))
-        assert (
-            len(loaded) == 2
-            and [ref() for ref in loaded] == [None, None]
-            and set(measured["x"]) == {"A", "B"}
-        )
-    finally:
-        gc.enable()
+        assert len(loaded) == 2 and [ref() for ref in loaded] == [None, None]
+    assert set(measured["x"]) == {"A", "B"}

@@ -8,6 +8,7 @@ import stat
 
 import pytest
 import torch
+from helpers import built_models
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -158,24 +159,9 @@ def test_gradient_accumulation_matches_one_big_batch(tiny, tmp_path):
 def test_a_finished_run_frees_its_model(tiny, tmp_path, monkeypatch):
     """Under mixed precision accelerate keeps the model in a reference cycle (its forward wrapped on the
     instance); the next run in the same process (a study's) must not find the last one's weights alive."""
-    import gc
-    import weakref
-
-    built: list[weakref.ref] = []
-    from_config = T.AutoModelForCausalLM.from_config
-
-    def build(*args, **kwargs):
-        model = from_config(*args, **kwargs)
-        built.append(weakref.ref(model))
-        return model
-
-    monkeypatch.setattr(T.AutoModelForCausalLM, "from_config", build)
-    gc.disable()  # no automatic collection: only the run's own
-    try:
+    with built_models(monkeypatch) as built:
         run(tiny, tmp_path / "r", mixed_precision="bf16")
         assert len(built) == 1 and built[0]() is None
-    finally:
-        gc.enable()
 
 
 def test_checkpoints_are_atomic_and_pruned(tiny, tmp_path):
