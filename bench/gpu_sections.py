@@ -463,10 +463,33 @@ def compiled_steps(s: dict[str, Any], shape: str, routing: str) -> tuple[Steps, 
     return steps, {"seconds": seconds, **hits}
 
 
+def top_kernels(steps: Steps, device: str, top: int = 15) -> dict[str, Any]:
+    """One profiled training step of ``steps``' model (after one unprofiled): its ``top`` kernels by
+    self time (on the CPU, operators), each with its calls, and the total over all of them, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    steps.run("model")
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        steps.run("model")
+        sync(device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
+    return {
+        "total_ms": sum(getattr(e, key) for e in events) / 1e3,
+        "top": [{"name": e.key, "ms": getattr(e, key) / 1e3, "calls": e.count} for e in events[:top]],
+    }
+
+
+PROFILED = ("full",)  # the variants whose rows also profile one step of LLaMA and of the variant
+
+
 def section_step(ctx: Context) -> dict[str, Any]:
     """Table 17's rows in order of priority (full at both shapes first): each shape's LLaMA compiled
     once and reused by every row of that shape, each variant compiled once (after its compile worker,
-    if any, filled the caches), then interleaved rounds (LLaMA, variant, ...)."""
+    if any, filled the caches), then interleaved rounds (LLaMA, variant, ...). A row of ``PROFILED``
+    also records where each model's step spends its time (`top_kernels`), for the routed read's cost."""
     s, out = ctx.s, {"rows": [], "skipped": []}  # type: ignore[var-annotated]
     # each model is a new module object, which Dynamo guards on: past its recompile limit (8) the
     # later models would silently run eager
@@ -515,6 +538,11 @@ def section_step(ctx: Context) -> dict[str, Any]:
                     "compile": {"llama": base_compile, "variant": compile_info, "workers": compile_s},
                 }
             )
+            if variant in PROFILED:
+                out["rows"][-1]["profile"] = {
+                    "llama": top_kernels(base, ctx.device),
+                    variant: top_kernels(steps, ctx.device),
+                }
             del steps, built
             if ctx.device == "cuda":
                 torch.cuda.empty_cache()

@@ -123,6 +123,21 @@ def test_no_section_leaves_its_models_alive(gpu_check, tmp_path, monkeypatch):
         assert built and [ref() for ref in built] == [None] * len(built)
 
 
+def test_a_profiled_step_lists_its_kernels_by_self_time(gpu_check):
+    """`top_kernels` on the CPU (operators): descending self times that sum to at most the step's total,
+    and LIMe's routed read among LIMe's operators only."""
+    sections = bench_script("gpu_sections")
+    args = sections.step_args(gpu_check.settings(True), "gqa")
+    args.compile = False  # eager: the read is the custom autograd function, named in the profile
+    profiles = {r: sections.top_kernels(sections.Steps(r, args), "cpu", top=40) for r in ("none", "full")}
+    for p in profiles.values():
+        ms = [k["ms"] for k in p["top"]]
+        assert 0 < len(ms) <= 40 and ms == sorted(ms, reverse=True) and min(ms) > 0
+        assert sum(ms) <= p["total_ms"] * (1 + 1e-9) and all(k["calls"] >= 1 for k in p["top"])
+    names = {r: {k["name"] for k in p["top"]} for r, p in profiles.items()}
+    assert "_RoutedRead" in names["full"] and "_RoutedRead" not in names["none"]
+
+
 def test_step_models_in_the_order_the_section_compiles_them(gpu_check):
     models = gpu_check.step_models(None)
     assert models[:4] == ["gqa:none", "gqa:full", "mha:none", "mha:full"]  # Table 17's headline rows first
@@ -185,6 +200,8 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     for r in rows.values():
         assert r["step_s"] > 0 and r["llama_step_s"] > 0
         assert r["ci"][0] <= r["ratio"] <= r["ci"][1]
+        # the full rows profile one step of each model
+        assert set(r.get("profile", {})) == ({"llama", "full"} if r["variant"] == "full" else set())
         # the worker compiled each model first and wrote its seconds
         assert all(w is not None and w["seconds"] > 0 for w in r["compile"]["workers"].values())
     # each shape's LLaMA compiled once: the rows after the first of a shape reuse it
