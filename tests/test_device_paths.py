@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from lime_probe.extraction.forward import select_rows
+from lime_probe.extraction.forward import kept_positions, select_rows
 from lime_probe.extraction.tracing import extract
 from lime_probe.extraction.transfer import finish_host_copies, to_host
 from lime_probe.probes.entropy import layer_entropy, stream_entropy
@@ -60,6 +60,7 @@ def test_rows_stay_in_the_models_dtype_and_means_are_summed_in_float32():
     keep = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
     rows = select_rows(x, keep, "none", None)
     assert rows.dtype == torch.bfloat16 and torch.equal(rows, x[keep])
+    assert torch.equal(select_rows(x, keep, "none", None, kept_positions(keep)), x[keep])  # by index
     wide = x.double()
     expected = torch.stack([wide[i][keep[i]].mean(0) for i in range(3)])
     mean = select_rows(x, keep, "mean", None)
@@ -108,3 +109,23 @@ def test_entropy_on_a_given_device_equals_the_host_path(preset):
     on_device = stream_entropy(lambda: [low[:2], low[2:]], preset, n_boot=10, device="cpu")
     widened = layer_entropy([z.double() for z in low], preset, n_boot=10)
     np.testing.assert_allclose(on_device.values, widened.values, rtol=0, atol=1e-10)
+
+
+def test_a_batch_counts_its_kept_tokens_once_for_every_site():
+    """Rows are taken by the batch's kept positions, found once per batch: a boolean mask per site and
+    layer would make the host wait for the device to count its rows each time (on a GPU, a stall per
+    site and layer). Counted on the CPU as the profiler's ``aten::nonzero`` calls, which do not grow with
+    the sites read (they did: 6 for one site, 16 for three, at 2 layers x 2 batches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tok = tiny_tokenizer()
+    model = tiny_model("lime", tok)
+
+    def nonzero_calls(sites: list[str]) -> int:
+        extract(model, tok, TEXTS, sites=sites, batch_size=2, progress=False)  # warm
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            acts = extract(model, tok, TEXTS, sites=sites, batch_size=2, progress=False)
+        assert len(acts.layers("values")) == 2 and all(acts.layers(site) for site in sites)
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::nonzero")
+
+    assert nonzero_calls(["values"]) == nonzero_calls(["values", "routed_values", "hidden"])

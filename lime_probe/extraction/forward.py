@@ -92,6 +92,7 @@ def trace_batch(
     device and travel to the host in its dtype (`lime_probe.extraction.transfer`), from a local GPU
     without stalling the pass; a remote run copies them where it runs, synchronously."""
     inputs = {k: v.to(keep.device) for k, v in batch.items()}
+    index = kept_positions(keep) if pool == "none" else None  # once per batch: one wait, not one per site
     host = to_host if not remote else torch.Tensor.cpu
     if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
         nnsight.register(__package__)
@@ -111,7 +112,9 @@ def trace_batch(
                         f"= {tuple(keep.shape)}"
                     )
                 # dims after seq flattened: a module site may give (batch, seq, heads, head_dim)
-                rows[f"{site}/{layer}"] = host(select_rows(x.reshape(*keep.shape, -1), keep, pool, None))
+                rows[f"{site}/{layer}"] = host(
+                    select_rows(x.reshape(*keep.shape, -1), keep, pool, None, index)
+                )
         if logprobs:
             rows["logprobs"] = host(
                 token_logprobs(nn_model.output.logits, inputs["input_ids"], inputs["attention_mask"])
@@ -143,15 +146,28 @@ def token_logprobs(
 
 
 def select_rows(
-    x: torch.Tensor, keep: torch.Tensor, pool: str, dtype: torch.dtype | None = torch.float32
+    x: torch.Tensor,
+    keep: torch.Tensor,
+    pool: str,
+    dtype: torch.dtype | None = torch.float32,
+    index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows of x (batch, seq, dim) where keep (batch, seq) is True, in sequence order -> (n, dim) in
     `dtype` (None: x's own); with pool="mean" the mean over each sequence's kept tokens -> (batch, dim),
-    summed in float32 (None: kept in float32). Computed on x's device."""
+    summed in float32 (None: kept in float32). Computed on x's device. ``index``: keep's flat positions
+    (`kept_positions`), where the caller reads many sites of one batch: rows taken by index need no
+    device sync, where a boolean mask makes the host wait for the device to count its rows."""
     keep = keep.to(x.device)  # a layer of a device-mapped (or remote) model: on its own device
     if pool == "mean":
         weights = keep.unsqueeze(-1)
         rows = torch.where(weights, x, 0).sum(1, dtype=torch.float32) / weights.sum(1)
+    elif index is not None:
+        rows = x.flatten(0, 1).index_select(0, index.to(x.device))
     else:
         rows = x[keep]
     return rows if dtype is None else rows.to(dtype)
+
+
+def kept_positions(keep: torch.Tensor) -> torch.Tensor:
+    """The flat positions (batch-major) where ``keep`` (batch, seq) is True -> (n,), on its device."""
+    return keep.flatten().nonzero().squeeze(1)
