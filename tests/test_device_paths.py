@@ -129,3 +129,20 @@ def test_a_batch_counts_its_kept_tokens_once_for_every_site():
         return sum(e.count for e in prof.key_averages() if e.key == "aten::nonzero")
 
     assert nonzero_calls(["values"]) == nonzero_calls(["values", "routed_values", "hidden"])
+
+
+def test_non_finite_rows_name_their_site_layer_and_sequences(tok):
+    """A NaN weight in layer 1's v_proj: the first batch's values there are refused in one line naming the
+    site, the layer and the input's sequence numbers."""
+    import re
+
+    model = tiny_model("llama", tok)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.v_proj.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError) as error:
+        extract(model, tok, TEXTS, sites=["values"], batch_size=2, progress=False)
+    found = re.fullmatch(
+        r"non-finite activations \(NaN/Inf\) at site 'values' layer 1 in a batch of sequences (\d), (\d)",
+        str(error.value),
+    )
+    assert found and {int(n) for n in found.groups()} < set(range(len(TEXTS))), str(error.value)

@@ -92,7 +92,7 @@ def trace_batch(
     device and travel to the host in its dtype (`lime_probe.extraction.transfer`), from a local GPU
     without stalling the pass; a remote run copies them where it runs, synchronously."""
     inputs = {k: v.to(keep.device) for k, v in batch.items()}
-    index = kept_positions(keep) if pool == "none" else None  # once per batch: one wait, not one per site
+    positions = kept_positions(keep) if pool == "none" else None  # once per batch: one wait, not one per site
     host = to_host if not remote else torch.Tensor.cpu
     if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
         nnsight.register(__package__)
@@ -113,7 +113,7 @@ def trace_batch(
                     )
                 # dims after seq flattened: a module site may give (batch, seq, heads, head_dim)
                 rows[f"{site}/{layer}"] = host(
-                    select_rows(x.reshape(*keep.shape, -1), keep, pool, None, index)
+                    select_rows(x.reshape(*keep.shape, -1), keep, pool, None, positions)
                 )
         if logprobs:
             rows["logprobs"] = host(
