@@ -77,6 +77,7 @@ def checkpoint_options(
 
 
 def run_options(p: argparse.ArgumentParser, out: str = "lime-probe-out") -> None:
+    """The run's group: --device, --out (default ``out``), --threads, --verbose."""
     r = p.add_argument_group("run")
     add_device_option(r)
     r.add_argument(
@@ -156,6 +157,9 @@ def add_param_options(
 
 
 def report_options(p: argparse.ArgumentParser) -> None:
+    """``report``'s options: the checkpoints and texts, the run, each reportable analysis's parameters once
+    (left out, every analysis keeps its own default), --analyses, the joined analyses' data (--blimp) and
+    --allow-skips."""
     checkpoint_options(p, data="texts", max_sequences=None, layers=False)
     run_options(p)
     g, seen, own = p.add_argument_group("analyses"), ["layers"], differing_defaults()
@@ -189,6 +193,7 @@ def report_options(p: argparse.ArgumentParser) -> None:
 
 
 def demo_options(p: argparse.ArgumentParser) -> None:
+    """``demo``'s options: the run (out: lime-probe-out/demo), --seed, --quick, --runs, --reproducible (on)."""
     run_options(p, out="lime-probe-out/demo")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of training, sampling and probes (default: %(default)s)"
@@ -206,6 +211,8 @@ def demo_options(p: argparse.ArgumentParser) -> None:
 
 
 def reproduce_options(p: argparse.ArgumentParser) -> None:
+    """``reproduce``'s options: --study (its description lists the studies), --data, --seeds, --out,
+    --results, --size, --device, --threads, --reproducible (the study's own mode by default)."""
     p.description = (p.description or "") + "\n".join(
         f"  {s.name:<19} {s.question}" for s in STUDIES.values()
     )
@@ -265,6 +272,7 @@ def _reproducible_option(p: argparse.ArgumentParser, default: str) -> None:
 
 
 def cache_options(p: argparse.ArgumentParser) -> None:
+    """``cache``'s options: --cache, --clear, --older-than, --ckpt, --yes."""
     p.add_argument(
         "--cache",
         dest="cache_dir",
