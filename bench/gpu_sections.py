@@ -168,11 +168,30 @@ def section_generate(ctx: Context) -> dict[str, Any]:
     }
 
 
+def host_waits(fn: Callable[[], Any], device: str) -> int | None:
+    """On a GPU, how many operations made the host wait for the device during ``fn()`` (torch's
+    synchronisation debug mode, counted as its warnings); None elsewhere."""
+    if device != "cuda":
+        return None
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def extract_vs_plain(hf, tok, s: dict[str, Any], rounds: int) -> tuple[dict[str, Any], Any, Any, list]:
     """Tokens per second of a plain forward with ``output_hidden_states`` and of ``lime_probe.extract``
     at values and routed values over the same windows, interleaved for ``rounds`` rounds after a warm-up
-    of each; the ratio is the median per-round extract / plain time with its interval. Returns the
-    numbers, the last extraction (``Activations``), the nnsight model and the windows (token ids)."""
+    of each; the ratio is the median per-round extract / plain time with its interval, and on a GPU the
+    host's waits for the device in one call of each (`host_waits`). Returns the numbers, the last
+    extraction (``Activations``), the nnsight model and the windows (token ids)."""
     from lime_probe.extraction.loading import wrap
     from lime_probe.extraction.tracing import extract
 
@@ -208,6 +227,7 @@ def extract_vs_plain(hf, tok, s: dict[str, Any], rounds: int) -> tuple[dict[str,
         "extract_over_plain_time": statistics.median(ratios),
         "ci": [lo, hi],
         "coverage": coverage,
+        "host_waits": {"plain": host_waits(plain, device), "extract": host_waits(extraction, device)},
     }
     return numbers, acts["a"], model, windows
 

@@ -42,6 +42,7 @@ def check_extraction(body):
     assert body["tokens"] > 0 and body["rounds"] >= 2
     assert body["ci"][0] <= body["extract_over_plain_time"] <= body["ci"][1]
     assert body["plain_forward_tokens_per_s"] > 0 and body["extract_tokens_per_s"] > 0
+    assert body["host_waits"] == {"plain": None, "extract": None}  # counted on a GPU only
 
 
 def check_memory_row(row, cuda: bool):
