@@ -213,7 +213,10 @@ PROSE: list[tuple[str, Callable[[], str]]] = [
     ("RESULTS", lambda: f"SD rose from {sd('LLaMA', FAIR):.2f} to {sd('LLaMA'):.2f}"),
     ("RESULTS", lambda: "fell by about {:.0f} from".format(-moved("LIMe")[0])),
     ("RESULTS", lambda: "(MDE {:.2f})".format(float(primary()["mde"]))),
-    ("RESULTS", lambda: "the two studies, {:.2f}, has an interval from {:.2f} to +{:.4g}".format(*gap_moved())),
+    (
+        "RESULTS",
+        lambda: "the two studies, {:.2f}, has an interval from {:.2f} to +{:.4g}".format(*gap_moved()),
+    ),
 ]
 
 
