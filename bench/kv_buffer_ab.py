@@ -8,13 +8,11 @@ loaded next to the current one, both run interleaved in one process, and each ro
 reported (median, its distribution-free confidence interval and min-max over rounds) with a check that both give the same values and close
 gradients. ``MB moved`` is the least memory traffic of this tree's reads (every GEMM operand read and
 every result written once) and ``GB/s`` that traffic over its time, next to the process's measured
-read bandwidth: how far the reads are from being memory-bound. ``--read traced`` times instead the
-form ``torch.compile`` traces (``traced_read``, run eagerly: its operations, before any fusion), with the
-same inputs; its ``MB moved`` is still the custom read's least traffic.
+read bandwidth: how far the reads are from being memory-bound. (Under ``torch.compile`` the same read
+runs inside custom operators, ``compiled_read``.)
 
     python bench/kv_buffer_ab.py --against dbd2689 --threads 1
     python bench/kv_buffer_ab.py --against HEAD~1 --variants full dynamic --rounds 20
-    python bench/kv_buffer_ab.py --against HEAD --read traced --threads 1 --layers 8 --seq 64
 """
 
 from __future__ import annotations
@@ -102,18 +100,19 @@ class Chain:
                 floats += 3 * positions * kv * S
         return 2 * 4 * floats  # keys and values, fp32
 
-    def run(self, module, read: str = "routed") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Forward and backward through every layer's ``read`` (``routed`` or ``traced``) of ``module``;
-        returns outputs and input gradients."""
+    def run(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Forward and backward through every layer's routed read of ``module``; returns outputs and
+        input gradients."""
         buffer = module.KVBuffer(*self.sizes)
-        read_fn = getattr(module, f"{read}_read")
         raw = [t.clone().requires_grad_() for t in self.raw]
         outs, loss = [], 0
         for i, router in enumerate(self.routers):
             weight, mode = None, router.own_only_mode
             if len(router.sources) > 1:
                 weight, mode = buffer_layout(router.coefficients(self.x), router.input_dependent)
-            k, v = read_fn(buffer, i, raw[i], raw[len(self.routers) + i], weight, router.sources, mode)
+            k, v = module.routed_read(
+                buffer, i, raw[i], raw[len(self.routers) + i], weight, router.sources, mode
+            )
             outs += [k.detach(), v.detach()]
             loss = loss + (k * self.probe).sum() + (v * self.probe).sum()
         # autograd.grad hands back the gradients as computed (.grad would copy strided ones, which
@@ -142,12 +141,6 @@ def main() -> None:
         "--variants", nargs="+", default=["full", "first-4", "dilated-8", "per-dim", "dynamic"]
     )
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument(
-        "--read",
-        choices=["routed", "traced"],
-        default="routed",
-        help="routed: the eager read (custom autograd function); traced: the form torch.compile traces",
-    )
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
@@ -168,7 +161,7 @@ def main() -> None:
             raise SystemExit(f"{name}: {err}") from None
     print(
         f"routed reads only, {args.layers} layers, hidden {args.hidden}, {args.heads} heads, "
-        f"{args.batch}x{args.seq} tokens, {args.read} read, {torch.get_num_threads()} threads, process CPU "
+        f"{args.batch}x{args.seq} tokens, {torch.get_num_threads()} threads, process CPU "
         f"time, {args.rounds} rounds; "
         f"CI = the median ratio's order-statistic interval ({median_ci_rank(args.rounds)[1]:.1%} coverage)"
     )
@@ -183,7 +176,7 @@ def main() -> None:
     )
     for name, chain in chains.items():
         # warm-up and check
-        (out_a, grad_a), (out_b, grad_b) = chain.run(earlier, args.read), chain.run(current, args.read)
+        (out_a, grad_a), (out_b, grad_b) = chain.run(earlier), chain.run(current)
         same = all(torch.equal(a, b) for a, b in zip(out_a, out_b, strict=True))
         gap_out = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(out_a, out_b, strict=True))
         gap = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(grad_a, grad_b, strict=True))
@@ -191,7 +184,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for module in times:
                 start = time.process_time()
-                chain.run(module, args.read)
+                chain.run(module)
                 times[module].append(time.process_time() - start)
         ratios = [a / b for a, b in zip(times[earlier], times[current], strict=True)]
         moved, this = chain.traffic_bytes(), statistics.median(times[current])

@@ -30,19 +30,21 @@ source's block. A layer computes it when its own backward runs, which is always 
 layer's backward: a later layer's K/V depend, through the residual stream, on this layer's output, so
 autograd's reverse topological order guarantees that every reader has kept its gradient.
 
-Under ``torch.compile`` the read is ``traced_read`` instead: plain tensor operations that Dynamo
-puts in the model's one graph (the custom function's backward changes the buffer's Python state, which
-Dynamo cannot trace, so each routed layer would break the graph), whose backward the compiler derives.
-There a layer's read is one concatenation of its sources' keys and values (kept as views of the
-projections' outputs) and one contraction giving both mixtures (the same weights mix keys and values),
-for forward and for each gradient.
+Under ``torch.compile`` the same read runs as two custom operators (``compiled_read``): Dynamo cannot
+trace the custom function (its backward changes the buffer's Python state across layers, so each routed
+layer would break the graph), but it puts an operator into the graph unopened. The graph allocates the
+buffer (one chunk per tensor) and each layer's operator writes its heads into it and reads its mix; the
+backward operator keeps the gradients across layers as the custom function does. So the compiled step
+moves and keeps what the eager one does: each raw K/V written once, no concatenated copy of a layer's
+sources saved for backward (O(L) memory, not O(L^2)).
 """
 
 from __future__ import annotations
 
+import re
+import weakref
 from functools import partial
 from itertools import pairwise
-from typing import NamedTuple
 
 import torch
 
@@ -82,9 +84,21 @@ class KVBuffer:
         self.grad_out: list[list[torch.Tensor | None]] = [[None] * num_layers for _ in range(2)]
         # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
         self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
-        # under torch.compile: each layer's raw (keys, values), views in its read mode's order (TRACED,
-        # traced_read)
-        self.raw: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # under torch.compile: the graph's buffer, keys and values stacked (``compiled_read``)
+        self.tensor: torch.Tensor | None = None
+        # the last layer whose backward ran in this pass (a backward operator's state, ``compiled_read``)
+        self.last_backward: int | None = None
+        self.copy_grads = False  # keep copies of the incoming gradients (``store_grad_out``)
+
+    @classmethod
+    def over(cls, data: torch.Tensor, kv: int, mode: str) -> KVBuffer:
+        """A buffer whose keys and values are ``data[0]`` and ``data[1]``, one chunk each, in the
+        layout of read ``mode`` (a compiled graph's buffer: ``compiled_read``)."""
+        layout = LAYOUTS[mode]
+        heads = data.shape[2 if layout == "position-outer" else 1]
+        buffer = cls(heads // kv, kv, data.shape[2 if layout == "feature-major" else 3])
+        buffer.layout, buffer.data, buffer.copy_grads = layout, [[data[0]], [data[1]]], True
+        return buffer
 
     def chunk_shape(self, layers: int, positions: int) -> tuple[int, int, int]:
         """The shape of a buffer chunk of ``layers`` layers over ``positions`` (B * T) in this layout."""
@@ -136,23 +150,37 @@ class KVBuffer:
         """Store layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``, and
         record the layer as a reader of its ``sources`` with routing ``weight``. The first write
         allocates the buffer in the layout of read ``mode`` (``LAYOUTS``)."""
-        B, T, _ = keys.shape
         if not self.data:
-            self.layout = LAYOUTS[mode]
-            self.chunk_layers = self.layers_per_gemm(keys.device, mode)
-            self.data = [
-                [
-                    keys.new_empty(self.chunk_shape(min(self.chunk_layers, self.num_layers - first), B * T))
-                    for first in range(0, self.num_layers, self.chunk_layers)
-                ]
-                for _ in range(2)
+            self.allocate(keys, mode, self.layers_per_gemm(keys.device, mode))
+        self.put(layer_idx, keys, values)
+        self.add_reader(layer_idx, weight, sources)
+
+    def allocate(self, keys: torch.Tensor, mode: str, chunk_layers: int) -> None:
+        """Allocate the buffer for raw ``keys`` like ``(B, T, kv * head_dim)``, in the layout of read
+        ``mode`` (``LAYOUTS``), in chunks of ``chunk_layers`` layers."""
+        B, T, _ = keys.shape
+        self.layout, self.chunk_layers = LAYOUTS[mode], chunk_layers
+        self.data = [
+            [
+                keys.new_empty(self.chunk_shape(min(chunk_layers, self.num_layers - first), B * T))
+                for first in range(0, self.num_layers, chunk_layers)
             ]
+            for _ in range(2)
+        ]
+
+    def put(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy layer ``layer_idx``'s raw ``keys``/``values``, each ``(B, T, kv * head_dim)``, into its block."""
+        B, T, _ = keys.shape
         for store, x in zip(self.data, (keys, values), strict=True):
             block = self.stored(store, layer_idx, layer_idx + 1)
             if self.layout == "feature-major":  # [kv*hd, B*T]: a 2D transpose, faster than 4D
                 block.view(-1, B * T).copy_(x.reshape(B * T, -1).t())
             else:
                 self.heads(block, B, T).copy_(x.view(B, T, self.kv, self.head_dim).permute(2, 0, 1, 3))
+
+    def add_reader(self, layer_idx: int, weight: torch.Tensor | None, sources: list[int]) -> None:
+        """Record layer ``layer_idx`` as a reader of its ``sources`` with routing ``weight``, which the
+        sources' backward mixes its gradients back through (``take_grad``)."""
         if weight is not None:
             weight = _own_copy(weight)
         for pos, source in enumerate(sources):
@@ -173,9 +201,13 @@ class KVBuffer:
         One tensor per layer, not one buffer for all: they accumulate while backward frees each
         layer's activations, so they add nothing to the step's peak memory. Each is kept as a one-layer
         buffer, which is the incoming gradient itself when autograd made it contiguous in that layout
-        (nothing here writes to a kept gradient), else a copy."""
+        (nothing here writes to a kept gradient), else a copy; always a copy in a compiled graph
+        (``copy_grads``), whose memory planner reuses an intermediate's storage after its last use there."""
         for store, grad in zip(self.grad_out, grads, strict=True):
-            store[layer_idx] = (grad.transpose(0, 1) if self.head_axis else grad).contiguous()
+            x = grad.transpose(0, 1) if self.head_axis else grad
+            store[layer_idx] = (
+                x.clone(memory_format=torch.contiguous_format) if self.copy_grads else x.contiguous()
+            )
 
     @property
     def head_axis(self) -> int:
@@ -216,6 +248,25 @@ class KVBuffer:
                 for store in self.grad_out:
                     store[r] = None  # free it; a retained graph's next backward starts afresh
         return grads
+
+    def backward(
+        self, layer: int, grads: tuple[torch.Tensor, torch.Tensor], runs, mode: str, shape, weight_grad: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s backward, once every reader of it has run its own: keep ``grads`` (w.r.t.
+        its routed keys and values, ``[kv, *row]``), and return the gradients w.r.t. its weight (when
+        ``weight_grad``; its sources ``runs``, ``contiguous_runs``) and its raw keys and values (``shape``)."""
+        self.store_grad_out(layer, grads)
+        # the kept copies, contiguous in the buffer's layout: the weight gradient's batched GEMMs
+        # read them without copying each batch slice (as they would from a strided incoming gradient)
+        kept = [self.kept(store, layer, layer + 1) for store in self.grad_out]
+        grad_w = None
+        if weight_grad:
+            grad_k_w, grad_v_w = (
+                _weight_grad(g, data, self, runs, mode) for g, data in zip(kept, self.data, strict=True)
+            )
+            grad_w = grad_k_w.add_(grad_v_w)  # both fresh: summed in place
+        grad_k, grad_v = self.take_grad(layer, mode, shape)
+        return grad_w, grad_k, grad_v
 
 
 def _own_copy(weight: torch.Tensor) -> torch.Tensor:
@@ -346,19 +397,9 @@ class _RoutedRead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_keys, grad_values):
         (weight,) = ctx.saved_tensors
-        buffer, layer = ctx.buffer, ctx.layer_idx
-        buffer.store_grad_out(layer, (grad_keys, grad_values))
-        # the kept copies, contiguous in the buffer's layout: the weight gradient's batched GEMMs
-        # read them without copying each batch slice (as they would from a strided incoming gradient)
-        grads = [buffer.kept(store, layer, layer + 1) for store in buffer.grad_out]
-        grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_k_w, grad_v_w = (
-                _weight_grad(g, data, buffer, ctx.runs, ctx.mode)
-                for g, data in zip(grads, buffer.data, strict=True)
-            )
-            grad_w = grad_k_w.add_(grad_v_w)  # both fresh: summed in place
-        grad_k, grad_v = buffer.take_grad(layer, ctx.mode, ctx.kv_shape)
+        grad_w, grad_k, grad_v = ctx.buffer.backward(
+            ctx.layer_idx, (grad_keys, grad_values), ctx.runs, ctx.mode, ctx.kv_shape, ctx.needs_input_grad[0]
+        )
         return grad_w, grad_k, grad_v, None, None, None, None
 
 
@@ -382,52 +423,13 @@ def routed_read(
         Routed ``(keys, values)``, each ``(B, kv, T, head_dim)`` (keys before RoPE).
     """
     if torch.compiler.is_compiling():
-        return traced_read(buffer, layer_idx, keys, values, weight, sources, mode)
+        return compiled_read(buffer, layer_idx, keys, values, weight, sources, mode)
     B, T, _ = keys.shape
     routed_keys, routed_values = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
     return buffer.attention_heads(routed_keys, B, T), buffer.attention_heads(routed_values, B, T)
 
 
-class TracedLayout(NamedTuple):
-    """How ``traced_read`` lays out a layer's sources for one read mode, and mixes them.
-
-    A layer's keys or values viewed ``(B, T, kv, head_dim)`` (``b t h e``) are kept permuted by ``order``
-    (a view); a read concatenates its sources' keys, then their values, along the head axis ``heads`` of
-    that order, which then splits into ``c`` (keys, values) and ``s`` (source heads); ``einsum`` mixes
-    them with the weight repeated over ``c`` (``paired_weight``), batched over ``c``, and ``back``
-    permutes each half of its result (``c`` removed) to attention's ``(B, kv, T, head_dim)``. The orders
-    make the contraction a batched GEMM on views of the concatenation, as the custom read's layouts
-    (``LAYOUTS``) make its GEMMs.
-    """
-
-    order: tuple[int, ...]
-    heads: int
-    einsum: str
-    back: tuple[int, ...]
-
-
-TRACED = {
-    # head-major (c s b t e): [kv, S*kv] @ [S*kv, B*T*head_dim] for keys and for values
-    "matrix": TracedLayout((2, 0, 1, 3), 0, "chs,csbte->chbte", (1, 0, 2, 3)),
-    # feature-major (e c s b t): [kv, S*kv] @ [S*kv, B*T] per feature, for keys and for values
-    "per-dim": TracedLayout((3, 2, 0, 1), 1, "echs,ecsbt->echbt", (2, 1, 3, 0)),
-    # position-outer (b t c s e), the layer's own layout: [kv, S*kv] @ [S*kv, head_dim] per position, twice
-    "per-position": TracedLayout((0, 1, 2, 3), 2, "btchs,btcse->btche", (0, 2, 1, 3)),
-}
-
-
-def paired_weight(weight: torch.Tensor, mode: str, B: int, T: int) -> torch.Tensor:
-    """A ``mode`` weight (``_RoutedRead``) repeated for keys and values (an expanded view) with
-    its dims in the order of the mode's ``TRACED`` contraction."""
-    if mode == "matrix":  # [kv, S*kv] -> (c, h, s)
-        return weight.expand(2, *weight.shape)
-    if mode == "per-dim":  # [kv, S*kv, hd] -> (e, c, h, s)
-        return weight.permute(2, 0, 1).unsqueeze(1).expand(-1, 2, -1, -1)
-    # per-position: [B*T, kv, S*kv] -> (b, t, c, h, s)
-    return weight.view(B, T, 1, *weight.shape[1:]).expand(-1, -1, 2, -1, -1)
-
-
-def traced_read(
+def compiled_read(
     buffer: KVBuffer,
     layer_idx: int,
     keys: torch.Tensor,
@@ -436,31 +438,118 @@ def traced_read(
     sources: list[int],
     mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``routed_read`` as plain tensor operations, what ``torch.compile`` traces in its place.
-
-    The custom function's backward reads and writes the buffer's Python state across layers, which
-    Dynamo cannot put in a graph (a break around every routed layer); here each layer's raw keys and
-    values are kept as views in ``buffer.raw`` (nothing is copied to write them), and a layer's read is
-    one concatenation of its sources' keys and values, in the compute dtype and in its mode's order
-    (``TRACED``; a copy: nothing in a traced graph can append to one tensor in place while earlier
-    reads keep it for backward), and one contraction with the weight that gives both mixtures, whose
-    gradients autograd derives (again one contraction each for the weight and for the sources). Same
-    arguments and result as ``routed_read``.
-    """
+    """``routed_read`` as ``torch.compile`` traces it: the graph allocates the buffer at the first
+    layer (``buffer.tensor``: keys and values stacked, one chunk each) and every layer calls the
+    ``read`` operator below on it. Same arguments and result as ``routed_read``."""
     B, T, _ = keys.shape
-    layout = TRACED[mode]
-    kv, hd = buffer.kv, buffer.head_dim
-    buffer.raw[layer_idx] = (
-        keys.view(B, T, kv, hd).permute(layout.order),
-        values.view(B, T, kv, hd).permute(layout.order),
+    if buffer.tensor is None:
+        buffer.layout = LAYOUTS[mode]
+        buffer.tensor = keys.new_empty(2, *buffer.chunk_shape(buffer.num_layers, B * T))
+    routed = _read(buffer.tensor, keys, values, weight, layer_idx, sources, mode, buffer.kv)
+    return buffer.attention_heads(routed[0], B, T), buffer.attention_heads(routed[1], B, T)
+
+
+# The operators hide the buffer's Python state from the compiler, which takes them as pure: ``read``
+# writes its layer's block of ``data`` without saying so. That is safe because nothing else reads the
+# buffer and every layer's call depends, through the residual stream, on the previous layer's; the
+# compiler keeps the order, and ``data`` (saved for backward) alive until the last backward operator.
+# Not for CUDA graphs: the backward operators' state lives between their calls.
+# One namespace per import of this file: a checkpoint's copy (remote code) may be loaded beside it.
+_LIB = "lime_" + re.sub(r"\W", "_", __name__)
+_TAGS = tuple(t for t in [getattr(torch.Tag, "cudagraph_unsafe", None)] if t is not None)  # torch >= 2.8
+
+# per buffer (by its data's address; alive while the buffer is), the state of a backward pass
+_BACKWARD: dict[int, KVBuffer] = {}
+
+
+@torch.library.custom_op(f"{_LIB}::read", mutates_args=(), tags=_TAGS)
+def _read(
+    data: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    weight: torch.Tensor | None,
+    layer_idx: int,
+    sources: list[int],
+    mode: str,
+    kv: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write ``keys``/``values`` into the buffer ``data`` (``KVBuffer.over``) and read the routed heads,
+    each ``[kv, *row]`` as ``KVBuffer.read`` gives them, made contiguous (``_read_fake``)."""
+    buffer = KVBuffer.over(data, kv, mode)
+    buffer.put(layer_idx, keys, values)
+    k, v = (buffer.read(d, layer_idx, weight, sources, mode).contiguous() for d in buffer.data)
+    return k, v
+
+
+@_read.register_fake
+def _read_fake(data, keys, values, weight, layer_idx, sources, mode, kv):
+    """Shapes only: each routed tensor is ``kv`` rows like one buffered head's."""
+    row = data[0].select(1 if mode == "per-position" else 0, 0).shape
+    return data.new_empty(kv, *row), data.new_empty(kv, *row)
+
+
+@torch.library.custom_op(f"{_LIB}::read_backward", mutates_args=(), tags=_TAGS)
+def _read_backward(
+    grad_keys: torch.Tensor,
+    grad_values: torch.Tensor,
+    data: torch.Tensor,
+    weight: torch.Tensor | None,
+    layer_idx: int,
+    sources: list[int],
+    mode: str,
+    kv: int,
+    shape: list[int],
+    weight_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``KVBuffer.backward`` of layer ``layer_idx`` on the buffer ``data``; the weight's gradient is
+    empty unless ``weight_grad``. The pass's state (readers and kept gradients) starts at the first
+    layer to run backward and is dropped after layer 0's or with ``data``."""
+    key = data.data_ptr()
+    buffer = _BACKWARD.get(key)
+    if buffer is None or buffer.last_backward is None or layer_idx >= buffer.last_backward:  # a new pass
+        buffer = _BACKWARD[key] = KVBuffer.over(data, kv, mode)
+        weakref.finalize(data, _BACKWARD.pop, key, None)
+    buffer.last_backward = layer_idx
+    buffer.add_reader(layer_idx, weight, sources)
+    grad_w, grad_k, grad_v = buffer.backward(
+        layer_idx, (grad_keys, grad_values), contiguous_runs(sources), mode, torch.Size(shape), weight_grad
     )
-    if weight is None:  # the own heads: attention reads the raw ones
-        return keys.view(B, T, kv, hd).transpose(1, 2), values.view(B, T, kv, hd).transpose(1, 2)
-    pairs = [buffer.raw[j][c] for c in (0, 1) for j in sources]
-    src = torch.cat(pairs, layout.heads).unflatten(layout.heads, (2, -1))
-    # weights cast to the sources' dtype, as the custom read casts them
-    out = torch.einsum(layout.einsum, paired_weight(weight, mode, B, T).to(src.dtype), src)
-    routed = [x.permute(layout.back) for x in out.unbind(layout.heads)]
-    if mode == "per-dim":  # features come out strided; attention reads them with unit stride
-        routed = [x.contiguous() for x in routed]
-    return routed[0], routed[1]
+    if layer_idx == 0:
+        _BACKWARD.pop(key, None)
+    # contiguous, as the fake's (a per-dim weight's gradient comes out permuted)
+    return grad_w.contiguous() if grad_w is not None else grad_keys.new_empty(0), grad_k, grad_v
+
+
+@_read_backward.register_fake
+def _read_backward_fake(
+    grad_keys, grad_values, data, weight, layer_idx, sources, mode, kv, shape, weight_grad
+):
+    grad_w = grad_keys.new_empty(0) if weight is None or not weight_grad else torch.empty_like(weight)
+    return grad_w, grad_keys.new_empty(shape), grad_keys.new_empty(shape)
+
+
+def _setup_read(ctx, inputs, output) -> None:
+    data, keys, _, weight, ctx.layer_idx, ctx.sources, ctx.mode, ctx.kv = inputs
+    ctx.shape = list(keys.shape)
+    ctx.save_for_backward(data, weight)
+
+
+def _read_grad(ctx, grad_keys, grad_values):
+    data, weight = ctx.saved_tensors
+    weight_grad = weight is not None and ctx.needs_input_grad[3]
+    grad_w, grad_k, grad_v = _read_backward(
+        grad_keys,
+        grad_values,
+        data,
+        weight,
+        ctx.layer_idx,
+        ctx.sources,
+        ctx.mode,
+        ctx.kv,
+        ctx.shape,
+        weight_grad,
+    )
+    return None, grad_k, grad_v, grad_w if weight_grad else None, None, None, None, None
+
+
+_read.register_autograd(_read_grad, setup_context=_setup_read)

@@ -158,33 +158,6 @@ def test_kv_buffer_ab_against_head_gives_identical_values_and_gradients():
     assert all("values bit-identical" in r and "max rel diff 0.0e+00" in r for r in rows)
 
 
-@pytest.mark.slow
-def test_kv_buffer_ab_times_the_traced_read_against_the_earlier_ones():
-    """``--read traced``: both trees' traced reads (an earlier revision's may sum in another order)."""
-    out = run_bench(
-        "kv_buffer_ab.py",
-        *TOY,
-        "--against",
-        "HEAD",
-        "--read",
-        "traced",
-        "--rounds",
-        "2",
-        "--variants",
-        "full",
-        "per-dim",
-    ).stdout
-    assert "traced read" in out
-    rows = [
-        line.split("max rel diff ")
-        for line in out.splitlines()
-        if line.split()[:1] in (["full"], ["per-dim"])
-    ]
-    assert len(rows) == 2
-    for row in rows:  # values (when not bit-identical), then gradients
-        assert all(float(part.split()[0].rstrip(",")) < 1e-5 for part in row[1:])
-
-
 # --------------------------------------------------------------------------- the thread default
 
 

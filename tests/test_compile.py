@@ -1,15 +1,13 @@
-"""``torch.compile`` of LIMe on the CPU: one graph per routing variant, and the compiled logits and
-gradients equal eager ones (the compiled model reads through `traced_read`, eager through the custom
-autograd function of `lime_model.kv_buffer`, so each checks the other). The traced read also runs
-eagerly against the custom one for every routing kind, GQA and MHA, and in generation with a cache."""
+"""``torch.compile`` of LIMe on the CPU: one graph per routing variant, the compiled logits, gradients
+and cached generation equal eager ones (the compiled model reads through the custom operators of
+`lime_model.kv_buffer.compiled_read`, whose values and gradients `tests/test_kv_buffer.py` checks
+against the mixing formula), and the compiled step keeps no per-layer copy of a layer's sources."""
 
 import pytest
 import torch
 from helpers import routed_specs
 
-import lime_model.router
 from lime_model import LimeConfig, LimeForCausalLM
-from lime_model.kv_buffer import traced_read
 
 VARIANTS = ["none", *routed_specs()]  # every routing kind with a router, and LLaMA
 
@@ -70,7 +68,7 @@ def check_equal(routing: str, backend: str, layers: int = 4) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("routing", VARIANTS)
 def test_one_graph_and_no_graph_break(routing):
-    """Dynamo's own account: before the traced read, each routed layer broke the graph (the custom
+    """Dynamo's own account: before the custom operators, each routed layer broke the graph (the custom
     function's backward mutates the buffer, which Dynamo refuses), 19-21 breaks at 4 layers."""
     torch._dynamo.reset()
     explained = torch._dynamo.explain(make(routing))(torch.randint(0, 50, (2, 6)), use_cache=False)
@@ -92,30 +90,69 @@ def test_inductor_on_the_cpu_equals_eager():
     check_equal("full", "inductor", layers=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_heads", [2, 4], ids=["GQA", "MHA"])
-@pytest.mark.parametrize("routing", routed_specs())
-def test_traced_read_equals_the_custom_read_in_training_and_generation(routing, kv_heads, monkeypatch):
-    """Eagerly, the model reading through `traced_read` (what the compiler traces: keys and values mixed
-    in one contraction) gives the custom read's logits and parameter gradients, and in ``generate`` with
-    a cache (one new position per step, the buffer covering only it) the same tokens and scores."""
-    model = make(routing, kv_heads=kv_heads)
+@pytest.mark.parametrize("routing", one_per_router())
+def test_compiled_generation_with_a_cache_equals_eager(routing, kv_heads):
+    """``generate`` with a cache through the compiled forward (one new position per step, the graph's
+    buffer covering only it) gives eager's tokens and scores."""
+    model = make(routing, kv_heads=kv_heads).eval()
     ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(1))
-    target = torch.randn(2, 6, 50, generator=torch.Generator().manual_seed(2))
 
     def run():
-        logits, grads = logits_and_grads(model, model, ids, target)
-        model.eval()
         out = model.generate(
             ids, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True
         )
-        model.train()
-        return logits, grads, out.sequences, torch.stack(out.logits)
+        return out.sequences, torch.stack(out.logits)
 
-    custom = run()
-    monkeypatch.setattr(lime_model.router, "routed_read", traced_read)
-    traced = run()
-    torch.testing.assert_close(traced[0], custom[0], atol=ATOL, rtol=RTOL)
-    for g, e in zip(traced[1], custom[1], strict=True):
-        torch.testing.assert_close(g, e, atol=ATOL, rtol=RTOL)
-    assert torch.equal(traced[2], custom[2])
-    torch.testing.assert_close(traced[3], custom[3], atol=ATOL, rtol=RTOL)
+    eager = run()
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+    compiled = run()
+    assert torch.equal(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1], atol=ATOL, rtol=RTOL)
+
+
+def test_the_compiled_step_keeps_no_concatenated_sources():
+    """What the compiled forward saves for backward: the routed reads add the buffer (every layer's raw
+    keys and values once) and nothing else to LLaMA's saved tensors, not a concatenation of a layer's
+    sources per layer (O(L^2)). Counted from AOT autograd's partitioned graphs (no C++ compiler)."""
+    saved = {}
+    for routing in ("none", "full"):
+        model = make(routing, layers=6)
+        saved[routing] = saved_for_backward(model, torch.randint(0, 50, (2, 6)))
+    kv_heads, head_dim = SIZES["num_key_value_heads"], SIZES["hidden_size"] // SIZES["num_attention_heads"]
+    buffer = 2 * 6 * kv_heads * 2 * 6 * head_dim  # keys and values, 6 layers, 2 x 6 positions
+    # (the routing weights are parameters: inputs of the graph, saved as they are)
+    assert saved["full"] - saved["none"] == buffer
+
+
+def saved_for_backward(model, ids) -> int:
+    """Elements of the distinct storages the compiled forward of ``model`` on ``ids`` saves for backward."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def backend(gm, inputs):
+        def forward(g, _):
+            graphs["forward"] = g
+            return g.forward
+
+        return aot_module_simplified(
+            gm, inputs, fw_compiler=forward, bw_compiler=lambda g, _: g.forward,
+            partition_fn=min_cut_rematerialization_partition,
+        )  # fmt: skip
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True)(ids, use_cache=False).logits.sum().backward()
+    nodes = list(graphs["forward"].graph.nodes)
+    placeholders = {n for n in nodes if n.op == "placeholder"}
+    user_outputs = 1  # the logits
+    storages = {}
+    for node in nodes[-1].args[0][user_outputs:]:
+        value = node.meta.get("val")
+        if node in placeholders or not isinstance(value, torch.Tensor):
+            continue  # parameters and inputs are saved by LLaMA alike; sizes and symbols are not tensors
+        storages[id(value.untyped_storage())] = value.untyped_storage().nbytes() // value.element_size()
+    return sum(storages.values())

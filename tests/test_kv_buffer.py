@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lime_model import kv_buffer
-from lime_model.kv_buffer import KVBuffer, routed_read, traced_read
+from lime_model.kv_buffer import KVBuffer, routed_read
 
 B, T, KV, HD, L = 2, 3, 2, 4, 4
 
@@ -18,12 +18,10 @@ def reference_mix(coef: torch.Tensor, raws: list[torch.Tensor]) -> torch.Tensor:
     return torch.einsum("btkpje,btpje->bkte", c, src)
 
 
-def chain(
-    sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffer | None = None, read=routed_read
-):
+def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffer | None = None):
     """L layers; layer l's raw K/V = base + tanh(layer l-1's routed K/V), so that backward visits the
-    layers in reverse as in the model. ``coefs[l]`` None = own heads only; ``read`` is the buffered
-    read (``routed_read`` or the traced form ``torch.compile`` sees). Returns every routed K/V."""
+    layers in reverse as in the model. ``coefs[l]`` None = own heads only; ``buffered``: through
+    ``routed_read``, else the formula. Returns every routed K/V."""
     buffer = buffer or KVBuffer(L, KV, HD)
     outs, raw_k, raw_v = [], [], []
     for layer in range(L):
@@ -40,7 +38,7 @@ def chain(
                 n, kv, S, _, F = c.shape
                 shape = {"matrix": (kv, S * kv), "per-dim": (kv, S * kv, F), "per-position": (n, kv, S * kv)}
                 weight = c.reshape(shape[mode])
-            outs.append(read(buffer, layer, k, v, weight, sources[layer], mode))
+            outs.append(routed_read(buffer, layer, k, v, weight, sources[layer], mode))
         else:
             if c is None:
                 c = torch.eye(KV, dtype=k.dtype).view(1, KV, 1, KV, 1)
@@ -103,18 +101,21 @@ def heads_per_gemm(request, monkeypatch):
 @pytest.mark.parametrize("loss_layer", [L - 1, 1])
 def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer, heads_per_gemm):
     """loss_layer < L - 1: the later layers' backward never runs, yet they were registered as readers."""
-    check_against_formula(pattern, kind, loss_layer, routed_read)
+    check_against_formula(pattern, kind, loss_layer)
 
 
 @pytest.mark.parametrize(("pattern", "kind"), CASES)
 @pytest.mark.parametrize("loss_layer", [L - 1, 1])
-def test_traced_read_matches_the_formula(pattern, kind, loss_layer):
-    """The form ``torch.compile`` traces (keys and values mixed in one contraction), run eagerly."""
-    check_against_formula(pattern, kind, loss_layer, traced_read)
+def test_compiled_read_matches_the_formula(pattern, kind, loss_layer):
+    """What ``torch.compile`` runs (``compiled_read``: the graph's buffer and the custom operators,
+    here through AOT autograd's traced graphs run as ATen ops), and its backward state is released."""
+    check_against_formula(pattern, kind, loss_layer, compiled=True)
+    assert not kv_buffer._BACKWARD
 
 
-def check_against_formula(pattern: str, kind: str, loss_layer: int, read) -> None:
-    """Routed K/V and the gradients of every leaf through ``read`` equal the formula's (float64)."""
+def check_against_formula(pattern: str, kind: str, loss_layer: int, compiled: bool = False) -> None:
+    """Routed K/V and the gradients of every leaf through the buffered read (eager, or
+    ``compiled``) equal the formula's (float64)."""
     torch.manual_seed(0)
     sources, modes = SOURCES[pattern], layer_modes(kind)
     coefs = [c if c is None else c.requires_grad_() for c in make_coefs(sources, kind)]
@@ -122,7 +123,9 @@ def check_against_formula(pattern: str, kind: str, loss_layer: int, read) -> Non
     base_v = [torch.randn(B, T, KV * HD, dtype=torch.float64, requires_grad=True) for _ in range(L)]
     leaves = [c for c in coefs if c is not None] + base_k + base_v
     # every layer runs forward; the loss reads only up to loss_layer
-    got = chain(sources, modes, coefs, base_k, base_v, buffered=True, read=read)
+    torch._dynamo.reset()
+    buffered = torch.compile(chain, backend="aot_eager", fullgraph=True) if compiled else chain
+    got = buffered(sources, modes, coefs, base_k, base_v, buffered=True)
     want = chain(sources, modes, coefs, base_k, base_v, buffered=False)
     probes = [
         (torch.randn(B, KV, T, HD, dtype=torch.float64), torch.randn(B, KV, T, HD, dtype=torch.float64))
