@@ -502,6 +502,20 @@ def top_kernels(steps: Steps, device: str, top: int = 15) -> dict[str, Any]:
     }
 
 
+def step_memory(steps: Steps, device: str) -> int | None:
+    """The allocator's peak during one training step of ``steps``' model above the bytes allocated when
+    it began (the parameters of the row's models), in bytes: what the step itself holds at its peak,
+    activations and gradients (Table 17's peak memory less the weights). None off the GPU."""
+    if device != "cuda":
+        return None
+    sync(device)
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    steps.run("model")
+    sync(device)
+    return torch.cuda.max_memory_allocated() - before
+
+
 PROFILED = ("full",)  # the variants whose rows also profile one step of LLaMA and of the variant
 
 
@@ -546,6 +560,7 @@ def section_step(ctx: Context) -> dict[str, Any]:
                     times.append(timed(lambda m=model: m.run("model"), ctx.device))
             ratios = [v / b for v, b in zip(var_t, base_t, strict=True)]
             lo, hi, coverage = median_ci(ratios)
+            peak = {"llama": step_memory(base, ctx.device), "variant": step_memory(steps, ctx.device)}
             out["rows"].append(
                 {
                     "shape": shape,
@@ -555,6 +570,8 @@ def section_step(ctx: Context) -> dict[str, Any]:
                     "ratio": statistics.median(ratios),
                     "ci": [lo, hi],
                     "coverage": coverage,
+                    "step_peak_bytes": peak,
+                    "step_peak_ratio": None if peak["llama"] is None else peak["variant"] / peak["llama"],
                     "compile": {"llama": base_compile, "variant": compile_info, "workers": compile_s},
                 }
             )

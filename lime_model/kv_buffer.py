@@ -82,6 +82,8 @@ class KVBuffer:
         # grad_out[i][r]: d loss / d layer r's routed keys (i = 0) or values (i = 1), stored as a
         # one-layer buffer in the same layout; None until r's backward has run in this pass
         self.grad_out: list[list[torch.Tensor | None]] = [[None] * num_layers for _ in range(2)]
+        # off the CPU, the buffer of keys' and values' kept gradients that grad_out's entries view
+        self.grad_data: list[torch.Tensor] | None = None
         # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
         self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
         # under torch.compile: the graph's buffer, keys and values stacked (``compiled_read``)
@@ -198,11 +200,22 @@ class KVBuffer:
     def store_grad_out(self, layer_idx: int, grads: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Keep the gradients w.r.t. layer ``layer_idx``'s routed keys and values, each ``[kv, *row]``.
 
-        One tensor per layer, not one buffer for all: they accumulate while backward frees each
-        layer's activations, so they add nothing to the step's peak memory. Each is kept as a one-layer
-        buffer, which is the incoming gradient itself when autograd made it contiguous in that layout
-        (nothing here writes to a kept gradient), else a copy; always a copy in a compiled graph
-        (``copy_grads``), whose memory planner reuses an intermediate's storage after its last use there."""
+        On the CPU one tensor per layer, which the reads' pieces take one by one (``gemm_pieces``): the
+        incoming gradient itself when autograd made it contiguous in the buffer's layout (nothing here
+        writes to a kept gradient), else a copy; always a copy in a compiled graph (``copy_grads``),
+        whose memory planner reuses an intermediate's storage after its last use there. Elsewhere a
+        copy into ``grad_data``, one buffer for all layers allocated by the first layer to run backward
+        (as large as the K/V buffer), so that the gradients of a layer's readers are one range that a
+        GEMM reads in place, not a concatenated copy. Either way a gradient is kept until its reader's
+        lowest source has read it (``take_grad``): with every layer reading layer 0, to the pass's end."""
+        if not gemm_pieces(grads[0].device):
+            if self.grad_data is None:
+                positions = grads[0].shape[2 if self.layout == "feature-major" else 1]
+                shape = self.chunk_shape(self.num_layers, positions)
+                self.grad_data = [grads[0].new_empty(shape), grads[1].new_empty(shape)]
+            for store, data, grad in zip(self.grad_out, self.grad_data, grads, strict=True):
+                store[layer_idx] = self.block(data, layer_idx, layer_idx + 1).copy_(grad)
+            return
         for store, grad in zip(self.grad_out, grads, strict=True):
             x = grad.transpose(0, 1) if self.head_axis else grad
             store[layer_idx] = (
@@ -213,12 +226,14 @@ class KVBuffer:
     def head_axis(self) -> int:
         return 1 if self.layout == "position-outer" else 0
 
-    def kept(self, store: list[torch.Tensor | None], start_layer: int, stop_layer: int) -> torch.Tensor:
-        """The kept gradients of layers ``start_layer .. stop_layer - 1`` as heads ``[n, *row]``
-        (as ``block`` gives); more than one layer is a concatenated copy."""
-        return self.block(
-            _joined(store, self.head_axis, start_layer, stop_layer), 0, stop_layer - start_layer
-        )
+    def kept(self, which: int, start_layer: int, stop_layer: int) -> torch.Tensor:
+        """The kept gradients w.r.t. the routed keys (``which=0``) or values (1) of layers
+        ``start_layer .. stop_layer - 1`` as heads ``[n, *row]`` (as ``block`` gives): a view, except
+        several layers kept one tensor each (on the CPU), a concatenated copy."""
+        if self.grad_data is not None:
+            return self.block(self.grad_data[which], start_layer, stop_layer)
+        joined = _joined(self.grad_out[which], self.head_axis, start_layer, stop_layer)
+        return self.block(joined, 0, stop_layer - start_layer)
 
     def take_grad(self, layer_idx: int, mode: str, shape: torch.Size) -> list[torch.Tensor]:
         """Gradients w.r.t. layer ``layer_idx``'s raw keys and values, each of ``shape`` (B, T, kv*hd):
@@ -229,13 +244,13 @@ class KVBuffer:
         # column block i maps reader mixed[i]'s routed heads back onto this layer's heads
         blocks = [w.narrow(axis, pos * kv, kv).transpose(axis - 1, axis) for _, w, pos in mixed]
         runs = contiguous_runs([r for r, _, _ in mixed])
-        # The gradients are stored per layer: on the CPU one GEMM per reader (as fast as pieces of a
-        # read there, per-position included, and no copy); elsewhere a run's gradients concatenated.
+        # on the CPU one GEMM per reader (as fast as pieces of a read there, per-position included, and
+        # no copy); elsewhere one per run of readers, on a range of ``grad_data``
         step = 1 if gemm_pieces(self.data[0][0].device) else self.num_layers
         B, T, _ = shape
         grads = []
-        for store in self.grad_out:
-            source = partial(self.kept, store)
+        for which in range(2):
+            source = partial(self.kept, which)
             rows = _mix(partial(_joined, blocks, axis), source, kv, runs, mode, step) if mixed else None
             for r, w, _ in readers:
                 if w is None:  # a reader of its own heads only (the layer itself): the identity
@@ -247,6 +262,8 @@ class KVBuffer:
             if pos == 0:
                 for store in self.grad_out:
                     store[r] = None  # free it; a retained graph's next backward starts afresh
+        if all(g is None for g in self.grad_out[0]):
+            self.grad_data = None
         return grads
 
     def backward(
@@ -258,7 +275,7 @@ class KVBuffer:
         self.store_grad_out(layer, grads)
         # the kept copies, contiguous in the buffer's layout: the weight gradient's batched GEMMs
         # read them without copying each batch slice (as they would from a strided incoming gradient)
-        kept = [self.kept(store, layer, layer + 1) for store in self.grad_out]
+        kept = [self.kept(which, layer, layer + 1) for which in range(2)]
         grad_w = None
         if weight_grad:
             grad_k_w, grad_v_w = (
@@ -475,10 +492,19 @@ def _read(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``keys``/``values`` into the buffer ``data`` (``KVBuffer.over``) and read the routed heads,
     each ``[kv, *row]`` as ``KVBuffer.read`` gives them, made contiguous (``_read_fake``)."""
-    buffer = KVBuffer.over(data, kv, mode)
+    buffer = KVBuffer.over(_unversioned(data), kv, mode)
     buffer.put(layer_idx, keys, values)
     k, v = (buffer.read(d, layer_idx, weight, sources, mode).contiguous() for d in buffer.data)
     return k, v
+
+
+def _unversioned(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s memory under a version counter of its own. Autograd saves the buffer for every layer's
+    backward and refuses a saved tensor written since (run eagerly, as the ``eager`` compile backend
+    does); each layer's backward reads only the blocks written before its forward, which later
+    layers' writes leave alone."""
+    with torch.no_grad():
+        return x.new_empty(0).set_(x.untyped_storage(), x.storage_offset(), x.shape, x.stride())
 
 
 @_read.register_fake
@@ -516,8 +542,9 @@ def _read_backward(
     )
     if layer_idx == 0:
         _BACKWARD.pop(key, None)
-    # contiguous, as the fake's (a per-dim weight's gradient comes out permuted)
-    return grad_w.contiguous() if grad_w is not None else grad_keys.new_empty(0), grad_k, grad_v
+    # contiguous, as the fake's (per-dim gradients come out permuted)
+    grad_w = grad_w.contiguous() if grad_w is not None else grad_keys.new_empty(0)
+    return grad_w, grad_k.contiguous(), grad_v.contiguous()
 
 
 @_read_backward.register_fake

@@ -106,16 +106,26 @@ def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer, heads
 
 @pytest.mark.parametrize(("pattern", "kind"), CASES)
 @pytest.mark.parametrize("loss_layer", [L - 1, 1])
-def test_compiled_read_matches_the_formula(pattern, kind, loss_layer):
+def test_compiled_read_matches_the_formula(pattern, kind, loss_layer, heads_per_gemm):
     """What ``torch.compile`` runs (``compiled_read``: the graph's buffer and the custom operators,
-    here through AOT autograd's traced graphs run as ATen ops), and its backward state is released."""
-    check_against_formula(pattern, kind, loss_layer, compiled=True)
+    here through AOT autograd's traced graphs run as ATen ops), and its backward state is released;
+    "one GEMM per range" is what a GPU runs (the kept gradients in one buffer)."""
+    check_against_formula(pattern, kind, loss_layer, backend="aot_eager")
     assert not kv_buffer._BACKWARD
 
 
-def check_against_formula(pattern: str, kind: str, loss_layer: int, compiled: bool = False) -> None:
-    """Routed K/V and the gradients of every leaf through the buffered read (eager, or
-    ``compiled``) equal the formula's (float64)."""
+@pytest.mark.parametrize("kind", ["matrix", "per-dim", "per-position"])
+def test_the_operators_run_eagerly_under_autograd(kind):
+    """Dynamo's ``eager`` backend runs the operators themselves under autograd, which checks that no
+    tensor saved for backward was written since: the buffer is, by later layers, in blocks that the
+    earlier layers' backward does not read."""
+    check_against_formula("full", kind, L - 1, backend="eager")
+    assert not kv_buffer._BACKWARD
+
+
+def check_against_formula(pattern: str, kind: str, loss_layer: int, backend: str | None = None) -> None:
+    """Routed K/V and the gradients of every leaf through the buffered read (eager, or compiled with
+    ``backend``) equal the formula's (float64)."""
     torch.manual_seed(0)
     sources, modes = SOURCES[pattern], layer_modes(kind)
     coefs = [c if c is None else c.requires_grad_() for c in make_coefs(sources, kind)]
@@ -124,7 +134,7 @@ def check_against_formula(pattern: str, kind: str, loss_layer: int, compiled: bo
     leaves = [c for c in coefs if c is not None] + base_k + base_v
     # every layer runs forward; the loss reads only up to loss_layer
     torch._dynamo.reset()
-    buffered = torch.compile(chain, backend="aot_eager", fullgraph=True) if compiled else chain
+    buffered = torch.compile(chain, backend=backend, fullgraph=True) if backend else chain
     got = buffered(sources, modes, coefs, base_k, base_v, buffered=True)
     want = chain(sources, modes, coefs, base_k, base_v, buffered=False)
     probes = [
@@ -172,9 +182,10 @@ def test_gradcheck(pattern, kind, heads_per_gemm):
 
 
 @pytest.mark.parametrize(("pattern", "kind"), CASES)
-def test_backward_releases_every_kept_gradient(pattern, kind):
+def test_backward_releases_every_kept_gradient(pattern, kind, heads_per_gemm):
     """Each reader's routed-K/V gradient is kept only until its lowest source has read it, so none
-    outlives the backward pass (and a retained graph's next backward starts from none)."""
+    outlives the backward pass (and a retained graph's next backward starts from none), nor the buffer
+    that holds them off the CPU."""
     torch.manual_seed(0)
     sources = SOURCES[pattern]
     coefs = make_coefs(sources, kind)
@@ -183,6 +194,7 @@ def test_backward_releases_every_kept_gradient(pattern, kind):
     outs = chain(sources, layer_modes(kind), coefs, base[:L], base[L:], buffered=True, buffer=buffer)
     sum(k.sum() + v.sum() for k, v in outs).backward()
     assert all(g is None for store in buffer.grad_out for g in store)
+    assert buffer.grad_data is None
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 5])
