@@ -9,7 +9,7 @@ reported (median, its distribution-free confidence interval and min-max over rou
 gradients. ``MB moved`` is the least memory traffic of this tree's reads (every GEMM operand read and
 every result written once) and ``GB/s`` that traffic over its time, next to the process's measured
 read bandwidth: how far the reads are from being memory-bound. (Under ``torch.compile`` the same read
-runs inside custom operators, ``compiled_read``.)
+runs inside custom operators.)
 
     python bench/kv_buffer_ab.py --against dbd2689 --threads 1
     python bench/kv_buffer_ab.py --against HEAD~1 --variants full dynamic --rounds 20

@@ -30,13 +30,13 @@ source's block. A layer computes it when its own backward runs, which is always 
 layer's backward: a later layer's K/V depend, through the residual stream, on this layer's output, so
 autograd's reverse topological order guarantees that every reader has kept its gradient.
 
-Under ``torch.compile`` the same read runs as two custom operators (``compiled_read``): Dynamo cannot
-trace the custom function (its backward changes the buffer's Python state across layers, so each routed
-layer would break the graph), but it puts an operator into the graph unopened. The graph allocates the
-buffer (one chunk per tensor) and each layer's operator writes its heads into it and reads its mix; the
-backward operator keeps the gradients across layers as the custom function does. So the compiled step
-moves and keeps what the eager one does: each raw K/V written once, no concatenated copy of a layer's
-sources saved for backward (O(L) memory, not O(L^2)).
+Under ``torch.compile`` the same read runs as two custom operators (``_read``, ``_read_backward``):
+Dynamo cannot trace the custom function (its backward changes the buffer's Python state across layers,
+so each routed layer would break the graph), but it puts an operator into the graph unopened. The graph
+allocates the buffer (one chunk per tensor) and each layer's operator writes its heads into it and
+reads its mix; the backward operator keeps the gradients across layers as the custom function does.
+So the compiled step moves and keeps what the eager one does: each raw K/V written once, no
+concatenated copy of a layer's sources saved for backward (O(L) memory, not O(L^2)).
 """
 
 from __future__ import annotations
@@ -86,16 +86,16 @@ class KVBuffer:
         self.grad_data: list[torch.Tensor] | None = None
         # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
         self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
-        # under torch.compile: the graph's buffer, keys and values stacked (``compiled_read``)
+        # under torch.compile: the graph's buffer, keys and values stacked (``routed_read`` under ``torch.compile``)
         self.tensor: torch.Tensor | None = None
-        # the last layer whose backward ran in this pass (a backward operator's state, ``compiled_read``)
+        # the last layer whose backward ran in this pass (a backward operator's state, ``_read_backward``)
         self.last_backward: int | None = None
         self.copy_grads = False  # keep copies of the incoming gradients (``store_grad_out``)
 
     @classmethod
     def over(cls, data: torch.Tensor, kv: int, mode: str) -> KVBuffer:
         """A buffer whose keys and values are ``data[0]`` and ``data[1]``, one chunk each, in the
-        layout of read ``mode`` (a compiled graph's buffer: ``compiled_read``)."""
+        layout of read ``mode`` (a compiled graph's buffer: ``routed_read``)."""
         layout = LAYOUTS[mode]
         heads = data.shape[2 if layout == "position-outer" else 1]
         buffer = cls(heads // kv, kv, data.shape[2 if layout == "feature-major" else 3])
@@ -439,30 +439,14 @@ def routed_read(
     Returns:
         Routed ``(keys, values)``, each ``(B, kv, T, head_dim)`` (keys before RoPE).
     """
-    if torch.compiler.is_compiling():
-        return compiled_read(buffer, layer_idx, keys, values, weight, sources, mode)
     B, T, _ = keys.shape
-    routed_keys, routed_values = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
-    return buffer.attention_heads(routed_keys, B, T), buffer.attention_heads(routed_values, B, T)
-
-
-def compiled_read(
-    buffer: KVBuffer,
-    layer_idx: int,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    weight: torch.Tensor | None,
-    sources: list[int],
-    mode: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``routed_read`` as ``torch.compile`` traces it: the graph allocates the buffer at the first
-    layer (``buffer.tensor``: keys and values stacked, one chunk each) and every layer calls the
-    ``read`` operator below on it. Same arguments and result as ``routed_read``."""
-    B, T, _ = keys.shape
-    if buffer.tensor is None:
-        buffer.layout = LAYOUTS[mode]
-        buffer.tensor = keys.new_empty(2, *buffer.chunk_shape(buffer.num_layers, B * T))
-    routed = _read(buffer.tensor, keys, values, weight, layer_idx, sources, mode, buffer.kv)
+    if torch.compiler.is_compiling():  # the operators below: the graph allocates the buffer, one chunk
+        if buffer.tensor is None:
+            buffer.layout = LAYOUTS[mode]
+            buffer.tensor = keys.new_empty(2, *buffer.chunk_shape(buffer.num_layers, B * T))
+        routed = _read(buffer.tensor, keys, values, weight, layer_idx, sources, mode, buffer.kv)
+    else:
+        routed = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
     return buffer.attention_heads(routed[0], B, T), buffer.attention_heads(routed[1], B, T)
 
 

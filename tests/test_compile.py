@@ -1,7 +1,7 @@
 """``torch.compile`` of LIMe on the CPU: one graph per routing variant, the compiled logits, gradients
-and cached generation equal eager ones (the compiled model reads through the custom operators of
-`lime_model.kv_buffer.compiled_read`, whose values and gradients `tests/test_kv_buffer.py` checks
-against the mixing formula), and the compiled step keeps no per-layer copy of a layer's sources."""
+and cached generation equal eager ones (compiled, `lime_model.kv_buffer.routed_read` runs custom
+operators, whose values and gradients `tests/test_kv_buffer.py` checks against the mixing formula),
+and the compiled step keeps no per-layer copy of a layer's sources."""
 
 import pytest
 import torch

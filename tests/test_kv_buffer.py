@@ -107,7 +107,7 @@ def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer, heads
 @pytest.mark.parametrize(("pattern", "kind"), CASES)
 @pytest.mark.parametrize("loss_layer", [L - 1, 1])
 def test_compiled_read_matches_the_formula(pattern, kind, loss_layer, heads_per_gemm):
-    """What ``torch.compile`` runs (``compiled_read``: the graph's buffer and the custom operators,
+    """What ``torch.compile`` runs (``routed_read``'s compiled path: the graph's buffer and the operators,
     here through AOT autograd's traced graphs run as ATen ops), and its backward state is released;
     "one GEMM per range" is what a GPU runs (the kept gradients in one buffer)."""
     check_against_formula(pattern, kind, loss_layer, backend="aot_eager")
