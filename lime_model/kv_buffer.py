@@ -43,8 +43,11 @@ from __future__ import annotations
 
 import re
 import weakref
+import zlib
 from functools import partial
 from itertools import pairwise
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -444,7 +447,7 @@ def routed_read(
         if buffer.tensor is None:
             buffer.layout = LAYOUTS[mode]
             buffer.tensor = keys.new_empty(2, *buffer.chunk_shape(buffer.num_layers, B * T))
-        routed = _read(buffer.tensor, keys, values, weight, layer_idx, sources, mode, buffer.kv)
+        routed = READ(buffer.tensor, keys, values, weight, layer_idx, sources, mode, buffer.kv)
     else:
         routed = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
     return buffer.attention_heads(routed[0], B, T), buffer.attention_heads(routed[1], B, T)
@@ -455,15 +458,16 @@ def routed_read(
 # buffer and every layer's call depends, through the residual stream, on the previous layer's; the
 # compiler keeps the order, and ``data`` (saved for backward) alive until the last backward operator.
 # Not for CUDA graphs: the backward operators' state lives between their calls.
-# One namespace per import of this file: a checkpoint's copy (remote code) may be loaded beside it.
-_LIB = "lime_" + re.sub(r"\W", "_", __name__)
+# One namespace per module name and source: a checkpoint's copy (remote code, perhaps of another
+# version) may be imported beside this one; the same source under the same name reuses its operators.
+_MODULE = re.sub(r"\W", "_", __name__)
+_LIB = f"lime_{_MODULE}_{zlib.crc32(Path(__file__).read_bytes()):08x}"
 _TAGS = tuple(t for t in [getattr(torch.Tag, "cudagraph_unsafe", None)] if t is not None)  # torch >= 2.8
 
 # per buffer (by its data's address; alive while the buffer is), the state of a backward pass
 _BACKWARD: dict[int, KVBuffer] = {}
 
 
-@torch.library.custom_op(f"{_LIB}::read", mutates_args=(), tags=_TAGS)
 def _read(
     data: torch.Tensor,
     keys: torch.Tensor,
@@ -491,14 +495,12 @@ def _unversioned(x: torch.Tensor) -> torch.Tensor:
         return x.new_empty(0).set_(x.untyped_storage(), x.storage_offset(), x.shape, x.stride())
 
 
-@_read.register_fake
 def _read_fake(data, keys, values, weight, layer_idx, sources, mode, kv):
     """Shapes only: each routed tensor is ``kv`` rows like one buffered head's."""
     row = data[0].select(1 if mode == "per-position" else 0, 0).shape
     return data.new_empty(kv, *row), data.new_empty(kv, *row)
 
 
-@torch.library.custom_op(f"{_LIB}::read_backward", mutates_args=(), tags=_TAGS)
 def _read_backward(
     grad_keys: torch.Tensor,
     grad_values: torch.Tensor,
@@ -531,7 +533,6 @@ def _read_backward(
     return grad_w, grad_k.contiguous(), grad_v.contiguous()
 
 
-@_read_backward.register_fake
 def _read_backward_fake(
     grad_keys, grad_values, data, weight, layer_idx, sources, mode, kv, shape, weight_grad
 ):
@@ -548,7 +549,7 @@ def _setup_read(ctx, inputs, output) -> None:
 def _read_grad(ctx, grad_keys, grad_values):
     data, weight = ctx.saved_tensors
     weight_grad = weight is not None and ctx.needs_input_grad[3]
-    grad_w, grad_k, grad_v = _read_backward(
+    grad_w, grad_k, grad_v = READ_BACKWARD(
         grad_keys,
         grad_values,
         data,
@@ -563,4 +564,18 @@ def _read_grad(ctx, grad_keys, grad_values):
     return None, grad_k, grad_v, grad_w if weight_grad else None, None, None, None, None
 
 
-_read.register_autograd(_read_grad, setup_context=_setup_read)
+def _operators() -> tuple[Any, Any]:
+    """The operators ``read`` and ``read_backward`` of ``_LIB``, registered at the first import."""
+    ops = getattr(torch.ops, _LIB)
+    if not hasattr(ops, "read"):
+        read = torch.library.custom_op(f"{_LIB}::read", _read, mutates_args=(), tags=_TAGS)
+        read.register_fake(_read_fake)
+        read.register_autograd(_read_grad, setup_context=_setup_read)
+        backward = torch.library.custom_op(
+            f"{_LIB}::read_backward", _read_backward, mutates_args=(), tags=_TAGS
+        )
+        backward.register_fake(_read_backward_fake)
+    return ops.read, ops.read_backward
+
+
+READ, READ_BACKWARD = _operators()

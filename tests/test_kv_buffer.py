@@ -236,3 +236,28 @@ def test_per_dim_weight_gradient_copies_no_feature_slices_of_a_strided_incoming_
     copies = [e for e in prof.events() if e.name == "aten::copy_" and e.input_shapes[0] == [KV, b * t]]
     assert weight.grad is not None and raw[1].grad is not None
     assert not copies, f"{len(copies)} feature slices copied"
+
+
+def test_a_copy_of_the_module_registers_operators_of_its_own(tmp_path):
+    """A checkpoint's copy of ``kv_buffer.py`` (remote code, maybe of another version) is imported beside
+    this one: under its own module name, or with other source, it registers its own operators; the
+    same source under the same name again (transformers re-importing it) reuses them, where a second
+    registration would raise."""
+    import importlib.util
+    from pathlib import Path
+
+    source = Path(kv_buffer.__file__).read_text()
+
+    def imported(name: str, text: str):
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}" / f"{name}.py"
+        path.parent.mkdir()
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    copy, again = imported("remote_kv_buffer", source), imported("remote_kv_buffer", source)
+    other = imported("remote_kv_buffer", source + "\n# another version\n")
+    assert len({kv_buffer._LIB, copy._LIB, other._LIB}) == 3
+    assert again._LIB == copy._LIB and again.READ is copy.READ
