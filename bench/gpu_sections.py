@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from helpers import tiny_tokenizer  # noqa: E402
 from step_overhead import Steps, _rss_kb, sync  # noqa: E402
 
+from lime_model import kv_buffer  # noqa: E402
 from lime_probe.probes.stats import median_ci  # noqa: E402
 
 VARIANTS = ("full", "first-4", "last-4", "dilated-8")  # Table 17's rows, LLaMA ("none") their baseline
@@ -485,21 +486,31 @@ def compiled_steps(s: dict[str, Any], shape: str, routing: str) -> tuple[Steps, 
 
 def top_kernels(steps: Steps, device: str, top: int = 15) -> dict[str, Any]:
     """One profiled training step of ``steps``' model (after one unprofiled): its ``top`` kernels by
-    self time (on the CPU, operators), each with its calls, and the total over all of them, in ms."""
+    self time (on the CPU, operators), each with its calls, the total over all of them, and
+    ``routed_read_ms``: the time inside the routed read's operators under ``torch.compile`` (forward and
+    backward; on a GPU their kernels' device time, on the CPU their operators' time), in ms."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device == "cuda"
     steps.run("model")
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         steps.run("model")
         sync(device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    averages = prof.key_averages()
+    # on a GPU the kernels only (a CPU operator's self device time repeats its kernels')
+    events = [e for e in averages if getattr(e, key) > 0 and (not cuda or e.device_type == DeviceType.CUDA)]
     events.sort(key=lambda e: getattr(e, key), reverse=True)
+    inside = "device_time_total" if cuda else "cpu_time_total"
     return {
         "total_ms": sum(getattr(e, key) for e in events) / 1e3,
         "top": [{"name": e.key, "ms": getattr(e, key) / 1e3, "calls": e.count} for e in events[:top]],
+        "routed_read_ms": sum(getattr(e, inside) for e in averages if e.key.startswith(ROUTED_READ)) / 1e3,
     }
+
+
+ROUTED_READ = f"{kv_buffer._LIB}::"  # the compiled read's operators, as the profiler names them
 
 
 def step_memory(steps: Steps, device: str) -> int | None:

@@ -137,6 +137,17 @@ def test_a_profiled_step_lists_its_kernels_by_self_time(gpu_check):
         assert sum(ms) <= p["total_ms"] * (1 + 1e-9) and all(k["calls"] >= 1 for k in p["top"])
     names = {r: {k["name"] for k in p["top"]} for r, p in profiles.items()}
     assert "_RoutedRead" in names["full"] and "_RoutedRead" not in names["none"]
+    assert profiles["full"]["routed_read_ms"] == 0  # eager: not the compiled read's operators
+
+
+def test_a_profiled_compiled_step_times_the_routed_read_operators(gpu_check):
+    """Compiled (Dynamo's ``eager`` backend, as the dry run compiles): LIMe's step spends part of its time
+    in the read's operators, LLaMA's none."""
+    sections = bench_script("gpu_sections")
+    args = sections.step_args(gpu_check.settings(True), "gqa")
+    profiles = {r: sections.top_kernels(sections.Steps(r, args), "cpu") for r in ("none", "full")}
+    assert profiles["none"]["routed_read_ms"] == 0
+    assert 0 < profiles["full"]["routed_read_ms"] < profiles["full"]["total_ms"]
 
 
 def test_step_models_in_the_order_the_section_compiles_them(gpu_check):
