@@ -23,7 +23,7 @@ import torch
 
 from lime_model import LimeConfig, LimeForCausalLM
 
-GiB = 2**30
+MiB = 2**20
 
 
 def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor, backward: bool = True) -> int:
@@ -88,16 +88,16 @@ def main() -> None:
     print(
         f"saved for backward by one compiled step, bf16, {args.batch} x {args.seq} tokens, {args.layers} layers"
     )
-    print(f"{'shape':<5} {'model':<15} {'GiB':>8} {'- LLaMA':>8} {'buffer':>8} {'x LLaMA':>8}")
+    print(f"{'shape':<5} {'model':<15} {'MiB':>10} {'- LLaMA':>9} {'buffer':>9} {'x LLaMA':>8}")
     for shape, kv in (("gqa", 8), ("mha", 32)):
         llama = saved_for_backward(build(args, "none", kv), ids, backward=False)
-        print(f"{shape:<5} {'LLaMA':<15} {llama / GiB:8.3f}")
+        print(f"{shape:<5} {'LLaMA':<15} {llama / MiB:10.3f}")
         buffer = 2 * args.layers * kv * args.batch * args.seq * (2048 // 32) * 2
         for routing in args.routings:
             lime = saved_for_backward(build(args, routing, kv), ids, backward=False)
             print(
-                f"{shape:<5} {'LIMe ' + routing:<15} {lime / GiB:8.3f} {(lime - llama) / GiB:8.3f} "
-                f"{buffer / GiB:8.3f} {lime / llama:8.4f}"
+                f"{shape:<5} {'LIMe ' + routing:<15} {lime / MiB:10.3f} {(lime - llama) / MiB:9.3f} "
+                f"{buffer / MiB:9.3f} {lime / llama:8.4f}"
             )
 
 

@@ -250,3 +250,14 @@ def test_probe_speed_prints_old_new_and_plain_for_every_command_and_model():
     ]
     assert "(probes" in rows[1]  # the whole command, beside its probes' own time
     assert all(float(r[-1]) > 0 and float(r[-3]) > 0 for r in rows if r[2] != "blimp")  # new x, old x
+
+
+@pytest.mark.slow
+def test_compiled_memory_finds_lime_keeping_its_buffer_beyond_llama():
+    """Each LIMe row's difference to LLaMA equals the K/V buffer the script computes from the shapes
+    (2 layers, 1 x 16 tokens: a few seconds per traced model on the meta device)."""
+    out = run_bench("compiled_memory.py", "--layers", "2", "--batch", "1", "--seq", "16").stdout
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["LIMe"]]
+    assert [r[0] for r in rows] == ["gqa", "mha"]
+    for row in rows:  # shape, "LIMe", routing, GiB, - LLaMA, buffer, x LLaMA
+        assert float(row[4]) == float(row[5]) > 0
