@@ -89,7 +89,7 @@ class KVBuffer:
         self.grad_data: list[torch.Tensor] | None = None
         # readers[j]: (reader layer r, r's routing weight, index of j in r's sources), one per reader
         self.readers: list[list[tuple[int, torch.Tensor | None, int]]] = [[] for _ in range(num_layers)]
-        # under torch.compile: the graph's buffer, keys and values stacked (``routed_read`` under ``torch.compile``)
+        # under torch.compile: the graph's buffer, keys and values stacked (``routed_read``)
         self.tensor: torch.Tensor | None = None
         # the last layer whose backward ran in this pass (a backward operator's state, ``_read_backward``)
         self.last_backward: int | None = None
