@@ -106,10 +106,13 @@ def test_values_and_gradients_match_the_formula(pattern, kind, loss_layer, heads
 
 @pytest.mark.parametrize(("pattern", "kind"), CASES)
 @pytest.mark.parametrize("loss_layer", [L - 1, 1])
-def test_compiled_read_matches_the_formula(pattern, kind, loss_layer, heads_per_gemm):
-    """What ``torch.compile`` runs (``routed_read``'s compiled path: the graph's buffer and the operators,
-    here through AOT autograd's traced graphs run as ATen ops), and its backward state is released;
-    "one GEMM per range" is what a GPU runs (the kept gradients in one buffer)."""
+@pytest.mark.parametrize("gpu_path", [False, True], ids=["CPU", "one GEMM per range"])
+def test_compiled_read_matches_the_formula(pattern, kind, loss_layer, gpu_path, monkeypatch):
+    """What ``torch.compile`` runs (``routed_read``'s compiled path: the graph's buffer, one chunk, and
+    the operators, here through AOT autograd's traced graphs run as ATen ops), and its backward state
+    is released; "one GEMM per range" is what a GPU runs (the kept gradients in one buffer)."""
+    if gpu_path:
+        monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
     check_against_formula(pattern, kind, loss_layer, backend="aot_eager")
     assert not kv_buffer._BACKWARD
 
