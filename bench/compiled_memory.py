@@ -1,4 +1,5 @@
-"""What a compiled training step keeps for backward, LIMe against LLaMA, at the paper's 1B shapes.
+"""What a compiled training step keeps for backward, LIMe against LLaMA, at the paper's 1B shapes
+(the recipes ``lime-1b-gqa`` and ``lime-1b-mha``).
 
 Under ``torch.compile`` AOT autograd splits the step into a forward and a backward graph; the forward's
 extra outputs are the tensors backward reads, and together they make the activation memory at the
@@ -21,7 +22,11 @@ import argparse
 
 import torch
 
-from lime_model import LimeConfig, LimeForCausalLM
+from lime_model import LimeForCausalLM
+from lime_model.command_line import POSITIVE_INT, OneLineParser
+from lime_model.plan import stand_in_tokenizer
+from lime_model.recipes import load_recipe
+from lime_model.train import model_config
 
 MiB = 2**20
 
@@ -59,42 +64,40 @@ def saved_for_backward(model: torch.nn.Module, ids: torch.Tensor, backward: bool
     return sum(storages.values())
 
 
-def build(args: argparse.Namespace, routing: str, kv: int) -> LimeForCausalLM:
-    """The 1B model (as ``bench/gpu_check.py`` builds it) on the meta device, in bf16."""
-    config = LimeConfig(
-        routing=routing,
-        vocab_size=50257,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=args.layers,
-        num_attention_heads=32,
-        num_key_value_heads=kv,
-        tie_word_embeddings=True,
-    )
+def build(args: argparse.Namespace, shape: str, routing: str) -> LimeForCausalLM:
+    """``lime-1b-<shape>``'s model with ``routing`` ("none": LLaMA) and ``--layers``, as ``lime-model
+    plan`` builds it, on the meta device in bf16."""
+    recipe = load_recipe(f"lime-1b-{shape}", {"routing": routing, "model.num_hidden_layers": args.layers})
     with torch.device("meta"):
-        return LimeForCausalLM(config).to(torch.bfloat16).train()
+        return LimeForCausalLM(model_config(recipe, stand_in_tokenizer(recipe))).to(torch.bfloat16).train()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--routings", nargs="+", default=["full"], help="LIMe routing specs beside LLaMA")
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--layers", type=POSITIVE_INT, default=16)
+    parser.add_argument("--batch", type=POSITIVE_INT, default=4)
+    parser.add_argument("--seq", type=POSITIVE_INT, default=2048)
     args = parser.parse_args()
     ids = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
     print(
         f"saved for backward by one compiled step, bf16, {args.batch} x {args.seq} tokens, {args.layers} layers"
     )
     print(f"{'shape':<5} {'model':<15} {'MiB':>10} {'- LLaMA':>9} {'buffer':>9} {'x LLaMA':>8}")
-    for shape, kv in (("gqa", 8), ("mha", 32)):
-        llama = saved_for_backward(build(args, "none", kv), ids, backward=False)
+    try:  # a bad routing spec, before any tracing
+        models = {
+            (shape, r): build(args, shape, r) for shape in ("gqa", "mha") for r in ("none", *args.routings)
+        }
+    except ValueError as err:
+        raise SystemExit(f"compiled_memory.py: {err}") from None
+    for shape in ("gqa", "mha"):
+        model = models[shape, "none"]
+        llama = saved_for_backward(model, ids, backward=False)
         print(f"{shape:<5} {'LLaMA':<15} {llama / MiB:10.3f}")
-        buffer = 2 * args.layers * kv * args.batch * args.seq * (2048 // 32) * 2
+        config = model.config  # keys and values, every layer, bf16
+        buffer = 2 * args.layers * config.num_key_value_heads * ids.numel() * config.head_dim * 2
         for routing in args.routings:
-            lime = saved_for_backward(build(args, routing, kv), ids, backward=False)
+            lime = saved_for_backward(models[shape, routing], ids, backward=False)
             print(
                 f"{shape:<5} {'LIMe ' + routing:<15} {lime / MiB:10.3f} {(lime - llama) / MiB:9.3f} "
                 f"{buffer / MiB:9.3f} {lime / llama:8.4f}"

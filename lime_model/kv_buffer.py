@@ -92,7 +92,7 @@ class KVBuffer:
         # under torch.compile: the graph's buffer, keys and values stacked (``routed_read``)
         self.tensor: torch.Tensor | None = None
         # the last layer whose backward ran in this pass (a backward operator's state, ``_read_backward``)
-        self.last_backward: int | None = None
+        self.last_backward = num_layers
         self.copy_grads = False  # keep copies of the incoming gradients (``store_grad_out``)
 
     @classmethod
@@ -518,7 +518,7 @@ def _read_backward(
     layer to run backward and is dropped after layer 0's or with ``data``."""
     key = data.data_ptr()
     buffer = _BACKWARD.get(key)
-    if buffer is None or buffer.last_backward is None or layer_idx >= buffer.last_backward:  # a new pass
+    if buffer is None or layer_idx >= buffer.last_backward:  # a new pass
         buffer = _BACKWARD[key] = KVBuffer.over(data, kv, mode)
         weakref.finalize(data, _BACKWARD.pop, key, None)
     buffer.last_backward = layer_idx

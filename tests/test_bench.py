@@ -259,5 +259,8 @@ def test_compiled_memory_finds_lime_keeping_its_buffer_beyond_llama():
     out = run_bench("compiled_memory.py", "--layers", "2", "--batch", "1", "--seq", "16").stdout
     rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["LIMe"]]
     assert [r[0] for r in rows] == ["gqa", "mha"]
-    for row in rows:  # shape, "LIMe", routing, GiB, - LLaMA, buffer, x LLaMA
+    for row in rows:  # shape, "LIMe", routing, MiB, - LLaMA, buffer, x LLaMA
         assert float(row[4]) == float(row[5]) > 0
+    for bad, named in ((["--routings", "nope"], "unknown routing spec 'nope'"), (["--seq", "0"], "--seq")):
+        err = run_bench("compiled_memory.py", *bad, ok=False).stderr.strip()
+        assert named in err and len(err.splitlines()) == 1, err
