@@ -37,6 +37,11 @@ allocates the buffer (one chunk per tensor) and each layer's operator writes its
 reads its mix; the backward operator keeps the gradients across layers as the custom function does.
 So the compiled step moves and keeps what the eager one does: each raw K/V written once, no
 concatenated copy of a layer's sources saved for backward (O(L) memory, not O(L^2)).
+
+Off the CPU, static matrix weights have their gradients computed by their sources' backward instead
+(``defer_weight_grads``): a source then reads each reader's kept gradient once for both of its gradients
+(``lime_model.kv_kernels``), where a reader's backward would read every source once more. Layer 0's
+read, the last to run backward, takes those weights as inputs and returns their gradients.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .kv_kernels import source_backward
 
 LAYOUTS = {"matrix": "position-major", "per-dim": "feature-major", "per-position": "position-outer"}
 
@@ -94,6 +101,10 @@ class KVBuffer:
         # the last layer whose backward ran in this pass (a backward operator's state, ``_read_backward``)
         self.last_backward = num_layers
         self.copy_grads = False  # keep copies of the incoming gradients (``store_grad_out``)
+        # the layers whose weight gradients their sources' backward computes, their weights as the
+        # model gave them (layer 0's read carries them: ``defer_weight_grads``), and the sums so far
+        self.deferred: dict[int, torch.Tensor | None] = {}
+        self.weight_grads: dict[int, torch.Tensor] = {}
 
     @classmethod
     def over(cls, data: torch.Tensor, kv: int, mode: str) -> KVBuffer:
@@ -159,6 +170,20 @@ class KVBuffer:
             self.allocate(keys, mode, self.layers_per_gemm(keys.device, mode))
         self.put(layer_idx, keys, values)
         self.add_reader(layer_idx, weight, sources)
+
+    def defer_weight_grads(self, weights: dict[int, torch.Tensor]) -> None:
+        """Before layer 0's write: have the sources' backward compute the gradients of these layers'
+        static ``"matrix"`` weights (``kv_kernels.source_backward``). Only where the kept gradients form
+        one buffer (off the CPU: ``gemm_pieces``) and gradients are on; else nothing changes."""
+        if weights and torch.is_grad_enabled() and not gemm_pieces(next(iter(weights.values())).device):
+            self.deferred = dict(weights)
+
+    def pop_weight_grads(self, layers: list[int]) -> list[torch.Tensor | None]:
+        """The summed weight gradients of deferred ``layers`` (``None`` for a layer whose backward did
+        not run), each in its weight's dtype; they are dropped here."""
+        grads = [self.weight_grads.pop(r, None) for r in layers]
+        weights = [self.deferred.get(r) for r in layers]
+        return [g if g is None or w is None else g.to(w.dtype) for g, w in zip(grads, weights, strict=True)]
 
     def allocate(self, keys: torch.Tensor, mode: str, chunk_layers: int) -> None:
         """Allocate the buffer for raw ``keys`` like ``(B, T, kv * head_dim)``, in the layout of read
@@ -243,6 +268,10 @@ class KVBuffer:
         the stored gradients of the layer's readers mixed back through their transposed weights."""
         kv, axis = self.kv, weight_axis(mode)
         readers = [(r, w, pos) for r, w, pos in self.readers[layer_idx] if self.grad_out[0][r] is not None]
+        if self.deferred and mode == "matrix" and self.grad_data is not None:
+            grads = self.fused_grads(layer_idx, readers, shape)
+            self.free_kept(readers)
+            return grads
         mixed = [(r, w, pos) for r, w, pos in readers if w is not None]
         # column block i maps reader mixed[i]'s routed heads back onto this layer's heads
         blocks = [w.narrow(axis, pos * kv, kv).transpose(axis - 1, axis) for _, w, pos in mixed]
@@ -261,13 +290,38 @@ class KVBuffer:
                     rows = own.clone() if rows is None else rows.add_(own)
             assert rows is not None  # every reader mixes or reads its own heads
             grads.append(self.heads(rows, B, T).permute(1, 2, 0, 3).reshape(shape))
-        for r, _, pos in readers:  # its lowest source reads a reader's gradient last
+        self.free_kept(readers)
+        return grads
+
+    def fused_grads(self, layer_idx: int, readers, shape) -> list[torch.Tensor]:
+        """``take_grad`` for ``"matrix"`` reads with deferred weight gradients: one pass over the
+        readers' kept gradients gives the raw K/V gradients and adds each deferred reader's weight
+        gradient on this source's column block to ``weight_grads``."""
+        kv, kept = self.kv, self.grad_data or []
+        eye = torch.eye(kv, dtype=kept[0].dtype, device=kept[0].device)
+        columns = torch.stack(
+            [eye if w is None else w.narrow(1, pos * kv, kv).to(eye) for _, w, pos in readers]
+        )
+        layers = [r for r, _, _ in readers]
+        grads = []
+        for rows, data in zip(kept, self.data, strict=True):
+            source = self.stored(data, layer_idx, layer_idx + 1).flatten(1)
+            grad, weight_grads = source_backward(rows.flatten(1), layers, columns, source, self.head_dim)
+            grads.append(grad.view(shape))
+            for (r, w, pos), g in zip(readers, weight_grads, strict=True):
+                if r in self.deferred and w is not None:
+                    total = self.weight_grads.setdefault(r, g.new_zeros(w.shape))
+                    total[:, pos * kv : (pos + 1) * kv] += g  # keys' and values' parts
+        return grads
+
+    def free_kept(self, readers) -> None:
+        """Drop the kept gradients that this source, their reader's lowest, was the last to read."""
+        for r, _, pos in readers:
             if pos == 0:
                 for store in self.grad_out:
                     store[r] = None  # free it; a retained graph's next backward starts afresh
         if all(g is None for g in self.grad_out[0]):
             self.grad_data = None
-        return grads
 
     def backward(
         self, layer: int, grads: tuple[torch.Tensor, torch.Tensor], runs, mode: str, shape, weight_grad: bool
@@ -280,7 +334,7 @@ class KVBuffer:
         # read them without copying each batch slice (as they would from a strided incoming gradient)
         kept = [self.kept(which, layer, layer + 1) for which in range(2)]
         grad_w = None
-        if weight_grad:
+        if weight_grad and layer not in self.deferred:
             grad_k_w, grad_v_w = (
                 _weight_grad(g, data, self, runs, mode) for g, data in zip(kept, self.data, strict=True)
             )
@@ -406,21 +460,20 @@ class _RoutedRead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, weight, keys, values, buffer: KVBuffer, layer_idx: int, sources, mode: str):
+    def forward(ctx, weight, keys, values, buffer: KVBuffer, layer_idx: int, sources, mode: str, *carried):
         buffer.write(layer_idx, keys, values, weight, sources, mode)
         out = [buffer.read(data, layer_idx, weight, sources, mode) for data in buffer.data]
         ctx.buffer, ctx.layer_idx, ctx.runs = buffer, layer_idx, contiguous_runs(sources)
         ctx.mode, ctx.kv_shape = mode, keys.shape
-        ctx.save_for_backward(weight)
+        ctx.carried = list(buffer.deferred) if carried else []
         return out[0], out[1]
 
     @staticmethod
     def backward(ctx, grad_keys, grad_values):
-        (weight,) = ctx.saved_tensors
         grad_w, grad_k, grad_v = ctx.buffer.backward(
             ctx.layer_idx, (grad_keys, grad_values), ctx.runs, ctx.mode, ctx.kv_shape, ctx.needs_input_grad[0]
         )
-        return grad_w, grad_k, grad_v, None, None, None, None
+        return grad_w, grad_k, grad_v, None, None, None, None, *ctx.buffer.pop_weight_grads(ctx.carried)
 
 
 def routed_read(
@@ -443,13 +496,18 @@ def routed_read(
         Routed ``(keys, values)``, each ``(B, kv, T, head_dim)`` (keys before RoPE).
     """
     B, T, _ = keys.shape
+    # layer 0's read, the last to run backward, returns the deferred weights' gradients
+    carried = [w for w in buffer.deferred.values() if w is not None] if layer_idx == 0 else []
     if torch.compiler.is_compiling():  # the operators below: the graph allocates the buffer, one chunk
         if buffer.tensor is None:
             buffer.layout = LAYOUTS[mode]
             buffer.tensor = keys.new_empty(2, *buffer.chunk_shape(buffer.num_layers, B * T))
-        routed = READ(buffer.tensor, keys, values, weight, layer_idx, sources, mode, buffer.kv)
+        deferred = layer_idx in buffer.deferred
+        layers = list(buffer.deferred) if carried else []
+        args = (weight, layer_idx, sources, mode, buffer.kv, deferred, carried, layers)
+        routed = READ(buffer.tensor, keys, values, *args)
     else:
-        routed = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode)
+        routed = _RoutedRead.apply(weight, keys, values, buffer, layer_idx, sources, mode, *carried)
     return buffer.attention_heads(routed[0], B, T), buffer.attention_heads(routed[1], B, T)
 
 
@@ -477,9 +535,14 @@ def _read(
     sources: list[int],
     mode: str,
     kv: int,
+    deferred: bool,
+    carried: list[torch.Tensor],
+    carried_layers: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``keys``/``values`` into the buffer ``data`` (``KVBuffer.over``) and read the routed heads,
-    each ``[kv, *row]`` as ``KVBuffer.read`` gives them, made contiguous (``_read_fake``)."""
+    each ``[kv, *row]`` as ``KVBuffer.read`` gives them, made contiguous (``_read_fake``). ``deferred``:
+    the sources' backward computes this layer's weight gradient; ``carried`` (layer 0's read): the
+    weights of ``carried_layers``, whose gradients its backward returns (``KVBuffer.defer_weight_grads``)."""
     buffer = KVBuffer.over(_unversioned(data), kv, mode)
     buffer.put(layer_idx, keys, values)
     k, v = (buffer.read(d, layer_idx, weight, sources, mode).contiguous() for d in buffer.data)
@@ -495,7 +558,7 @@ def _unversioned(x: torch.Tensor) -> torch.Tensor:
         return x.new_empty(0).set_(x.untyped_storage(), x.storage_offset(), x.shape, x.stride())
 
 
-def _read_fake(data, keys, values, weight, layer_idx, sources, mode, kv):
+def _read_fake(data, keys, values, weight, layer_idx, sources, mode, kv, deferred, carried, carried_layers):
     """Shapes only: each routed tensor is ``kv`` rows like one buffered head's."""
     row = data[0].select(1 if mode == "per-position" else 0, 0).shape
     return data.new_empty(kv, *row), data.new_empty(kv, *row)
@@ -512,10 +575,14 @@ def _read_backward(
     kv: int,
     shape: list[int],
     weight_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    deferred: bool,
+    carried: list[torch.Tensor],
+    carried_layers: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """``KVBuffer.backward`` of layer ``layer_idx`` on the buffer ``data``; the weight's gradient is
-    empty unless ``weight_grad``. The pass's state (readers and kept gradients) starts at the first
-    layer to run backward and is dropped after layer 0's or with ``data``."""
+    empty unless ``weight_grad``, and so is a carried weight's whose reader's backward did not run
+    (``_read``). The pass's state (readers, kept gradients, deferred weight gradients) starts at the
+    first layer to run backward and is dropped after layer 0's or with ``data``."""
     key = data.data_ptr()
     buffer = _BACKWARD.get(key)
     if buffer is None or layer_idx >= buffer.last_backward:  # a new pass
@@ -523,33 +590,42 @@ def _read_backward(
         weakref.finalize(data, _BACKWARD.pop, key, None)
     buffer.last_backward = layer_idx
     buffer.add_reader(layer_idx, weight, sources)
+    if deferred:
+        buffer.deferred[layer_idx] = None
     grad_w, grad_k, grad_v = buffer.backward(
         layer_idx, (grad_keys, grad_values), contiguous_runs(sources), mode, torch.Size(shape), weight_grad
     )
+    grads = buffer.pop_weight_grads(carried_layers)
     if layer_idx == 0:
         _BACKWARD.pop(key, None)
     # contiguous, as the fake's (per-dim gradients come out permuted)
     grad_w = grad_w.contiguous() if grad_w is not None else grad_keys.new_empty(0)
-    return grad_w, grad_k.contiguous(), grad_v.contiguous()
+    carried_grads = [
+        w.new_empty(0) if g is None else g.to(w.dtype) for g, w in zip(grads, carried, strict=True)
+    ]
+    return grad_w, grad_k.contiguous(), grad_v.contiguous(), carried_grads
 
 
 def _read_backward_fake(
-    grad_keys, grad_values, data, weight, layer_idx, sources, mode, kv, shape, weight_grad
+    grad_keys, grad_values, data, weight, layer_idx, sources, mode, kv, shape, weight_grad, *carry
 ):
     grad_w = grad_keys.new_empty(0) if weight is None or not weight_grad else torch.empty_like(weight)
-    return grad_w, grad_keys.new_empty(shape), grad_keys.new_empty(shape)
+    carried = [torch.empty_like(w) for w in carry[1]]
+    return grad_w, grad_keys.new_empty(shape), grad_keys.new_empty(shape), carried
 
 
 def _setup_read(ctx, inputs, output) -> None:
-    data, keys, _, weight, ctx.layer_idx, ctx.sources, ctx.mode, ctx.kv = inputs
+    data, keys, _, weight, ctx.layer_idx, ctx.sources, ctx.mode, ctx.kv, ctx.deferred, carried, ctx.layers = (
+        inputs
+    )
     ctx.shape = list(keys.shape)
-    ctx.save_for_backward(data, weight)
+    ctx.save_for_backward(data, weight, *carried)
 
 
 def _read_grad(ctx, grad_keys, grad_values):
-    data, weight = ctx.saved_tensors
-    weight_grad = weight is not None and ctx.needs_input_grad[3]
-    grad_w, grad_k, grad_v = READ_BACKWARD(
+    data, weight, *carried = ctx.saved_tensors
+    weight_grad = weight is not None and ctx.needs_input_grad[3] and not ctx.deferred
+    grad_w, grad_k, grad_v, carried_grads = READ_BACKWARD(
         grad_keys,
         grad_values,
         data,
@@ -560,8 +636,15 @@ def _read_grad(ctx, grad_keys, grad_values):
         ctx.kv,
         ctx.shape,
         weight_grad,
+        ctx.deferred,
+        carried,
+        ctx.layers,
     )
-    return None, grad_k, grad_v, grad_w if weight_grad else None, None, None, None, None
+    carried_grads = [g if g.numel() else None for g in carried_grads]  # empty: no backward ran
+    # the gradients' structure follows the inputs': a list of tensors is a list, a list of ints one leaf
+    # unless empty
+    layers = None if ctx.layers else []
+    return None, grad_k, grad_v, grad_w if weight_grad else None, *[None] * 5, carried_grads, layers
 
 
 def _operators() -> tuple[Any, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -295,6 +295,13 @@ class LimeModel(LimePreTrainedModel):
         )
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
+    def deferred_weights(self) -> dict[int, torch.Tensor]:
+        """Layer -> its router's weight, where its sources' backward can compute its gradient
+        (``LimeRouter.deferred_weight``, ``KVBuffer.defer_weight_grads``)."""
+        routers = [cast(LimeAttention, layer.self_attn).router for layer in self.layers]
+        weights = {i: router.deferred_weight() for i, router in enumerate(routers) if router is not None}
+        return {i: w for i, w in weights.items() if w is not None}
+
     def run_layers(self, hidden_states: torch.Tensor, **layer_kwargs) -> torch.Tensor:
         """The blocks on the embeddings ``(B, T, hidden)`` -> the last block's output ``(B, T, hidden)``.
 
@@ -306,6 +313,8 @@ class LimeModel(LimePreTrainedModel):
             kv_buffer = KVBuffer(
                 self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim
             )
+            if torch.is_grad_enabled():
+                kv_buffer.defer_weight_grads(self.deferred_weights())
         for layer in self.layers:
             hidden_states = layer(hidden_states, kv_buffer=kv_buffer, **layer_kwargs)
         return hidden_states

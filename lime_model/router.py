@@ -167,12 +167,21 @@ class LimeRouter(nn.Module):
         weight, mode = self.read_weight(hidden_states)
         return routed_read(buffer, self.layer_idx, keys, values, weight, self.sources, mode)
 
-    def read_weight(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+    def read_weight(self, hidden_states: torch.Tensor | None) -> tuple[torch.Tensor | None, str]:
         """The weight and mode of this layer's routed read (``buffer_layout``); a single source
         (the own heads) is ``None``: no arithmetic."""
         if len(self.sources) == 1:
             return None, self.own_only_mode
         return buffer_layout(self.coefficients(hidden_states), self.input_dependent)
+
+    def deferred_weight(self) -> torch.Tensor | None:
+        """This layer's weight as ``KVBuffer.defer_weight_grads`` takes it before layer 0 runs: a learned
+        static ``"matrix"`` weight, unsharded (FSDP2 gathers a layer's parameters for its own forward
+        only); else ``None``."""
+        if self.input_dependent or any(_sharded(p) for p in self.parameters()):
+            return None
+        weight, mode = self.read_weight(None)
+        return weight if weight is not None and mode == "matrix" and weight.requires_grad else None
 
     def reread(self, buffer: KVBuffer, hidden_states: torch.Tensor, which: int) -> torch.Tensor:
         """The routed keys (``which=0``) or values (1) of ``forward``, ``(B, kv, T, head_dim)``,
@@ -326,6 +335,14 @@ class DynamicRouter(LimeRouter):
             cost["router"] += seq_len * kv * D * (config.hidden_size + S * kv)  # queries, then scores
             cost["elementwise"] = seq_len * kv * S * kv  # adding the offset
         return cost
+
+
+def _sharded(parameter: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(parameter, DTensor)
 
 
 def build_router(config: PreTrainedConfig, layer_idx: int) -> LimeRouter | None:

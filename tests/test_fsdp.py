@@ -117,3 +117,23 @@ def test_fsdp_run_stopped_and_resumed_matches_one_process(text, tmp_path):
     torchrun("-m", "lime_model.cli", *two, "--stop-after", "2")
     assert "continuing the run" in torchrun("-m", "lime_model.cli", *two).stderr
     assert_same_run(tmp_path / "one", tmp_path / "two")
+
+
+def test_sharded_routers_keep_their_weight_gradients_to_their_own_backward(one_process_group, monkeypatch):
+    """Off the CPU an unsharded model's sources compute its routers' weight gradients (one pass over
+    the readers' gradients: ``KVBuffer.defer_weight_grads``); a sharded router's weight is whole only
+    in its own layer's forward, so FSDP2's model keeps them to the readers' backward. Both give the
+    same gradients (the same sums in another order)."""
+    from lime_model import kv_buffer
+
+    monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
+    deferred, original = [], kv_buffer.KVBuffer.defer_weight_grads
+
+    def spy(self, weights):
+        deferred.append(sorted(weights))
+        original(self, weights)
+
+    monkeypatch.setattr(kv_buffer.KVBuffer, "defer_weight_grads", spy)
+    for name, (sharded, unsharded) in gradients("full").items():
+        torch.testing.assert_close(sharded, unsharded, rtol=1e-5, atol=1e-7, msg=name)
+    assert deferred == [[1, 2], []]  # the unsharded model's forward, then the sharded one's

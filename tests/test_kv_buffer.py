@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from lime_model import kv_buffer
+from lime_model import kv_buffer, kv_kernels
 from lime_model.kv_buffer import KVBuffer, routed_read
 
 B, T, KV, HD, L = 2, 3, 2, 4, 4
@@ -18,11 +18,15 @@ def reference_mix(coef: torch.Tensor, raws: list[torch.Tensor]) -> torch.Tensor:
     return torch.einsum("btkpje,btpje->bkte", c, src)
 
 
-def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffer | None = None):
+def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffer | None = None, defer=False):
     """L layers; layer l's raw K/V = base + tanh(layer l-1's routed K/V), so that backward visits the
     layers in reverse as in the model. ``coefs[l]`` None = own heads only; ``buffered``: through
-    ``routed_read``, else the formula. Returns every routed K/V."""
+    ``routed_read``, else the formula; ``defer``: the matrix weights' gradients computed by their
+    sources' backward (``KVBuffer.defer_weight_grads``, as the model asks). Returns every routed K/V."""
     buffer = buffer or KVBuffer(L, KV, HD)
+    weights = [None if c is None else weight_in(c, modes[layer]) for layer, c in enumerate(coefs)]
+    if defer:
+        buffer.defer_weight_grads({layer: w for layer, w in enumerate(weights) if w is not None})
     outs, raw_k, raw_v = [], [], []
     for layer in range(L):
         k, v = base_k[layer], base_v[layer]
@@ -33,12 +37,7 @@ def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffe
         raw_v.append(v)
         c = coefs[layer]
         if buffered:
-            weight, mode = None, modes[layer]
-            if c is not None:
-                n, kv, S, _, F = c.shape
-                shape = {"matrix": (kv, S * kv), "per-dim": (kv, S * kv, F), "per-position": (n, kv, S * kv)}
-                weight = c.reshape(shape[mode])
-            outs.append(routed_read(buffer, layer, k, v, weight, sources[layer], mode))
+            outs.append(routed_read(buffer, layer, k, v, weights[layer], sources[layer], modes[layer]))
         else:
             if c is None:
                 c = torch.eye(KV, dtype=k.dtype).view(1, KV, 1, KV, 1)
@@ -46,6 +45,14 @@ def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffe
             vs = [raw_v[j] for j in sources[layer]]
             outs.append((reference_mix(c, ks), reference_mix(c, vs)))
     return outs
+
+
+def weight_in(coef: torch.Tensor, mode: str) -> torch.Tensor:
+    """Coefficients ``[n, kv, S, kv, F]`` as ``routed_read``'s ``mode`` weight."""
+    n, kv, S, _, F = coef.shape
+    return coef.reshape(
+        {"matrix": (kv, S * kv), "per-dim": (kv, S * kv, F), "per-position": (n, kv, S * kv)}[mode]
+    )
 
 
 SOURCES = {
@@ -117,6 +124,53 @@ def test_compiled_read_matches_the_formula(pattern, kind, loss_layer, gpu_path, 
     assert not kv_buffer._BACKWARD
 
 
+MATRIX_PATTERNS = ["full", "first-1", "dilated-back-2"]
+
+
+@pytest.fixture(params=["two GEMMs per run of readers", "Triton's kernel, interpreted"])
+def source_backward(request, monkeypatch):
+    """Deferred weight gradients off the CPU (its one-buffer path, here on the CPU), computed by the
+    torch GEMMs or by the Triton kernel in Triton's interpreter (``lime_model.kv_kernels``)."""
+    monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
+    if request.param.startswith("Triton"):
+        pytest.importorskip("triton", reason="the Triton kernel's test needs Triton (the dev extra)")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    calls = []
+    original = kv_kernels.source_backward
+    monkeypatch.setattr(kv_buffer, "source_backward", lambda *a: calls.append(a) or original(*a))
+    return calls
+
+
+@pytest.mark.parametrize("pattern", MATRIX_PATTERNS)
+@pytest.mark.parametrize("loss_layer", [L - 1, 1])
+@pytest.mark.parametrize("backend", [None, "aot_eager"], ids=["eager", "compiled"])
+def test_deferred_weight_gradients_match_the_formula(pattern, loss_layer, backend, source_backward):
+    """Each reader's weight gradient summed by its sources' backward and returned by layer 0's read:
+    every leaf's gradient equals the formula's, through the fused pass (one call per source layer
+    and keys or values), and no backward state is left."""
+    check_against_formula(pattern, "matrix", loss_layer, backend=backend, defer=True)
+    # a compiled backward runs every layer's, on zero gradients past the loss's
+    assert len(source_backward) == 2 * (L if backend else loss_layer + 1)
+    assert not kv_buffer._BACKWARD
+
+
+def test_deferred_weight_gradients_are_not_computed_twice(monkeypatch):
+    """A deferred reader's own backward reads no source for its weight gradient."""
+    monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
+    monkeypatch.setattr(kv_buffer, "_weight_grad", lambda *a: pytest.fail("a reader's weight gradient"))
+    check_against_formula("full", "matrix", L - 1, defer=True)
+
+
+def test_weight_gradients_are_deferred_only_off_the_cpu_and_with_gradients_on():
+    weight = {1: torch.randn(KV, 2 * KV, requires_grad=True)}
+    buffer = KVBuffer(L, KV, HD)
+    buffer.defer_weight_grads(weight)  # the CPU's pieces keep each gradient on its own
+    assert not buffer.deferred
+    with torch.no_grad():
+        buffer.defer_weight_grads(weight)
+    assert not buffer.deferred
+
+
 @pytest.mark.parametrize("kind", ["matrix", "per-dim", "per-position"])
 def test_the_operators_run_eagerly_under_autograd(kind):
     """Dynamo's ``eager`` backend runs the operators themselves under autograd, which checks that no
@@ -126,9 +180,11 @@ def test_the_operators_run_eagerly_under_autograd(kind):
     assert not kv_buffer._BACKWARD
 
 
-def check_against_formula(pattern: str, kind: str, loss_layer: int, backend: str | None = None) -> None:
+def check_against_formula(
+    pattern: str, kind: str, loss_layer: int, backend: str | None = None, defer: bool = False
+) -> None:
     """Routed K/V and the gradients of every leaf through the buffered read (eager, or compiled with
-    ``backend``) equal the formula's (float64)."""
+    ``backend``; ``defer``: ``chain``'s) equal the formula's (float64)."""
     torch.manual_seed(0)
     sources, modes = SOURCES[pattern], layer_modes(kind)
     coefs = [c if c is None else c.requires_grad_() for c in make_coefs(sources, kind)]
@@ -138,7 +194,7 @@ def check_against_formula(pattern: str, kind: str, loss_layer: int, backend: str
     # every layer runs forward; the loss reads only up to loss_layer
     torch._dynamo.reset()
     buffered = torch.compile(chain, backend=backend, fullgraph=True) if backend else chain
-    got = buffered(sources, modes, coefs, base_k, base_v, buffered=True)
+    got = buffered(sources, modes, coefs, base_k, base_v, buffered=True, defer=defer)
     want = chain(sources, modes, coefs, base_k, base_v, buffered=False)
     probes = [
         (torch.randn(B, KV, T, HD, dtype=torch.float64), torch.randn(B, KV, T, HD, dtype=torch.float64))
@@ -241,26 +297,31 @@ def test_per_dim_weight_gradient_copies_no_feature_slices_of_a_strided_incoming_
     assert not copies, f"{len(copies)} feature slices copied"
 
 
-def test_a_copy_of_the_module_registers_operators_of_its_own(tmp_path):
-    """A checkpoint's copy of ``kv_buffer.py`` (remote code, maybe of another version) is imported beside
-    this one: under its own module name, or with other source, it registers its own operators; the
-    same source under the same name again (transformers re-importing it) reuses them, where a second
-    registration would raise."""
-    import importlib.util
+def test_a_copy_of_the_module_registers_operators_of_its_own(tmp_path, monkeypatch):
+    """A checkpoint's copy of ``kv_buffer.py`` (remote code, maybe of another version, in a package with
+    the modules it imports) is imported beside this one: under its own module name, or with other
+    source, it registers its own operators; the same source under the same name again (transformers
+    re-importing it) reuses them, where a second registration would raise."""
+    import importlib
+    import sys
     from pathlib import Path
+
+    from lime_model import kv_kernels
 
     source = Path(kv_buffer.__file__).read_text()
 
-    def imported(name: str, text: str):
-        path = tmp_path / f"{len(list(tmp_path.iterdir()))}" / f"{name}.py"
-        path.parent.mkdir()
-        path.write_text(text)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+    def imported(text: str):
+        root = tmp_path / f"{len(list(tmp_path.iterdir()))}"
+        (root / "remote").mkdir(parents=True)
+        (root / "remote" / "__init__.py").write_text("")
+        (root / "remote" / "kv_kernels.py").write_text(Path(kv_kernels.__file__).read_text())
+        (root / "remote" / "kv_buffer.py").write_text(text)
+        for name in [m for m in sys.modules if m.split(".")[0] == "remote"]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.syspath_prepend(str(root))
+        return importlib.import_module("remote.kv_buffer")
 
-    copy, again = imported("remote_kv_buffer", source), imported("remote_kv_buffer", source)
-    other = imported("remote_kv_buffer", source + "\n# another version\n")
+    copy, again = imported(source), imported(source)
+    other = imported(source + "\n# another version\n")
     assert len({kv_buffer._LIB, copy._LIB, other._LIB}) == 3
-    assert again._LIB == copy._LIB and again.READ is copy.READ
+    assert again is not copy and again._LIB == copy._LIB and again.READ is copy.READ
