@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import math
 import os
@@ -79,6 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import gpu_sections as sections  # noqa: E402
 
+from lime_model import kv_kernels  # noqa: E402
 from lime_model.files import atomic_write  # noqa: E402
 
 # Table 3-4's 1B model; "kv" is the K/V heads of the GQA and MHA shapes
@@ -182,6 +184,8 @@ def run(
         "settings": s,
         "versions": _versions(),
         "device_name": torch.cuda.get_device_name() if s["device"] == "cuda" else platform.processor(),
+        # how a source's backward sums its readers' gradients (lime_model.kv_kernels)
+        "routed_backward": "triton" if kv_kernels.kernel_available(torch.device(s["device"])) else "torch",
         "selected": {"sections": names, "rows": None if rows is None else sorted(rows)},
         "not_selected": [n for n in SECTIONS if n not in names],
         "sections": {},
@@ -221,12 +225,11 @@ def _versions() -> dict[str, Any]:
     import transformers
 
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    try:
-        import nnsight
-
-        versions["nnsight"] = nnsight.__version__
-    except ImportError:
-        versions["nnsight"] = None
+    for name in ("nnsight", "triton"):
+        try:
+            versions[name] = importlib.import_module(name).__version__
+        except ImportError:
+            versions[name] = None
     return versions | {"python": platform.python_version(), "cuda": torch.version.cuda}
 
 

@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 
-# Column tiles of the kernel's programs, and at most this many programs, each looping over its tiles
-# and summing its partial weight gradients in registers (fewer programs: fewer partials to add).
-BLOCK_N = 128
-MAX_PROGRAMS = 264  # two per SM of an H100 (132 SMs); ours
+# The kernel's column tiles and at most this many programs, each looping over its tiles and summing
+# its share of the weight gradients in registers: more programs keep more loads in flight, fewer leave
+# fewer partial sums to add. Ours, untuned (no GPU yet): four programs of eight warps per H100 SM.
+BLOCK_N = 256
+MAX_PROGRAMS = 4 * 132
+WARPS = 8
 
 
 def interpreted() -> bool:
@@ -97,13 +99,20 @@ def _triton_backward(kept, readers, columns, source, head_dim):
     programs = min(tiles, MAX_PROGRAMS)
     grad = kept.new_empty(positions, kv * head_dim)
     partial = kept.new_empty(programs, readers_padded, padded, padded, dtype=_sums(kept.dtype))
-    index = torch.tensor(readers, dtype=torch.int32, device=kept.device)
+    index = _indices(tuple(readers), kept.device)
     precise = "ieee" if kept.dtype in (torch.float32, torch.float64) else "tf32"
     _kernel(interpreted())[(programs,)](
         kept, index, columns.contiguous(), source, grad, partial, len(readers), N, -(-tiles // programs),
-        KV=kv, KVP=padded, HD=head_dim, RP=readers_padded, BLOCK=BLOCK_N, PRECISION=precise,
+        KV=kv, KVP=padded, HD=head_dim, RP=readers_padded, BLOCK=BLOCK_N, PRECISION=precise, num_warps=WARPS,
     )  # fmt: skip
     return grad, partial.sum(0)[: len(readers), :kv, :kv]
+
+
+@functools.lru_cache(maxsize=1024)
+def _indices(readers: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``readers`` as an int32 tensor on ``device``, made once (a copy from the host per call would
+    be a transfer per layer and step)."""
+    return torch.tensor(readers, dtype=torch.int32, device=device)
 
 
 def _sums(dtype: torch.dtype) -> torch.dtype:

@@ -64,6 +64,8 @@ def test_sections_rewrite_the_json_and_a_kill_keeps_those_that_finished(gpu_chec
         gpu_check.run(True, out, ["parity", "generate", "extract", "probes"])
     result = json.loads(out.read_text())
     assert result["dry_run"] is True and result["settings"]["device"] == "cpu"
+    # the CPU sums a source's readers' gradients with torch's GEMMs (no interpreter here)
+    assert result["routed_backward"] == "torch" and "triton" in result["versions"]
     assert result["running"] == "extract" and list(result["sections"]) == ["parity", "generate"]
     assert result["selected"] == {"sections": ["parity", "generate", "extract", "probes"], "rows": None}
     assert result["not_selected"] == ["fsdp", "memory", "step"]
