@@ -98,14 +98,14 @@ def _triton_backward(kept, readers, columns, source, head_dim):
     tiles = -(-N // BLOCK_N)
     programs = min(tiles, MAX_PROGRAMS)
     grad = kept.new_empty(positions, kv * head_dim)
-    partial = kept.new_empty(programs, readers_padded, padded, padded, dtype=_sums(kept.dtype))
+    partial = kept.new_empty(programs, readers_padded, kv, kv, dtype=_sums(kept.dtype))
     index = _indices(tuple(readers), kept.device)
     precise = "ieee" if kept.dtype in (torch.float32, torch.float64) else "tf32"
     _kernel(interpreted())[(programs,)](
         kept, index, columns.contiguous(), source, grad, partial, len(readers), N, -(-tiles // programs),
         KV=kv, KVP=padded, HD=head_dim, RP=readers_padded, BLOCK=BLOCK_N, PRECISION=precise, num_warps=WARPS,
     )  # fmt: skip
-    return grad, partial.sum(0)[: len(readers), :kv, :kv]
+    return grad, partial.sum(0)[: len(readers)]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -158,7 +158,8 @@ def _kernel(interpret: bool) -> Any:
             # as k_proj writes them: position n // HD, head h, feature n % HD
             out = (n // HD)[None, :].to(tl.int64) * (KV * HD) + h[:, None] * HD + (n % HD)[None, :]
             tl.store(grad + out, acc.to(grad.dtype.element_ty), mask=mask)
-        cells = slot[:, None, None] * KVP * KVP + h[None, :, None] * KVP + h[None, None, :]
-        tl.store(partial + pid * RP * KVP * KVP + cells, weight_grads)
+        cells = slot[:, None, None] * KV * KV + h[None, :, None] * KV + h[None, None, :]
+        real = heads[None, :, None] & heads[None, None, :]
+        tl.store(partial + pid * RP * KV * KV + cells, weight_grads, mask=real)
 
     return source_backward_kernel

@@ -13,8 +13,8 @@ ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|obj|exc|ref|py:\w+):`")
 # its entries is a one-letter or numeric dimension or a product; lists of names (``[name, size]``) are not
 BRACKETED = re.compile(r"(`+)(?:[A-Za-z_]\w* )?\[([\w*+ ]+(?:, *[\w*+ .]+)+)\]\1")
 DIMENSION = re.compile(r"^(?:[A-Za-z]|\d+|.*\*.*)$")
-# kv_buffer.py writes its memory layouts (not shapes) in brackets, as the architecture notes say
-LAYOUTS = {ROOT / "lime_model" / "kv_buffer.py"}
+# the K/V buffer's modules write its memory layouts (not shapes) in brackets, as the architecture notes say
+LAYOUTS = {ROOT / "lime_model" / "kv_buffer.py", ROOT / "lime_model" / "kv_kernels.py"}
 
 
 def docstrings(path: Path) -> list[tuple[int, str]]:
