@@ -264,3 +264,36 @@ def test_compiled_memory_finds_lime_keeping_its_buffer_beyond_llama():
     for bad, named in ((["--routings", "nope"], "unknown routing spec 'nope'"), (["--seq", "0"], "--seq")):
         err = run_bench("compiled_memory.py", *bad, ok=False).stderr.strip()
         assert named in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("interpreted", [False, True], ids=["torch", "Triton interpreted"])
+def test_routed_backward_times_each_variant_beside_the_readers_and_checks_its_gradients(
+    interpreted, monkeypatch
+):
+    """bench/routed_backward.py at toy size: every variant's gradients are the baseline's (the readers
+    computing their own weight gradients) and each row's ratio lies in its interval; the Triton row
+    runs only where the kernel does (here under Triton's interpreter)."""
+    if interpreted:
+        pytest.importorskip("triton", reason="the Triton kernel needs Triton (the dev extra)")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    bench = bench_script("routed_backward")
+    args = argparse.Namespace(layers=4, tokens=8, head_dim=4, rounds=3, device="cpu", dtype="float32")
+    result = bench.measure(2, args)
+    names = ["readers", "source, torch", *(["source, triton"] if interpreted else [])]
+    assert [r["variant"] for r in result["rows"]] == names
+    assert result["skipped"] == ([] if interpreted else ["source, triton"])
+    for row in result["rows"]:
+        assert row["max_rel_error"] < 1e-5 and row["ms"] > 0
+        assert row["ci"][0] <= row["x_readers"] <= row["ci"][1]
+
+
+def test_routed_backward_finds_a_wrong_deferred_gradient(monkeypatch):
+    """Its gradient check is a real one: a source's pass that drops its readers' weight gradients shows."""
+    from lime_model import kv_kernels
+
+    bench = bench_script("routed_backward")
+    original = kv_kernels._torch_backward
+    monkeypatch.setattr(kv_kernels, "_torch_backward", lambda *a: (original(*a)[0], original(*a)[1] * 0))
+    args = argparse.Namespace(layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32")
+    rows = {r["variant"]: r for r in bench.measure(2, args)["rows"]}
+    assert rows["source, torch"]["max_rel_error"] > 0.1

@@ -68,7 +68,7 @@ def test_sections_rewrite_the_json_and_a_kill_keeps_those_that_finished(gpu_chec
     assert result["routed_backward"] == "torch" and "triton" in result["versions"]
     assert result["running"] == "extract" and list(result["sections"]) == ["parity", "generate"]
     assert result["selected"] == {"sections": ["parity", "generate", "extract", "probes"], "rows": None}
-    assert result["not_selected"] == ["fsdp", "memory", "step"]
+    assert result["not_selected"] == ["kernel", "fsdp", "memory", "step"]
     for name, body in result["sections"].items():
         assert body["budget_s"] == gpu_check.SECTIONS[name][1] and body["seconds"] > 0
     check_parity(result["sections"]["parity"])
@@ -162,7 +162,7 @@ def test_step_models_in_the_order_the_section_compiles_them(gpu_check):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--sections", "step", "nope"], "unknown section nope; valid: parity, generate"),
+        (["--sections", "step", "nope"], "unknown section nope; valid: parity, kernel, generate"),
         (["--rows", "gqa:full", "gqa:half"], "unknown row gqa:half; valid: gqa:none, gqa:full"),
         (["--compile-workers", "-1"], "--compile-workers must be 0 or more, got -1"),
         (["--out", "/nonexistent/folder/x.json"], "--out /nonexistent/folder/x.json: no folder"),
@@ -183,8 +183,8 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--compile-workers", "1"]
     done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    plan = done.stdout.splitlines()[1:9]  # the sections and their budgets, printed first
-    names = ["parity", "generate", "extract", "fsdp", "memory", "probes", "step"]
+    plan = done.stdout.splitlines()[1:10]  # the sections and their budgets, printed first
+    names = ["parity", "kernel", "generate", "extract", "fsdp", "memory", "probes", "step"]
     assert [line.split()[0] for line in plan] == [*names, "total"]
     result = json.loads(out.read_text())
     sections = result["sections"]
@@ -192,6 +192,12 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     for body in sections.values():
         assert "error" not in body and 0 < body["seconds"] <= result["seconds"]
     check_parity(sections["parity"])
+    kernel = sections["kernel"]  # the CPU: torch's GEMMs beside the readers' own weight gradients
+    assert [row["shape"] for row in kernel["rows"]] == ["gqa", "mha"] and kernel["sweep"] == []
+    for row in kernel["rows"]:
+        assert [r["variant"] for r in row["result"]["rows"]] == ["readers", "source, torch"]
+        assert all(r["max_rel_error"] < 1e-2 for r in row["result"]["rows"])  # bf16 on the CPU
+    assert [s["row"] for s in kernel["skipped"]] == ["gqa:sweep", "mha:sweep"]
     check_generate(sections["generate"])
     check_extraction(sections["extract"])
     check_extraction(sections["probes"])

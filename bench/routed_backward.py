@@ -1,0 +1,203 @@
+"""The routed read alone, forward and backward, at the paper's 1B shapes: the readers' weight gradients
+computed by each reader's backward (the baseline: every source read once more), or by each source's in
+one pass over its readers' gradients (``lime_model.kv_kernels``: torch's GEMMs, Triton's kernel).
+
+A stack of ``--layers`` routed reads with full routing (layer i mixes layers 0..i with a learned
+``[kv, (i+1)*kv]`` fp32 weight, as a model's) over random raw K/V of ``--tokens`` positions in the
+compute dtype, then backward from random routed-K/V gradients; no attention or MLP, so all the time is
+the read's. Every read takes the one-buffer path a GPU takes. Each round runs the variants side by
+side in this process; a variant's ratio is the median over rounds of its time over the baseline's in
+the same round, with the median's distribution-free interval (``lime_probe.probes.stats.median_ci``).
+Each variant's gradients are checked against the baseline's first.
+
+``--sweep`` also times the Triton kernel alone on layer 0's backward (every layer a reader) for a few
+tile, program and warp counts, against the shipped ones (``kv_kernels.BLOCK_N``, ``MAX_PROGRAMS``,
+``WARPS``).
+
+    python bench/routed_backward.py                     # a GPU: GQA and MHA, bf16
+    python bench/routed_backward.py --device cpu --dtype float32 --tokens 64 --rounds 3   # a dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lime_model import kv_buffer, kv_kernels  # noqa: E402
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
+from lime_probe.probes.stats import median_ci  # noqa: E402
+
+SHAPES = {"gqa": 8, "mha": 32}  # K/V heads of the 1B shapes
+VARIANTS = ("readers", "source, torch", "source, triton")
+SWEEP = [(block, warps) for block in (128, 256, 512) for warps in (4, 8)]
+
+
+def make_inputs(args: argparse.Namespace, kv: int) -> dict[str, Any]:
+    """Raw keys and values ``(1, tokens, kv * head_dim)`` per layer, weights per routed layer, and the
+    routed K/V's gradients ``(1, kv, tokens, head_dim)``: leaves, made once (seeded)."""
+    layers, tokens, hd, device = args.layers, args.tokens, args.head_dim, args.device
+    dtype = getattr(torch, args.dtype)
+    g = torch.Generator(device).manual_seed(0)
+
+    def randn(*shape, dtype=dtype):
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype)
+
+    weights = [None] + [randn(kv, (i + 1) * kv, dtype=torch.float32) / (i + 1) for i in range(1, layers)]
+    return {
+        "keys": [randn(1, tokens, kv * hd).requires_grad_() for _ in range(layers)],
+        "values": [randn(1, tokens, kv * hd).requires_grad_() for _ in range(layers)],
+        "weights": [w if w is None else w.requires_grad_() for w in weights],
+        "probes": [randn(1, kv, tokens, hd) for _ in range(2 * layers)],
+    }
+
+
+@contextmanager
+def variant(name: str):
+    """Reads as ``name`` computes them; every one on the one-buffer path (``kv_buffer.gemm_pieces``)."""
+    kernel = name == "source, triton"
+    with (
+        mock.patch.object(kv_buffer, "gemm_pieces", lambda device: False),
+        mock.patch.object(kv_kernels, "kernel_available", lambda device: kernel),
+    ):
+        yield name != "readers"
+
+
+def step(inputs: dict[str, Any], kv: int, defer: bool) -> list[torch.Tensor]:
+    """One forward and backward of the stack; the leaves' gradients (keys, values, then weights)."""
+    layers, hd = len(inputs["keys"]), inputs["probes"][0].shape[-1]
+    buffer = kv_buffer.KVBuffer(layers, kv, hd)
+    if defer:
+        buffer.defer_weight_grads({i: w for i, w in enumerate(inputs["weights"]) if w is not None})
+    outs = []
+    for i in range(layers):
+        k, v = inputs["keys"][i], inputs["values"][i]
+        outs += kv_buffer.routed_read(buffer, i, k, v, inputs["weights"][i], list(range(i + 1)), "matrix")
+    leaves = [*inputs["keys"], *inputs["values"], *inputs["weights"][1:]]
+    return list(torch.autograd.grad(outs, leaves, inputs["probes"]))
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(kv: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Every variant against the baseline with ``kv`` K/V heads: gradient errors, median ms, ratios."""
+    inputs = make_inputs(args, kv)
+    names = [
+        n for n in VARIANTS if n != "source, triton" or kv_kernels.kernel_available(torch.device(args.device))
+    ]
+    reference = None
+    errors = {}
+    for name in names:  # also each variant's warm-up (Triton compiles here)
+        with variant(name) as defer:
+            grads = step(inputs, kv, defer)
+        if reference is None:
+            reference = grads
+        errors[name] = max(
+            float((g - r).abs().max() / r.abs().max()) for g, r in zip(grads, reference, strict=True)
+        )
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(args.rounds):
+        for name in names:
+            with variant(name) as defer:
+                sync(args.device)
+                start = time.perf_counter()
+                step(inputs, kv, defer)
+                sync(args.device)
+            times[name].append(time.perf_counter() - start)
+    rows = []
+    for name in names:
+        ratios = [t / b for t, b in zip(times[name], times["readers"], strict=True)]
+        low, high, coverage = median_ci(ratios)
+        ms = 1e3 * statistics.median(times[name])
+        rows.append({"variant": name, "ms": ms, "x_readers": statistics.median(ratios), "ci": [low, high],
+                     "coverage": coverage, "max_rel_error": errors[name]})  # fmt: skip
+    return {"kv": kv, "rows": rows, "skipped": sorted(set(VARIANTS) - set(names))}
+
+
+def sweep(kv: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The Triton kernel alone on layer 0's backward (every layer a reader), per (tile, warps) of
+    ``SWEEP`` at the shipped program count, median ms over ``--rounds`` and over the shipped settings'."""
+    layers, hd, n = args.layers, args.head_dim, args.tokens * args.head_dim
+    dtype = getattr(torch, args.dtype)
+    kept = torch.randn(layers * kv, n, device=args.device, dtype=dtype)
+    source = torch.randn(kv, n, device=args.device, dtype=dtype)
+    columns = torch.randn(layers, kv, kv, device=args.device, dtype=dtype)
+
+    def ms(block: int, warps: int) -> float:
+        with mock.patch.object(kv_kernels, "BLOCK_N", block), mock.patch.object(kv_kernels, "WARPS", warps):
+            kv_kernels.source_backward(kept, list(range(layers)), columns, source, hd)  # compiles
+            times = []
+            for _ in range(args.rounds):
+                sync(args.device)
+                start = time.perf_counter()
+                kv_kernels.source_backward(kept, list(range(layers)), columns, source, hd)
+                sync(args.device)
+                times.append(time.perf_counter() - start)
+        return 1e3 * statistics.median(times)
+
+    shipped = ms(kv_kernels.BLOCK_N, kv_kernels.WARPS)
+    # bytes the pass must move: every reader's gradient and the source once, the gradient written once
+    moved = (layers * kv + 2 * kv) * n * kept.element_size()
+    return [{"block": b, "warps": w, "ms": t, "x_shipped": t / shipped, "GB_per_s": moved / t / 1e6}
+            for (b, w), t in ((bw, ms(*bw)) for bw in SWEEP)]  # fmt: skip
+
+
+def section(ctx: Any) -> dict[str, Any]:
+    """``bench/gpu_check.py``'s "kernel" section (``ctx``: its ``gpu_sections.Context``): ``measure`` at
+    both shapes, then ``sweep`` where the kernel runs, each started only within the section's budget."""
+    s = ctx.s
+    args = argparse.Namespace(layers=s["layers"], tokens=s["batch"] * s["seq"], head_dim=s["hidden"] // s["heads"],
+                              rounds=s["rounds"], device=ctx.device, dtype=s["dtype"])  # fmt: skip
+    body: dict[str, Any] = {"rows": [], "sweep": [], "skipped": []}
+    for shape, kv in s["kv"].items():
+        for part, run in (("rows", measure), ("sweep", sweep)):
+            reason = ctx.skip_reason() or (None if kv_kernels.kernel_available(torch.device(ctx.device)) or part == "rows"
+                                            else "no CUDA device with Triton")  # fmt: skip
+            if reason:
+                body["skipped"].append({"row": f"{shape}:{part}", "why": reason})
+            else:
+                body[part].append({"shape": shape, **{"result": run(kv, args)}})
+    return body
+
+
+def main() -> None:
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--layers", type=POSITIVE_INT, default=16)
+    parser.add_argument("--tokens", type=POSITIVE_INT, default=4 * 2048, help="B * T (default: 4 x 2048)")
+    parser.add_argument("--head-dim", type=POSITIVE_INT, default=64)
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=20)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    parser.add_argument("--sweep", action="store_true", help="also time the Triton kernel's settings")
+    args = parser.parse_args()
+    print(
+        f"routed read, full routing, {args.layers} layers, {args.tokens} tokens, {args.dtype}, {args.device}"
+    )
+    for shape in args.shapes:
+        result = measure(SHAPES[shape], args)
+        for row in result["rows"]:
+            low, high = row["ci"]
+            print(f"{shape} {row['variant']:<15} {row['ms']:9.3f} ms  x readers {row['x_readers']:.3f} "
+                  f"[{low:.3f}-{high:.3f}] ({row['coverage']:.1%})  max rel. error {row['max_rel_error']:.1e}")  # fmt: skip
+        for name in result["skipped"]:
+            print(f"{shape} {name:<15} not run: no CUDA device with Triton (or TRITON_INTERPRET=1)")
+        if args.sweep and "source, triton" not in result["skipped"]:
+            for row in sweep(SHAPES[shape], args):
+                print(f"{shape} kernel BLOCK_N={row['block']} WARPS={row['warps']}: {row['ms']:.3f} ms, "
+                      f"x shipped {row['x_shipped']:.3f}, {row['GB_per_s']:.0f} GB/s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
