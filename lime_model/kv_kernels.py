@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -36,11 +37,18 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# devices where the kernel failed to build or launch: their passes take the GEMMs from then on
+_FAILED: set[str] = set()
+
+
 def kernel_available(device: torch.device) -> bool:
-    """Whether ``source_backward`` runs the Triton kernel for tensors on ``device``."""
-    if importlib.util.find_spec("triton") is None:
+    """Whether ``source_backward`` runs the Triton kernel for tensors on ``device``: a CUDA device of
+    compute capability 8.0 or later (``tl.dot`` on bf16), or any under the interpreter."""
+    if importlib.util.find_spec("triton") is None or str(device) in _FAILED:
         return False
-    return interpreted() or device.type == "cuda"
+    if interpreted():
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def source_backward(
@@ -66,7 +74,14 @@ def source_backward(
     """
     columns = columns.to(kept.dtype)  # as the forward's mix casts its weight (``kv_buffer._mix``)
     if kernel_available(kept.device):
-        return _triton_backward(kept, readers, columns, source, head_dim)
+        try:
+            return _triton_backward(kept, readers, columns, source, head_dim)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:  # an untuned kernel on a GPU it never ran on must not stop a training
+            _FAILED.add(str(kept.device))
+            message = f"the Triton kernel failed on {kept.device} ({type(err).__name__}: {err}); using GEMMs"
+            warnings.warn(f"lime_model.kv_kernels: {message}", RuntimeWarning, stacklevel=2)
     return _torch_backward(kept, readers, columns, source, head_dim)
 
 

@@ -93,3 +93,27 @@ def test_a_model_whose_sources_compute_its_weight_gradients(routing, implementat
     assert got.keys() == want.keys() and any("router" in name for name in got)
     for name in want:
         torch.testing.assert_close(got[name], want[name], msg=name)
+
+
+def test_a_kernel_that_fails_falls_back_to_the_gemms_once_with_a_warning(monkeypatch):
+    """A kernel that does not build or launch on some GPU (resources, an old Triton) costs the GEMMs'
+    speed, not the training: one warning naming the device and the error, and no further attempts."""
+    pytest.importorskip("triton", reason="the Triton kernel's tests need Triton (the dev extra)")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(kv_kernels, "_FAILED", set())
+    attempts = []
+
+    def broken(*args):
+        attempts.append(args)
+        raise RuntimeError("out of resources: shared memory")
+
+    monkeypatch.setattr(kv_kernels, "_triton_backward", broken)
+    torch.manual_seed(0)
+    kept, columns, source = torch.randn(6, 32), torch.randn(2, 2, 2), torch.randn(2, 32)
+    with pytest.warns(RuntimeWarning, match="failed on cpu .*out of resources: shared memory"):
+        grad, weight_grads = kv_kernels.source_backward(kept, [0, 2], columns, source, 4)
+    want = loop_reference(kept, [0, 2], columns, source, 4)
+    torch.testing.assert_close(grad.double(), want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight_grads.double(), want[1], rtol=1e-5, atol=1e-5)
+    kv_kernels.source_backward(kept, [0, 2], columns, source, 4)
+    assert len(attempts) == 1 and not kv_kernels.kernel_available(torch.device("cpu"))
