@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from helpers import tiny_tokenizer  # noqa: E402
 from step_overhead import Steps, _rss_kb, sync  # noqa: E402
 
-from lime_model import kv_buffer  # noqa: E402
+from lime_model import kv_read  # noqa: E402
 from lime_probe.probes.stats import median_ci  # noqa: E402
 
 VARIANTS = ("full", "first-4", "last-4", "dilated-8")  # Table 17's rows, LLaMA ("none") their baseline
@@ -510,7 +510,7 @@ def top_kernels(steps: Steps, device: str, top: int = 15) -> dict[str, Any]:
     }
 
 
-ROUTED_READ = f"{kv_buffer._LIB}::"  # the compiled read's operators, as the profiler names them
+ROUTED_READ = f"{kv_read._LIB}::"  # the compiled read's operators, as the profiler names them
 
 
 def step_memory(steps: Steps, device: str) -> int | None:

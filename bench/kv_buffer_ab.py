@@ -1,10 +1,10 @@
-"""The routed reads alone, this tree's ``lime_model/kv_buffer.py`` against an earlier revision's.
+"""The routed reads alone, this tree's (``lime_model/kv_*.py``) against an earlier revision's.
 
 A whole training step spends ~90 % of its time outside the router, so on a shared CPU its noise hides a
 change to the K/V buffer. This times only what the buffer does: every layer's routed read of keys and
 values, forward and backward, at the size of ``step_overhead.py`` (16 layers, hidden 256, 8 heads MHA,
-8 x 256 tokens, fp32), with the routers' real weights. The earlier module is read with ``git show`` and
-loaded next to the current one, both run interleaved in one process, and each round's time ratio is
+8 x 256 tokens, fp32), with the routers' real weights. The earlier modules are read with ``git show`` and
+loaded next to the current ones, both run interleaved in one process, and each round's time ratio is
 reported (median, its distribution-free confidence interval and min-max over rounds) with a check that both give the same values and close
 gradients. ``MB moved`` is the least memory traffic of this tree's reads (every GEMM operand read and
 every result written once) and ``GB/s`` that traffic over its time, next to the process's measured
@@ -18,41 +18,47 @@ runs inside custom operators.)
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-import lime_model.kv_buffer as current
-from lime_model import config_for
+from lime_model import config_for, kv_buffer, kv_read
 from lime_model.router import buffer_layout, build_router
 from lime_probe.probes.stats import median_ci, median_ci_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_revision(rev: str):
-    """``lime_model/kv_buffer.py`` as of git revision ``rev``, imported as a separate module."""
+CURRENT = SimpleNamespace(KVBuffer=kv_buffer.KVBuffer, routed_read=kv_read.routed_read)
+
+
+def git(*args: str) -> str:
     try:
-        source = subprocess.run(
-            ["git", "show", f"{rev}:lime_model/kv_buffer.py"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
     except subprocess.CalledProcessError as err:
-        raise SystemExit(f"--against {rev}: {err.stderr.strip()}") from None
-    path = Path(tempfile.mkdtemp()) / "kv_buffer_earlier.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("kv_buffer_earlier", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        raise SystemExit(f"--against: {err.stderr.strip()}") from None
+
+
+def load_revision(rev: str) -> SimpleNamespace:
+    """The routed read as of git revision ``rev``: its ``lime_model/kv_*.py`` imported as a separate
+    package (earlier revisions kept the read in ``kv_buffer.py``, later ones in ``kv_read.py``)."""
+    package = Path(tempfile.mkdtemp()) / "kv_earlier"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for path in git("ls-tree", "--name-only", rev, "lime_model/").split():
+        if Path(path).name.startswith("kv_") and path.endswith(".py"):
+            (package / Path(path).name).write_text(git("show", f"{rev}:{path}"))
+    sys.path.insert(0, str(package.parent))
+    buffer = importlib.import_module("kv_earlier.kv_buffer")
+    read = importlib.import_module("kv_earlier.kv_read") if (package / "kv_read.py").exists() else buffer
+    return SimpleNamespace(KVBuffer=buffer.KVBuffer, routed_read=read.routed_read)
 
 
 class Chain:
@@ -176,21 +182,22 @@ def main() -> None:
     )
     for name, chain in chains.items():
         # warm-up and check
-        (out_a, grad_a), (out_b, grad_b) = chain.run(earlier), chain.run(current)
+        (out_a, grad_a), (out_b, grad_b) = chain.run(earlier), chain.run(CURRENT)
         same = all(torch.equal(a, b) for a, b in zip(out_a, out_b, strict=True))
         gap_out = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(out_a, out_b, strict=True))
         gap = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(grad_a, grad_b, strict=True))
-        times = {earlier: [], current: []}
+        modules = {"earlier": earlier, "this": CURRENT}
+        times: dict[str, list[float]] = {"earlier": [], "this": []}
         for _ in range(args.rounds):
-            for module in times:
+            for key, module in modules.items():
                 start = time.process_time()
                 chain.run(module)
-                times[module].append(time.process_time() - start)
-        ratios = [a / b for a, b in zip(times[earlier], times[current], strict=True)]
-        moved, this = chain.traffic_bytes(), statistics.median(times[current])
+                times[key].append(time.process_time() - start)
+        ratios = [a / b for a, b in zip(times["earlier"], times["this"], strict=True)]
+        moved, this = chain.traffic_bytes(), statistics.median(times["this"])
         lo, hi, _ = median_ci(ratios)
         print(
-            f"{name:<12} {statistics.median(times[earlier]):9.3f}s {this:9.3f}s "
+            f"{name:<12} {statistics.median(times['earlier']):9.3f}s {this:9.3f}s "
             f"{statistics.median(ratios):13.2f} {lo:5.2f}-{hi:.2f} {min(ratios):5.2f}-{max(ratios):.2f} "
             f"{moved / 1e6:9.0f} {moved / this / 1e9:5.1f}  "
             f"values {'bit-identical' if same else f'max rel diff {gap_out:.1e}'}, gradients max rel diff {gap:.1e}"

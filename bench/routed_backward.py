@@ -32,7 +32,7 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lime_model import kv_buffer, kv_kernels  # noqa: E402
+from lime_model import kv_buffer, kv_kernels, kv_read  # noqa: E402
 from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
 from lime_probe.probes.stats import median_ci  # noqa: E402
 
@@ -80,7 +80,7 @@ def step(inputs: dict[str, Any], kv: int, defer: bool) -> list[torch.Tensor]:
     outs = []
     for i in range(layers):
         k, v = inputs["keys"][i], inputs["values"][i]
-        outs += kv_buffer.routed_read(buffer, i, k, v, inputs["weights"][i], list(range(i + 1)), "matrix")
+        outs += kv_read.routed_read(buffer, i, k, v, inputs["weights"][i], list(range(i + 1)), "matrix")
     leaves = [*inputs["keys"], *inputs["values"], *inputs["weights"][1:]]
     return list(torch.autograd.grad(outs, leaves, inputs["probes"]))
 

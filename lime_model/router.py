@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .kv_buffer import KVBuffer, routed_read
+from .kv_buffer import KVBuffer
+from .kv_read import routed_read
 
 if TYPE_CHECKING:  # routers read a LimeConfig, whose module imports the routing table, which imports this one
     from transformers import PreTrainedConfig
@@ -72,7 +73,7 @@ def own_heads_only(kv: int, num_sources: int) -> torch.Tensor:
 
 
 def buffer_layout(coefficients: torch.Tensor, per_position: bool) -> tuple[torch.Tensor, str]:
-    """``C (n, kv, S, kv, F)`` as the weight and mode ``lime_model.kv_buffer.routed_read`` takes:
+    """``C (n, kv, S, kv, F)`` as the weight and mode ``lime_model.kv_read.routed_read`` takes:
     ``(n, kv, S*kv)`` "per-position", ``(kv, S*kv, F)`` "per-dim" (F > 1) or ``(kv, S*kv)`` "matrix"."""
     n, kv, S, _, F = coefficients.shape
     if per_position:

@@ -1,5 +1,5 @@
 """``torch.compile`` of LIMe on the CPU: one graph per routing variant, the compiled logits, gradients
-and cached generation equal eager ones (compiled, `lime_model.kv_buffer.routed_read` runs custom
+and cached generation equal eager ones (compiled, `lime_model.kv_read.routed_read` runs custom
 operators, whose values and gradients `tests/test_kv_buffer.py` checks against the mixing formula),
 and the compiled step keeps no per-layer copy of a layer's sources."""
 

@@ -14,7 +14,11 @@ ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|obj|exc|ref|py:\w+):`")
 BRACKETED = re.compile(r"(`+)(?:[A-Za-z_]\w* )?\[([\w*+ ]+(?:, *[\w*+ .]+)+)\]\1")
 DIMENSION = re.compile(r"^(?:[A-Za-z]|\d+|.*\*.*)$")
 # the K/V buffer's modules write its memory layouts (not shapes) in brackets, as the architecture notes say
-LAYOUTS = {ROOT / "lime_model" / "kv_buffer.py", ROOT / "lime_model" / "kv_kernels.py"}
+LAYOUTS = {
+    ROOT / "lime_model" / "kv_buffer.py",
+    ROOT / "lime_model" / "kv_kernels.py",
+    ROOT / "lime_model" / "kv_read.py",
+}
 
 
 def docstrings(path: Path) -> list[tuple[int, str]]:

@@ -31,7 +31,15 @@ TINY = {
     "seq_len": 32, "batch_size": 4, "micro_batch_size": 4, "steps": 3, "warmup_steps": 1, "log_every": 1,
     "eval_holdout": 0.1,
 }  # fmt: skip
-MODEL_FILES = {"config.py", "modeling.py", "routing.py", "router.py", "kv_buffer.py", "kv_kernels.py"}
+MODEL_FILES = {
+    "config.py",
+    "modeling.py",
+    "routing.py",
+    "router.py",
+    "kv_buffer.py",
+    "kv_kernels.py",
+    "kv_read.py",
+}
 
 
 @pytest.fixture(scope="module")

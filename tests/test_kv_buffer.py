@@ -4,8 +4,9 @@
 import pytest
 import torch
 
-from lime_model import kv_buffer, kv_kernels
-from lime_model.kv_buffer import KVBuffer, routed_read
+from lime_model import kv_buffer, kv_kernels, kv_read
+from lime_model.kv_buffer import KVBuffer
+from lime_model.kv_read import routed_read
 
 B, T, KV, HD, L = 2, 3, 2, 4, 4
 
@@ -18,11 +19,22 @@ def reference_mix(coef: torch.Tensor, raws: list[torch.Tensor]) -> torch.Tensor:
     return torch.einsum("btkpje,btpje->bkte", c, src)
 
 
-def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffer | None = None, defer=False):
+def chain(
+    sources,
+    modes,
+    coefs,
+    base_k,
+    base_v,
+    buffered: bool,
+    buffer: KVBuffer | None = None,
+    defer=False,
+    cut=None,
+):
     """L layers; layer l's raw K/V = base + tanh(layer l-1's routed K/V), so that backward visits the
-    layers in reverse as in the model. ``coefs[l]`` None = own heads only; ``buffered``: through
-    ``routed_read``, else the formula; ``defer``: the matrix weights' gradients computed by their
-    sources' backward (``KVBuffer.defer_weight_grads``, as the model asks). Returns every routed K/V."""
+    layers in reverse as in the model, except after layer ``cut``, whose routed K/V feed nothing.
+    ``coefs[l]`` None = own heads only; ``buffered``: through ``routed_read``, else the formula;
+    ``defer``: the matrix weights' gradients computed by their sources' backward
+    (``KVBuffer.defer_weight_grads``, as the model asks). Returns every routed K/V."""
     buffer = buffer or KVBuffer(L, KV, HD)
     weights = [None if c is None else weight_in(c, modes[layer]) for layer, c in enumerate(coefs)]
     if defer:
@@ -30,7 +42,7 @@ def chain(sources, modes, coefs, base_k, base_v, buffered: bool, buffer: KVBuffe
     outs, raw_k, raw_v = [], [], []
     for layer in range(L):
         k, v = base_k[layer], base_v[layer]
-        if outs:
+        if outs and layer - 1 != cut:
             k = k + torch.tanh(outs[-1][0]).transpose(1, 2).reshape(B, T, KV * HD)
             v = v + torch.tanh(outs[-1][1]).transpose(1, 2).reshape(B, T, KV * HD)
         raw_k.append(k)
@@ -121,7 +133,7 @@ def test_compiled_read_matches_the_formula(pattern, kind, loss_layer, gpu_path, 
     if gpu_path:
         monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
     check_against_formula(pattern, kind, loss_layer, backend="aot_eager")
-    assert not kv_buffer._BACKWARD
+    assert not kv_read._BACKWARD
 
 
 MATRIX_PATTERNS = ["full", "first-1", "dilated-back-2"]
@@ -151,7 +163,21 @@ def test_deferred_weight_gradients_match_the_formula(pattern, loss_layer, backen
     check_against_formula(pattern, "matrix", loss_layer, backend=backend, defer=True)
     # a compiled backward runs every layer's, on zero gradients past the loss's
     assert len(source_backward) == 2 * (L if backend else loss_layer + 1)
-    assert not kv_buffer._BACKWARD
+    assert not kv_read._BACKWARD
+
+
+@pytest.mark.parametrize("skip", [0, 1])
+@pytest.mark.parametrize("backend", [None, "aot_eager"], ids=["eager", "compiled"])
+@pytest.mark.parametrize("defer", [False, True], ids=["readers", "deferred"])
+def test_a_read_whose_output_reaches_no_loss_still_passes_on_its_readers_gradients(
+    skip, backend, defer, monkeypatch
+):
+    """Layer ``skip``'s routed K/V reach no loss (as when an intervention replaces them), yet later
+    layers read its raw K/V: their gradients, and the deferred weight gradients its backward sums or
+    returns, still reach its raw K/V and the weights (its read's link makes autograd run its backward)."""
+    if defer:
+        monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
+    check_against_formula("full", "matrix", L - 1, backend=backend, defer=defer, skip=skip)
 
 
 def test_deferred_weight_gradients_are_not_computed_twice(monkeypatch):
@@ -177,14 +203,15 @@ def test_the_operators_run_eagerly_under_autograd(kind):
     tensor saved for backward was written since: the buffer is, by later layers, in blocks that the
     earlier layers' backward does not read."""
     check_against_formula("full", kind, L - 1, backend="eager")
-    assert not kv_buffer._BACKWARD
+    assert not kv_read._BACKWARD
 
 
 def check_against_formula(
-    pattern: str, kind: str, loss_layer: int, backend: str | None = None, defer: bool = False
+    pattern: str, kind: str, loss_layer: int, backend: str | None = None, defer: bool = False, skip=None
 ) -> None:
     """Routed K/V and the gradients of every leaf through the buffered read (eager, or compiled with
-    ``backend``; ``defer``: ``chain``'s) equal the formula's (float64)."""
+    ``backend``; ``defer``: ``chain``'s) equal the formula's (float64); the loss reads every layer's
+    routed K/V up to ``loss_layer`` but layer ``skip``'s, which feed nothing (``chain``'s ``cut``)."""
     torch.manual_seed(0)
     sources, modes = SOURCES[pattern], layer_modes(kind)
     coefs = [c if c is None else c.requires_grad_() for c in make_coefs(sources, kind)]
@@ -194,8 +221,8 @@ def check_against_formula(
     # every layer runs forward; the loss reads only up to loss_layer
     torch._dynamo.reset()
     buffered = torch.compile(chain, backend=backend, fullgraph=True) if backend else chain
-    got = buffered(sources, modes, coefs, base_k, base_v, buffered=True, defer=defer)
-    want = chain(sources, modes, coefs, base_k, base_v, buffered=False)
+    got = buffered(sources, modes, coefs, base_k, base_v, buffered=True, defer=defer, cut=skip)
+    want = chain(sources, modes, coefs, base_k, base_v, buffered=False, cut=skip)
     probes = [
         (torch.randn(B, KV, T, HD, dtype=torch.float64), torch.randn(B, KV, T, HD, dtype=torch.float64))
         for _ in range(loss_layer + 1)
@@ -207,7 +234,8 @@ def check_against_formula(
     def loss(outs):
         return sum(
             (k * pk).sum() + (v * pv).sum()
-            for (k, v), (pk, pv) in zip(outs[: loss_layer + 1], probes, strict=True)
+            for layer, ((k, v), (pk, pv)) in enumerate(zip(outs[: loss_layer + 1], probes, strict=True))
+            if layer != skip
         )
 
     grads = torch.autograd.grad(loss(got), leaves, allow_unused=True)
@@ -298,30 +326,29 @@ def test_per_dim_weight_gradient_copies_no_feature_slices_of_a_strided_incoming_
 
 
 def test_a_copy_of_the_module_registers_operators_of_its_own(tmp_path, monkeypatch):
-    """A checkpoint's copy of ``kv_buffer.py`` (remote code, maybe of another version, in a package with
-    the modules it imports) is imported beside this one: under its own module name, or with other
-    source, it registers its own operators; the same source under the same name again (transformers
-    re-importing it) reuses them, where a second registration would raise."""
+    """A checkpoint's copy of the read's modules (remote code, maybe of another version, in a package)
+    is imported beside these: under its own module name, or with other source, it registers its own
+    operators; the same sources under the same name again (transformers re-importing them) reuse them,
+    where a second registration would raise."""
     import importlib
     import sys
     from pathlib import Path
 
-    from lime_model import kv_kernels
+    folder = Path(kv_read.__file__).parent
+    sources = {name: (folder / name).read_text() for name in ("kv_buffer.py", "kv_kernels.py", "kv_read.py")}
 
-    source = Path(kv_buffer.__file__).read_text()
-
-    def imported(text: str):
+    def imported(changed: str = ""):
         root = tmp_path / f"{len(list(tmp_path.iterdir()))}"
         (root / "remote").mkdir(parents=True)
         (root / "remote" / "__init__.py").write_text("")
-        (root / "remote" / "kv_kernels.py").write_text(Path(kv_kernels.__file__).read_text())
-        (root / "remote" / "kv_buffer.py").write_text(text)
+        for name, text in sources.items():
+            (root / "remote" / name).write_text(text + ("\n# another version\n" if name == changed else ""))
         for name in [m for m in sys.modules if m.split(".")[0] == "remote"]:
             monkeypatch.delitem(sys.modules, name)
         monkeypatch.syspath_prepend(str(root))
-        return importlib.import_module("remote.kv_buffer")
+        return importlib.import_module("remote.kv_read")
 
-    copy, again = imported(source), imported(source)
-    other = imported(source + "\n# another version\n")
-    assert len({kv_buffer._LIB, copy._LIB, other._LIB}) == 3
+    copy, again = imported(), imported()
+    others = [imported(name) for name in sources]  # any of the three changed: the operators are others
+    assert len({kv_read._LIB, copy._LIB, *(other._LIB for other in others)}) == 5
     assert again is not copy and again._LIB == copy._LIB and again.READ is copy.READ
