@@ -118,8 +118,11 @@ def routed_read(
         routed = _RoutedRead.apply(
             weight, keys, values, buffer, layer_idx, sources, mode, len(links), *links, *carried
         )
+    # a link's node holds the buffer: kept until the last layer's read, it would close a reference cycle
     if torch.is_grad_enabled():
         buffer.links[layer_idx] = routed[2]
+    if layer_idx == buffer.num_layers - 1:
+        buffer.links = [None] * buffer.num_layers
     return buffer.attention_heads(routed[0], B, T), buffer.attention_heads(routed[1], B, T)
 
 

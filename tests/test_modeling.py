@@ -11,7 +11,7 @@ from helpers import routed_specs
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import lime_model
-from lime_model import LimeConfig, LimeForCausalLM, RoutingSpec, forward_flops, parse_routing
+from lime_model import LimeConfig, LimeForCausalLM, RoutingSpec, forward_flops, kv_buffer, parse_routing
 from lime_model.routing import ROUTINGS
 
 VARIANTS = routed_specs()  # one spec per routing kind with routers
@@ -237,9 +237,13 @@ def test_second_backward_over_retained_graph_doubles_gradients(routing):
 
 
 @pytest.mark.parametrize("routing", VARIANTS)
-def test_a_training_step_frees_its_kv_buffer_without_the_cycle_collector(routing):
+@pytest.mark.parametrize("gpu_path", [False, True], ids=["CPU", "one buffer"])
+def test_a_training_step_frees_its_kv_buffer_without_the_cycle_collector(routing, gpu_path, monkeypatch):
     """Nothing of a step may outlive it through reference cycles (dynamic routing's per-position
-    weights once kept every step's graph alive until Python's cycle collector ran)."""
+    weights once kept every step's graph alive until Python's cycle collector ran); "one buffer" is the
+    path a GPU takes (kept gradients in one buffer, the sources computing static weights' gradients)."""
+    if gpu_path:
+        monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
     model = make(routing)
     buffers = []
     model.model.layers[1].self_attn.router.register_forward_pre_hook(
