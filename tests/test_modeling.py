@@ -56,7 +56,10 @@ def rope(x, cos, sin):  # x (B, T, n, D); cos/sin (1, T, D)
     return x * cos[:, :, None] + rotated * sin[:, :, None]
 
 
-def reference_logits(model: LimeForCausalLM, ids: torch.Tensor, coef=documented_coef) -> torch.Tensor:
+def reference_logits(
+    model: LimeForCausalLM, ids: torch.Tensor, coef=documented_coef, replaced: int | None = None
+) -> torch.Tensor:
+    """Eq. 4 as a loop; ``replaced``: that layer's routed K/V are 0.5 everywhere (an intervention)."""
     cfg = model.config
     H, kv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     B, T = ids.shape
@@ -84,6 +87,8 @@ def reference_logits(model: LimeForCausalLM, ids: torch.Tensor, coef=documented_
                 ks.append(kh)
                 vs.append(vh)
             k, v = torch.stack(ks, 2), torch.stack(vs, 2)
+        if i == replaced:
+            k, v = torch.full_like(k, 0.5), torch.full_like(v, 0.5)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         k, v = k.repeat_interleave(H // kv, 2), v.repeat_interleave(H // kv, 2)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
@@ -449,3 +454,17 @@ def test_param_groups_keep_routers_norms_out_of_decay():
     assert groups["decay"]["weight_decay"] == 0.1
     total = sum(len(g["params"]) for g in groups.values())
     assert total == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("gpu_path", [False, True], ids=["CPU", "one buffer"])
+def test_gradients_reach_a_layer_whose_routed_kv_a_hook_replaced(gpu_path, monkeypatch):
+    """A forward hook replaces layer 0's routed K/V (an intervention): later layers still read its raw
+    K/V, so every gradient, its ``k_proj``'s and the routers' weights' included, is the Eq. 4 loop's
+    with the same replacement."""
+    if gpu_path:
+        monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
+    model = make("full")
+    model.model.layers[0].self_attn.router.register_forward_hook(
+        lambda module, args, out: tuple(torch.full_like(t, 0.5) for t in out)
+    )
+    assert_forward_and_gradients_match(model, lambda m, ids: reference_logits(m, ids, replaced=0))
