@@ -11,8 +11,8 @@ the same round, with the median's distribution-free interval (``lime_probe.probe
 Each variant's gradients are checked against the baseline's first.
 
 ``--sweep`` also times the Triton kernel alone on layer 0's backward (every layer a reader) for a few
-tile, program and warp counts, against the shipped ones (``kv_kernels.BLOCK_N``, ``MAX_PROGRAMS``,
-``WARPS``).
+tile sizes and warp counts, against the shipped ones (``kv_kernels.TILE_ELEMENTS``, ``MAX_BLOCK``,
+``WARPS``); ``bench/kernel_resources.py`` shows which of them spill registers.
 
     python bench/routed_backward.py                     # a GPU: GQA and MHA, bf16
     python bench/routed_backward.py --device cpu --dtype float32 --tokens 64 --rounds 3   # a dry run
@@ -38,7 +38,8 @@ from lime_probe.probes.stats import median_ci  # noqa: E402
 
 SHAPES = {"gqa": 8, "mha": 32}  # K/V heads of the 1B shapes
 VARIANTS = ("readers", "source, torch", "source, triton")
-SWEEP = [(block, warps) for block in (128, 256, 512) for warps in (4, 8)]
+# (TILE_ELEMENTS, MAX_BLOCK, WARPS); the first are the shipped settings
+SWEEP = [(4096, 64, 8), (2048, 64, 4), (4096, 64, 4), (8192, 64, 8), (8192, 128, 8), (16384, 128, 8)]
 
 
 def make_inputs(args: argparse.Namespace, kv: int) -> dict[str, Any]:
@@ -126,16 +127,21 @@ def measure(kv: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sweep(kv: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The Triton kernel alone on layer 0's backward (every layer a reader), per (tile, warps) of
-    ``SWEEP`` at the shipped program count, median ms over ``--rounds`` and over the shipped settings'."""
+    """The Triton kernel alone on layer 0's backward (every layer a reader), per setting of ``SWEEP``
+    at the shipped program count: median ms over ``--rounds``, over the shipped settings', and the
+    bandwidth of the bytes the pass must move."""
     layers, hd, n = args.layers, args.head_dim, args.tokens * args.head_dim
     dtype = getattr(torch, args.dtype)
     kept = torch.randn(layers * kv, n, device=args.device, dtype=dtype)
     source = torch.randn(kv, n, device=args.device, dtype=dtype)
     columns = torch.randn(layers, kv, kv, device=args.device, dtype=dtype)
 
-    def ms(block: int, warps: int) -> float:
-        with mock.patch.object(kv_kernels, "BLOCK_N", block), mock.patch.object(kv_kernels, "WARPS", warps):
+    def ms(tile: int, block: int, warps: int) -> float:
+        with (
+            mock.patch.object(kv_kernels, "TILE_ELEMENTS", tile),
+            mock.patch.object(kv_kernels, "MAX_BLOCK", block),
+            mock.patch.object(kv_kernels, "WARPS", warps),
+        ):
             kv_kernels.source_backward(kept, list(range(layers)), columns, source, hd)  # compiles
             times = []
             for _ in range(args.rounds):
@@ -146,11 +152,11 @@ def sweep(kv: int, args: argparse.Namespace) -> list[dict[str, Any]]:
                 times.append(time.perf_counter() - start)
         return 1e3 * statistics.median(times)
 
-    shipped = ms(kv_kernels.BLOCK_N, kv_kernels.WARPS)
+    shipped = ms(kv_kernels.TILE_ELEMENTS, kv_kernels.MAX_BLOCK, kv_kernels.WARPS)
     # bytes the pass must move: every reader's gradient and the source once, the gradient written once
     moved = (layers * kv + 2 * kv) * n * kept.element_size()
-    return [{"block": b, "warps": w, "ms": t, "x_shipped": t / shipped, "GB_per_s": moved / t / 1e6}
-            for (b, w), t in ((bw, ms(*bw)) for bw in SWEEP)]  # fmt: skip
+    return [{"tile": c[0], "block": c[1], "warps": c[2], "ms": t, "x_shipped": t / shipped, "GB_per_s": moved / t / 1e6}
+            for c, t in ((c, ms(*c)) for c in SWEEP)]  # fmt: skip
 
 
 def section(ctx: Any) -> dict[str, Any]:
@@ -195,7 +201,8 @@ def main() -> None:
             print(f"{shape} {name:<15} not run: no CUDA device with Triton (or TRITON_INTERPRET=1)")
         if args.sweep and "source, triton" not in result["skipped"]:
             for row in sweep(SHAPES[shape], args):
-                print(f"{shape} kernel BLOCK_N={row['block']} WARPS={row['warps']}: {row['ms']:.3f} ms, "
+                print(f"{shape} kernel TILE_ELEMENTS={row['tile']} MAX_BLOCK={row['block']} WARPS={row['warps']}: "
+                      f"{row['ms']:.3f} ms, "
                       f"x shipped {row['x_shipped']:.3f}, {row['GB_per_s']:.0f} GB/s")  # fmt: skip
 
 

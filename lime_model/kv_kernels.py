@@ -24,10 +24,13 @@ from typing import Any
 
 import torch
 
-# The kernel's column tiles and at most this many programs, each looping over its tiles and summing
-# its share of the weight gradients in registers: more programs keep more loads in flight, fewer leave
-# fewer partial sums to add. Ours, untuned (no GPU yet): four programs of eight warps per H100 SM.
-BLOCK_N = 256
+# A program's tile of the readers' gradients holds about TILE_ELEMENTS numbers (its columns: that over
+# the readers' rows, at most MAX_BLOCK); at most MAX_PROGRAMS programs, each looping over its tiles and
+# summing its share of the weight gradients in registers: more programs keep more loads in flight, fewer
+# leave fewer partial sums to add. Ours, untuned (no GPU yet; bench/routed_backward.py --sweep), sized
+# so that the 1B shapes' kernels compile for an H100 without spilling registers (bench/kernel_resources.py).
+TILE_ELEMENTS = 4096
+MAX_BLOCK = 64
 MAX_PROGRAMS = 4 * 132
 WARPS = 8
 
@@ -73,7 +76,7 @@ def source_backward(
         in ``kept``'s dtype, and w.r.t. ``columns``, ``[R, kv, kv]`` in float32 (float64 from float64).
     """
     columns = columns.to(kept.dtype)  # as the forward's mix casts its weight (``kv_buffer._mix``)
-    if kernel_available(kept.device):
+    if kernel_available(kept.device) and kept.numel() < 2**31:  # the kernel's int32 offsets
         try:
             return _triton_backward(kept, readers, columns, source, head_dim)
         except torch.OutOfMemoryError:
@@ -106,28 +109,46 @@ def _torch_backward(kept, readers, columns, source, head_dim):
 
 
 def _triton_backward(kept, readers, columns, source, head_dim):
+    """``source_backward`` as one kernel launch per run of consecutive readers (one run but for
+    dilated-back routings); a later run adds to the gradient that the first wrote."""
     kv, N = source.shape
-    positions = N // head_dim
+    grad = kept.new_empty(N // head_dim, kv * head_dim)
+    columns, weight_grads, first = columns.contiguous(), [], 0
+    for start, stop in _runs(readers):
+        block = kept[start * kv : stop * kv]
+        weight_grads.append(_launch(block, columns[first:], source, grad, head_dim, accumulate=first > 0))
+        first += stop - start
+    return grad, torch.cat(weight_grads)
+
+
+def _runs(layers: list[int]) -> list[tuple[int, int]]:
+    """Ascending ``layers`` as runs ``(first, stop)`` of consecutive layers."""
+    runs: list[tuple[int, int]] = []
+    for layer in layers:
+        if runs and runs[-1][1] == layer:
+            runs[-1] = (runs[-1][0], layer + 1)
+        else:
+            runs.append((layer, layer + 1))
+    return runs
+
+
+def _launch(kept, columns, source, grad, head_dim: int, accumulate: bool) -> torch.Tensor:
+    """One launch over consecutive readers' gradient rows ``kept [rows, N]``; their weight gradients
+    ``[rows / kv, kv, kv]``."""
+    (kv, N), rows = source.shape, kept.shape[0]
     padded = max(16, 1 << (kv - 1).bit_length())  # tl.dot wants sides of 16 or more
-    readers_padded = 1 << (len(readers) - 1).bit_length()
-    tiles = -(-N // BLOCK_N)
+    rows_padded = max(16, 1 << (rows - 1).bit_length())
+    block = max(16, min(MAX_BLOCK, TILE_ELEMENTS // rows_padded))
+    tiles = -(-N // block)
     programs = min(tiles, MAX_PROGRAMS)
-    grad = kept.new_empty(positions, kv * head_dim)
-    partial = kept.new_empty(programs, readers_padded, kv, kv, dtype=_sums(kept.dtype))
-    index = _indices(tuple(readers), kept.device)
+    partial = kept.new_empty(programs, rows, kv, dtype=_sums(kept.dtype))
     precise = "ieee" if kept.dtype in (torch.float32, torch.float64) else "tf32"
     _kernel(interpreted())[(programs,)](
-        kept, index, columns.contiguous(), source, grad, partial, len(readers), N, -(-tiles // programs),
-        KV=kv, KVP=padded, HD=head_dim, RP=readers_padded, BLOCK=BLOCK_N, PRECISION=precise, num_warps=WARPS,
+        kept, columns, source, grad, partial, rows, N, -(-tiles // programs),
+        KV=kv, KVP=padded, HD=head_dim, RPK=rows_padded, BLOCK=block, PRECISION=precise, ACCUMULATE=accumulate,
+        num_warps=WARPS,
     )  # fmt: skip
-    return grad, partial.sum(0)[: len(readers)]
-
-
-@functools.lru_cache(maxsize=1024)
-def _indices(readers: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """``readers`` as an int32 tensor on ``device``, made once (a copy from the host per call would
-    be a transfer per layer and step)."""
-    return torch.tensor(readers, dtype=torch.int32, device=device)
+    return partial.sum(0).view(rows // kv, kv, kv)
 
 
 def _sums(dtype: torch.dtype) -> torch.dtype:
@@ -144,37 +165,37 @@ def _kernel(interpret: bool) -> Any:
 
     @triton.jit
     def source_backward_kernel(
-        kept, readers, columns, source, grad, partial, R, N, TILES,
-        KV: tl.constexpr, KVP: tl.constexpr, HD: tl.constexpr, RP: tl.constexpr,
-        BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+        kept, columns, source, grad, partial, ROWS, N, TILES,
+        KV: tl.constexpr, KVP: tl.constexpr, HD: tl.constexpr, RPK: tl.constexpr,
+        BLOCK: tl.constexpr, PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         h = tl.arange(0, KVP)
         heads = h < KV
-        slot = tl.arange(0, RP)
+        # row r of the readers' gradients is reader r // KV's head r % KV; wt[h', r] = its weight on
+        # the source's head h' (columns[r // KV, r % KV, h'] is at r * KV + h')
+        rows = tl.arange(0, RPK)
+        real = rows < ROWS
+        wt = tl.load(
+            columns + rows[None, :] * KV + h[:, None], mask=heads[:, None] & real[None, :], other=0.0
+        )
         sums = partial.dtype.element_ty
-        weight_grads = tl.full((RP, KVP, KVP), 0, sums)  # this program's share of every reader's
+        weight_grads = tl.full((RPK, KVP), 0, sums)  # this program's share, every reader's
         for t in range(TILES):
+            # int32 offsets (the caller checks that rows x N fits): half the registers of int64 ones
             n = (pid * TILES + t) * BLOCK + tl.arange(0, BLOCK)
-            mask = heads[:, None] & (n < N)[None, :]
-            x = tl.load(source + h[:, None].to(tl.int64) * N + n[None, :], mask=mask, other=0.0)
-            acc = tl.full((KVP, BLOCK), 0, sums)
-            for i in range(R):
-                row = tl.load(readers + i).to(tl.int64) * KV + h
-                g = tl.load(kept + row[:, None] * N + n[None, :], mask=mask, other=0.0)
-                w = tl.load(
-                    columns + i * KV * KV + h[:, None] * KV + h[None, :],
-                    mask=heads[:, None] & heads[None, :],
-                    other=0.0,
-                )
-                acc = tl.dot(tl.trans(w), g, acc, input_precision=PRECISION)
-                part = tl.dot(g, tl.trans(x), input_precision=PRECISION, out_dtype=sums)
-                weight_grads += tl.where((slot == i)[:, None, None], part[None, :, :], 0.0)
+            inside = (n < N)[None, :]
+            g = tl.load(kept + rows[:, None] * N + n[None, :], mask=real[:, None] & inside, other=0.0)
+            mask = heads[:, None] & inside
+            x = tl.load(source + h[:, None] * N + n[None, :], mask=mask, other=0.0)
+            acc = tl.dot(wt, g, input_precision=PRECISION, out_dtype=sums)
+            weight_grads = tl.dot(g, tl.trans(x), weight_grads, input_precision=PRECISION)
             # as k_proj writes them: position n // HD, head h, feature n % HD
-            out = (n // HD)[None, :].to(tl.int64) * (KV * HD) + h[:, None] * HD + (n % HD)[None, :]
-            tl.store(grad + out, acc.to(grad.dtype.element_ty), mask=mask)
-        cells = slot[:, None, None] * KV * KV + h[None, :, None] * KV + h[None, None, :]
-        real = heads[None, :, None] & heads[None, None, :]
-        tl.store(partial + pid * RP * KV * KV + cells, weight_grads, mask=real)
+            out = grad + (n // HD)[None, :] * (KV * HD) + h[:, None] * HD + (n % HD)[None, :]
+            if ACCUMULATE:  # another run of readers wrote its share already
+                acc += tl.load(out, mask=mask, other=0.0).to(sums)
+            tl.store(out, acc.to(grad.dtype.element_ty), mask=mask)
+        at = pid * ROWS * KV + rows[:, None] * KV + h[None, :]
+        tl.store(partial + at, weight_grads, mask=real[:, None] & heads[None, :])
 
     return source_backward_kernel

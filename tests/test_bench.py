@@ -297,3 +297,16 @@ def test_routed_backward_finds_a_wrong_deferred_gradient(monkeypatch):
     args = argparse.Namespace(layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32")
     rows = {r["variant"]: r for r in bench.measure(2, args)["rows"]}
     assert rows["source, torch"]["max_rel_error"] > 0.1
+
+
+@pytest.mark.slow  # ten compilations for a GPU target
+def test_the_kernel_compiles_for_an_h100_without_spilling_registers():
+    """bench/kernel_resources.py: every specialization that the 1B shapes launch compiles for sm_90 (no GPU
+    needed) and spills nothing to local memory at the shipped settings (a memory-bound kernel that
+    spills moves more bytes than it reads)."""
+    pytest.importorskip("triton", reason="compiling the kernel needs Triton (the dev extra)")
+    out = run_bench("kernel_resources.py").stdout
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["gqa"], ["mha"])]
+    assert [(r[0], int(r[1])) for r in rows] == [(s, 2**i) for s in ("gqa", "mha") for i in range(5)]
+    for _, _, block, registers, spilled, shared in rows:
+        assert int(spilled) == 0 and 0 < int(registers) <= 255 and int(block) >= 16 and int(shared) > 0

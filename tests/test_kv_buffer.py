@@ -144,6 +144,7 @@ def source_backward(request, monkeypatch):
     """Deferred weight gradients off the CPU (its one-buffer path, here on the CPU), computed by the
     torch GEMMs or by the Triton kernel in Triton's interpreter (``lime_model.kv_kernels``)."""
     monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
+    monkeypatch.setattr(kv_kernels, "_FAILED", set())  # no earlier test's failure carries over
     if request.param.startswith("Triton"):
         pytest.importorskip("triton", reason="the Triton kernel's test needs Triton (the dev extra)")
         monkeypatch.setenv("TRITON_INTERPRET", "1")
