@@ -186,8 +186,8 @@ def run(
         "settings": s,
         "versions": _versions(),
         "device_name": torch.cuda.get_device_name() if s["device"] == "cuda" else platform.processor(),
-        # how a source's backward sums its readers' gradients (lime_model.kv_kernels)
-        "routed_backward": "triton" if kv_kernels.kernel_available(torch.device(s["device"])) else "torch",
+        # how a source's backward sums its readers' gradients (lime_model.kv_kernels), at the start
+        "routed_backward": _routed_backward(s["device"]),
         "selected": {"sections": names, "rows": None if rows is None else sorted(rows)},
         "not_selected": [n for n in SECTIONS if n not in names],
         "sections": {},
@@ -219,8 +219,14 @@ def run(
         if warm is not None:
             warm.stop()
     result["seconds"] = time.perf_counter() - start_all
+    # and at the end: a kernel that failed to build or launch fell back to the GEMMs (with a warning)
+    result["routed_backward_at_end"] = _routed_backward(s["device"])
     _write(out, result)
     return result
+
+
+def _routed_backward(device: str) -> str:
+    return "triton" if kv_kernels.kernel_available(torch.device(device)) else "torch"
 
 
 def _versions() -> dict[str, Any]:

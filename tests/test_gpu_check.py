@@ -189,6 +189,7 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     result = json.loads(out.read_text())
     sections = result["sections"]
     assert list(sections) == names and "running" not in result
+    assert result["routed_backward"] == result["routed_backward_at_end"] == "torch"  # the CPU's GEMMs
     for body in sections.values():
         assert "error" not in body and 0 < body["seconds"] <= result["seconds"]
     check_parity(sections["parity"])
