@@ -35,7 +35,7 @@ from itertools import pairwise
 
 import torch
 
-from .kv_kernels import source_backward
+from .kv_kernels import contiguous_runs, source_backward
 
 LAYOUTS = {"matrix": "position-major", "per-dim": "feature-major", "per-position": "position-outer"}
 
@@ -339,17 +339,6 @@ def _own_copy(weight: torch.Tensor) -> torch.Tensor:
     """
     base = weight if weight._base is None else weight._base
     return weight.detach().clone() if isinstance(base, torch.nn.Parameter) else weight.detach()
-
-
-def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:
-    """Split ascending layer indices into runs ``(first_layer, stop_layer, position_in_sources)``."""
-    runs: list[tuple[int, int, int]] = []
-    for pos, layer in enumerate(sources):
-        if runs and runs[-1][1] == layer:
-            runs[-1] = (runs[-1][0], layer + 1, runs[-1][2])
-        else:
-            runs.append((layer, layer + 1, pos))
-    return runs
 
 
 def pieces(first: int, stop: int, step: int) -> list[tuple[int, int]]:

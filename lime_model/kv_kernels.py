@@ -91,17 +91,13 @@ def source_backward(
 def _torch_backward(kept, readers, columns, source, head_dim):
     """``source_backward`` as two GEMMs per run of consecutive readers (a view of ``kept`` each)."""
     kv, N = source.shape
-    grad, weight_grads, i = None, [], 0
-    while i < len(readers):
-        stop = i + 1
-        while stop < len(readers) and readers[stop] == readers[stop - 1] + 1:
-            stop += 1
-        rows = kept[readers[i] * kv : (readers[stop - 1] + 1) * kv]  # [n*kv, N]
+    grad, weight_grads = None, []
+    for start, stop, first in contiguous_runs(readers):
+        rows = kept[start * kv : stop * kv]  # [n*kv, N]
         # [n*kv (reader, h), kv (h')]: the readers' blocks stacked, whose transpose maps rows onto heads
-        mix = columns[i:stop].reshape(-1, kv)
+        mix = columns[first : first + stop - start].reshape(-1, kv)
         grad = mix.t() @ rows if grad is None else torch.addmm(grad, mix.t(), rows)
-        weight_grads.append((rows @ source.t()).view(stop - i, kv, kv))
-        i = stop
+        weight_grads.append((rows @ source.t()).view(stop - start, kv, kv))
     assert grad is not None  # a source has at least one reader, itself
     positions = N // head_dim
     grad = grad.view(kv, positions, head_dim).transpose(0, 1).reshape(positions, kv * head_dim)
@@ -113,22 +109,21 @@ def _triton_backward(kept, readers, columns, source, head_dim):
     dilated-back routings); a later run adds to the gradient that the first wrote."""
     kv, N = source.shape
     grad = kept.new_empty(N // head_dim, kv * head_dim)
-    columns, weight_grads, first = columns.contiguous(), [], 0
-    for start, stop in _runs(readers):
+    columns, weight_grads = columns.contiguous(), []
+    for start, stop, first in contiguous_runs(readers):
         block = kept[start * kv : stop * kv]
         weight_grads.append(_launch(block, columns[first:], source, grad, head_dim, accumulate=first > 0))
-        first += stop - start
     return grad, torch.cat(weight_grads)
 
 
-def _runs(layers: list[int]) -> list[tuple[int, int]]:
-    """Ascending ``layers`` as runs ``(first, stop)`` of consecutive layers."""
-    runs: list[tuple[int, int]] = []
-    for layer in layers:
+def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:
+    """Split ascending layer indices into runs ``(first_layer, stop_layer, position_in_sources)``."""
+    runs: list[tuple[int, int, int]] = []
+    for pos, layer in enumerate(sources):
         if runs and runs[-1][1] == layer:
-            runs[-1] = (runs[-1][0], layer + 1)
+            runs[-1] = (runs[-1][0], layer + 1, runs[-1][2])
         else:
-            runs.append((layer, layer + 1))
+            runs.append((layer, layer + 1, pos))
     return runs
 
 

@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from .kv_buffer import LAYOUTS, KVBuffer, contiguous_runs
+from .kv_buffer import LAYOUTS, KVBuffer
+from .kv_kernels import contiguous_runs
 
 
 class _RoutedRead(torch.autograd.Function):
