@@ -8,9 +8,8 @@ writes its own block once. In backward each layer keeps the gradient w.r.t. its 
 small tensor per layer, so nothing is added at the step's memory peak), and the gradient w.r.t. a
 layer's raw K/V is read like a routed read: its readers' kept gradients mixed by their transposed
 weights, which on the CPU is faster than scattering ``R^T @ grad`` from each reader into every
-source's block. A layer computes it when its own backward runs, which is always after every later
-layer's backward: a later layer's K/V depend, through the residual stream, on this layer's output, so
-autograd's reverse topological order guarantees that every reader has kept its gradient.
+source's block. A layer computes it when its own backward runs, after every reader's (see the links
+below).
 
 Under ``torch.compile`` the same read runs as two custom operators (``_read``, ``_read_backward``):
 Dynamo cannot trace the custom function (its backward changes the buffer's Python state across layers,
@@ -20,16 +19,12 @@ reads its mix; the backward operator keeps the gradients across layers as the cu
 So the compiled step moves and keeps what the eager one does: each raw K/V written once, no
 concatenated copy of a layer's sources saved for backward (O(L) memory, not O(L^2)).
 
-Off the CPU, static matrix weights have their gradients computed by their sources' backward instead
-(``defer_weight_grads``): a source then reads each reader's kept gradient once for both of its gradients
-(``lime_model.kv_kernels``), where a reader's backward would read every source once more. Layer 0's
-read, the last to run backward, takes those weights as inputs and returns their gradients.
-
 Every read also returns a *link*, a scalar that its readers' reads take as an input (``KVBuffer.links``),
-so that autograd runs a layer's backward whenever a reader's runs: it is that backward which mixes the
-readers' gradients into the layer's raw K/V, needed even when the layer's own routed K/V reach no loss
-(an intervention replaced them). Layer 0's read, linked from every other, runs backward last; it takes
-the weights whose gradients the sources compute (``KVBuffer.defer_weight_grads``) and returns them.
+so that autograd runs a layer's backward after, and whenever, a reader's runs: it is that backward which
+mixes the readers' gradients into the layer's raw K/V, needed even when the layer's own routed K/V reach
+no loss (an intervention replaced them). Layer 0's read, linked from every other, runs backward last.
+Off the CPU it takes the static matrix weights whose gradients their sources' backward computes in the
+same pass as their raw K/V's (``KVBuffer.defer_weight_grads``, ``lime_model.kv_kernels``) and returns them.
 """
 
 from __future__ import annotations
