@@ -14,6 +14,7 @@ for every power of two of readers up to ``layers``; ``--sm`` names the target (9
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import subprocess
 import tempfile
@@ -74,6 +75,8 @@ def main() -> None:
     parser.add_argument("--warps", type=POSITIVE_INT, default=kv_kernels.WARPS)
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     args = parser.parse_args()
+    if importlib.util.find_spec("triton") is None:
+        parser.error("Triton is not installed (pip install triton, or the dev extra)")
     print(f"kv_kernels' kernel for sm_{args.sm}, {args.dtype}, {args.warps} warps, head_dim 64")
     print(f"{'shape':<5} {'readers':>7} {'block':>5} {'registers':>9} {'spilled B':>9} {'shared B':>9}")
     for shape, kv in SHAPES.items():

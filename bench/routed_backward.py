@@ -185,10 +185,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=POSITIVE_INT, default=4 * 2048, help="B * T (default: 4 x 2048)")
     parser.add_argument("--head-dim", type=POSITIVE_INT, default=64)
     parser.add_argument("--rounds", type=POSITIVE_INT, default=20)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu"
+    )
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     parser.add_argument("--sweep", action="store_true", help="also time the Triton kernel's settings")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     print(
         f"routed read, full routing, {args.layers} layers, {args.tokens} tokens, {args.dtype}, {args.device}"
     )

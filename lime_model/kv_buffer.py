@@ -154,11 +154,18 @@ class KVBuffer:
         self.put(layer_idx, keys, values)
         self.add_reader(layer_idx, weight, sources)
 
+    @staticmethod
+    def defers_weight_grads(device: torch.device) -> bool:
+        """Whether reads on ``device`` can have their sources' backward compute static weights'
+        gradients (``defer_weight_grads``): where the kept gradients form one buffer (off the CPU:
+        ``gemm_pieces``) and gradients are on."""
+        return torch.is_grad_enabled() and not gemm_pieces(device)
+
     def defer_weight_grads(self, weights: dict[int, torch.Tensor]) -> None:
         """Before layer 0's write: have the sources' backward compute the gradients of these layers'
-        static ``"matrix"`` weights (``kv_kernels.source_backward``). Only where the kept gradients form
-        one buffer (off the CPU: ``gemm_pieces``) and gradients are on; else nothing changes."""
-        if weights and torch.is_grad_enabled() and not gemm_pieces(next(iter(weights.values())).device):
+        static ``"matrix"`` weights (``kv_kernels.source_backward``), where ``defers_weight_grads``;
+        else nothing changes."""
+        if weights and self.defers_weight_grads(next(iter(weights.values())).device):
             self.deferred = dict(weights)
 
     def pop_weight_grads(self, layers: list[int]) -> list[torch.Tensor | None]:

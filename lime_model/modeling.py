@@ -295,12 +295,14 @@ class LimeModel(LimePreTrainedModel):
         )
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
-    def deferred_weights(self) -> dict[int, torch.Tensor]:
+    def deferred_weights(self, device: torch.device) -> dict[int, torch.Tensor]:
         """Layer -> its router's weight, where its sources' backward can compute its gradient
-        (``LimeRouter.deferred_weight``, ``KVBuffer.defer_weight_grads``)."""
+        (``LimeRouter.deferred_weight``, ``KVBuffer.defer_weight_grads``); none unless every such
+        weight is on ``device`` already (an offloaded layer's arrive only for its own forward)."""
         routers = [cast(LimeAttention, layer.self_attn).router for layer in self.layers]
         weights = {i: router.deferred_weight() for i, router in enumerate(routers) if router is not None}
-        return {i: w for i, w in weights.items() if w is not None}
+        kept = {i: w for i, w in weights.items() if w is not None}
+        return kept if all(w.device == device for w in kept.values()) else {}
 
     def run_layers(self, hidden_states: torch.Tensor, **layer_kwargs) -> torch.Tensor:
         """The blocks on the embeddings ``(B, T, hidden)`` -> the last block's output ``(B, T, hidden)``.
@@ -313,8 +315,8 @@ class LimeModel(LimePreTrainedModel):
             kv_buffer = KVBuffer(
                 self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim
             )
-            if torch.is_grad_enabled():
-                kv_buffer.defer_weight_grads(self.deferred_weights())
+            if kv_buffer.defers_weight_grads(hidden_states.device):  # else no weight is even looked at
+                kv_buffer.defer_weight_grads(self.deferred_weights(hidden_states.device))
         for layer in self.layers:
             hidden_states = layer(hidden_states, kv_buffer=kv_buffer, **layer_kwargs)
         return hidden_states

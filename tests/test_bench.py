@@ -310,3 +310,12 @@ def test_the_kernel_compiles_for_an_h100_without_spilling_registers():
     assert [(r[0], int(r[1])) for r in rows] == [(s, 2**i) for s in ("gqa", "mha") for i in range(5)]
     for _, _, block, registers, spilled, shared in rows:
         assert int(spilled) == 0 and 0 < int(registers) <= 255 and int(block) >= 16 and int(shared) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["--device", "tpu"], "--device"), (["--rounds", "0"], "--rounds"), (["--shapes", "big"], "--shapes")],
+)
+def test_routed_backward_refuses_bad_arguments_in_one_line(args, named):
+    err = run_bench("routed_backward.py", *args, ok=False).stderr.strip()
+    assert named in err and len(err.splitlines()) == 1, err

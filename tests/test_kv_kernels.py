@@ -118,3 +118,19 @@ def test_a_kernel_that_fails_falls_back_to_the_gemms_once_with_a_warning(monkeyp
     torch.testing.assert_close(weight_grads.double(), want[1], rtol=1e-5, atol=1e-5)
     kv_kernels.source_backward(kept, [0, 2], columns, source, 4)
     assert len(attempts) == 1 and not kv_kernels.kernel_available(torch.device("cpu"))
+
+
+def test_a_model_defers_only_weights_already_on_its_device():
+    """The weights are gathered before layer 0 runs: an offloaded layer's (on another device until its
+    own forward) cannot be, so then none is deferred."""
+    model = tiny_model("lime", routing="full", num_hidden_layers=4)
+    assert sorted(model.model.deferred_weights(torch.device("cpu"))) == [1, 2, 3]
+    assert model.model.deferred_weights(torch.device("meta")) == {}
+
+
+def test_a_cpu_training_step_looks_at_no_weight_for_deferral(monkeypatch):
+    """On the CPU nothing is deferred, so the forward does not gather the routers' weights at all."""
+    model = tiny_model("lime", routing="full", num_hidden_layers=3).train()
+    monkeypatch.setattr(type(model.model), "deferred_weights", lambda *a: pytest.fail("gathered"))
+    ids = torch.randint(5, model.config.vocab_size, (1, 6))
+    model(input_ids=ids, labels=ids).loss.backward()
