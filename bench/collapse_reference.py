@@ -14,7 +14,6 @@ then the largest relative difference per metric. Where a metric differs by desig
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import math
@@ -26,6 +25,7 @@ from typing import NoReturn
 import numpy as np
 import torch
 
+from lime_model.command_line import OneLineParser
 from lime_probe.probes.collapse import center_l2, curvature, dataset_entropy, intrinsic_dimension, lidar
 from lime_probe.probes.entropy import layer_entropy
 
@@ -167,7 +167,7 @@ def relative(ours: float, theirs: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--information-flow", type=Path, required=True, help="a checkout of information_flow")
     parser.add_argument("--repitl", type=Path, required=True, help="a checkout of representation-itl")
     parser.add_argument("--dadapy", type=Path, help="an unpacked dadapy sdist (else an installed dadapy)")

@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser
 from lime_probe.probes.entropy import stream_entropy
 
 ALPHA, EPS = 0.5, 1e-5
@@ -76,15 +77,13 @@ def run(n: int, t: int, d: int, repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--quick", action="store_true", help="4 sequences at the target shape (minutes -> seconds)"
     )
     parser.add_argument("--no-others", action="store_true", help="only the target shape")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
+        "--threads", type=POSITIVE_INT, default=None, help="torch threads (default: torch's own choice)"
     )
     args = parser.parse_args()
     if args.threads is not None:

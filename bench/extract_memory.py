@@ -28,6 +28,7 @@ from extract_overhead import make_texts  # noqa: E402
 from memory import child_json, flags, peak_rss_mib, print_growth, tiny_llama  # noqa: E402
 
 import lime_probe.extraction.tracing as ex  # noqa: E402
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
 
 SEQ = 128
 
@@ -58,11 +59,13 @@ def run(tokens: int, args: argparse.Namespace, in_memory: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=16384, help="N: tokens of the smaller run")
-    parser.add_argument("--shard-mib", type=int, default=4, help="results held before a shard is written")
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
+    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=POSITIVE_INT, default=16384, help="N: tokens of the smaller run")
+    parser.add_argument(
+        "--shard-mib", type=POSITIVE_INT, default=4, help="results held before a shard is written"
+    )
+    parser.add_argument("--hidden", type=POSITIVE_INT, default=64)
+    parser.add_argument("--layers", type=POSITIVE_INT, default=2)
     parser.add_argument("--in-memory", action="store_true", help="also run without a cache folder")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -31,6 +31,7 @@ import transformers as tf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import tiny_tokenizer  # noqa: E402
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
 from lime_probe.extraction.loading import wrap  # noqa: E402
 from lime_probe.extraction.tracing import extract, pad_batch  # noqa: E402
 
@@ -125,17 +126,21 @@ def _stats(times: list[float], base: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--batches", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--layers", type=POSITIVE_INT, default=8)
+    parser.add_argument("--hidden", type=POSITIVE_INT, default=256)
+    parser.add_argument("--seq", type=POSITIVE_INT, default=256)
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=8)
+    parser.add_argument("--batches", type=POSITIVE_INT, default=1)
+    parser.add_argument("--repeats", type=POSITIVE_INT, default=7)
+    parser.add_argument(
+        "--threads", type=POSITIVE_INT, default=None, help="torch CPU threads (default: torch's)"
+    )
     args = parser.parse_args()
+    if args.hidden % 64:
+        parser.error(f"--hidden {args.hidden}: not a multiple of 64 (heads of 32 features, K/V heads of 64)")
     if args.threads:
         torch.set_num_threads(args.threads)
     tok = tiny_tokenizer()

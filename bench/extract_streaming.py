@@ -32,6 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import child_json, flags, peak_rss_mib, print_growth, tiny_llama  # noqa: E402
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
+
 SEQ = 32
 MODES = ("mean", "cache")
 
@@ -72,8 +74,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=2000, help="N: documents of the smaller corpus")
+    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=POSITIVE_INT, default=2000, help="N: documents of the smaller corpus")
     parser.add_argument("--shard-mib", type=float, default=1.0, help="results per block and cache shard")
     parser.add_argument("--list", action="store_true", help="also read the corpus into a list first")
     parser.add_argument("--child", choices=(*MODES, "list"), help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
 """The GPU check: one script, one JSON, sized to run in under 8 minutes on one H200.
 
-Sections, cheapest first (their bodies in ``bench/gpu_sections.py``), each timed against a budget
+Sections, cheapest first (their bodies in ``bench/gpu_sections.py``, the step section's in
+``bench/gpu_step.py``, the kernel section's in ``bench/routed_backward.py``), each timed against a budget
 printed at the start; a section with rows starts no row once its budget is spent and lists each row
 it skipped and why. The JSON is rewritten (atomically) before and after every section, so a run killed
 part-way keeps every section that finished and names the one under way (``"running"``).
@@ -10,7 +11,8 @@ part-way keeps every section that finished and names the one under way (``"runni
 - ``generate``: greedy ``generate`` of a random LIMe: the tokens with the K/V cache equal those without
   (fp32), and tokens per second with and without the cache in bf16.
 - ``extract``: ``lime_probe.extract`` (values, routed values) against a plain forward with the model
-  in bf16: the median per-round ratio of their times, with its interval.
+  in bf16: the median per-round ratio of their times, with its interval; beside it the same extraction
+  collecting each batch before starting the next, the baseline of their overlap.
 - ``fsdp``: one LIMe training step sharded with FSDP2 in a world of one process, through the trainer's
   own path (``lime_model.distributed.shard``, ``prepare``): that it runs, its first loss minus the
   unsharded model's on the same weights, and its peak against ``lime-model plan``'s FSDP2 figure.
@@ -20,7 +22,8 @@ part-way keeps every section that finished and names the one under way (``"runni
   .total``: tensor bytes plus the CUDA allocator's modelled terms), with the allocator's peak per phase
   and its requested (unrounded) peak; in the dry run the CPU's plan against the rise of the peak RSS.
 - ``probes``: on a random 1B-shape LIMe (fp32 weights), extraction against a plain forward, the matrix
-  entropy over every layer's values and the BLiMP probe's logistic regression (random pairs: chance).
+  entropy over every layer's values on the model's device (as ``lime-probe entropy`` computes it; the
+  first run's was on the CPU) and the BLiMP probe's logistic regression (random pairs: chance).
 - ``step``: Table 17's step time (App. I: H100, 1B, PyTorch Inductor) in bf16 with ``torch.compile``,
   forward + backward of the whole model (``bench/step_overhead.py``'s ``Steps``), LIMe full, first-4,
   last-4 and dilated-8 against LLaMA at the 1B GQA and MHA shapes (16 layers, hidden 2048, 32 heads, 8
@@ -79,9 +82,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import gpu_sections as sections  # noqa: E402
+import gpu_step  # noqa: E402
 import routed_backward  # noqa: E402
 
 from lime_model import kv_kernels  # noqa: E402
+from lime_model.command_line import OneLineParser  # noqa: E402
 from lime_model.files import atomic_write  # noqa: E402
 
 # Table 3-4's 1B model; "kv" is the K/V heads of the GQA and MHA shapes
@@ -95,7 +100,7 @@ SECTIONS = {  # name -> (body, budget in seconds on one H200: 475 of the 480)
     "fsdp": (sections.section_fsdp, 35),
     "memory": (sections.section_memory, 60),
     "probes": (sections.section_probes, 30),  # 26 s in the first run
-    "step": (sections.section_step, 220),
+    "step": (gpu_step.section, 220),
 }
 SHAPES = tuple(FULL["kv"])  # type: ignore[arg-type]
 ROUTINGS = ("none", *sections.VARIANTS)
@@ -129,7 +134,7 @@ def step_models(rows: frozenset[str] | None) -> list[str]:
 
 
 class CompileWorkers:
-    """Processes that compile the step section's models ahead of it (``gpu_sections.warm_models``),
+    """Processes that compile the step section's models ahead of it (``gpu_step.warm_models``),
     each a share of them in the section's order; each model's record lands in ``folder``."""
 
     def __init__(self, models: list[str], workers: int, tiny: bool) -> None:
@@ -260,9 +265,7 @@ def _names(text: str, valid: tuple[str, ...], what: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the JSON file to write (rewritten after each section)")
     parser.add_argument(
         "--dry-run", "--tiny", action="store_true", help="every section at toy size on the CPU"
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.warm_models is None and not out.parent.is_dir():
         parser.error(f"--out {out}: no folder {out.parent}")
     if args.warm_models is not None:
-        sections.warm_models(settings(args.dry_run), args.warm_models.split(","), Path(args.warm_dir))
+        gpu_step.warm_models(settings(args.dry_run), args.warm_models.split(","), Path(args.warm_dir))
         return
     names = None if args.sections is None else [n for group in args.sections for n in group]
     rows = None if args.rows is None else frozenset(r for group in args.rows for r in group)

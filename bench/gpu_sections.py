@@ -1,12 +1,12 @@
 """The sections of ``bench/gpu_check.py``: each takes the run's ``Context`` and returns its JSON body.
 
 A section with rows (parity, memory, step) starts no row once its budget is spent and lists each row it
-skipped with the reason; ``--rows`` (``SHAPE:ROUTING``) selects the memory and step rows.
+skipped with the reason; ``--rows`` (``SHAPE:ROUTING``) selects the memory and step rows. The step section
+(Table 17) is ``bench/gpu_step.py``'s, the kernel section ``bench/routed_backward.py``'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import sys
@@ -24,9 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 from helpers import tiny_tokenizer  # noqa: E402
-from step_overhead import Steps, _rss_kb, sync  # noqa: E402
+from step_overhead import _rss_kb, sync  # noqa: E402
 
-from lime_model import kv_read  # noqa: E402
 from lime_probe.probes.stats import median_ci  # noqa: E402
 
 VARIANTS = ("full", "first-4", "last-4", "dilated-8")  # Table 17's rows, LLaMA ("none") their baseline
@@ -187,12 +186,33 @@ def host_waits(fn: Callable[[], Any], device: str) -> int | None:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def extract_vs_plain(hf, tok, s: dict[str, Any], rounds: int) -> tuple[dict[str, Any], Any, Any, list]:
+@contextmanager
+def collected_at_once() -> Iterator[None]:
+    """``extract`` collecting each batch's rows before it starts the next (as it did before it overlapped
+    the host's conversion of one batch with the device's next forward): the baseline of that overlap."""
+    from unittest import mock
+
+    from lime_probe.extraction import tracing
+
+    start = tracing._start_batch
+
+    def serial(*args: Any, **kwargs: Any) -> Callable[[], dict[str, torch.Tensor]]:
+        rows = start(*args, **kwargs)()
+        return lambda: rows
+
+    with mock.patch.object(tracing, "_start_batch", serial):
+        yield
+
+
+def extract_vs_plain(
+    hf, tok, s: dict[str, Any], rounds: int, serial: bool = False
+) -> tuple[dict[str, Any], Any, Any, list]:
     """Tokens per second of a plain forward with ``output_hidden_states`` and of ``lime_probe.extract``
     at values and routed values over the same windows, interleaved for ``rounds`` rounds after a warm-up
     of each; the ratio is the median per-round extract / plain time with its interval, and on a GPU the
-    host's waits for the device in one call of each (`host_waits`). Returns the numbers, the last
-    extraction (``Activations``), the nnsight model and the windows (token ids)."""
+    host's waits for the device in one call of each (`host_waits`). With ``serial`` also extraction that
+    collects each batch before starting the next (`collected_at_once`), in the same rounds. Returns the
+    numbers, the last extraction (``Activations``), the nnsight model and the windows (token ids)."""
     from lime_probe.extraction.loading import wrap
     from lime_probe.extraction.tracing import extract
 
@@ -214,38 +234,61 @@ def extract_vs_plain(hf, tok, s: dict[str, Any], rounds: int) -> tuple[dict[str,
             max_length=s["seq"], pretokenized=True, progress=False,
         )  # fmt: skip
 
-    plain(), extraction()  # warm-up
-    times = [(timed(plain, device), timed(extraction, device)) for _ in range(rounds)]
-    ratios = [e / p for p, e in times]
-    lo, hi, coverage = median_ci(ratios)
+    def extraction_serial() -> None:
+        with collected_at_once():
+            extraction()
+
+    timed_fns = {
+        "plain": plain,
+        "extract": extraction,
+        **({"extract_serial": extraction_serial} if serial else {}),
+    }
+    for fn in timed_fns.values():  # warm-up
+        fn()
+    times = {name: [] for name in timed_fns}  # type: ignore[var-annotated]
+    for _ in range(rounds):
+        for name, fn in timed_fns.items():
+            times[name].append(timed(fn, device))
+
+    def over_plain(name: str) -> tuple[float, tuple[float, float, float]]:
+        ratios = [e / p for p, e in zip(times["plain"], times[name], strict=True)]
+        return statistics.median(ratios), median_ci(ratios)
+
+    ratio, (lo, hi, coverage) = over_plain("extract")
     tokens = n_windows * s["seq"]
     numbers = {
         "tokens": tokens,
         "rounds": rounds,
         "batch": batch,
-        "plain_forward_tokens_per_s": tokens / statistics.median(p for p, _ in times),
-        "extract_tokens_per_s": tokens / statistics.median(e for _, e in times),
-        "extract_over_plain_time": statistics.median(ratios),
+        "plain_forward_tokens_per_s": tokens / statistics.median(times["plain"]),
+        "extract_tokens_per_s": tokens / statistics.median(times["extract"]),
+        "extract_over_plain_time": ratio,
         "ci": [lo, hi],
         "coverage": coverage,
         "host_waits": {"plain": host_waits(plain, device), "extract": host_waits(extraction, device)},
     }
+    if serial:
+        serial_ratio, (serial_lo, serial_hi, _) = over_plain("extract_serial")
+        numbers["extract_serial_over_plain_time"] = serial_ratio
+        numbers["extract_serial_ci"] = [serial_lo, serial_hi]
     return numbers, acts["a"], model, windows
 
 
 def section_extract(ctx: Context) -> dict[str, Any]:
-    """Extraction against a plain forward with the model in the run's dtype (bf16 on the GPU)."""
+    """Extraction against a plain forward with the model in the run's dtype (bf16 on the GPU), and the same
+    extraction collecting each batch before the next (the overlap's baseline)."""
     tok = tiny_tokenizer()
     dtype = getattr(torch, ctx.s["dtype"])
     hf = build(ctx.s, "full", vocab=len(tok)).to(dtype).eval()
-    out, acts, _, _ = extract_vs_plain(hf, tok, ctx.s, rounds=3 if ctx.device == "cuda" else 2)
+    out, acts, _, _ = extract_vs_plain(hf, tok, ctx.s, rounds=3 if ctx.device == "cuda" else 2, serial=True)
     stored = {str(acts["values"][layer].dtype) for layer in acts.layers("values")}
     return {"model_dtype": ctx.s["dtype"], "stored_dtypes": sorted(stored), **out}
 
 
 def section_probes(ctx: Context) -> dict[str, Any]:
     """On a random 1B-shape LIMe (full, GQA, fp32 weights): extraction against a plain forward, the
-    matrix entropy over every layer's values, and the BLiMP probe on mean-pooled features."""
+    matrix entropy over every layer's values on the model's device, and the BLiMP probe on mean-pooled
+    features."""
     import numpy as np
 
     from lime_probe.extraction.tracing import extract
@@ -257,11 +300,13 @@ def section_probes(ctx: Context) -> dict[str, Any]:
     out, a, model, windows = extract_vs_plain(hf, tok, ctx.s, rounds=2)
     layers = a.layers("values")
 
-    def entropy() -> None:
+    def entropy() -> None:  # where the model is, as `lime-probe entropy` computes it
         for layer in layers:
-            stream_entropy(lambda layer=layer: a.iter_sequences("values", layer), n_boot=100)
+            stream_entropy(
+                lambda layer=layer: a.iter_sequences("values", layer), n_boot=100, device=ctx.device
+            )
 
-    entropy_s = timed(entropy, "cpu")
+    entropy_s = timed(entropy, ctx.device)
     # BLiMP's probe on mean-pooled features: half the windows "good", half "bad", paired
     pooled = extract(
         model, tok, windows, sites=["values"], pool="mean", batch_size=out["batch"], max_length=ctx.s["seq"],
@@ -277,6 +322,7 @@ def section_probes(ctx: Context) -> dict[str, Any]:
         **out,
         "layers": len(layers),
         "entropy_tokens_per_s": out["tokens"] * len(layers) / entropy_s,
+        "entropy_device": ctx.device,
         "blimp_probe_s": probe_s,
         "blimp_probe_accuracy": [float(x) for x in probe.accuracy_mean],
     }
@@ -452,167 +498,3 @@ def section_fsdp(ctx: Context) -> dict[str, Any]:
         measured = measured_step(recipe, ctx.device, mesh)
     peak = measured.pop("peak")
     return {"measured_bytes": peak, **plan, "measured_over_planned": peak / plan["planned_bytes"], **measured}
-
-
-def step_args(s: dict[str, Any], shape: str) -> argparse.Namespace:
-    """``bench/step_overhead.py``'s arguments for its ``Steps`` at this run's size."""
-    return argparse.Namespace(
-        vocab=s["vocab"], hidden=s["hidden"], layers=s["layers"], heads=s["heads"], kv_heads=s["kv"][shape],
-        batch=s["batch"], seq=s["seq"], device=s["device"], dtype=s["dtype"], compile=True,
-        compile_backend=s["backend"],
-    )  # fmt: skip
-
-
-CACHE_COUNTERS = (
-    ("aot_autograd", "autograd_cache_hit"),
-    ("aot_autograd", "autograd_cache_miss"),
-    ("inductor", "fxgraph_cache_hit"),
-    ("inductor", "fxgraph_cache_miss"),
-)
-
-
-def compiled_steps(s: dict[str, Any], shape: str, routing: str) -> tuple[Steps, dict[str, Any]]:
-    """One model's ``Steps``, compiled by its first step: the seconds that took and the compile caches'
-    hits and misses meanwhile (a model a worker compiled before hits AOTAutograd's and Inductor's caches)."""
-    from torch._dynamo.utils import counters
-
-    steps = Steps(routing, step_args(s, shape))
-    before = [counters[group][key] for group, key in CACHE_COUNTERS]
-    seconds = timed(lambda: steps.run("model"), s["device"])
-    after = [counters[group][key] for group, key in CACHE_COUNTERS]
-    hits = {key: a - b for (_, key), a, b in zip(CACHE_COUNTERS, after, before, strict=True)}
-    return steps, {"seconds": seconds, **hits}
-
-
-def top_kernels(steps: Steps, device: str, top: int = 15) -> dict[str, Any]:
-    """One profiled training step of ``steps``' model (after one unprofiled): its ``top`` kernels by
-    self time (on the CPU, operators), each with its calls, the total over all of them, and
-    ``routed_read_ms``: the time inside the routed read's operators under ``torch.compile`` (forward and
-    backward; on a GPU their kernels' device time, on the CPU their operators' time), in ms."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device == "cuda"
-    steps.run("model")
-    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
-        steps.run("model")
-        sync(device)
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    averages = prof.key_averages()
-    # on a GPU the kernels only (a CPU operator's self device time repeats its kernels')
-    events = [e for e in averages if getattr(e, key) > 0 and (not cuda or e.device_type == DeviceType.CUDA)]
-    events.sort(key=lambda e: getattr(e, key), reverse=True)
-    inside = "device_time_total" if cuda else "cpu_time_total"
-    return {
-        "total_ms": sum(getattr(e, key) for e in events) / 1e3,
-        "top": [{"name": e.key, "ms": getattr(e, key) / 1e3, "calls": e.count} for e in events[:top]],
-        "routed_read_ms": sum(getattr(e, inside) for e in averages if e.key.startswith(ROUTED_READ)) / 1e3,
-    }
-
-
-ROUTED_READ = f"{kv_read._LIB}::"  # the compiled read's operators, as the profiler names them
-
-
-def step_memory(steps: Steps, device: str) -> int | None:
-    """The allocator's peak during one training step of ``steps``' model above the bytes allocated when
-    it began (the parameters of the row's models), in bytes: what the step itself holds at its peak,
-    activations and gradients (Table 17's peak memory less the weights). None off the GPU."""
-    if device != "cuda":
-        return None
-    sync(device)
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    steps.run("model")
-    sync(device)
-    return torch.cuda.max_memory_allocated() - before
-
-
-PROFILED = ("full",)  # the variants whose rows also profile one step of LLaMA and of the variant
-
-
-def section_step(ctx: Context) -> dict[str, Any]:
-    """Table 17's rows in order of priority (full at both shapes first): each shape's LLaMA compiled
-    once and reused by every row of that shape, each variant compiled once (after its compile worker,
-    if any, filled the caches), then interleaved rounds (LLaMA, variant, ...). A row of ``PROFILED``
-    also records where each model's step spends its time (`top_kernels`), for the routed read's cost."""
-    s, out = ctx.s, {"rows": [], "skipped": []}  # type: ignore[var-annotated]
-    # each model is a new module object, which Dynamo guards on: past its recompile limit (8) the
-    # later models would silently run eager
-    torch._dynamo.config.recompile_limit = 64
-    bases: dict[str, tuple[Steps, dict[str, Any]]] = {}
-    for variant in VARIANTS:
-        for shape in s["kv"]:
-            row = f"{shape}:{variant}"
-            if not ctx.wants(row):
-                continue
-            if reason := ctx.skip_reason():
-                out["skipped"].append({"row": row, "why": reason})
-                continue
-            compile_s = {}
-            for routing in ("none", variant):
-                if routing == "none" and shape in bases:
-                    continue
-                if ctx.warm is not None:
-                    compile_s[routing] = ctx.warm.wait(f"{shape}:{routing}", ctx.deadline)
-                    if reason := ctx.skip_reason():  # spent waiting for the worker
-                        break
-                built = compiled_steps(s, shape, routing)
-                if routing == "none":
-                    bases[shape] = built
-            if reason:
-                out["skipped"].append({"row": row, "why": reason})
-                continue
-            base, base_compile = bases[shape]
-            steps, compile_info = built
-            base_t, var_t = [], []
-            for _ in range(s["rounds"]):
-                for model, times in ((base, base_t), (steps, var_t)):
-                    model.run("model")  # untimed, as step_overhead.time_pair does
-                    times.append(timed(lambda m=model: m.run("model"), ctx.device))
-            ratios = [v / b for v, b in zip(var_t, base_t, strict=True)]
-            lo, hi, coverage = median_ci(ratios)
-            peak = {"llama": step_memory(base, ctx.device), "variant": step_memory(steps, ctx.device)}
-            out["rows"].append(
-                {
-                    "shape": shape,
-                    "variant": variant,
-                    "llama_step_s": statistics.median(base_t),
-                    "step_s": statistics.median(var_t),
-                    "ratio": statistics.median(ratios),
-                    "ci": [lo, hi],
-                    "coverage": coverage,
-                    "step_peak_bytes": peak,
-                    "step_peak_ratio": None if peak["llama"] is None else peak["variant"] / peak["llama"],
-                    "compile": {"llama": base_compile, "variant": compile_info, "workers": compile_s},
-                }
-            )
-            if variant in PROFILED:
-                out["rows"][-1]["profile"] = {
-                    "llama": top_kernels(base, ctx.device),
-                    variant: top_kernels(steps, ctx.device),
-                }
-            del steps, built
-            if ctx.device == "cuda":
-                torch.cuda.empty_cache()
-    return out
-
-
-def warm_models(s: dict[str, Any], models: list[str], folder: Path) -> None:
-    """A compile worker: compile each ``SHAPE:ROUTING`` model by one step, in order, filling the compile
-    caches the run's own compiles then read, and write ``folder/SHAPE-ROUTING.json`` after each (its
-    seconds, or the error)."""
-    import json
-
-    from lime_model.files import atomic_write
-
-    torch._dynamo.config.recompile_limit = 64
-    for model in models:
-        shape, routing = model.split(":")
-        try:
-            steps, info = compiled_steps(s, shape, routing)
-            del steps
-        except Exception as err:  # e.g. out of memory beside the run: the run compiles it itself
-            info = {"error": f"{type(err).__name__}: {err}"}
-        if s["device"] == "cuda":
-            torch.cuda.empty_cache()
-        atomic_write(folder / f"{shape}-{routing}.json", json.dumps(info))

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 import torch
 
 from lime_model import config_for, kv_buffer, kv_read
+from lime_model.command_line import POSITIVE_INT, OneLineParser
 from lime_model.router import buffer_layout, build_router
 from lime_probe.probes.stats import median_ci, median_ci_rank
 
@@ -139,20 +140,20 @@ def read_bandwidth(megabytes: int = 512, reps: int = 5) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, help="git revision whose kv_buffer.py is the baseline")
     parser.add_argument(
         "--variants", nargs="+", default=["full", "first-4", "dilated-8", "per-dim", "dynamic"]
     )
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=10)
+    parser.add_argument("--layers", type=POSITIVE_INT, default=16)
+    parser.add_argument("--hidden", type=POSITIVE_INT, default=256)
+    parser.add_argument("--heads", type=POSITIVE_INT, default=8)
+    parser.add_argument("--batch", type=POSITIVE_INT, default=8)
+    parser.add_argument("--seq", type=POSITIVE_INT, default=256)
+    parser.add_argument(
+        "--threads", type=POSITIVE_INT, default=None, help="torch CPU threads (default: torch's)"
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")

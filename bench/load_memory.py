@@ -35,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import TESTS, child_json, peak_rss_mib  # noqa: E402
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
+
 ROWS = ("float32", "bfloat16", "float32 -> bfloat16")
 
 
@@ -84,10 +86,10 @@ def child(ckpt: str, row: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=int, default=768)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=32000)
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hidden", type=POSITIVE_INT, default=768)
+    p.add_argument("--layers", type=POSITIVE_INT, default=8)
+    p.add_argument("--vocab", type=POSITIVE_INT, default=32000)
     p.add_argument("--stored", choices=("float32", "bfloat16"), default="bfloat16", help="the saved dtype")
     p.add_argument("--save", metavar="DIR", help=argparse.SUPPRESS)
     p.add_argument("--child", metavar="CKPT", help=argparse.SUPPRESS)

@@ -14,7 +14,6 @@ shown when present. Builds the models on the meta device: no GPU, no weights.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,6 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check  # noqa: E402
 import gpu_sections  # noqa: E402
+
+from lime_model.command_line import OneLineParser  # noqa: E402
 
 GiB = 2**30
 
@@ -70,7 +71,7 @@ def rows_against_plan(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", type=Path, help="a gpu_check JSON with a memory section")
     args = parser.parse_args(argv)
     try:

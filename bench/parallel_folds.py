@@ -29,17 +29,26 @@ import time
 
 import numpy as np
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser
+
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=2, help="processes of the parallel run (default: %(default)s)")
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--per-class", type=int, default=1668, help="separability rows per word (default: %(default)s)"
+        "--jobs", type=POSITIVE_INT, default=2, help="processes of the parallel run (default: %(default)s)"
     )
-    p.add_argument("--pairs", type=int, default=1000, help="BLiMP pairs (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=16, help="separability layers (default: %(default)s)")
-    p.add_argument("--dim", type=int, default=256, help="feature width (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds (default: %(default)s)")
+    p.add_argument(
+        "--per-class",
+        type=POSITIVE_INT,
+        default=1668,
+        help="separability rows per word (default: %(default)s)",
+    )
+    p.add_argument("--pairs", type=POSITIVE_INT, default=1000, help="BLiMP pairs (default: %(default)s)")
+    p.add_argument(
+        "--layers", type=POSITIVE_INT, default=16, help="separability layers (default: %(default)s)"
+    )
+    p.add_argument("--dim", type=POSITIVE_INT, default=256, help="feature width (default: %(default)s)")
+    p.add_argument("--rounds", type=POSITIVE_INT, default=3, help="timed rounds (default: %(default)s)")
     p.add_argument(
         "--methods", nargs="+", default=["adam-linear", "logreg"], choices=["adam-linear", "logreg"]
     )

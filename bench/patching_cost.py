@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import tiny_tokenizer  # noqa: E402
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
 from lime_probe.extraction.loading import wrap  # noqa: E402
 from lime_probe.interventions.pairs import Pair  # noqa: E402
 from lime_probe.interventions.patching import activation_patching, pair_tokens  # noqa: E402
@@ -93,17 +94,15 @@ def cpu_time(fn) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--routing", default="none", help="LIMe routing; none = LLaMA (default: %(default)s)")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--length", type=int, default=16, help="tokens per prompt")
-    parser.add_argument("--pairs", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=32, help="patched runs per forward pass")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--layers", type=POSITIVE_INT, default=8)
+    parser.add_argument("--hidden", type=POSITIVE_INT, default=256)
+    parser.add_argument("--length", type=POSITIVE_INT, default=16, help="tokens per prompt")
+    parser.add_argument("--pairs", type=POSITIVE_INT, default=4)
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="patched runs per forward pass")
+    parser.add_argument("--repeats", type=POSITIVE_INT, default=3)
+    parser.add_argument("--threads", type=POSITIVE_INT, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tok = tiny_tokenizer()

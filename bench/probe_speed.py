@@ -34,24 +34,32 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser
+
 COMMANDS = ("blimp", "entropy", "separability")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=1)
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=POSITIVE_INT, default=1)
     p.add_argument("--models", nargs="+", default=["lime", "gpt2"], choices=["lime", "gpt2"])
-    p.add_argument("--pairs", type=int, default=1000, help="BLiMP pairs per paradigm (default: %(default)s)")
-    p.add_argument("--paradigms", type=int, default=10, help="BLiMP paradigms, of Table 2's ten")
-    p.add_argument("--windows", type=int, default=64, help="entropy windows (default: %(default)s)")
-    p.add_argument("--window", type=int, default=2048, help="tokens per window, capped at the positions")
-    p.add_argument("--documents", type=int, default=500, help="separability sequences (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--vocab", type=int, default=4096, help="BPE vocabulary trained for the bench")
-    p.add_argument("--gpt2-layers", type=int, default=12)
-    p.add_argument("--gpt2-hidden", type=int, default=768)
-    p.add_argument("--gpt2-heads", type=int, default=12)
-    p.add_argument("--lime-layers", type=int, default=None, help="override the recipe's 16 layers")
+    p.add_argument(
+        "--pairs", type=POSITIVE_INT, default=1000, help="BLiMP pairs per paradigm (default: %(default)s)"
+    )
+    p.add_argument("--paradigms", type=POSITIVE_INT, default=10, help="BLiMP paradigms, of Table 2's ten")
+    p.add_argument("--windows", type=POSITIVE_INT, default=64, help="entropy windows (default: %(default)s)")
+    p.add_argument(
+        "--window", type=POSITIVE_INT, default=2048, help="tokens per window, capped at the positions"
+    )
+    p.add_argument(
+        "--documents", type=POSITIVE_INT, default=500, help="separability sequences (default: %(default)s)"
+    )
+    p.add_argument("--rounds", type=POSITIVE_INT, default=3)
+    p.add_argument("--vocab", type=POSITIVE_INT, default=4096, help="BPE vocabulary trained for the bench")
+    p.add_argument("--gpt2-layers", type=POSITIVE_INT, default=12)
+    p.add_argument("--gpt2-hidden", type=POSITIVE_INT, default=768)
+    p.add_argument("--gpt2-heads", type=POSITIVE_INT, default=12)
+    p.add_argument("--lime-layers", type=POSITIVE_INT, default=None, help="override the recipe's 16 layers")
     p.add_argument("--no-command", action="store_true", help="skip timing the whole BLiMP command")
     p.add_argument("--commands", nargs="+", default=list(COMMANDS), choices=COMMANDS, help="commands to time")
     return p.parse_args(argv)

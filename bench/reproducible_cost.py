@@ -23,6 +23,8 @@ import sys
 import time
 from statistics import median
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser
+
 # recipe and micro-batch vocabulary per row (the arithmetic recipe takes its vocabulary from its characters)
 ROWS = {"demo": ("arithmetic-cpu", 20), "lm-study": ("wikitext-cpu", None)}
 
@@ -87,10 +89,12 @@ def run_child(row: str, mode: bool, steps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=list(ROWS))
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per process (after two untimed)")
+    ap.add_argument("--rounds", type=POSITIVE_INT, default=10)
+    ap.add_argument(
+        "--steps", type=POSITIVE_INT, default=10, help="timed steps per process (after two untimed)"
+    )
     ap.add_argument("--child", choices=sorted(ROWS), help=argparse.SUPPRESS)
     ap.add_argument("--mode", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -24,7 +24,9 @@ import argparse
 import statistics
 import sys
 import time
+import warnings
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -94,14 +96,26 @@ def sync(device: str) -> None:
 def measure(kv: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every variant against the baseline with ``kv`` K/V heads: gradient errors, median ms, ratios."""
     inputs = make_inputs(args, kv)
-    names = [
-        n for n in VARIANTS if n != "source, triton" or kv_kernels.kernel_available(torch.device(args.device))
-    ]
+    device = torch.device(args.device)
+    names, skipped = list(VARIANTS), []
+    if not kv_kernels.kernel_available(device):
+        names.remove("source, triton")
+        skipped.append(
+            {"variant": "source, triton", "why": "no CUDA device with Triton (or TRITON_INTERPRET=1)"}
+        )
     reference = None
     errors = {}
-    for name in names:  # also each variant's warm-up (Triton compiles here)
-        with variant(name) as defer:
+    for name in list(names):  # also each variant's warm-up (Triton compiles here)
+        with variant(name) as defer, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
             grads = step(inputs, kv, defer)
+        if name == "source, triton" and not kv_kernels.kernel_available(device):
+            # the kernel fell back to the GEMMs: timing them under its name would mislead
+            names.remove(name)
+            skipped.append(
+                {"variant": name, "why": "; ".join(str(w.message) for w in caught) or "the kernel failed"}
+            )
+            continue
         if reference is None:
             reference = grads
         errors[name] = max(
@@ -123,7 +137,7 @@ def measure(kv: int, args: argparse.Namespace) -> dict[str, Any]:
         ms = 1e3 * statistics.median(times[name])
         rows.append({"variant": name, "ms": ms, "x_readers": statistics.median(ratios), "ci": [low, high],
                      "coverage": coverage, "max_rel_error": errors[name]})  # fmt: skip
-    return {"kv": kv, "rows": rows, "skipped": sorted(set(VARIANTS) - set(names))}
+    return {"kv": kv, "rows": rows, "skipped": skipped}
 
 
 def sweep(kv: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -137,26 +151,38 @@ def sweep(kv: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     columns = torch.randn(layers, kv, kv, device=args.device, dtype=dtype)
 
     def ms(tile: int, block: int, warps: int) -> float:
+        # the kernel itself, not source_backward: a setting that fails must neither be timed as the GEMMs
+        # it would fall back to nor turn the kernel off for the rest of the process
+        backward = partial(kv_kernels._triton_backward, kept, list(range(layers)), columns, source, hd)
         with (
             mock.patch.object(kv_kernels, "TILE_ELEMENTS", tile),
             mock.patch.object(kv_kernels, "MAX_BLOCK", block),
             mock.patch.object(kv_kernels, "WARPS", warps),
         ):
-            kv_kernels.source_backward(kept, list(range(layers)), columns, source, hd)  # compiles
+            backward()  # compiles
             times = []
             for _ in range(args.rounds):
                 sync(args.device)
                 start = time.perf_counter()
-                kv_kernels.source_backward(kept, list(range(layers)), columns, source, hd)
+                backward()
                 sync(args.device)
                 times.append(time.perf_counter() - start)
         return 1e3 * statistics.median(times)
 
-    shipped = ms(kv_kernels.TILE_ELEMENTS, kv_kernels.MAX_BLOCK, kv_kernels.WARPS)
     # bytes the pass must move: every reader's gradient and the source once, the gradient written once
     moved = (layers * kv + 2 * kv) * n * kept.element_size()
-    return [{"tile": c[0], "block": c[1], "warps": c[2], "ms": t, "x_shipped": t / shipped, "GB_per_s": moved / t / 1e6}
-            for c, t in ((c, ms(*c)) for c in SWEEP)]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for tile, block, warps in SWEEP:  # the shipped settings first
+        row: dict[str, Any] = {"tile": tile, "block": block, "warps": warps}
+        try:
+            row |= {"ms": ms(tile, block, warps)}
+        except Exception as err:  # noqa: BLE001 (a setting too big for this GPU is a result)
+            rows.append(row | {"error": f"{type(err).__name__}: {err}".splitlines()[0]})
+            continue
+        shipped = rows[0].get("ms") if rows else row["ms"]
+        row |= {"x_shipped": row["ms"] / shipped if shipped else None, "GB_per_s": moved / row["ms"] / 1e6}
+        rows.append(row)
+    return rows
 
 
 def section(ctx: Any) -> dict[str, Any]:
@@ -202,13 +228,18 @@ def main() -> None:
             low, high = row["ci"]
             print(f"{shape} {row['variant']:<15} {row['ms']:9.3f} ms  x readers {row['x_readers']:.3f} "
                   f"[{low:.3f}-{high:.3f}] ({row['coverage']:.1%})  max rel. error {row['max_rel_error']:.1e}")  # fmt: skip
-        for name in result["skipped"]:
-            print(f"{shape} {name:<15} not run: no CUDA device with Triton (or TRITON_INTERPRET=1)")
-        if args.sweep and "source, triton" not in result["skipped"]:
+        for skip in result["skipped"]:
+            print(f"{shape} {skip['variant']:<15} not run: {skip['why']}")
+        if args.sweep and not result["skipped"]:
             for row in sweep(SHAPES[shape], args):
-                print(f"{shape} kernel TILE_ELEMENTS={row['tile']} MAX_BLOCK={row['block']} WARPS={row['warps']}: "
-                      f"{row['ms']:.3f} ms, "
-                      f"x shipped {row['x_shipped']:.3f}, {row['GB_per_s']:.0f} GB/s")  # fmt: skip
+                setting = f"TILE_ELEMENTS={row['tile']} MAX_BLOCK={row['block']} WARPS={row['warps']}"
+                if "error" in row:
+                    print(f"{shape} kernel {setting}: failed ({row['error']})")
+                    continue
+                ratio = "-" if row["x_shipped"] is None else f"{row['x_shipped']:.3f}"
+                print(
+                    f"{shape} kernel {setting}: {row['ms']:.3f} ms, x shipped {ratio}, {row['GB_per_s']:.0f} GB/s"
+                )
 
 
 if __name__ == "__main__":

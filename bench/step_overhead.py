@@ -71,6 +71,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lime_model import ARCHITECTURES, config_for
+from lime_model.command_line import POSITIVE_INT, OneLineParser
 from lime_probe.probes.stats import median_ci, median_ci_rank
 
 DEFAULT_VARIANTS = ["full", "first-4", "dilated-8", "last-4", "average", "no-head-mix", "per-dim", "dynamic"]
@@ -342,34 +343,34 @@ def _rss_kb(field: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=None, help="default: heads (MHA)")
-    parser.add_argument("--vocab", type=int, default=4096, help="see the module docstring")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--layers", type=POSITIVE_INT, default=16)
+    parser.add_argument("--hidden", type=POSITIVE_INT, default=256)
+    parser.add_argument("--heads", type=POSITIVE_INT, default=8)
+    parser.add_argument("--kv-heads", type=POSITIVE_INT, default=None, help="default: heads (MHA)")
+    parser.add_argument("--vocab", type=POSITIVE_INT, default=4096, help="see the module docstring")
+    parser.add_argument("--batch", type=POSITIVE_INT, default=8)
+    parser.add_argument("--seq", type=POSITIVE_INT, default=256)
     parser.add_argument(
-        "--rounds", type=int, default=6, help="interleaved rounds (ratios: median over rounds)"
+        "--rounds", type=POSITIVE_INT, default=6, help="interleaved rounds (ratios: median over rounds)"
     )
     parser.add_argument(
         "--processes",
-        type=int,
+        type=POSITIVE_INT,
         default=2,
         help="fresh processes per pair sharing the rounds, alternating which model is built first",
     )
     parser.add_argument(
-        "--memory-runs", type=int, default=3, help="fresh processes per model for peak memory"
+        "--memory-runs", type=POSITIVE_INT, default=3, help="fresh processes per model for peak memory"
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile's backend")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--threads", type=POSITIVE_INT, default=None, help="torch CPU threads (default: torch's)"
+    )
     parser.add_argument(
         "--clock",
         choices=["wall", "cpu"],

@@ -16,13 +16,13 @@ as small: a ratio close to 1).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
 from lime_model import LimeConfig, LimeForCausalLM, param_groups
+from lime_model.command_line import POSITIVE_INT, OneLineParser
 from lime_model.recipes import Recipe, load_recipe
 from lime_model.train import TrainingData, accelerator_for, train_step
 
@@ -55,13 +55,15 @@ def train_steps(accelerator, run, data: TrainingData, recipe: dict, steps: range
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="cpu-tiny")
     parser.add_argument("--routing", default="full", help="the LIMe variant to compare against routing=none")
-    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--micro-batch", type=int, help="sequences per step (default: the recipe's)")
-    parser.add_argument("--vocab", type=int, default=512, help="vocabulary when the recipe leaves it open")
+    parser.add_argument("--steps", type=POSITIVE_INT, default=10, help="timed optimizer steps per round")
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=3)
+    parser.add_argument("--micro-batch", type=POSITIVE_INT, help="sequences per step (default: the recipe's)")
+    parser.add_argument(
+        "--vocab", type=POSITIVE_INT, default=512, help="vocabulary when the recipe leaves it open"
+    )
     args = parser.parse_args()
 
     recipe = load_recipe(args.recipe, {"data": "unused"})

@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import CORPUS, tiny_model, tiny_tokenizer  # noqa: E402
 
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
 from lime_probe.extraction.tracing import extract  # noqa: E402
 from lime_probe.extraction.windows import token_windows  # noqa: E402
 from lime_probe.probes.entropy import layer_entropy  # noqa: E402
@@ -35,13 +36,13 @@ def synthetic(n: int, sentences: int, seed: int) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wikitext", type=Path, help="a WikiText .txt file (one document per line)")
-    ap.add_argument("--max-texts", type=int, default=400)
-    ap.add_argument("--window", type=int, default=48)
-    ap.add_argument("--num-windows", type=int, default=40)
+    ap.add_argument("--max-texts", type=POSITIVE_INT, default=400)
+    ap.add_argument("--window", type=POSITIVE_INT, default=48)
+    ap.add_argument("--num-windows", type=POSITIVE_INT, default=40)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=POSITIVE_INT, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tok = tiny_tokenizer()

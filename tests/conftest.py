@@ -4,6 +4,8 @@ The shared data (BLiMP, WikiText-2) is found only through the LIME_PROBE_DATA se
 `.ci/run` provides; tests that need it skip with a reason where it is absent.
 """
 
+import functools
+import importlib.util
 import os
 from pathlib import Path
 
@@ -62,3 +64,44 @@ def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "texts.txt"
     path.write_text("\n\n".join(DOCS) + "\n")
     return path
+
+
+@functools.cache
+def _why_no_triton_interpreter() -> str | None:
+    """Why Triton's interpreter cannot run ``lime_model.kv_kernels``' kernel here, or None where it can: the
+    kernel loops over a scalar argument, which Triton 3.6's interpreter fails on with NumPy 2.4."""
+    if importlib.util.find_spec("triton") is None:
+        return "the Triton kernel's tests need Triton (the dev extra)"
+    import triton
+    import triton.language as tl
+
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # triton.jit reads it when it decorates
+    try:
+
+        @triton.jit
+        def count(out, n):
+            for i in range(n):
+                tl.store(out + i, i + 1.0)
+
+        out = torch.zeros(3)
+        count[(1,)](out, 2)
+        assert out.tolist() == [1.0, 2.0, 0.0], out
+    except Exception as err:
+        return f"Triton {triton.__version__}'s interpreter cannot loop over a scalar argument here ({err!r:.120})"
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+    return None
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch) -> None:
+    """Triton's interpreter on (``TRITON_INTERPRET=1``: kernels run on CPU tensors); skips, saying why, where
+    Triton is missing or its interpreter cannot run the kernel."""
+    reason = _why_no_triton_interpreter()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")

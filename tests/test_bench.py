@@ -267,24 +267,71 @@ def test_compiled_memory_finds_lime_keeping_its_buffer_beyond_llama():
 
 
 @pytest.mark.parametrize("interpreted", [False, True], ids=["torch", "Triton interpreted"])
-def test_routed_backward_times_each_variant_beside_the_readers_and_checks_its_gradients(
-    interpreted, monkeypatch
-):
+def test_routed_backward_times_each_variant_beside_the_readers_and_checks_its_gradients(interpreted, request):
     """bench/routed_backward.py at toy size: every variant's gradients are the baseline's (the readers
     computing their own weight gradients) and each row's ratio lies in its interval; the Triton row
     runs only where the kernel does (here under Triton's interpreter)."""
     if interpreted:
-        pytest.importorskip("triton", reason="the Triton kernel needs Triton (the dev extra)")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        request.getfixturevalue("triton_interpreter")
     bench = bench_script("routed_backward")
     args = argparse.Namespace(layers=4, tokens=8, head_dim=4, rounds=3, device="cpu", dtype="float32")
     result = bench.measure(2, args)
     names = ["readers", "source, torch", *(["source, triton"] if interpreted else [])]
     assert [r["variant"] for r in result["rows"]] == names
-    assert result["skipped"] == ([] if interpreted else ["source, triton"])
+    assert [s["variant"] for s in result["skipped"]] == ([] if interpreted else ["source, triton"])
     for row in result["rows"]:
         assert row["max_rel_error"] < 1e-5 and row["ms"] > 0
         assert row["ci"][0] <= row["x_readers"] <= row["ci"][1]
+
+
+def test_routed_backward_names_a_kernel_that_fell_back_instead_of_timing_the_gemms_as_it(
+    monkeypatch, triton_interpreter
+):
+    """A kernel that fails on the device falls back to the GEMMs (``source_backward``); the bench must then
+    say so, not time the GEMMs under the kernel's name."""
+    from lime_model import kv_kernels
+
+    monkeypatch.setattr(kv_kernels, "_FAILED", set())
+
+    def broken(*args):
+        raise RuntimeError("out of resources: shared memory")
+
+    monkeypatch.setattr(kv_kernels, "_triton_backward", broken)
+    bench = bench_script("routed_backward")
+    args = argparse.Namespace(layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32")
+    result = bench.measure(2, args)
+    assert [r["variant"] for r in result["rows"]] == ["readers", "source, torch"]
+    [skip] = result["skipped"]
+    assert skip["variant"] == "source, triton" and "out of resources: shared memory" in skip["why"]
+
+
+def test_routed_backward_sweep_records_a_failing_setting_and_keeps_the_kernel_on(
+    monkeypatch, triton_interpreter
+):
+    """A tile or warp setting that fails is that setting's result: the others are timed against the shipped
+    one, and the kernel stays on for the rest of the process (a ``gpu_check`` run's step rows)."""
+    from lime_model import kv_kernels
+
+    monkeypatch.setattr(kv_kernels, "_FAILED", set())
+    launch = kv_kernels._launch
+
+    def too_big_for_four_warps(*args, **kwargs):
+        if kv_kernels.WARPS == 4:
+            raise RuntimeError("out of resources: registers")
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(kv_kernels, "_launch", too_big_for_four_warps)
+    bench = bench_script("routed_backward")
+    args = argparse.Namespace(layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32")
+    rows = bench.sweep(2, args)
+    assert [(r["tile"], r["block"], r["warps"]) for r in rows] == bench.SWEEP
+    for row in rows:
+        if row["warps"] == 4:
+            assert "error" in row and "out of resources: registers" in row["error"] and "ms" not in row
+        else:
+            assert row["ms"] > 0 and row["GB_per_s"] > 0 and "error" not in row
+    assert rows[0]["x_shipped"] == 1.0
+    assert not kv_kernels._FAILED
 
 
 def test_routed_backward_finds_a_wrong_deferred_gradient(monkeypatch):
@@ -318,4 +365,35 @@ def test_the_kernel_compiles_for_an_h100_without_spilling_registers():
 )
 def test_routed_backward_refuses_bad_arguments_in_one_line(args, named):
     err = run_bench("routed_backward.py", *args, ok=False).stderr.strip()
+    assert named in err and len(err.splitlines()) == 1, err
+
+
+def test_every_bench_script_parses_its_options_with_one_line_errors():
+    """Each script's parser is ``OneLineParser`` and its counts are ``POSITIVE_INT``: a bad option is one line
+    and exit 2, not a traceback from deep inside torch (a seed, and gpu_check's worker count, may be 0)."""
+    import ast
+
+    may_be_zero = {"--seed", "--compile-workers"}
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            assert ast.unparse(call.func) != "argparse.ArgumentParser", (
+                f"{path.name}: argparse.ArgumentParser"
+            )
+            if getattr(call.func, "attr", None) != "add_argument":
+                continue
+            kind = next((ast.unparse(k.value) for k in call.keywords if k.arg == "type"), None)
+            option = call.args[0].value if call.args and isinstance(call.args[0], ast.Constant) else None
+            assert kind != "int" or option in may_be_zero, f"{path.name}: {option} takes any int"
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "named"),
+    [
+        ("extract_overhead.py", ["--hidden", "32"], "--hidden 32: not a multiple of 64"),
+        ("kv_buffer_ab.py", ["--rounds", "-1"], "--rounds"),
+    ],
+)
+def test_bench_scripts_refuse_bad_counts_in_one_line(script, args, named):
+    err = run_bench(script, *args, ok=False).stderr.strip()
     assert named in err and len(err.splitlines()) == 1, err

@@ -3,11 +3,12 @@
 A bfloat16 model is extracted in bfloat16 (rows selected and pooled where the model runs, moved to the
 host in its dtype, float32 there) and compared with the float32 extraction of the same weights; the
 entropy's device path (batches moved to ``device`` in their own dtype, float64 there) against the host
-path and an independent NumPy computation. The pinned, non-blocking copies of a CUDA model need a GPU:
-here `to_host` and `finish_host_copies` run their host branch.
+path and an independent NumPy computation. The pinned, non-blocking copies of a CUDA model on its copy
+stream need a GPU: here `to_host` and `finish_host_copies` run their host branch.
 """
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from helpers import tiny_model, tiny_tokenizer
 
 from lime_probe.extraction.forward import kept_positions, select_rows
 from lime_probe.extraction.tracing import extract
-from lime_probe.extraction.transfer import finish_host_copies, to_host
+from lime_probe.extraction.transfer import all_finite, copies_landed, finish_host_copies, to_host
 from lime_probe.probes.entropy import layer_entropy, stream_entropy
 
 TEXTS = [
@@ -71,9 +72,63 @@ def test_rows_stay_in_the_models_dtype_and_means_are_summed_in_float32():
 
 def test_host_copies_come_back_as_float32_with_log_probabilities_kept():
     rows = {"hidden/0": to_host(torch.ones(2, 3, dtype=torch.bfloat16)), "logprobs": torch.zeros(2).double()}
-    done = finish_host_copies(rows, torch.device("cpu"))
+    done = finish_host_copies(rows, copies_landed())
     assert done["hidden/0"].dtype == torch.float32 and torch.equal(done["hidden/0"], torch.ones(2, 3))
     assert done["logprobs"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_all_finite_agrees_with_an_elementwise_check(dtype):
+    """One reduction's verdict against ``isfinite`` element by element, for NaN, each infinity, a value
+    near the dtype's largest, and no value at all."""
+    torch.manual_seed(0)
+    big = torch.finfo(dtype).max
+    for bad in (None, float("nan"), float("inf"), float("-inf"), big, -big):
+        x = torch.randn(7, 5).to(dtype)
+        if bad is not None:
+            x[3, 2] = bad
+        found = all_finite(x)
+        assert found.shape == () and found.dtype == torch.bool
+        assert bool(found) == all(math.isfinite(v) for v in x.double().flatten().tolist()), bad
+    assert bool(all_finite(torch.empty(0, 5, dtype=dtype)))
+    assert bool(all_finite(torch.tensor([[True, False]]))) and bool(all_finite(torch.arange(6).view(2, 3)))
+
+
+def test_a_batch_is_collected_after_the_next_one_has_started(tok, monkeypatch):
+    """The host converts a batch's rows while the device runs the next: each batch's `result` comes after
+    the next batch's trace, every batch is collected once, and the rows equal one batch at a time."""
+    from lime_probe.extraction import forward, tracing
+
+    model = tiny_model("llama", tok)
+    events: list[str] = []
+    trace, result = tracing.trace_batch, forward.TracedBatch.result
+
+    def traced(*args, **kwargs):
+        events.append(f"start {args[7]}")
+        return trace(*args, **kwargs)
+
+    def collected(self):
+        events.append(f"result {self.index}")
+        return result(self)
+
+    monkeypatch.setattr(tracing, "trace_batch", traced)
+    monkeypatch.setattr(forward.TracedBatch, "result", collected)
+    texts = TEXTS * 2
+    acts = extract(model, tok, texts, sites=["hidden"], batch_size=2, progress=False)
+    starts = [e for e in events if e.startswith("start")]
+    assert (
+        len(starts) == len(texts) // 2 and events[:2] == starts[:2]
+    )  # the first collected after the second began
+    for k, started in enumerate(starts[:-1]):
+        batch = started.removeprefix("start ")
+        assert events.index(f"result {batch}") > events.index(starts[k + 1]), events
+    assert sorted(e.removeprefix("result ") for e in events if e.startswith("result")) == sorted(
+        s.removeprefix("start ") for s in starts
+    )
+    monkeypatch.undo()
+    alone = extract(model, tok, texts, sites=["hidden"], batch_size=1, progress=False)
+    for layer in acts.layers("hidden"):
+        torch.testing.assert_close(acts["hidden"][layer], alone["hidden"][layer], atol=1e-5, rtol=1e-5)
 
 
 def numpy_entropy(seqs: list[np.ndarray], alpha: float, zscore: bool, eps: float = 1e-5) -> np.ndarray:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import bench_script, built_models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,9 @@ def check_extraction(body):
     assert body["ci"][0] <= body["extract_over_plain_time"] <= body["ci"][1]
     assert body["plain_forward_tokens_per_s"] > 0 and body["extract_tokens_per_s"] > 0
     assert body["host_waits"] == {"plain": None, "extract": None}  # counted on a GPU only
+    if "extract_serial_over_plain_time" in body:
+        low, high = body["extract_serial_ci"]
+        assert 0 < low <= body["extract_serial_over_plain_time"] <= high
 
 
 def check_memory_row(row, cuda: bool):
@@ -84,6 +88,7 @@ def test_a_failing_section_is_recorded_and_the_next_one_runs(gpu_check, tmp_path
     result = gpu_check.run(True, tmp_path / "check.json", ["generate", "extract"])
     assert result["sections"]["generate"]["error"] == "ValueError: no such kernel"
     check_extraction(result["sections"]["extract"])
+    assert "extract_serial_over_plain_time" in result["sections"]["extract"]
     assert result["sections"]["extract"]["model_dtype"] == result["settings"]["dtype"]
     assert "running" not in result and json.loads((tmp_path / "check.json").read_text()) == result
 
@@ -129,10 +134,10 @@ def test_no_section_leaves_its_models_alive(gpu_check, tmp_path, monkeypatch):
 def test_a_profiled_step_lists_its_kernels_by_self_time(gpu_check):
     """`top_kernels` on the CPU (operators): descending self times that sum to at most the step's total,
     and LIMe's routed read among LIMe's operators only."""
-    sections = bench_script("gpu_sections")
-    args = sections.step_args(gpu_check.settings(True), "gqa")
+    gpu_step = bench_script("gpu_step")
+    args = gpu_step.step_args(gpu_check.settings(True), "gqa")
     args.compile = False  # eager: the read is the custom autograd function, named in the profile
-    profiles = {r: sections.top_kernels(sections.Steps(r, args), "cpu", top=40) for r in ("none", "full")}
+    profiles = {r: gpu_step.top_kernels(gpu_step.Steps(r, args), "cpu", top=40) for r in ("none", "full")}
     for p in profiles.values():
         ms = [k["ms"] for k in p["top"]]
         assert 0 < len(ms) <= 40 and ms == sorted(ms, reverse=True) and min(ms) > 0
@@ -145,9 +150,9 @@ def test_a_profiled_step_lists_its_kernels_by_self_time(gpu_check):
 def test_a_profiled_compiled_step_times_the_routed_read_operators(gpu_check):
     """Compiled (Dynamo's ``eager`` backend, as the dry run compiles): LIMe's step spends part of its time
     in the read's operators, LLaMA's none."""
-    sections = bench_script("gpu_sections")
-    args = sections.step_args(gpu_check.settings(True), "gqa")
-    profiles = {r: sections.top_kernels(sections.Steps(r, args), "cpu") for r in ("none", "full")}
+    gpu_step = bench_script("gpu_step")
+    args = gpu_step.step_args(gpu_check.settings(True), "gqa")
+    profiles = {r: gpu_step.top_kernels(gpu_step.Steps(r, args), "cpu") for r in ("none", "full")}
     assert profiles["none"]["routed_read_ms"] == 0
     assert 0 < profiles["full"]["routed_read_ms"] < profiles["full"]["total_ms"]
 
@@ -203,6 +208,7 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     check_extraction(sections["extract"])
     check_extraction(sections["probes"])
     assert len(sections["probes"]["blimp_probe_accuracy"]) == sections["probes"]["layers"]
+    assert sections["probes"]["entropy_device"] == "cpu" and sections["probes"]["entropy_tokens_per_s"] > 0
 
     fsdp = sections["fsdp"]  # one process: the sharded step's loss is the unsharded model's
     assert fsdp["sharded"] is True and fsdp["loss_vs_unsharded"] == 0
@@ -270,3 +276,29 @@ def test_memory_rows_subtract_the_previous_rows_parameters():
     for row, m in zip((first, second), measured, strict=True):
         assert row["plan"] > 0 and row["over_plan"] == m / row["plan"]
         assert row["without_previous_over_plan"] == (m - row["previous_parameters"]) / row["plan"]
+
+
+def test_the_overlaps_baseline_collects_each_batch_before_the_next_starts(monkeypatch):
+    """`collected_at_once`: every batch's rows are collected before the next batch's trace (where
+    `extract` itself collects a batch after starting the next), with the same rows."""
+    from helpers import tiny_model, tiny_tokenizer
+
+    from lime_probe.extraction import forward, tracing
+    from lime_probe.extraction.tracing import extract
+
+    sections = bench_script("gpu_sections")
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", tok)
+    texts = ["the cat is on the mat", "they were here", "it is", "we are all there now"] * 2
+    events: list[str] = []
+    trace, result = tracing.trace_batch, forward.TracedBatch.result
+    monkeypatch.setattr(tracing, "trace_batch", lambda *a, **k: events.append("start") or trace(*a, **k))
+    monkeypatch.setattr(forward.TracedBatch, "result", lambda self: events.append("result") or result(self))
+    with sections.collected_at_once():
+        serial = extract(model, tok, texts, sites=["hidden"], batch_size=2, progress=False)
+    assert events == ["start", "result"] * 4
+    events.clear()
+    overlapped = extract(model, tok, texts, sites=["hidden"], batch_size=2, progress=False)
+    assert events == ["start", "start", "result", "start", "result", "start", "result", "result"]
+    for layer in serial.layers("hidden"):
+        assert torch.equal(serial["hidden"][layer], overlapped["hidden"][layer])

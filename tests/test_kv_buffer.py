@@ -146,12 +146,12 @@ def source_backward(request, monkeypatch):
     monkeypatch.setattr(kv_buffer, "gemm_pieces", lambda device: False)
     monkeypatch.setattr(kv_kernels, "_FAILED", set())  # no earlier test's failure carries over
     if request.param.startswith("Triton"):
-        pytest.importorskip("triton", reason="the Triton kernel's test needs Triton (the dev extra)")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        request.getfixturevalue("triton_interpreter")
     calls = []
     original = kv_kernels.source_backward
     monkeypatch.setattr(kv_buffer, "source_backward", lambda *a: calls.append(a) or original(*a))
-    return calls
+    yield calls
+    assert not kv_kernels._FAILED, "the kernel fell back to the GEMMs: the test did not run it"
 
 
 @pytest.mark.parametrize("pattern", MATRIX_PATTERNS)

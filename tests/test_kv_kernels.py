@@ -14,12 +14,12 @@ def implementation(request, monkeypatch):
     """``torch``: two GEMMs per run of readers; ``triton``: the kernel, interpreted on the CPU."""
     monkeypatch.setattr(kv_kernels, "_FAILED", set())  # no earlier test's failure carries over
     if request.param == "triton":
-        pytest.importorskip("triton", reason="the Triton kernel's tests need Triton (the dev extra)")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        request.getfixturevalue("triton_interpreter")
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert kv_kernels.kernel_available(torch.device("cpu")) == (request.param == "triton")
-    return request.param
+    yield request.param
+    assert not kv_kernels._FAILED, "the kernel fell back to the GEMMs: the test did not run it"
 
 
 def loop_reference(kept, readers, columns, source, head_dim):
@@ -96,11 +96,9 @@ def test_a_model_whose_sources_compute_its_weight_gradients(routing, implementat
         torch.testing.assert_close(got[name], want[name], msg=name)
 
 
-def test_a_kernel_that_fails_falls_back_to_the_gemms_once_with_a_warning(monkeypatch):
+def test_a_kernel_that_fails_falls_back_to_the_gemms_once_with_a_warning(monkeypatch, triton_interpreter):
     """A kernel that does not build or launch on some GPU (resources, an old Triton) costs the GEMMs'
     speed, not the training: one warning naming the device and the error, and no further attempts."""
-    pytest.importorskip("triton", reason="the Triton kernel's tests need Triton (the dev extra)")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(kv_kernels, "_FAILED", set())
     attempts = []
 

@@ -14,13 +14,14 @@ import contextlib
 import inspect
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import nnsight
 import torch
 
 from lime_probe.extraction.planning import SitePlan
-from lime_probe.extraction.transfer import finish_host_copies, to_host
+from lime_probe.extraction.transfer import all_finite, copies_landed, finish_host_copies, to_device, to_host
 
 
 def envoy_path(path: str) -> str:
@@ -76,28 +77,66 @@ def pattern_rows(weights: torch.Tensor, mask: torch.Tensor, width: int) -> torch
     return torch.nn.functional.pad(aligned, (0, width - t)).transpose(1, 2).flatten(2)
 
 
+@dataclass
+class TracedBatch:
+    """A traced batch's rows on their way to the host (`trace_batch`); `result` waits for them.
+
+    Attributes:
+        rows: "<site>/<layer>" (and "logprobs") -> the host tensor its copy lands in.
+        finite: the same names -> 0-d bool, whether every value was finite (found on the device).
+        landed: the mark after the batch's copies (`transfer.copies_landed`).
+        index: the batch's sequences (their positions in the input), for errors.
+    """
+
+    rows: dict[str, torch.Tensor]
+    finite: dict[str, torch.Tensor]
+    landed: list[Any]
+    index: list[int]
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The rows once landed: float32 (log-probabilities float64). ValueError names the first site with a
+        non-finite value."""
+        rows = finish_host_copies(self.rows, self.landed)
+        for name, finite in self.finite.items():
+            if not bool(finite):
+                what = (
+                    "log-probabilities"
+                    if name == "logprobs"
+                    else "activations (NaN/Inf) at site {!r} layer {}".format(*name.split("/"))
+                )
+                shown = ", ".join(map(str, sorted(self.index)[:8])) + (", ..." if len(self.index) > 8 else "")
+                raise ValueError(f"non-finite {what} in a batch of sequences {shown}")
+        return rows
+
+
 def trace_batch(
     nn_model: Any,
     batch: dict[str, torch.Tensor],
     keep: torch.Tensor,
+    device: torch.device,
     plan: SitePlan,
     pool: str,
     remote: bool | str,
     index: list[int],
     logprobs: bool = False,
-) -> dict[str, torch.Tensor]:
+) -> TracedBatch:
     """One traced forward pass of `batch` (sequences `index` of the input): "<site>/<layer>" -> selected
-    rows (float32, CPU); with `logprobs` also "logprobs" -> (batch,) float64, each sequence's summed
-    log p(t_i | t_<i) over its real tokens after the first. Rows are selected (or pooled) on the model's
-    device and travel to the host in its dtype (`lime_probe.extraction.transfer`), from a local GPU
-    without stalling the pass; a remote run copies them where it runs, synchronously."""
-    inputs = {k: v.to(keep.device) for k, v in batch.items()}
-    positions = kept_positions(keep) if pool == "none" else None  # once per batch: one wait, not one per site
+    rows (float32, CPU, once `TracedBatch.result` has them); with `logprobs` also "logprobs" -> (batch,)
+    float64, each sequence's summed log p(t_i | t_<i) over its real tokens after the first. Rows are
+    selected (or pooled) and checked for NaN/Inf on the model's device and travel to the host in its dtype
+    (`lime_probe.extraction.transfer`): from a local GPU without stalling this pass, and landing while the
+    device runs the next; a remote run copies them where it runs, synchronously. ``keep`` (batch, seq,
+    on the host) marks the rows; ``device`` is where the model takes its inputs, which they reach
+    without the host waiting for the device (`transfer.to_device`)."""
+    # where the rows are, found once per batch (not per site) and where keep is: no wait for a device
+    positions = None if pool != "none" else to_device(kept_positions(keep), device)
+    inputs = {k: to_device(v, device) for k, v in batch.items()}
+    keep = to_device(keep, device)
     host = to_host if not remote else torch.Tensor.cpu
     if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
         nnsight.register(__package__)
     with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
-        rows = nnsight.save({})
+        rows, finite = nnsight.save({}), nnsight.save({})
         for read in plan.reads:
             value = nn_model.get(envoy_path(read.path))
             for site, layer, take in read.targets:
@@ -112,25 +151,16 @@ def trace_batch(
                         f"= {tuple(keep.shape)}"
                     )
                 # dims after seq flattened: a module site may give (batch, seq, heads, head_dim)
-                rows[f"{site}/{layer}"] = host(
-                    select_rows(x.reshape(*keep.shape, -1), keep, pool, None, positions)
+                selected = select_rows(x.reshape(*keep.shape, -1), keep, pool, None, positions)
+                rows[f"{site}/{layer}"], finite[f"{site}/{layer}"] = (
+                    host(selected),
+                    host(all_finite(selected)),
                 )
         if logprobs:
-            rows["logprobs"] = host(
-                token_logprobs(nn_model.output.logits, inputs["input_ids"], inputs["attention_mask"])
-            )
+            scores = token_logprobs(nn_model.output.logits, inputs["input_ids"], inputs["attention_mask"])
+            rows["logprobs"], finite["logprobs"] = host(scores), host(all_finite(scores))
         tracer.stop()
-    rows = finish_host_copies(rows, keep.device)
-    for name, x in rows.items():
-        if not torch.isfinite(x).all():
-            what = (
-                "log-probabilities"
-                if name == "logprobs"
-                else "activations (NaN/Inf) at site {!r} layer {}".format(*name.split("/"))
-            )
-            shown = ", ".join(map(str, sorted(index)[:8])) + (", ..." if len(index) > 8 else "")
-            raise ValueError(f"non-finite {what} in a batch of sequences {shown}")
-    return rows
+    return TracedBatch(rows, finite, copies_landed(), index)
 
 
 def token_logprobs(

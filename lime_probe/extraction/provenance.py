@@ -32,11 +32,15 @@ _HASH_BYTES = 1 << 20
 
 
 def versions() -> dict[str, str]:
-    """Python, platform and installed versions of the packages a result depends on."""
+    """Python, platform and installed versions of the packages a result depends on; torch's as it names
+    itself, with its build (``2.11.0+cu130``: a CUDA build's numerics differ from a CPU build's, while the
+    wheel's metadata says ``2.11.0`` for both)."""
+    import torch
+
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for name in _VERSIONED:
         try:
-            out[name] = metadata.version(name)
+            out[name] = torch.__version__ if name == "torch" else metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out

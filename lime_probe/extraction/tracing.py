@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
@@ -519,13 +519,11 @@ def _run_blocks(
     device = input_device(run.nn_model._module, run.remote)
     total = len(source.seqs) if isinstance(source.seqs, list) else None  # a list unless streamed
     bar = tqdm(total=total, initial=start, unit="seq", desc="extract", disable=not progress)
-    done = start
-    seqs = islice(source.seqs, start, None)
-    for block in _blocks(seqs, run.plan.row_bytes, run.pool == "none", run.batch_size, run.batch_tokens):
-        if source.streamed:
-            _check_block(block, source.tokenizer, allow_unknown_tokens, first=done == start)
-        merged = _run_block(run, block, done, device, bar)
-        done += len(block)
+    blocks = _blocks(islice(source.seqs, start, None), run.plan.row_bytes, run.pool == "none", run.batch_size,
+                     run.batch_tokens)  # fmt: skip
+    if source.streamed:
+        blocks = _checked(blocks, source.tokenizer, allow_unknown_tokens)
+    for merged in _run_pipelined(run, blocks, start, device, bar):
         buffer.append(merged)
         buffered_bytes += sum(t.numel() * t.element_size() for t in merged.values())
         if cache is not None and buffered_bytes >= SHARD_BYTES:
@@ -539,38 +537,83 @@ def _run_blocks(
     return parts
 
 
-def _run_block(
-    run: _Batching, block: list[list[int]], done: int, device: torch.device, bar: tqdm
-) -> dict[str, torch.Tensor]:
-    """One block (sequences `done` onwards of the input), run in batches sorted by length: the merged
-    result, back in block order."""
-    results, order = [], []
-    for local in plan_batches([len(s) for s in block], run.batch_size, run.batch_tokens):
-        batch_seqs = [block[i] for i in local]
-        results.append(_run_batch(run, batch_seqs, [done + i for i in local], device))
-        order += local
-        bar.update(len(batch_seqs))
-    return restore_order(merge_parts(results), order)
+@dataclass
+class _Block:
+    """A block's batches as they finish: their results, the order of its sequences, the batches left."""
+
+    results: list[dict[str, torch.Tensor]]
+    order: list[int]
+    left: int
 
 
-def _run_batch(
+def _run_pipelined(
+    run: _Batching, blocks: Iterable[list[list[int]]], done: int, device: torch.device, bar: tqdm
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Each block's merged result, in order (sequences `done` onwards of the input), its batches sorted
+    by length. A batch's rows are collected after the next batch has started: the host converts them
+    while the device runs the next one. An interruption while a batch starts still yields the batch
+    before it (the cache keeps what was computed)."""
+    open_blocks: list[_Block] = []
+    waiting: tuple[Callable[[], dict[str, torch.Tensor]], _Block, int] | None = None
+
+    def collect() -> Iterator[dict[str, torch.Tensor]]:
+        nonlocal waiting
+        if waiting is not None:
+            finish, block, n = waiting
+            waiting = None
+            block.results.append(finish())
+            block.left -= 1
+            bar.update(n)
+        while open_blocks and open_blocks[0].left == 0:
+            ready = open_blocks.pop(0)
+            yield restore_order(merge_parts(ready.results), ready.order)
+
+    try:
+        for seqs in blocks:  # a stream's next block is read (and checked) here
+            batches = plan_batches([len(s) for s in seqs], run.batch_size, run.batch_tokens)
+            block = _Block([], [i for local in batches for i in local], len(batches))
+            open_blocks.append(block)
+            for local in batches:
+                finish = _start_batch(run, [seqs[i] for i in local], [done + i for i in local], device)
+                yield from collect()
+                waiting = (finish, block, len(local))
+            done += len(seqs)
+    except GeneratorExit:  # closed by the caller: nothing more may be yielded
+        raise
+    except BaseException:  # Ctrl-C, a refused block: the batch before is kept
+        yield from collect()
+        raise
+    yield from collect()
+
+
+def _start_batch(
     run: _Batching, seqs: list[list[int]], index: list[int], device: torch.device
-) -> dict[str, torch.Tensor]:
-    """One batch (sequences `index` of the input) padded and traced: its rows per site and layer, their
-    `_offsets`, the token ids of the rows (-1 per sequence when pooled) and the batch's token count."""
+) -> Callable[[], dict[str, torch.Tensor]]:
+    """One batch (sequences `index` of the input) padded and traced; the function that waits for its
+    rows: per site and layer, their `_offsets`, the token ids of the rows (-1 per sequence when pooled)
+    and the batch's token count."""
     batch = pad_batch(seqs, run.pad_id, run.padding_side, first_position_of(run.nn_model._module))
     if not run.with_positions:
         del batch["position_ids"]
     keep = batch["attention_mask"].bool()
     if run.select_ids is not None:
         keep &= torch.isin(batch["input_ids"], run.select_ids)
-    result = trace_batch(
-        run.nn_model, batch, keep.to(device), run.plan, run.pool, run.remote, index, run.logprobs
+    traced = trace_batch(
+        run.nn_model, batch, keep, device, run.plan, run.pool, run.remote, index, run.logprobs
     )
-    result["offsets"] = _offsets(keep, run.pool)
-    result["token_ids"] = batch["input_ids"][keep] if run.pool == "none" else torch.full((len(seqs),), -1)
-    result["n_tokens"] = torch.tensor([sum(map(len, seqs))])
-    return result
+    extra = {
+        "offsets": _offsets(keep, run.pool),
+        "token_ids": batch["input_ids"][keep] if run.pool == "none" else torch.full((len(seqs),), -1),
+        "n_tokens": torch.tensor([sum(map(len, seqs))]),
+    }
+    return lambda: traced.result() | extra
+
+
+def _checked(blocks: Iterable[list[list[int]]], tokenizer: Any, allow: bool) -> Iterator[list[list[int]]]:
+    """A stream's blocks, each checked (`_check_block`) as it is read."""
+    for i, block in enumerate(blocks):
+        _check_block(block, tokenizer, allow, first=i == 0)
+        yield block
 
 
 def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: bool) -> None:

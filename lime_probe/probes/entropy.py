@@ -48,6 +48,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lime_model.checks import check_positive
+from lime_probe.extraction.transfer import all_finite
 from lime_probe.probes.stats import summarize
 
 Normalization = Literal["none", "zscore", "center-l2"]
@@ -183,7 +184,7 @@ def matrix_entropy(Z: torch.Tensor | np.ndarray, alpha: float = 1.0) -> torch.Te
         )
     if not Z.is_floating_point():
         raise ValueError(f"matrix_entropy: Z must be a floating-point tensor, got {Z.dtype}")
-    if not bool(torch.isfinite(Z).all()):
+    if not bool(all_finite(Z)):
         raise ValueError("matrix_entropy: Z contains NaN or Inf")
     return _entropy(Z.to(torch.float64), EntropyConfig(alpha=alpha))
 
@@ -441,8 +442,8 @@ def stream_entropy(
             seqs = _as_sequences(seqs)
             for group in _groups(seqs):  # one update per group: few small torch calls for short sequences
                 rows = torch.cat([seqs[i] for i in group])
-                if not bool(torch.isfinite(rows).all()):
-                    bad = next(i for i in group if not bool(torch.isfinite(seqs[i]).all()))
+                if not bool(all_finite(rows)):
+                    bad = next(i for i in group if not bool(all_finite(seqs[i])))
                     raise ValueError(f"sequence {seen + bad}: contains NaN or Inf")
                 moments.update(rows if device is None else rows.to(device))
             seen += len(seqs)

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lime_probe.extraction.transfer import all_finite
+
 Features = Sequence[torch.Tensor | np.ndarray] | Mapping[int, torch.Tensor | np.ndarray]
 
 
@@ -40,7 +42,7 @@ def _matrix(X: torch.Tensor | np.ndarray, name: str, min_rows: int = 2) -> torch
         raise ValueError(
             f"{name}: expected shape (n, d) with n >= {min_rows} and d >= 1, got {tuple(X.shape)}"
         )
-    if not bool(torch.isfinite(X).all()):
+    if not bool(all_finite(X)):
         raise ValueError(f"{name}: contains NaN or Inf")
     return X.to(torch.float64)
 
