@@ -155,8 +155,6 @@ def main() -> None:
         "--threads", type=POSITIVE_INT, default=None, help="torch CPU threads (default: torch's)"
     )
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     earlier = load_revision(args.against)

@@ -390,8 +390,6 @@ def main() -> None:
     parser.add_argument("--_pair-of", dest="pair_of", help=argparse.SUPPRESS)
     parser.add_argument("--_variant-first", dest="variant_first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if min(args.rounds, args.memory_runs, args.processes) < 1:
-        parser.error("--rounds, --memory-runs and --processes must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_of:
