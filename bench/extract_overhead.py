@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import tiny_tokenizer  # noqa: E402
 
 from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
+from lime_probe.extraction.batching import pad_batch  # noqa: E402
 from lime_probe.extraction.loading import wrap  # noqa: E402
-from lime_probe.extraction.tracing import extract, pad_batch  # noqa: E402
+from lime_probe.extraction.tracing import extract  # noqa: E402
 
 
 def make_texts(tok, n: int, n_tokens: int, seed: int = 0) -> list[str]:

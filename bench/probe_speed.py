@@ -153,7 +153,7 @@ def build_models(args, tok) -> dict:
 
 
 def plain_batches(seqs: list[list[int]], per_batch: int, pad: int) -> list[dict]:
-    from lime_probe.extraction.tracing import pad_batch
+    from lime_probe.extraction.batching import pad_batch
 
     return [pad_batch(seqs[i : i + per_batch], pad, "right") for i in range(0, len(seqs), per_batch)]
 
@@ -173,9 +173,10 @@ def cases(model, tok, args, data: Path | None) -> list[tuple[str, str, dict[str,
     """(command, inputs in words, {path: callable}) for each command."""
     import numpy as np
 
+    from lime_probe.extraction.batching import DEFAULT_BATCH_TOKENS
     from lime_probe.extraction.loading import wrap
     from lime_probe.extraction.sites import DEFAULT_WORDS
-    from lime_probe.extraction.tracing import DEFAULT_BATCH_TOKENS, extract
+    from lime_probe.extraction.tracing import extract
     from lime_probe.extraction.windows import token_windows
     from lime_probe.probes.blimp import fit_pairs, scoring_sequences, sentence_logprobs
     from lime_probe.specs.base import Checkpoint, value_sites

@@ -15,7 +15,8 @@ import transformers as tf
 from helpers import tiny_model, tiny_tokenizer
 
 from lime_probe.extraction.adapters import ADAPTERS, adapter_for
-from lime_probe.extraction.tracing import extract, first_position_of
+from lime_probe.extraction.batching import first_position_of
+from lime_probe.extraction.tracing import extract
 
 TEXTS = ["The cat is on the mat and the dogs are in the garden.", "It was", "A model is a function."]
 CHECKED = ("final", "attn_out", "mlp_out", "attn_pattern")

@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from lime_probe.extraction.tracing import extract, pad_batch, plan_batches
+from lime_probe.extraction.batching import pad_batch, plan_batches
+from lime_probe.extraction.tracing import extract
 
 TEXTS = [
     "The cat is on the mat and the dogs are in the garden.",
@@ -316,7 +317,7 @@ def test_logprobs_equal_a_plain_forward(tok, arch, side, tmp_path):
 
 def test_the_batch_size_help_names_the_default_token_budget():
     from lime_probe.cli import build_parser
-    from lime_probe.extraction.tracing import DEFAULT_BATCH_TOKENS
+    from lime_probe.extraction.batching import DEFAULT_BATCH_TOKENS
 
     entropy = build_parser()._subparsers._group_actions[0].choices["entropy"]
     (action,) = [a for a in entropy._actions if a.dest == "batch_size"]

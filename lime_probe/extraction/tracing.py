@@ -13,7 +13,7 @@ mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: bat
 one-sequence-at-a-time results, with left or right padding (positions are counted per sequence).
 
 Batches (ours): sequences are sorted by length, longest first, and cut into batches of at most
-``batch_tokens`` tokens padding included (`DEFAULT_BATCH_TOKENS`), or of ``batch_size`` sequences when
+``batch_tokens`` tokens padding included (`batching.DEFAULT_BATCH_TOKENS`), or of ``batch_size`` sequences when
 that is given; results come back in the input order. The sort runs within blocks of about `SHARD_BYTES`
 of results or `BLOCK_TOKENS` tokens, whichever is less, so memory stays bounded (pooled results too) and
 a cache shard holds consecutive sequences.
@@ -48,6 +48,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lime_probe.extraction.activations import Activations, merge_parts, restore_order
+from lime_probe.extraction.batching import DEFAULT_BATCH_TOKENS, first_position_of, pad_batch, plan_batches
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key
 from lime_probe.extraction.forward import attention_for, trace_batch
 from lime_probe.extraction.loading import check_remote, input_device, wrap
@@ -61,11 +62,6 @@ if TYPE_CHECKING:
 
 POOLS = ("none", "mean")
 SHARD_BYTES = 32 * 2**20  # results held in memory before a cache shard is written (and freed)
-# Tokens per batch, padding included (ours): on one CPU thread, BLiMP sentences (about 12 tokens) ran at
-# 320 seq/s in batches of 8, 640 of 32 and 690 of 128 (about 1,500 tokens); 4,096 is past that knee on
-# a CPU and keeps a GPU busy, while a batch's logits (tokens x vocabulary) stay under about 0.5 GB at a
-# 32,000-token vocabulary.
-DEFAULT_BATCH_TOKENS = 4096
 # Tokens a block holds at most (ours): results alone bound a block only when they are per token; pooled
 # (one row per sequence) they would let it grow with the corpus. 16 batches of the default size: enough
 # sequences to sort by length, a few MB of token ids.
@@ -74,57 +70,7 @@ TOKENIZE_CHUNK = 256  # texts per tokenizer call (ours): a stream is read this f
 
 
 # ---------------------------------------------------------------------------------------------------
-# Batching
-
-
-def pad_batch(
-    sequences: list[list[int]], pad_id: int, side: str, first_position: int = 0
-) -> dict[str, torch.Tensor]:
-    """Pad token id lists to a batch: input_ids, attention_mask and position_ids, each (batch, seq).
-
-    Positions count each sequence's own tokens from `first_position` (`first_position_of` the model)
-    whichever side is padded, so a token sees the same position alone and in a batch (absolute-position
-    models like GPT-2 depend on it).
-    """
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
-        ids[row, cols] = torch.tensor(seq, dtype=torch.long)
-        mask[row, cols] = 1
-    positions = (mask.cumsum(1) - 1).clamp(min=0) + first_position
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-
-
-def first_position_of(hf: Any) -> int:
-    """The position id a model gives a sequence's first token when it counts them itself: RoBERTa-style
-    embeddings start after their padding index (``padding_idx + 1``), others at their ``position_ids``
-    buffer's first entry (Nystromformer's 2), most at 0."""
-    embeddings = getattr(hf.base_model, "embeddings", None)
-    table = getattr(embeddings, "position_embeddings", None)
-    if isinstance(table, torch.nn.Embedding) and table.padding_idx is not None:
-        return int(table.padding_idx) + 1
-    buffer = getattr(embeddings, "position_ids", None)
-    return int(buffer.flatten()[0]) if isinstance(buffer, torch.Tensor) and buffer.numel() else 0
-
-
-def plan_batches(lengths: Sequence[int], batch_size: int | None, batch_tokens: int) -> list[list[int]]:
-    """Batches of indices into `lengths`: longest sequence first (ties in input order), then cut into
-    batches of `batch_size` sequences or, when it is None, of as many as keep the padded batch (count x
-    its longest length) within `batch_tokens`; a longer sequence makes a batch of its own."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        full = batches and (
-            len(batches[-1]) >= batch_size
-            if batch_size is not None
-            else (len(batches[-1]) + 1) * lengths[batches[-1][0]] > batch_tokens
-        )
-        if not batches or full:
-            batches.append([])
-        batches[-1].append(i)
-    return batches
+# Blocks and texts
 
 
 def _blocks(

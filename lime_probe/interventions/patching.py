@@ -23,8 +23,9 @@ from typing import Any, cast
 import torch
 
 from lime_probe.extraction.activations import Activations
+from lime_probe.extraction.batching import first_position_of, pad_batch
 from lime_probe.extraction.planning import plan_sites
-from lime_probe.extraction.tracing import as_nnsight, first_position_of, pad_batch
+from lime_probe.extraction.tracing import as_nnsight
 from lime_probe.interventions.edits import Edit
 from lime_probe.interventions.pairs import Pair
 from lime_probe.interventions.run import (

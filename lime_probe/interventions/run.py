@@ -21,18 +21,11 @@ import nnsight
 import torch
 
 from lime_probe.extraction.activations import Activations
+from lime_probe.extraction.batching import DEFAULT_BATCH_TOKENS, first_position_of, pad_batch
 from lime_probe.extraction.forward import envoy_path, select_rows
 from lime_probe.extraction.planning import SitePlan, plan_sites, resolve_layers, site_sizes
 from lime_probe.extraction.sites import HEADED, module_site
-from lime_probe.extraction.tracing import (
-    DEFAULT_BATCH_TOKENS,
-    as_nnsight,
-    extract,
-    first_position_of,
-    pad_batch,
-    text_items,
-    tokenize_texts,
-)
+from lime_probe.extraction.tracing import as_nnsight, extract, text_items, tokenize_texts
 from lime_probe.interventions.edits import (
     Edit,
     RouteEdit,

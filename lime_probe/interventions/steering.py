@@ -26,9 +26,10 @@ from typing import Any
 import nnsight
 import torch
 
+from lime_probe.extraction.batching import pad_batch
 from lime_probe.extraction.forward import envoy_path
 from lime_probe.extraction.planning import plan_sites
-from lime_probe.extraction.tracing import as_nnsight, pad_batch
+from lime_probe.extraction.tracing import as_nnsight
 from lime_probe.interventions.edits import Edit, RouteEdit, routes_edited
 from lime_probe.interventions.run import Step, edited_value, plan_steps, token_sequences, with_mean
 
