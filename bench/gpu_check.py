@@ -1,13 +1,16 @@
-"""The GPU check: one script, one JSON, sized to run in under 8 minutes on one H200.
+"""The GPU check: one script, one JSON, sized to run in about 8 minutes on one H100 or H200.
 
-Sections, cheapest first (their bodies in ``bench/gpu_sections.py``, the step section's in
-``bench/gpu_step.py``, the kernel section's in ``bench/routed_backward.py``), each timed against a budget
-printed at the start; a section with rows starts no row once its budget is spent and lists each row
-it skipped and why. The JSON is rewritten (atomically) before and after every section, so a run killed
-part-way keeps every section that finished and names the one under way (``"running"``).
+Sections in this order (their bodies in ``bench/gpu_sections.py``, the step section's in
+``bench/gpu_step.py``, the kernel section's in ``bench/routed_backward.py``): first those that time the
+host or the device or weigh its memory, each alone, then parity and the step section beside the compile
+workers below. Each is timed against a budget printed at the start; a section with rows starts no row
+once its budget is spent and lists each row it skipped and why. The JSON is rewritten (atomically)
+before and after every section, so a run killed part-way keeps every section that finished and names
+the one under way (``"running"``).
 
-- ``parity``: a LIMe (and, beside it, a LLaMA) forward and backward under bf16 autocast against fp32
-  from the same weights: relative error of the logits, the loss and every gradient.
+- ``kernel``: the routed read's backward alone at both 1B shapes (the readers' own weight gradients,
+  the source's pass with torch's GEMMs and with Triton's kernel, checked against the first), and a
+  sweep of the kernel's settings.
 - ``generate``: greedy ``generate`` of a random LIMe: the tokens with the K/V cache equal those without
   (fp32), and tokens per second with and without the cache in bf16.
 - ``extract``: ``lime_probe.extract`` (values, routed values) against a plain forward with the model
@@ -24,14 +27,16 @@ part-way keeps every section that finished and names the one under way (``"runni
 - ``probes``: on a random 1B-shape LIMe (fp32 weights), extraction against a plain forward, the matrix
   entropy over every layer's values on the model's device (as ``lime-probe entropy`` computes it; the
   first run's was on the CPU) and the BLiMP probe's logistic regression (random pairs: chance).
+- ``parity``: a LIMe (and, beside it, a LLaMA) forward and backward under bf16 autocast against fp32
+  from the same weights: relative error of the logits, the loss and every gradient.
 - ``step``: Table 17's step time (App. I: H100, 1B, PyTorch Inductor) in bf16 with ``torch.compile``,
   forward + backward of the whole model (``bench/step_overhead.py``'s ``Steps``), LIMe full, first-4,
   last-4 and dilated-8 against LLaMA at the 1B GQA and MHA shapes (16 layers, hidden 2048, 32 heads, 8
   or 32 K/V heads), 4 x 2048 tokens; the ratio is the median over interleaved rounds with its interval.
   Each shape's LLaMA is compiled once and serves every row of that shape. A model's compile takes 45-70
   s on an H200, ten of them more than the run's 8 minutes: so ``--compile-workers`` processes (3 by
-  default, about 28 GiB of GPU memory each while a model's first step runs) start with the run and
-  compile the ten models, in the step section's order, while the other sections run; their compiles
+  default, about 28 GiB of GPU memory each while a model's first step runs) start with the parity
+  section and compile the ten models, in the step section's order, ahead of the step section; their compiles
   fill torch's on-disk caches (AOTAutograd's and Inductor's FX graph cache, ``TORCHINDUCTOR_CACHE_DIR``,
   shared by the processes of one machine), so the step section's own compile of each model is mostly
   Dynamo's trace. Each row records its compiles' seconds and cache hits and misses, and the workers'.
@@ -92,16 +97,20 @@ from lime_model.files import atomic_write  # noqa: E402
 # Table 3-4's 1B model; "kv" is the K/V heads of the GQA and MHA shapes
 FULL = dict(layers=16, hidden=2048, heads=32, vocab=50257, batch=4, seq=2048, kv={"gqa": 8, "mha": 32})
 TOY = dict(layers=3, hidden=32, heads=4, vocab=64, batch=1, seq=16, kv={"gqa": 2, "mha": 4})
-SECTIONS = {  # name -> (body, budget in seconds on one H200: 475 of the 480)
-    "parity": (sections.section_parity, 40),
+SECTIONS = {  # name -> (body, budget in seconds); the sections that time or weigh something alone first
     "kernel": (routed_backward.section, 30),
     "generate": (sections.section_generate, 25),
     "extract": (sections.section_extract, 35),
     "fsdp": (sections.section_fsdp, 35),
     "memory": (sections.section_memory, 60),
     "probes": (sections.section_probes, 30),  # 26 s in the first run
-    "step": (gpu_step.section, 220),
+    "parity": (sections.section_parity, 40),
+    "step": (gpu_step.section, 250),
 }
+# Sections the compile workers may run beside: parity measures rounding, not time or memory. On one
+# H100 with three workers beside them, fsdp, memory and probes ran out of GPU memory and extraction's
+# host-bound time rose about 7x (bench/RESULTS.md).
+BESIDE_WORKERS = frozenset({"parity", "step"})
 SHAPES = tuple(FULL["kv"])  # type: ignore[arg-type]
 ROUTINGS = ("none", *sections.VARIANTS)
 DEFAULT_WORKERS = 3  # with the run's own ~42 GiB (memory section) they fit the H200's 139 GiB
@@ -198,12 +207,14 @@ def run(
         "sections": {},
     }
     workers = (0 if tiny else DEFAULT_WORKERS) if workers is None else workers
-    warm = CompileWorkers(step_models(rows), workers, tiny) if "step" in names and workers else None
+    warm = None
     start_all = time.perf_counter()
     try:
         for name in names:
             result["running"] = name
             _write(out, result)
+            if warm is None and workers and "step" in names and name in BESIDE_WORKERS:
+                warm = CompileWorkers(step_models(rows), workers, tiny)
             start = time.perf_counter()
             ctx = sections.Context(s, start + budgets[name], budgets[name], rows, warm)
             alongside = warm.alive() if warm else 0

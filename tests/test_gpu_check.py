@@ -60,22 +60,22 @@ def test_sections_rewrite_the_json_and_a_kill_keeps_those_that_finished(gpu_chec
     out = tmp_path / "check.json"
 
     def killed(ctx):
-        assert json.loads(out.read_text())["running"] == "extract"  # written before the section
+        assert json.loads(out.read_text())["running"] == "probes"  # written before the section
         raise KeyboardInterrupt  # as a kill: no section after it runs, nothing more is written
 
-    monkeypatch.setitem(gpu_check.SECTIONS, "extract", (killed, 35))
+    monkeypatch.setitem(gpu_check.SECTIONS, "probes", (killed, 30))
     with pytest.raises(KeyboardInterrupt):
-        gpu_check.run(True, out, ["parity", "generate", "extract", "probes"])
+        gpu_check.run(True, out, ["parity", "generate", "probes"])
     result = json.loads(out.read_text())
     assert result["dry_run"] is True and result["settings"]["device"] == "cpu"
     # the CPU sums a source's readers' gradients with torch's GEMMs (no interpreter here)
     assert result["routed_backward"] == "torch" and "triton" in result["versions"]
-    assert result["running"] == "extract" and list(result["sections"]) == ["parity", "generate"]
-    assert result["selected"] == {"sections": ["parity", "generate", "extract", "probes"], "rows": None}
-    assert result["not_selected"] == ["kernel", "fsdp", "memory", "step"]
+    # the sections run in SECTIONS' order (timed ones first), not the order asked for
+    assert result["running"] == "probes" and list(result["sections"]) == ["generate"]
+    assert result["selected"] == {"sections": ["generate", "probes", "parity"], "rows": None}
+    assert result["not_selected"] == ["kernel", "extract", "fsdp", "memory", "step"]
     for name, body in result["sections"].items():
         assert body["budget_s"] == gpu_check.SECTIONS[name][1] and body["seconds"] > 0
-    check_parity(result["sections"]["parity"])
     check_generate(result["sections"]["generate"])
     assert not list(tmp_path.glob(".*"))  # the atomic writes left no temporary file
 
@@ -167,7 +167,7 @@ def test_step_models_in_the_order_the_section_compiles_them(gpu_check):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--sections", "step", "nope"], "unknown section nope; valid: parity, kernel, generate"),
+        (["--sections", "step", "nope"], "unknown section nope; valid: kernel, generate, extract"),
         (["--rows", "gqa:full", "gqa:half"], "unknown row gqa:half; valid: gqa:none, gqa:full"),
         (["--compile-workers", "-1"], "--compile-workers must be 0 or more, got -1"),
         (["--out", "/nonexistent/folder/x.json"], "--out /nonexistent/folder/x.json: no folder"),
@@ -189,7 +189,7 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     plan = done.stdout.splitlines()[1:10]  # the sections and their budgets, printed first
-    names = ["parity", "kernel", "generate", "extract", "fsdp", "memory", "probes", "step"]
+    names = ["kernel", "generate", "extract", "fsdp", "memory", "probes", "parity", "step"]
     assert [line.split()[0] for line in plan] == [*names, "total"]
     result = json.loads(out.read_text())
     sections = result["sections"]
@@ -197,6 +197,9 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     assert result["routed_backward"] == result["routed_backward_at_end"] == "torch"  # the CPU's GEMMs
     for body in sections.values():
         assert "error" not in body and 0 < body["seconds"] <= result["seconds"]
+    # what is timed or weighed runs alone; the worker starts with the first section it may run beside
+    alongside = {name for name, body in sections.items() if "compile_workers_alongside" in body}
+    assert alongside == {"parity", "step"}
     check_parity(sections["parity"])
     kernel = sections["kernel"]  # the CPU: torch's GEMMs beside the readers' own weight gradients
     assert [row["shape"] for row in kernel["rows"]] == ["gqa", "mha"] and kernel["sweep"] == []
