@@ -7,7 +7,9 @@ skipped with the reason; ``--rows`` (``SHAPE:ROUTING``) selects the memory and s
 
 from __future__ import annotations
 
+import cProfile
 import gc
+import pstats
 import statistics
 import sys
 import tempfile
@@ -204,6 +206,25 @@ def collected_at_once() -> Iterator[None]:
         yield
 
 
+def host_profile(fn: Callable[[], Any], device: str, top: int = 12) -> dict[str, Any]:
+    """One call of ``fn`` under cProfile, the device synchronised at the end: its seconds and the ``top``
+    functions by their own time (seconds, calls), where the host's share of extraction goes."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fn()
+    sync(device)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own s, cum s, ...)
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return {
+        "seconds": sum(v[2] for v in stats.values()),
+        "top": [
+            {"function": f"{Path(f).name}:{line}({name})", "seconds": v[2], "calls": v[0]}
+            for (f, line, name), v in rows
+        ],
+    }
+
+
 def extract_vs_plain(
     hf, tok, s: dict[str, Any], rounds: int, serial: bool = False
 ) -> tuple[dict[str, Any], Any, Any, list]:
@@ -211,7 +232,8 @@ def extract_vs_plain(
     at values and routed values over the same windows, interleaved for ``rounds`` rounds after a warm-up
     of each; the ratio is the median per-round extract / plain time with its interval, and on a GPU the
     host's waits for the device in one call of each (`host_waits`). With ``serial`` also extraction that
-    collects each batch before starting the next (`collected_at_once`), in the same rounds. Returns the
+    collects each batch before starting the next (`collected_at_once`), in the same rounds, and one
+    extraction's host profile (`host_profile`). Returns the
     numbers, the last extraction (``Activations``), the nnsight model and the windows (token ids)."""
     from lime_probe.extraction.loading import wrap
     from lime_probe.extraction.tracing import extract
@@ -267,6 +289,8 @@ def extract_vs_plain(
         "coverage": coverage,
         "host_waits": {"plain": host_waits(plain, device), "extract": host_waits(extraction, device)},
     }
+    if serial:  # the extract section's: what the host does in one extraction
+        numbers["host_profile"] = host_profile(extraction, device)
     if serial:
         serial_ratio, (serial_lo, serial_hi, _) = over_plain("extract_serial")
         numbers["extract_serial_over_plain_time"] = serial_ratio

@@ -4,6 +4,7 @@ selecting parts; the numbers are what each section says they are."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,10 @@ def check_extraction(body):
     if "extract_serial_over_plain_time" in body:
         low, high = body["extract_serial_ci"]
         assert 0 < low <= body["extract_serial_over_plain_time"] <= high
+        profile = body["host_profile"]  # the host's own time by function, largest first
+        own = [row["seconds"] for row in profile["top"]]
+        assert own == sorted(own, reverse=True) and 0 < sum(own) <= profile["seconds"]
+        assert all(re.fullmatch(r".+:\d+\(.+\)", row["function"]) for row in profile["top"])
 
 
 def check_memory_row(row, cuda: bool):
