@@ -15,7 +15,8 @@ the one under way (``"running"``).
   (fp32), and tokens per second with and without the cache in bf16.
 - ``extract``: ``lime_probe.extract`` (values, routed values) against a plain forward with the model
   in bf16: the median per-round ratio of their times, with its interval; beside it the same extraction
-  collecting each batch before starting the next, the baseline of their overlap.
+  collecting each batch before starting the next, the baseline of their overlap, and one extraction's
+  host profile (cProfile's functions of most own time).
 - ``fsdp``: one LIMe training step sharded with FSDP2 in a world of one process, through the trainer's
   own path (``lime_model.distributed.shard``, ``prepare``): that it runs, its first loss minus the
   unsharded model's on the same weights, and its peak against ``lime-model plan``'s FSDP2 figure.
@@ -113,7 +114,7 @@ SECTIONS = {  # name -> (body, budget in seconds); the sections that time or wei
 BESIDE_WORKERS = frozenset({"parity", "step"})
 SHAPES = tuple(FULL["kv"])  # type: ignore[arg-type]
 ROUTINGS = ("none", *sections.VARIANTS)
-DEFAULT_WORKERS = 3  # with the run's own ~42 GiB (memory section) they fit the H200's 139 GiB
+DEFAULT_WORKERS = 3  # beside the step section's two models they fit one H100's 80 GiB (the second run)
 
 
 def settings(tiny: bool) -> dict[str, Any]:

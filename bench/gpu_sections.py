@@ -233,8 +233,8 @@ def extract_vs_plain(
     of each; the ratio is the median per-round extract / plain time with its interval, and on a GPU the
     host's waits for the device in one call of each (`host_waits`). With ``serial`` also extraction that
     collects each batch before starting the next (`collected_at_once`), in the same rounds, and one
-    extraction's host profile (`host_profile`). Returns the
-    numbers, the last extraction (``Activations``), the nnsight model and the windows (token ids)."""
+    extraction's host profile (`host_profile`). Returns the numbers, the last extraction
+    (``Activations``), the nnsight model and the windows (token ids)."""
     from lime_probe.extraction.loading import wrap
     from lime_probe.extraction.tracing import extract
 
@@ -289,9 +289,8 @@ def extract_vs_plain(
         "coverage": coverage,
         "host_waits": {"plain": host_waits(plain, device), "extract": host_waits(extraction, device)},
     }
-    if serial:  # the extract section's: what the host does in one extraction
+    if serial:  # the extract section's: the overlap's baseline, and what the host does in one extraction
         numbers["host_profile"] = host_profile(extraction, device)
-    if serial:
         serial_ratio, (serial_lo, serial_hi, _) = over_plain("extract_serial")
         numbers["extract_serial_over_plain_time"] = serial_ratio
         numbers["extract_serial_ci"] = [serial_lo, serial_hi]

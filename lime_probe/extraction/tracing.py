@@ -13,10 +13,10 @@ mean-pooled row per sequence (``pool="mean"``). Padding never reaches a row: bat
 one-sequence-at-a-time results, with left or right padding (positions are counted per sequence).
 
 Batches (ours): sequences are sorted by length, longest first, and cut into batches of at most
-``batch_tokens`` tokens padding included (`batching.DEFAULT_BATCH_TOKENS`), or of ``batch_size`` sequences when
-that is given; results come back in the input order. The sort runs within blocks of about `SHARD_BYTES`
-of results or `BLOCK_TOKENS` tokens, whichever is less, so memory stays bounded (pooled results too) and
-a cache shard holds consecutive sequences.
+``batch_tokens`` tokens padding included (`batching.DEFAULT_BATCH_TOKENS`), or of ``batch_size`` sequences
+when that is given; results come back in the input order. The sort runs within blocks of about `SHARD_BYTES`
+of results or `BLOCK_TOKENS` tokens, whichever is less, so memory stays bounded (pooled results too) and a
+cache shard holds consecutive sequences.
 
 Streaming: ``texts`` may be any iterable (a generator, `Corpus` over a large .txt/.jsonl file, a
 ``datasets`` dataset with ``streaming=True``, whose rows give their "text"). It is read lazily, one block
