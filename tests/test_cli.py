@@ -302,10 +302,14 @@ def test_installed_script_reports_bad_input(tmp_path, text_file):
     )
 
 
-def test_ctrl_c_leaves_no_output_and_a_usable_cache(capsys, tmp_path, ckpts, text_file, monkeypatch):
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "placed-by-a-thread"])
+def test_ctrl_c_leaves_no_output_and_a_usable_cache(
+    capsys, tmp_path, ckpts, text_file, monkeypatch, threaded
+):
     import importlib
 
     extract_mod = importlib.import_module("lime_probe.extraction.tracing")
+    monkeypatch.setattr(extract_mod, "places_in_a_thread", lambda device: threaded)  # a GPU's worker thread
 
     monkeypatch.setattr(extract_mod, "SHARD_BYTES", 1)  # a cache shard after every batch
     real_forward, calls = extract_mod.trace_batch, []

@@ -4,7 +4,7 @@ A bfloat16 model is extracted in bfloat16 (rows selected and pooled where the mo
 host in its dtype, float32 there) and compared with the float32 extraction of the same weights; the
 entropy's device path (batches moved to ``device`` in their own dtype, float64 there) against the host
 path and an independent NumPy computation. The pinned, non-blocking copies of a CUDA model on its copy
-stream need a GPU: here `to_host` and `finish_host_copies` run their host branch.
+stream need a GPU: here `to_host` and `wait_for` run their host branch.
 """
 
 import copy
@@ -17,7 +17,7 @@ from helpers import tiny_model, tiny_tokenizer
 
 from lime_probe.extraction.forward import kept_positions, select_rows
 from lime_probe.extraction.tracing import extract
-from lime_probe.extraction.transfer import all_finite, copies_landed, finish_host_copies, to_host
+from lime_probe.extraction.transfer import all_finite, copies_landed, to_host, wait_for
 from lime_probe.probes.entropy import layer_entropy, stream_entropy
 
 TEXTS = [
@@ -70,11 +70,11 @@ def test_rows_stay_in_the_models_dtype_and_means_are_summed_in_float32():
     assert select_rows(x, keep, "none").dtype == torch.float32  # the default: float32 rows
 
 
-def test_host_copies_come_back_as_float32_with_log_probabilities_kept():
-    rows = {"hidden/0": to_host(torch.ones(2, 3, dtype=torch.bfloat16)), "logprobs": torch.zeros(2).double()}
-    done = finish_host_copies(rows, copies_landed())
-    assert done["hidden/0"].dtype == torch.float32 and torch.equal(done["hidden/0"], torch.ones(2, 3))
-    assert done["logprobs"].dtype == torch.float64
+def test_host_copies_of_host_tensors_are_the_tensors_themselves():
+    rows = {"hidden/0": torch.ones(2, 3, dtype=torch.bfloat16), "logprobs": torch.zeros(2).double()}
+    landed = to_host(rows)
+    wait_for(copies_landed())
+    assert list(landed) == list(rows) and all(landed[k] is rows[k] for k in rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
@@ -201,3 +201,77 @@ def test_non_finite_rows_name_their_site_layer_and_sequences(tok):
         str(error.value),
     )
     assert found and {int(n) for n in found.groups()} < set(range(len(TEXTS))), str(error.value)
+
+
+def test_a_batch_stages_in_one_buffer_of_views_that_do_not_overlap():
+    """`to_host`'s staging for a CUDA batch, on the host: one buffer, a view per tensor with its shape and
+    dtype (rows, a 0-d flag, float64 scores, no rows at all), each at a 16-byte boundary; what is copied
+    into every view reads back unchanged after all are written."""
+    from lime_probe.extraction.transfer import staging
+
+    torch.manual_seed(0)
+    tensors = [
+        torch.randn(5, 3).to(torch.bfloat16),
+        torch.tensor(True),
+        torch.randn(7, dtype=torch.float64),
+        torch.empty(0, 4, dtype=torch.bfloat16),
+        torch.randn(2, 2, 3),
+    ]
+    views = staging(tensors)
+    base = views[0].untyped_storage().data_ptr()
+    for x, view in zip(tensors, views, strict=True):
+        assert view.shape == x.shape and view.dtype == x.dtype and view.untyped_storage().data_ptr() == base
+        assert (view.data_ptr() - base) % 16 == 0
+    for x, view in zip(tensors, views, strict=True):
+        view.copy_(x)
+    for x, view in zip(tensors, views, strict=True):
+        assert torch.equal(view, x)
+
+
+@pytest.fixture
+def threaded(monkeypatch):
+    """Rows placed by the worker thread a GPU model gets (`tracing.places_in_a_thread`), here on the CPU."""
+    from lime_probe.extraction import tracing
+
+    monkeypatch.setattr(tracing, "places_in_a_thread", lambda device: True)
+
+
+def test_rows_placed_by_a_worker_thread_equal_those_placed_inline(tok, tmp_path, monkeypatch):
+    """A list, a stream and a cache, pooled and not, with log-probabilities: bit for bit the same rows
+    placed inline and by the worker thread, with several blocks in flight (a block per batch)."""
+    from lime_probe.extraction import tracing
+
+    model = tiny_model("lime", tok)
+    texts = TEXTS * 3
+    settings = [
+        dict(pool="none", logprobs=True),
+        dict(pool="mean"),
+        dict(pool="none", token_ids=tok("the is", add_special_tokens=False)["input_ids"]),
+    ]
+
+    def run(source, **kw):
+        return extract(
+            model, tok, source, sites=["hidden", "routed_values"], batch_size=2, progress=False, **kw
+        )
+
+    monkeypatch.setattr(tracing, "SHARD_BYTES", 1)  # one block per batch (the same batches both ways)
+    inline = [run(texts, **kw) for kw in settings]
+    monkeypatch.setattr(tracing, "places_in_a_thread", lambda device: True)
+    for kw, want in zip(settings, inline, strict=True):
+        for got in (run(texts, **kw), run(iter(texts), **kw), run(texts, cache_dir=tmp_path / "c", **kw)):
+            assert torch.equal(got.offsets, want.offsets) and torch.equal(got.token_ids, want.token_ids)
+            assert (got.logprobs is None) == (want.logprobs is None)
+            assert got.logprobs is None or torch.equal(got.logprobs, want.logprobs)
+            for site in want:
+                for layer in want.layers(site):
+                    assert torch.equal(got[site][layer], want[site][layer]), (kw, site, layer)
+
+
+def test_a_worker_threads_non_finite_rows_are_refused_in_one_line(tok, threaded):
+    model = tiny_model("llama", tok)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.v_proj.weight[0, 0] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"^non-finite activations \(NaN/Inf\) at site 'values' layer 1 in a"
+    ):
+        extract(model, tok, TEXTS, sites=["values"], batch_size=1, progress=False)

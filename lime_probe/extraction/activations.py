@@ -1,7 +1,7 @@
 """The container `extract` returns: `Activations`, each site's rows per layer (``acts[site][layer]`` ->
 (n_rows, dim) float32 on CPU) with the sequence offsets and token ids they belong to, held in memory or read
-back shard by shard from the activation cache; and the parts it holds, built from batch results
-(`merge_parts`, `restore_order`).
+back shard by shard from the activation cache; and `merge_parts`, which joins consecutive parts (blocks
+of a stream, or of a cache shard; each built by `assembly`).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ class _SiteView(Mapping):
 
 
 def merge_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Concatenate batch results (emptying `parts`, so each piece is freed once copied: the peak is
+    """Concatenate consecutive parts (emptying `parts`, so each piece is freed once copied: the peak is
     the result plus one site/layer, not twice the result); offsets are rebased, token counts summed.
     A single part is returned as it is (no copy)."""
     if len(parts) == 1:
@@ -182,23 +182,4 @@ def merge_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
     }
     for name in list(parts[0]):
         out[name] = torch.cat([p.pop(name) for p in parts])
-    return out
-
-
-def restore_order(result: dict[str, torch.Tensor], order: list[int]) -> dict[str, torch.Tensor]:
-    """A merged block result whose sequences ran in `order` (positions in the block), back in block order:
-    row tensors gathered per sequence, per-sequence tensors ("logprobs") permuted, offsets rebuilt. A
-    result already in block order is returned as it is (no copy)."""
-    if order == list(range(len(order))):
-        return result
-    rank = torch.empty(len(order), dtype=torch.long)
-    rank[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
-    counts = result["offsets"].diff()[rank]  # rows of each sequence, in block order
-    starts = result["offsets"][:-1][rank]
-    firsts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-    index = torch.repeat_interleave(starts - firsts[:-1], counts) + torch.arange(int(firsts[-1]))
-    out = {"offsets": firsts, "n_tokens": result["n_tokens"]}
-    for name, x in result.items():
-        if name not in out:
-            out[name] = x.index_select(0, rank if name == "logprobs" else index)  # faster than x[index]
     return out

@@ -21,7 +21,7 @@ import nnsight
 import torch
 
 from lime_probe.extraction.planning import SitePlan
-from lime_probe.extraction.transfer import all_finite, copies_landed, finish_host_copies, to_device, to_host
+from lime_probe.extraction.transfer import all_finite, copies_landed, to_device, to_host, wait_for
 
 
 def envoy_path(path: str) -> str:
@@ -83,7 +83,7 @@ class TracedBatch:
 
     Attributes:
         rows: "<site>/<layer>" (and "logprobs") -> the host tensor its copy lands in.
-        finite: the same names -> 0-d bool, whether every value was finite (found on the device).
+        finite: the same names -> 0-d bool on the host, whether every value was finite (found on the device).
         landed: the mark after the batch's copies (`transfer.copies_landed`).
         index: the batch's sequences (their positions in the input), for errors.
     """
@@ -94,9 +94,9 @@ class TracedBatch:
     index: list[int]
 
     def result(self) -> dict[str, torch.Tensor]:
-        """The rows once landed: float32 (log-probabilities float64). ValueError names the first site with a
-        non-finite value."""
-        rows = finish_host_copies(self.rows, self.landed)
+        """The rows once landed, in the dtype they travelled in (the model's; log-probabilities float64).
+        ValueError names the first site with a non-finite value."""
+        wait_for(self.landed)
         for name, finite in self.finite.items():
             if not bool(finite):
                 what = (
@@ -106,7 +106,7 @@ class TracedBatch:
                 )
                 shown = ", ".join(map(str, sorted(self.index)[:8])) + (", ..." if len(self.index) > 8 else "")
                 raise ValueError(f"non-finite {what} in a batch of sequences {shown}")
-        return rows
+        return self.rows
 
 
 def trace_batch(
@@ -121,18 +121,20 @@ def trace_batch(
     logprobs: bool = False,
 ) -> TracedBatch:
     """One traced forward pass of `batch` (sequences `index` of the input): "<site>/<layer>" -> selected
-    rows (float32, CPU, once `TracedBatch.result` has them); with `logprobs` also "logprobs" -> (batch,)
-    float64, each sequence's summed log p(t_i | t_<i) over its real tokens after the first. Rows are
-    selected (or pooled) and checked for NaN/Inf on the model's device and travel to the host in its dtype
-    (`lime_probe.extraction.transfer`): from a local GPU without stalling this pass, and landing while the
-    device runs the next; a remote run copies them where it runs, synchronously. ``keep`` (batch, seq,
-    on the host) marks the rows; ``device`` is where the model takes its inputs, which they reach
-    without the host waiting for the device (`transfer.to_device`)."""
+    rows (on the host in the model's dtype, once `TracedBatch.result` has them; pooled means in float32);
+    with `logprobs` also "logprobs" -> (batch,) float64, each sequence's summed log p(t_i | t_<i) over its
+    real tokens after the first. Rows are selected (or pooled) and checked for NaN/Inf on the model's
+    device and travel to the host in its dtype after the pass (`lime_probe.extraction.transfer`): from a
+    local GPU without stalling the device, and landing while it runs the next batch; a remote run copies
+    them where it runs, synchronously. ``keep`` (batch, seq, on the host) marks the rows; ``device`` is
+    where the model takes its inputs, which they reach without the host waiting for the device
+    (`transfer.to_device`)."""
     # where the rows are, found once per batch (not per site) and where keep is: no wait for a device
     positions = None if pool != "none" else to_device(kept_positions(keep), device)
     inputs = {k: to_device(v, device) for k, v in batch.items()}
     keep = to_device(keep, device)
-    host = to_host if not remote else torch.Tensor.cpu
+    # a remote run's values leave its server as they are: moved to the host there; a local run's after the pass
+    here = torch.Tensor.cpu if remote else _as_is
     if remote:  # ship this package's readers by value: a remote (NDIF) server does not have lime_probe
         nnsight.register(__package__)
     with torch.inference_mode(), nn_model.trace(**inputs, remote=remote) as tracer:
@@ -152,15 +154,17 @@ def trace_batch(
                     )
                 # dims after seq flattened: a module site may give (batch, seq, heads, head_dim)
                 selected = select_rows(x.reshape(*keep.shape, -1), keep, pool, None, positions)
-                rows[f"{site}/{layer}"], finite[f"{site}/{layer}"] = (
-                    host(selected),
-                    host(all_finite(selected)),
-                )
+                rows[f"{site}/{layer}"] = here(selected)
+                finite[f"{site}/{layer}"] = here(all_finite(selected))
         if logprobs:
             scores = token_logprobs(nn_model.output.logits, inputs["input_ids"], inputs["attention_mask"])
-            rows["logprobs"], finite["logprobs"] = host(scores), host(all_finite(scores))
+            rows["logprobs"], finite["logprobs"] = here(scores), here(all_finite(scores))
         tracer.stop()
-    return TracedBatch(rows, finite, copies_landed(), index)
+    return TracedBatch(to_host(rows), to_host(finite), copies_landed(), index)
+
+
+def _as_is(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def token_logprobs(

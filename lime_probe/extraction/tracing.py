@@ -47,7 +47,8 @@ import nnsight
 import torch
 from tqdm.auto import tqdm
 
-from lime_probe.extraction.activations import Activations, merge_parts, restore_order
+from lime_probe.extraction.activations import Activations, merge_parts
+from lime_probe.extraction.assembly import Assembly, Placer
 from lime_probe.extraction.batching import DEFAULT_BATCH_TOKENS, first_position_of, pad_batch, plan_batches
 from lime_probe.extraction.cache import ShardCache, describe_texts, extraction_key
 from lime_probe.extraction.forward import attention_for, trace_batch
@@ -335,6 +336,10 @@ class _Batching:
     padding_side: str
     with_positions: bool
 
+    def assembly(self, seqs: list[list[int]], first: int) -> Assembly:
+        """Where the rows of input sequences `first` onwards (`seqs`) go."""
+        return Assembly(seqs, first, self.pool, self.select_ids)
+
     @property
     def all_tokens(self) -> bool:
         """Whether every token gets a row (no pooling, no token selection)."""
@@ -469,12 +474,18 @@ def _run_blocks(
                      run.batch_tokens)  # fmt: skip
     if source.streamed:
         blocks = _checked(blocks, source.tokenizer, allow_unknown_tokens)
-    for merged in _run_pipelined(run, blocks, start, device, bar):
-        buffer.append(merged)
-        buffered_bytes += sum(t.numel() * t.element_size() for t in merged.values())
+    # a list held in memory is placed in one result; a stream or a cache's shards block by block
+    whole = None if cache is not None or source.streamed else run.assembly(cast(list, source.seqs), 0)
+    for done in _run_pipelined(run, blocks, start, device, bar, whole):
+        if done is whole:
+            continue
+        buffer.append(done.result())
+        buffered_bytes += sum(t.numel() * t.element_size() for t in buffer[-1].values())
         if cache is not None and buffered_bytes >= SHARD_BYTES:
             parts.append(cache.add_shard(merge_parts(buffer)))
             buffer, buffered_bytes = [], 0
+    if whole is not None:
+        buffer.append(whole.result())
     if buffer:
         parts.append(cache.add_shard(merge_parts(buffer)) if cache is not None else merge_parts(buffer))
     bar.close()
@@ -485,59 +496,75 @@ def _run_blocks(
 
 @dataclass
 class _Block:
-    """A block's batches as they finish: their results, the order of its sequences, the batches left."""
+    """A block's sequences as their batches finish: where their rows go, and how many batches are left."""
 
-    results: list[dict[str, torch.Tensor]]
-    order: list[int]
+    assembly: Assembly
     left: int
 
 
 def _run_pipelined(
-    run: _Batching, blocks: Iterable[list[list[int]]], done: int, device: torch.device, bar: tqdm
-) -> Iterator[dict[str, torch.Tensor]]:
-    """Each block's merged result, in order (sequences `done` onwards of the input), its batches sorted
-    by length. A batch's rows are collected after the next batch has started: the host converts them
-    while the device runs the next one. An interruption while a batch starts still yields the batch
-    before it (the cache keeps what was computed)."""
+    run: _Batching,
+    blocks: Iterable[list[list[int]]],
+    done: int,
+    device: torch.device,
+    bar: tqdm,
+    whole: Assembly | None = None,
+) -> Iterator[Assembly]:
+    """Each block's `Assembly` once every batch of it is placed, in order (sequences `done` onwards of the
+    input), its batches sorted by length; with `whole`, every block's rows go there (it is yielded once
+    per block). A batch's rows are placed after the next batch has started, so the device runs that one
+    meanwhile; on a GPU by a worker thread (`Placer`), while this one traces on. An interruption while a
+    batch starts still yields the block of the batch before it, when that completes it (the cache keeps
+    what was computed)."""
     open_blocks: list[_Block] = []
-    waiting: tuple[Callable[[], dict[str, torch.Tensor]], _Block, int] | None = None
+    waiting: tuple[Callable[[], dict[str, torch.Tensor]], _Block, list[int]] | None = None
+    placer = Placer(threaded=places_in_a_thread(device))
 
-    def collect() -> Iterator[dict[str, torch.Tensor]]:
+    def collect(final: bool = False) -> Iterator[Assembly]:
         nonlocal waiting
         if waiting is not None:
-            finish, block, n = waiting
+            finish, block, index = waiting
             waiting = None
-            block.results.append(finish())
+            placer.place(block.assembly, index, finish, owner=block)
             block.left -= 1
-            bar.update(n)
-        while open_blocks and open_blocks[0].left == 0:
-            ready = open_blocks.pop(0)
-            yield restore_order(merge_parts(ready.results), ready.order)
+            bar.update(len(index))
+        if final:
+            placer.wait()
+        while open_blocks and open_blocks[0].left == 0 and open_blocks[0] is not placer.busy:
+            yield open_blocks.pop(0).assembly
 
     try:
         for seqs in blocks:  # a stream's next block is read (and checked) here
             batches = plan_batches([len(s) for s in seqs], run.batch_size, run.batch_tokens)
-            block = _Block([], [i for local in batches for i in local], len(batches))
+            block = _Block(whole if whole is not None else run.assembly(seqs, done), len(batches))
             open_blocks.append(block)
             for local in batches:
-                finish = _start_batch(run, [seqs[i] for i in local], [done + i for i in local], device)
+                index = [done + i for i in local]
+                finish = _start_batch(run, [seqs[i] for i in local], index, device)
                 yield from collect()
-                waiting = (finish, block, len(local))
+                waiting = (finish, block, index)
             done += len(seqs)
+        yield from collect(final=True)
     except GeneratorExit:  # closed by the caller: nothing more may be yielded
         raise
     except BaseException:  # Ctrl-C, a refused block: the batch before is kept
-        yield from collect()
+        yield from collect(final=True)
         raise
-    yield from collect()
+    finally:
+        placer.close()
+
+
+def places_in_a_thread(device: torch.device) -> bool:
+    """Whether a worker thread places the rows: where the model runs on a GPU (on the CPU the forward
+    pass itself keeps the cores busy)."""
+    return device.type == "cuda"
 
 
 def _start_batch(
     run: _Batching, seqs: list[list[int]], index: list[int], device: torch.device
 ) -> Callable[[], dict[str, torch.Tensor]]:
     """One batch (sequences `index` of the input) padded and traced; the function that waits for its
-    rows: per site and layer, their `_offsets`, the token ids of the rows (-1 per sequence when pooled)
-    and the batch's token count."""
+    rows (`TracedBatch.result`), per site and layer in the batch's order."""
     batch = pad_batch(seqs, run.pad_id, run.padding_side, first_position_of(run.nn_model._module))
     if not run.with_positions:
         del batch["position_ids"]
@@ -547,12 +574,7 @@ def _start_batch(
     traced = trace_batch(
         run.nn_model, batch, keep, device, run.plan, run.pool, run.remote, index, run.logprobs
     )
-    extra = {
-        "offsets": _offsets(keep, run.pool),
-        "token_ids": batch["input_ids"][keep] if run.pool == "none" else torch.full((len(seqs),), -1),
-        "n_tokens": torch.tensor([sum(map(len, seqs))]),
-    }
-    return lambda: traced.result() | extra
+    return traced.result
 
 
 def _checked(blocks: Iterable[list[list[int]]], tokenizer: Any, allow: bool) -> Iterator[list[list[int]]]:
@@ -569,9 +591,3 @@ def _check_block(block: list[list[int]], tokenizer: Any, allow: bool, first: boo
         if not first:
             warnings.simplefilter("ignore", DataWarning)
         check_unknown_tokens(block, tokenizer, allow=allow)
-
-
-def _offsets(keep: torch.Tensor, pool: str) -> torch.Tensor:
-    """Row boundaries (batch+1,) of a batch's sequences."""
-    counts = keep.sum(1) if pool == "none" else torch.ones(len(keep), dtype=torch.long)
-    return torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])

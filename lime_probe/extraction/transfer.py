@@ -1,18 +1,18 @@
 """Moving a batch between the host and the model's device without stalling the forward pass.
 
-`to_device` moves a batch's inputs to the model's device and `to_host` copies rows back into pinned
+`to_device` moves a batch's inputs to the model's device and `to_host` copies its rows back into pinned
 (page-locked) host memory on a copy stream of their device, both with ``non_blocking=True``: the host does
 not wait for the device, and the forward's stream does not wait for the copies (on the forward's own
 stream a copy holds back every kernel queued after it until it has landed). `copies_landed` marks a
-traced pass's copies, and `finish_host_copies` waits for that mark only, not for the whole device, so the
-device can already run the next batch, then converts the rows to the dtype the results hold (float32) on
-the host. Rows travel in the model's own dtype (a bf16 model's rows are half the bytes of float32 ones);
-`all_finite` checks them where they are, in one reduction. On the CPU all of it is plain tensor
-operations: the rows are already there.
+traced pass's copies, and `wait_for` waits for that mark only, not for the whole device, so the device
+can already run the next batch while the host places the rows (`assembly`). Rows travel in the model's
+own dtype (a bf16 model's rows are half the bytes of float32 ones); `all_finite` checks them where they
+are, in one reduction. On the CPU all of it is plain tensor operations: the rows are already there.
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -36,19 +36,41 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.pin_memory().to(device, non_blocking=True)
 
 
-def to_host(x: torch.Tensor) -> torch.Tensor:
-    """``x`` on the host: ``x`` itself when it is there, else a copy. From a CUDA device the copy goes into
-    pinned memory on the device's copy stream, after everything queued so far on the current stream (which
-    wrote ``x``): read it only after `finish_host_copies`."""
-    if x.device.type != "cuda":
-        return x.cpu()
-    stream = _copy_stream(x.device)
-    stream.wait_stream(torch.cuda.current_stream(x.device))
-    staged = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-    with torch.cuda.stream(stream):
-        staged.copy_(x, non_blocking=True)
-    x.record_stream(stream)  # the allocator must not hand x's memory out again before the copy has read it
-    return staged
+def to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` on the host: each itself when it is there, else a copy. From a CUDA device the copies go
+    into one pinned buffer per device, on the device's copy stream, after everything queued so far on
+    its current stream (which wrote them): read them only after `wait_for` the mark `copies_landed` sets.
+    One buffer and one switch of streams per batch, not per tensor: per tensor, their host overhead was
+    most of what the host spent on a bf16 batch's copies."""
+    host = {name: x.cpu() for name, x in tensors.items() if x.device.type != "cuda"}
+    devices: dict[torch.device, list[str]] = {}
+    for name, x in tensors.items():
+        if x.device.type == "cuda":
+            devices.setdefault(x.device, []).append(name)
+    for device, names in devices.items():
+        stream = _copy_stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        staged = staging([tensors[name] for name in names], pin_memory=True)
+        with torch.cuda.stream(stream):
+            for name, into in zip(names, staged, strict=True):
+                into.copy_(tensors[name], non_blocking=True)
+                tensors[name].record_stream(
+                    stream
+                )  # its memory must not be handed out before the copy read it
+                host[name] = into
+    return {name: host[name] for name in tensors}
+
+
+def staging(tensors: list[torch.Tensor], pin_memory: bool = False) -> list[torch.Tensor]:
+    """Empty host tensors shaped and typed like ``tensors``, all views of one new buffer (each starting
+    at a multiple of 16 bytes), pinned with ``pin_memory``."""
+    sizes = [-(-x.nbytes // 16) * 16 for x in tensors]
+    starts = [0, *accumulate(sizes)]
+    buffer = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=pin_memory)
+    return [
+        buffer[start : start + x.nbytes].view(x.dtype).view(x.shape)
+        for x, start in zip(tensors, starts, strict=False)
+    ]
 
 
 def copies_landed() -> list[Any]:
@@ -61,19 +83,11 @@ def copies_landed() -> list[Any]:
     return events
 
 
-def finish_host_copies(
-    rows: dict[str, torch.Tensor], landed: list[Any], dtype: torch.dtype = torch.float32
-) -> dict[str, torch.Tensor]:
-    """``rows`` (`to_host` copies) once the copies before the mark ``landed`` (`copies_landed`) are done,
-    each in ``dtype`` (float64 ones, the log-probabilities, kept).
-
-    A staged (pinned) row is converted into a fresh tensor, which frees its pinned block for the next
-    batch's copies (pinned memory is a scarce resource: results held in it would grow without bound)."""
+def wait_for(landed: list[Any]) -> None:
+    """Wait until the copies before the mark ``landed`` (`copies_landed`) are done, and for nothing else
+    the device is running."""
     for event in landed:
         event.synchronize()
-    return {
-        name: x if x.dtype == torch.float64 else x.to(dtype, copy=x.is_pinned()) for name, x in rows.items()
-    }
 
 
 def all_finite(x: torch.Tensor) -> torch.Tensor:
