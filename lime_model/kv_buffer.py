@@ -30,6 +30,8 @@ Off the CPU, static matrix weights have their gradients computed by their source
 
 from __future__ import annotations
 
+import bisect
+
 from functools import partial
 from itertools import pairwise
 
@@ -200,11 +202,13 @@ class KVBuffer:
 
     def add_reader(self, layer_idx: int, weight: torch.Tensor | None, sources: list[int]) -> None:
         """Record layer ``layer_idx`` as a reader of its ``sources`` with routing ``weight``, which the
-        sources' backward mixes its gradients back through (``take_grad``)."""
+        sources' backward mixes its gradients back through (``take_grad``). A source's readers stay in
+        ascending order, in which consecutive readers are one range of kept gradients, read by one
+        kernel or GEMM: the compiled backward records them from the last layer down."""
         if weight is not None:
             weight = _own_copy(weight)
         for pos, source in enumerate(sources):
-            self.readers[source].append((layer_idx, weight, pos))
+            bisect.insort(self.readers[source], (layer_idx, weight, pos), key=lambda reader: reader[0])
 
     def read(self, data: list[torch.Tensor], layer_idx: int, weight, sources, mode: str) -> torch.Tensor:
         """Layer ``layer_idx``'s routed heads ``[kv, *row]`` from ``data`` (the keys or the values

@@ -164,6 +164,9 @@ def test_deferred_weight_gradients_match_the_formula(pattern, loss_layer, backen
     check_against_formula(pattern, "matrix", loss_layer, backend=backend, defer=True)
     # a compiled backward runs every layer's, on zero gradients past the loss's
     assert len(source_backward) == 2 * (L if backend else loss_layer + 1)
+    # readers ascending, so consecutive ones are one launch (the compiled backward, which records them
+    # from the last layer down, launched once per reader)
+    assert all(call[1] == sorted(call[1]) for call in source_backward)
     assert not kv_read._BACKWARD
 
 
