@@ -31,7 +31,6 @@ Off the CPU, static matrix weights have their gradients computed by their source
 from __future__ import annotations
 
 import bisect
-
 from functools import partial
 from itertools import pairwise
 
