@@ -40,8 +40,11 @@ from lime_probe.probes.stats import median_ci  # noqa: E402
 
 SHAPES = {"gqa": 8, "mha": 32}  # K/V heads of the 1B shapes
 VARIANTS = ("readers", "source, torch", "source, triton")
-# (TILE_ELEMENTS, MAX_BLOCK, WARPS); the first are the shipped settings
-SWEEP = [(4096, 64, 8), (2048, 64, 4), (8192, 64, 8), (8192, 128, 8)]
+# (TILE_ELEMENTS, MAX_BLOCK, WARPS); the first are the shipped settings. The H100's sweep had all four
+# of the first within 8 %, each reading a tile's rows in segments of 32-128 bytes; the last two read
+# wider segments with 16 warps (at most 128 registers each: a few bytes spill at MHA's shape,
+# bench/kernel_resources.py)
+SWEEP = [(4096, 64, 8), (2048, 64, 4), (8192, 64, 8), (8192, 128, 8), (16384, 64, 16), (16384, 128, 16)]
 
 
 def make_inputs(args: argparse.Namespace, kv: int) -> dict[str, Any]:

@@ -397,3 +397,43 @@ def test_every_bench_script_parses_its_options_with_one_line_errors():
 def test_bench_scripts_refuse_bad_counts_in_one_line(script, args, named):
     err = run_bench(script, *args, ok=False).stderr.strip()
     assert named in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("routing", "pairs", "sources"),
+    [
+        ("full", 16 * 15 // 2, 15),  # every earlier layer; the last is read by none other
+        ("first-4", (1 + 2 + 3) + 12 * 4, 4),  # layers 1-3 read all before them, the rest layers 0-3
+        ("last-4", 1 + 2 + 13 * 3, 15),  # the three before each, where there are three
+        ("dilated-8", 8 * 1 + 7 * 2, 2),  # layers 1-8 read layer 0, layers 9-15 layers 0 and 8
+        ("none", 0, 0),
+    ],
+)
+def test_routed_floor_counts_each_routings_pairs_in_closed_form(routing, pairs, sources):
+    floor = bench_script("routed_floor")
+    assert floor.pair_counts(routing, 16) == (pairs, sources)
+    assert floor.floor_units(routing, 16) == 2 * (2 * pairs + sources)
+
+
+def test_routed_floor_prints_each_rows_floor_and_the_share_of_peak_its_target_needs(tmp_path):
+    """A JSON with one row: 16 layers, kv 8, 4 x 2048 tokens of head_dim 64 (U = 8 MiB), full routing
+    (2 x (2 x 120 + 15) = 510 U), LLaMA at 0.128 s; at 4 TB/s the floor is 510 x 8 MiB / 4e12 B/s =
+    1.0695 ms (1.0084x), and the target 1.010 allows 1.28 ms: 83.6 % of the peak, 3.34 TB/s."""
+    check = {
+        "device_name": "a GPU",
+        "settings": {"layers": 16, "hidden": 2048, "heads": 32, "batch": 4, "seq": 2048, "kv": {"gqa": 8}},
+        "sections": {
+            "step": {"rows": [{"shape": "gqa", "variant": "full", "ratio": 1.05, "llama_step_s": 0.128}]}
+        },
+    }
+    path = tmp_path / "check.json"
+    path.write_text(__import__("json").dumps(check))
+    out = run_bench("routed_floor.py", path, "--bandwidth", "4").stdout
+    row = next(line for line in out.splitlines() if line.startswith("gqa full"))
+    assert row.split()[2:5] == ["1.050", "1.07", "1.0084"] and row.endswith("3.34 TB/s (84%)"), row
+    err = run_bench("routed_floor.py", path, ok=False).stderr.strip()
+    assert (
+        "no peak bandwidth known for 'a GPU': give --bandwidth (TB/s)" in err and len(err.splitlines()) == 1
+    )
+    err = run_bench("routed_floor.py", tmp_path / "missing.json", ok=False).stderr.strip()
+    assert "not a GPU check's JSON" in err and len(err.splitlines()) == 1
