@@ -82,9 +82,11 @@ class KVBuffer:
         self.last_backward = num_layers
         self.copy_grads = False  # keep copies of the incoming gradients (``store_grad_out``)
         # the layers whose weight gradients their sources' backward computes, their weights as the
-        # model gave them (layer 0's read carries them: ``defer_weight_grads``), and the sums so far
+        # model gave them (layer 0's read carries them: ``defer_weight_grads``; None in a compiled
+        # backward), and the column blocks computed so far: weight_grads[r] = (r's sources, {pos: the
+        # gradient w.r.t. r's block of source pos})
         self.deferred: dict[int, torch.Tensor | None] = {}
-        self.weight_grads: dict[int, torch.Tensor] = {}
+        self.weight_grads: dict[int, tuple[int, dict[int, torch.Tensor]]] = {}
         # links[j]: a scalar output of layer j's read that its readers' reads take as an input, so that
         # autograd runs j's backward (which mixes the readers' gradients into j's raw K/V) whenever a
         # reader's runs, even if j's own routed K/V reach no loss (an intervention replaced them)
@@ -170,11 +172,20 @@ class KVBuffer:
             self.deferred = dict(weights)
 
     def pop_weight_grads(self, layers: list[int]) -> list[torch.Tensor | None]:
-        """The summed weight gradients of deferred ``layers`` (``None`` for a layer whose backward did
-        not run), each in its weight's dtype; they are dropped here."""
-        grads = [self.weight_grads.pop(r, None) for r in layers]
-        weights = [self.deferred.get(r) for r in layers]
-        return [g if g is None or w is None else g.to(w.dtype) for g, w in zip(grads, weights, strict=True)]
+        """The weight gradients of deferred ``layers`` (``None`` for a layer whose backward did not run),
+        each in its weight's dtype, its column blocks joined in one copy; they are dropped here."""
+        out: list[torch.Tensor | None] = []
+        for r in layers:
+            if r not in self.weight_grads:
+                out.append(None)
+                continue
+            sources, blocks = self.weight_grads.pop(r)
+            some = next(iter(blocks.values()))
+            missing = some.new_zeros(some.shape)  # a source whose backward gave no block
+            joined = torch.cat([blocks.get(pos, missing) for pos in range(sources)], 1)
+            weight = self.deferred.get(r)
+            out.append(joined if weight is None else joined.to(weight.dtype))
+        return out
 
     def allocate(self, keys: torch.Tensor, mode: str, chunk_layers: int) -> None:
         """Allocate the buffer for raw ``keys`` like ``(B, T, kv * head_dim)``, in the layout of read
@@ -291,20 +302,22 @@ class KVBuffer:
         readers' kept gradients gives the raw K/V gradients and adds each deferred reader's weight
         gradient on this source's column block to ``weight_grads``."""
         kv, kept = self.kv, self.grad_data or []
-        eye = torch.eye(kv, dtype=kept[0].dtype, device=kept[0].device)
+        # stacked in the weights' dtype, cast once by ``source_backward`` (not once per reader)
+        dtype = next((w.dtype for _, w, _ in readers if w is not None), kept[0].dtype)
+        eye = torch.eye(kv, dtype=dtype, device=kept[0].device)
         columns = torch.stack(
-            [eye if w is None else w.narrow(1, pos * kv, kv).to(eye) for _, w, pos in readers]
+            [eye if w is None else w.narrow(1, pos * kv, kv).to(dtype) for _, w, pos in readers]
         )
         layers = [r for r, _, _ in readers]
-        grads = []
+        grads, summed = [], None
         for rows, data in zip(kept, self.data, strict=True):
             source = self.stored(data, layer_idx, layer_idx + 1).flatten(1)
             grad, weight_grads = source_backward(rows.flatten(1), layers, columns, source, self.head_dim)
             grads.append(grad.view(shape))
-            for (r, w, pos), g in zip(readers, weight_grads, strict=True):
-                if r in self.deferred and w is not None:
-                    total = self.weight_grads.setdefault(r, g.new_zeros(w.shape))
-                    total[:, pos * kv : (pos + 1) * kv] += g  # keys' and values' parts
+            summed = weight_grads if summed is None else summed + weight_grads  # keys' and values' parts
+        for (r, w, pos), g in zip(readers, summed, strict=True):
+            if r in self.deferred and w is not None:
+                self.weight_grads.setdefault(r, (w.shape[1] // kv, {}))[1][pos] = g  # joined when popped
         return grads
 
     def free_kept(self, readers) -> None:
