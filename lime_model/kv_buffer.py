@@ -309,12 +309,13 @@ class KVBuffer:
             [eye if w is None else w.narrow(1, pos * kv, kv).to(dtype) for _, w, pos in readers]
         )
         layers = [r for r, _, _ in readers]
-        grads, summed = [], None
+        grads, parts = [], []
         for rows, data in zip(kept, self.data, strict=True):
             source = self.stored(data, layer_idx, layer_idx + 1).flatten(1)
             grad, weight_grads = source_backward(rows.flatten(1), layers, columns, source, self.head_dim)
             grads.append(grad.view(shape))
-            summed = weight_grads if summed is None else summed + weight_grads  # keys' and values' parts
+            parts.append(weight_grads)
+        summed = parts[0] + parts[1]  # keys' and values' parts
         for (r, w, pos), g in zip(readers, summed, strict=True):
             if r in self.deferred and w is not None:
                 self.weight_grads.setdefault(r, (w.shape[1] // kv, {}))[1][pos] = g  # joined when popped
