@@ -101,7 +101,7 @@ def _torch_backward(kept, readers, columns, source, head_dim):
     assert grad is not None  # a source has at least one reader, itself
     positions = N // head_dim
     grad = grad.view(kv, positions, head_dim).transpose(0, 1).reshape(positions, kv * head_dim)
-    return grad, torch.cat(weight_grads).to(_sums(kept.dtype))
+    return grad, _joined(weight_grads).to(_sums(kept.dtype))
 
 
 def _triton_backward(kept, readers, columns, source, head_dim):
@@ -113,7 +113,12 @@ def _triton_backward(kept, readers, columns, source, head_dim):
     for start, stop, first in contiguous_runs(readers):
         block = kept[start * kv : stop * kv]
         weight_grads.append(_launch(block, columns[first:], source, grad, head_dim, accumulate=first > 0))
-    return grad, torch.cat(weight_grads)
+    return grad, _joined(weight_grads)
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts`` concatenated; one part as it is (a copy is a kernel launch, per source and step)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def contiguous_runs(sources: list[int]) -> list[tuple[int, int, int]]:
