@@ -99,7 +99,7 @@ from lime_model.files import atomic_write  # noqa: E402
 FULL = dict(layers=16, hidden=2048, heads=32, vocab=50257, batch=4, seq=2048, kv={"gqa": 8, "mha": 32})
 TOY = dict(layers=3, hidden=32, heads=4, vocab=64, batch=1, seq=16, kv={"gqa": 2, "mha": 4})
 SECTIONS = {  # name -> (body, budget in seconds); the sections that time or weigh something alone first
-    "kernel": (routed_backward.section, 30),
+    "kernel": (routed_backward.section, 45),
     "generate": (sections.section_generate, 25),
     "extract": (sections.section_extract, 35),
     "fsdp": (sections.section_fsdp, 35),

@@ -10,7 +10,8 @@ side in this process; a variant's ratio is the median over rounds of its time ov
 the same round, with the median's distribution-free interval (``lime_probe.probes.stats.median_ci``).
 Each variant's gradients are checked against the baseline's first.
 
-``--sweep`` also times the Triton kernel alone on layer 0's backward (every layer a reader) for a few
+``--compiled BACKEND`` runs the reads through ``torch.compile`` (as a compiled model runs them: two custom
+operators, the backward's state kept between layers). ``--sweep`` also times the Triton kernel alone on layer 0's backward (every layer a reader) for a few
 tile sizes and warp counts, against the shipped ones (``kv_kernels.TILE_ELEMENTS``, ``MAX_BLOCK``,
 ``WARPS``); ``bench/kernel_resources.py`` shows which of them spill registers.
 
@@ -25,6 +26,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -40,6 +42,9 @@ from lime_probe.probes.stats import median_ci  # noqa: E402
 
 SHAPES = {"gqa": 8, "mha": 32}  # K/V heads of the 1B shapes
 VARIANTS = ("readers", "source, torch", "source, triton")
+# the kernel section's compiled rows: AOT autograd's graphs run as ATen ops, so the read's custom operators
+# run as in a compiled model, without Inductor's minutes of compiling around them
+COMPILED_BACKEND = "aot_eager"
 # (TILE_ELEMENTS, MAX_BLOCK, WARPS); the first are the shipped settings. The H100's sweep had all four
 # of the first within 8 %, each reading a tile's rows in segments of 32-128 bytes; the last two read
 # wider segments with 16 warps (at most 128 registers each: a few bytes spill at MHA's shape,
@@ -77,16 +82,24 @@ def variant(name: str):
         yield name != "readers"
 
 
-def step(inputs: dict[str, Any], kv: int, defer: bool) -> list[torch.Tensor]:
-    """One forward and backward of the stack; the leaves' gradients (keys, values, then weights)."""
-    layers, hd = len(inputs["keys"]), inputs["probes"][0].shape[-1]
-    buffer = kv_buffer.KVBuffer(layers, kv, hd)
+def reads(keys, values, weights, kv: int, head_dim: int, defer: bool) -> list[torch.Tensor]:
+    """The stack's routed reads, forward: every layer's routed keys and values."""
+    buffer = kv_buffer.KVBuffer(len(keys), kv, head_dim)
     if defer:
-        buffer.defer_weight_grads({i: w for i, w in enumerate(inputs["weights"]) if w is not None})
+        buffer.defer_weight_grads({i: w for i, w in enumerate(weights) if w is not None})
     outs = []
-    for i in range(layers):
-        k, v = inputs["keys"][i], inputs["values"][i]
-        outs += kv_read.routed_read(buffer, i, k, v, inputs["weights"][i], list(range(i + 1)), "matrix")
+    for i in range(len(keys)):
+        outs += kv_read.routed_read(buffer, i, keys[i], values[i], weights[i], list(range(i + 1)), "matrix")
+    return outs
+
+
+def step(
+    inputs: dict[str, Any], kv: int, defer: bool, forward: Callable[..., Any] = reads
+) -> list[torch.Tensor]:
+    """One forward (``forward``: `reads`, or it compiled) and backward of the stack; the leaves'
+    gradients (keys, values, then weights)."""
+    hd = inputs["probes"][0].shape[-1]
+    outs = forward(inputs["keys"], inputs["values"], inputs["weights"], kv, hd, defer)
     leaves = [*inputs["keys"], *inputs["values"], *inputs["weights"][1:]]
     return list(torch.autograd.grad(outs, leaves, inputs["probes"]))
 
@@ -97,8 +110,11 @@ def sync(device: str) -> None:
 
 
 def measure(kv: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Every variant against the baseline with ``kv`` K/V heads: gradient errors, median ms, ratios."""
+    """Every variant against the baseline with ``kv`` K/V heads: gradient errors, median ms, ratios. With
+    ``args.compiled`` (a ``torch.compile`` backend) the reads run compiled, as in a compiled model: as
+    the two custom operators, whose backward records each source's readers in backward order."""
     inputs = make_inputs(args, kv)
+    forward = reads if not args.compiled else torch.compile(reads, backend=args.compiled, fullgraph=True)
     device = torch.device(args.device)
     names, skipped = list(VARIANTS), []
     if not kv_kernels.kernel_available(device):
@@ -111,7 +127,7 @@ def measure(kv: int, args: argparse.Namespace) -> dict[str, Any]:
     for name in list(names):  # also each variant's warm-up (Triton compiles here)
         with variant(name) as defer, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
-            grads = step(inputs, kv, defer)
+            grads = step(inputs, kv, defer, forward)
         if name == "source, triton" and not kv_kernels.kernel_available(device):
             # the kernel fell back to the GEMMs: timing them under its name would mislead
             names.remove(name)
@@ -130,7 +146,7 @@ def measure(kv: int, args: argparse.Namespace) -> dict[str, Any]:
             with variant(name) as defer:
                 sync(args.device)
                 start = time.perf_counter()
-                step(inputs, kv, defer)
+                step(inputs, kv, defer, forward)
                 sync(args.device)
             times[name].append(time.perf_counter() - start)
     rows = []
@@ -194,11 +210,13 @@ def section(ctx: Any) -> dict[str, Any]:
     budget."""
     s = ctx.s
     args = argparse.Namespace(layers=s["layers"], tokens=s["batch"] * s["seq"], head_dim=s["hidden"] // s["heads"],
-                              rounds=s["rounds"], device=ctx.device, dtype=s["dtype"])  # fmt: skip
-    body: dict[str, Any] = {"rows": [], "sweep": [], "skipped": []}
-    for part, run in (("rows", measure), ("sweep", sweep)):
+                              rounds=s["rounds"], device=ctx.device, dtype=s["dtype"], compiled=None)  # fmt: skip
+    compiled = argparse.Namespace(**{**vars(args), "compiled": COMPILED_BACKEND})
+    body: dict[str, Any] = {"rows": [], "compiled_rows": [], "sweep": [], "skipped": []}
+    parts = (("rows", measure), ("compiled_rows", lambda kv, _: measure(kv, compiled)), ("sweep", sweep))
+    for part, run in parts:
         for shape, kv in s["kv"].items():
-            reason = ctx.skip_reason() or (None if kv_kernels.kernel_available(torch.device(ctx.device)) or part == "rows"
+            reason = ctx.skip_reason() or (None if kv_kernels.kernel_available(torch.device(ctx.device)) or part != "sweep"
                                             else "no CUDA device with Triton")  # fmt: skip
             if reason:
                 body["skipped"].append({"row": f"{shape}:{part}", "why": reason})
@@ -219,11 +237,18 @@ def main() -> None:
     )
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     parser.add_argument("--sweep", action="store_true", help="also time the Triton kernel's settings")
+    parser.add_argument(
+        "--compiled",
+        choices=["aot_eager", "inductor"],
+        default=None,
+        help="run the reads through torch.compile",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    how = f"compiled ({args.compiled})" if args.compiled else "eager"
     print(
-        f"routed read, full routing, {args.layers} layers, {args.tokens} tokens, {args.dtype}, {args.device}"
+        f"routed read, full routing, {args.layers} layers, {args.tokens} tokens, {args.dtype}, {args.device}, {how}"
     )
     for shape in args.shapes:
         result = measure(SHAPES[shape], args)

@@ -274,7 +274,9 @@ def test_routed_backward_times_each_variant_beside_the_readers_and_checks_its_gr
     if interpreted:
         request.getfixturevalue("triton_interpreter")
     bench = bench_script("routed_backward")
-    args = argparse.Namespace(layers=4, tokens=8, head_dim=4, rounds=3, device="cpu", dtype="float32")
+    args = argparse.Namespace(
+        layers=4, tokens=8, head_dim=4, rounds=3, device="cpu", dtype="float32", compiled=None
+    )
     result = bench.measure(2, args)
     names = ["readers", "source, torch", *(["source, triton"] if interpreted else [])]
     assert [r["variant"] for r in result["rows"]] == names
@@ -282,6 +284,25 @@ def test_routed_backward_times_each_variant_beside_the_readers_and_checks_its_gr
     for row in result["rows"]:
         assert row["max_rel_error"] < 1e-5 and row["ms"] > 0
         assert row["ci"][0] <= row["x_readers"] <= row["ci"][1]
+
+
+def test_routed_backward_compiled_runs_one_fused_pass_per_source_with_the_readers_gradients(monkeypatch):
+    """``--compiled``: the reads as a compiled model runs them (the custom operators, through AOT
+    autograd's graphs): the source's pass gives the readers' gradients, one call per source layer and
+    keys or values, each over its readers in ascending order (one run of them: one launch)."""
+    from lime_model import kv_buffer
+
+    bench = bench_script("routed_backward")
+    calls = []
+    original = kv_buffer.source_backward
+    monkeypatch.setattr(kv_buffer, "source_backward", lambda *a: calls.append(a[1]) or original(*a))
+    args = argparse.Namespace(
+        layers=4, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32", compiled="aot_eager"
+    )
+    rows = {r["variant"]: r for r in bench.measure(2, args)["rows"]}
+    assert rows["source, torch"]["max_rel_error"] < 1e-5
+    per_step = calls[: 2 * 4]  # the gradient check's step: 4 sources, keys and values
+    assert sorted(map(tuple, per_step)) == sorted([tuple(range(j, 4)) for j in range(4)] * 2)
 
 
 def test_routed_backward_names_a_kernel_that_fell_back_instead_of_timing_the_gemms_as_it(
@@ -298,7 +319,9 @@ def test_routed_backward_names_a_kernel_that_fell_back_instead_of_timing_the_gem
 
     monkeypatch.setattr(kv_kernels, "_triton_backward", broken)
     bench = bench_script("routed_backward")
-    args = argparse.Namespace(layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32")
+    args = argparse.Namespace(
+        layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32", compiled=None
+    )
     result = bench.measure(2, args)
     assert [r["variant"] for r in result["rows"]] == ["readers", "source, torch"]
     [skip] = result["skipped"]
@@ -322,7 +345,9 @@ def test_routed_backward_sweep_records_a_failing_setting_and_keeps_the_kernel_on
 
     monkeypatch.setattr(kv_kernels, "_launch", too_big_for_four_warps)
     bench = bench_script("routed_backward")
-    args = argparse.Namespace(layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32")
+    args = argparse.Namespace(
+        layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32", compiled=None
+    )
     rows = bench.sweep(2, args)
     assert [(r["tile"], r["block"], r["warps"]) for r in rows] == bench.SWEEP
     for row in rows:
@@ -341,7 +366,9 @@ def test_routed_backward_finds_a_wrong_deferred_gradient(monkeypatch):
     bench = bench_script("routed_backward")
     original = kv_kernels._torch_backward
     monkeypatch.setattr(kv_kernels, "_torch_backward", lambda *a: (original(*a)[0], original(*a)[1] * 0))
-    args = argparse.Namespace(layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32")
+    args = argparse.Namespace(
+        layers=3, tokens=8, head_dim=4, rounds=1, device="cpu", dtype="float32", compiled=None
+    )
     rows = {r["variant"]: r for r in bench.measure(2, args)["rows"]}
     assert rows["source, torch"]["max_rel_error"] > 0.1
 

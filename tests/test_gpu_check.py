@@ -208,7 +208,8 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     check_parity(sections["parity"])
     kernel = sections["kernel"]  # the CPU: torch's GEMMs beside the readers' own weight gradients
     assert [row["shape"] for row in kernel["rows"]] == ["gqa", "mha"] and kernel["sweep"] == []
-    for row in kernel["rows"]:
+    assert [row["shape"] for row in kernel["compiled_rows"]] == ["gqa", "mha"]
+    for row in kernel["rows"] + kernel["compiled_rows"]:
         assert [r["variant"] for r in row["result"]["rows"]] == ["readers", "source, torch"]
         assert all(r["max_rel_error"] < 1e-2 for r in row["result"]["rows"])  # bf16 on the CPU
     assert [s["row"] for s in kernel["skipped"]] == ["gqa:sweep", "mha:sweep"]
