@@ -94,6 +94,15 @@ def test_pooled_blocks_hold_tokens_independent_of_the_corpus_size_at_default_set
     assert largest_block(20_000) == largest_block(200_000) <= tracing.BLOCK_TOKENS + 32
 
 
+def test_a_block_of_batch_size_batches_ends_with_a_whole_batch(monkeypatch):
+    """With ``batch_size``, a block holds a whole number of batches: one that filled `SHARD_BYTES` at 15
+    sequences in batches of 8 ran a batch of 7 beside each full one (32 sequences: 5 forward passes)."""
+    monkeypatch.setattr(tracing, "SHARD_BYTES", 15 * 10)  # full at the 15th sequence of 10-byte rows
+    docs = [[7] * 10 for _ in range(32)]
+    blocks = list(tracing._blocks(docs, 1, True, 8, tracing.DEFAULT_BATCH_TOKENS))
+    assert [len(b) for b in blocks] == [16, 16]
+
+
 def test_an_endless_stream_stops_at_the_token_budget(model, tok):
     streamed = extract(model, tok, itertools.cycle(TEXTS), sites=SITES, max_tokens=300, progress=False)
     assert len(streamed.token_ids) == 300

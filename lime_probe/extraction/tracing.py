@@ -79,8 +79,8 @@ def _blocks(
 ) -> Iterator[list[list[int]]]:
     """Consecutive blocks of the token id lists `seqs`, read lazily, each holding about `SHARD_BYTES` of
     results (rows of `row_bytes`, one per token with `per_token`, else one per sequence) or `BLOCK_TOKENS`
-    tokens, whichever comes first, and at least one batch (`batch_size` sequences, or `batch_tokens`
-    tokens); the last block may hold less."""
+    tokens, whichever comes first, and at least one batch: a whole number of `batch_size` sequences (no
+    short batch where a block ends), or `batch_tokens` tokens; the last block may hold less."""
     block: list[list[int]] = []
     size = tokens = 0
     for seq in seqs:
@@ -88,7 +88,7 @@ def _blocks(
         size += row_bytes * (len(seq) if per_token else 1)
         tokens += len(seq)
         if (size >= SHARD_BYTES or tokens >= BLOCK_TOKENS) and (
-            len(block) >= batch_size if batch_size is not None else tokens >= batch_tokens
+            len(block) % batch_size == 0 if batch_size is not None else tokens >= batch_tokens
         ):
             yield block
             block, size, tokens = [], 0, 0
