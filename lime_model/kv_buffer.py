@@ -83,8 +83,8 @@ class KVBuffer:
         self.copy_grads = False  # keep copies of the incoming gradients (``store_grad_out``)
         # the layers whose weight gradients their sources' backward computes, their weights as the
         # model gave them (layer 0's read carries them: ``defer_weight_grads``; None in a compiled
-        # backward), and the column blocks computed so far: weight_grads[r] = (r's sources, {pos: the
-        # gradient w.r.t. r's block of source pos})
+        # backward), and the column blocks computed so far: weight_grads[r] = (how many sources r has,
+        # {pos: the gradient w.r.t. r's block of source pos})
         self.deferred: dict[int, torch.Tensor | None] = {}
         self.weight_grads: dict[int, tuple[int, dict[int, torch.Tensor]]] = {}
         # links[j]: a scalar output of layer j's read that its readers' reads take as an input, so that
@@ -179,10 +179,10 @@ class KVBuffer:
             if r not in self.weight_grads:
                 out.append(None)
                 continue
-            sources, blocks = self.weight_grads.pop(r)
+            n_sources, blocks = self.weight_grads.pop(r)
             some = next(iter(blocks.values()))
             missing = some.new_zeros(some.shape)  # a source whose backward gave no block
-            joined = torch.cat([blocks.get(pos, missing) for pos in range(sources)], 1)
+            joined = torch.cat([blocks.get(pos, missing) for pos in range(n_sources)], 1)
             weight = self.deferred.get(r)
             out.append(joined if weight is None else joined.to(weight.dtype))
         return out
@@ -299,8 +299,8 @@ class KVBuffer:
 
     def fused_grads(self, layer_idx: int, readers, shape) -> list[torch.Tensor]:
         """``take_grad`` for ``"matrix"`` reads with deferred weight gradients: one pass over the
-        readers' kept gradients gives the raw K/V gradients and adds each deferred reader's weight
-        gradient on this source's column block to ``weight_grads``."""
+        readers' kept gradients gives the raw K/V gradients and each deferred reader's weight gradient on
+        this source's column block, kept in ``weight_grads`` until ``pop_weight_grads`` joins them."""
         kv, kept = self.kv, self.grad_data or []
         # stacked in the weights' dtype, cast once by ``source_backward`` (not once per reader)
         dtype = next((w.dtype for _, w, _ in readers if w is not None), kept[0].dtype)
