@@ -29,17 +29,22 @@ MIN_ROWS_PER_RUN = 32
 def row_counts(seqs: Sequence[list[int]], pool: str, select_ids: torch.Tensor | None) -> np.ndarray:
     """Rows each sequence gives (int64, one per sequence): one when pooled, else its tokens, or the tokens
     whose id is in ``select_ids`` (as `tracing` keeps them)."""
+    return _rows(seqs, pool, select_ids)[0]
+
+
+def _rows(
+    seqs: Sequence[list[int]], pool: str, select_ids: torch.Tensor | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`row_counts`, and each row's token id (-1 per sequence when pooled)."""
     if pool != "none":
-        return np.ones(len(seqs), dtype=np.int64)
+        return np.ones(len(seqs), dtype=np.int64), np.full(len(seqs), -1, dtype=np.int64)
+    ids = np.fromiter(chain.from_iterable(seqs), dtype=np.int64)
     lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     if select_ids is None:
-        return lengths
-    kept = np.isin(_flat(seqs), select_ids.numpy())
-    return np.add.reduceat(kept, np.concatenate([[0], np.cumsum(lengths)[:-1]])).astype(np.int64)
-
-
-def _flat(seqs: Sequence[list[int]]) -> np.ndarray:
-    return np.fromiter(chain.from_iterable(seqs), dtype=np.int64)
+        return lengths, ids
+    kept = np.isin(ids, select_ids.numpy())
+    counts = np.add.reduceat(kept, np.concatenate([[0], np.cumsum(lengths)[:-1]])).astype(np.int64)
+    return counts, ids[kept]
 
 
 class Assembly:
@@ -55,15 +60,9 @@ class Assembly:
 
     def __init__(self, seqs: Sequence[list[int]], first: int, pool: str, select_ids: torch.Tensor | None):
         self.first, self.n = first, len(seqs)
-        self.counts = row_counts(seqs, pool, select_ids)
+        self.counts, ids = _rows(seqs, pool, select_ids)
         self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(self.counts)]))
-        if pool != "none":
-            self.token_ids = torch.full((self.n,), -1, dtype=torch.long)
-        else:
-            ids = _flat(seqs)
-            self.token_ids = torch.from_numpy(
-                ids if select_ids is None else ids[np.isin(ids, select_ids.numpy())]
-            )
+        self.token_ids = torch.from_numpy(ids)
         self.n_tokens = torch.tensor([sum(map(len, seqs))])
         self.rows: dict[str, torch.Tensor] = {}
 

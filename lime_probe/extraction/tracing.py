@@ -477,8 +477,6 @@ def _run_blocks(
     # a list held in memory is placed in one result; a stream or a cache's shards block by block
     whole = None if cache is not None or source.streamed else run.assembly(cast(list, source.seqs), 0)
     for done in _run_pipelined(run, blocks, start, device, bar, whole):
-        if done is whole:
-            continue
         buffer.append(done.result())
         buffered_bytes += sum(t.numel() * t.element_size() for t in buffer[-1].values())
         if cache is not None and buffered_bytes >= SHARD_BYTES:
@@ -511,8 +509,8 @@ def _run_pipelined(
     whole: Assembly | None = None,
 ) -> Iterator[Assembly]:
     """Each block's `Assembly` once every batch of it is placed, in order (sequences `done` onwards of the
-    input), its batches sorted by length; with `whole`, every block's rows go there (it is yielded once
-    per block). A batch's rows are placed after the next batch has started, so the device runs that one
+    input), its batches sorted by length; with `whole`, every block's rows go there instead (nothing is
+    yielded: the caller holds it). A batch's rows are placed after the next batch has started, so the device runs that one
     meanwhile; on a GPU by a worker thread (`Placer`), while this one traces on. An interruption while a
     batch starts still yields the block of the batch before it, when that completes it (the cache keeps
     what was computed)."""
@@ -531,7 +529,8 @@ def _run_pipelined(
         if final:
             placer.wait()
         while open_blocks and open_blocks[0].left == 0 and open_blocks[0] is not placer.busy:
-            yield open_blocks.pop(0).assembly
+            if (ready := open_blocks.pop(0).assembly) is not whole:
+                yield ready
 
     try:
         for seqs in blocks:  # a stream's next block is read (and checked) here
