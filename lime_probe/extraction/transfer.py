@@ -40,8 +40,8 @@ def to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``tensors`` on the host: each itself when it is there, else a copy. From a CUDA device the copies go
     into one pinned buffer per device, on the device's copy stream, after everything queued so far on
     its current stream (which wrote them): read them only after `wait_for` the mark `copies_landed` sets.
-    One buffer and one switch of streams per batch, not per tensor: per tensor, their host overhead was
-    most of what the host spent on a bf16 batch's copies."""
+    One buffer and one switch of streams per batch, not per tensor: per tensor, the switches alone cost a
+    bf16 extraction on one H100 22 ms of host time (bench/RESULTS.md)."""
     host = {name: x.cpu() for name, x in tensors.items() if x.device.type != "cuda"}
     devices: dict[torch.device, list[str]] = {}
     for name, x in tensors.items():
