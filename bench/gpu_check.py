@@ -34,14 +34,19 @@ the one under way (``"running"``).
   forward + backward of the whole model (``bench/step_overhead.py``'s ``Steps``), LIMe full, first-4,
   last-4 and dilated-8 against LLaMA at the 1B GQA and MHA shapes (16 layers, hidden 2048, 32 heads, 8
   or 32 K/V heads), 4 x 2048 tokens; the ratio is the median over interleaved rounds with its interval.
-  Each shape's LLaMA is compiled once and serves every row of that shape. A model's compile takes 45-70
-  s on an H200, ten of them more than the run's 8 minutes: so ``--compile-workers`` processes (3 by
-  default, about 28 GiB of GPU memory each while a model's first step runs) start with the parity
-  section and compile the ten models, in the step section's order, ahead of the step section; their compiles
-  fill torch's on-disk caches (AOTAutograd's and Inductor's FX graph cache, ``TORCHINDUCTOR_CACHE_DIR``,
-  shared by the processes of one machine), so the step section's own compile of each model is mostly
-  Dynamo's trace. Each row records its compiles' seconds and cache hits and misses, and the workers'.
+  Each shape's LLaMA is compiled once and serves every row of that shape. A model's compile takes 40-70
+  s, ten of them more than the run's 8 minutes: so ``--compile-workers`` processes (by default as many
+  as the GPU's memory holds beside the run, ``WORKER_GIB`` each: two on an H100, three on an H200) start
+  with the parity section and compile the ten models ahead of their rows, each taking the next one no
+  one has claimed, as does the step section while it waits for one (``gpu_step.CompileQueue``); their
+  compiles fill torch's on-disk caches (AOTAutograd's and Inductor's FX graph cache,
+  ``TORCHINDUCTOR_CACHE_DIR``, shared by the processes of one machine), so a row's own compile of a
+  model compiled ahead is mostly Dynamo's trace. The workers are paused (SIGSTOP) while a row is timed
+  and profiled. Each row records its compiles' seconds and cache hits and misses, and those ahead of
+  it; the JSON is rewritten after each row.
 
+No section starts a row after ``RUN_BUDGET_S`` seconds of the run, whatever its own budget: the step
+section takes what the earlier sections left.
 Needs no network and no data: random weights, random tokens, the tests' tiny tokenizer for extraction.
 ``--dry-run`` (or ``--tiny``) runs every section at toy size on the CPU (compiling with Dynamo alone);
 ``--sections`` runs some sections (in the order above), ``--rows SHAPE:ROUTING ...`` some memory and
@@ -76,10 +81,13 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +114,7 @@ SECTIONS = {  # name -> (body, budget in seconds); the sections that time or wei
     "memory": (sections.section_memory, 60),
     "probes": (sections.section_probes, 30),  # 26 s in the first run
     "parity": (sections.section_parity, 40),
-    "step": (gpu_step.section, 250),
+    "step": (gpu_step.section, 400),  # within the run's RUN_BUDGET_S
 }
 # Sections the compile workers may run beside: parity measures rounding, not time or memory. On one
 # H100 with three workers beside them, fsdp, memory and probes ran out of GPU memory and extraction's
@@ -114,7 +122,14 @@ SECTIONS = {  # name -> (body, budget in seconds); the sections that time or wei
 BESIDE_WORKERS = frozenset({"parity", "step"})
 SHAPES = tuple(FULL["kv"])  # type: ignore[arg-type]
 ROUTINGS = ("none", *sections.VARIANTS)
-DEFAULT_WORKERS = 3  # beside the step section's two models they fit one H100's 80 GiB (the second run)
+# A worker's GPU memory while its model's first step runs: 4.0 GiB of fp32 weights and the step's peak
+# above them, 16.2-17.4 GiB in the H100 run (step_peak_bytes), with the CUDA context and the allocator's
+# cache; the run's own: a shape's LLaMA, the model it compiles or times, one step. Three workers beside
+# the run on an H100 ran out of its 79 GiB (four compiles failed); two fit, three on an H200.
+WORKER_GIB, RUN_GIB = 24, 30
+# The run starts no section's row after this many seconds since it started, whatever the section's own
+# budget: the device call's 560 s less the wheels' installation and a last row's compile and rounds.
+RUN_BUDGET_S = 460
 
 
 def settings(tiny: bool) -> dict[str, Any]:
@@ -144,39 +159,64 @@ def step_models(rows: frozenset[str] | None) -> list[str]:
 
 
 class CompileWorkers:
-    """Processes that compile the step section's models ahead of it (``gpu_step.warm_models``),
-    each a share of them in the section's order; each model's record lands in ``folder``."""
+    """Processes that compile the step section's models ahead of it (``gpu_step.warm_models``), each
+    taking the next model no one has claimed (``gpu_step.CompileQueue``, shared with the run); each in
+    its own process group, so that ``paused`` stops its compiles' subprocesses too."""
 
     def __init__(self, models: list[str], workers: int, tiny: bool) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="gpu_check_warm."))
-        self.procs, self.logs = [], []
+        self.queue = gpu_step.CompileQueue(Path(tempfile.mkdtemp(prefix="gpu_check_warm.")), tuple(models))
+        self.procs, self.logs, self.paused_s = [], [], 0.0
         for i in range(min(workers, len(models))):
-            share = ",".join(models[i::workers])
-            cmd = [sys.executable, __file__, "--warm-models", share, "--warm-dir", str(self.folder)]
-            self.logs.append(open(self.folder / f"worker{i}.log", "w"))  # noqa: SIM115 (closed by stop)
-            cmd += ["--out", os.devnull, *(["--dry-run"] if tiny else [])]
-            self.procs.append(subprocess.Popen(cmd, stdout=self.logs[-1], stderr=subprocess.STDOUT))
+            self.logs.append(open(self.queue.folder / f"worker{i}.log", "w"))  # noqa: SIM115 (closed by stop)
+            self.procs.append(
+                subprocess.Popen(
+                    self.command(models, self.queue.folder, tiny),
+                    stdout=self.logs[-1],
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    @staticmethod
+    def command(models: list[str], folder: Path, tiny: bool) -> list[str]:
+        cmd = [sys.executable, __file__, "--warm-models", ",".join(models), "--warm-dir", str(folder)]
+        return [*cmd, "--out", os.devnull, *(["--dry-run"] if tiny else [])]
 
     def alive(self) -> int:
         return sum(p.poll() is None for p in self.procs)
 
-    def wait(self, model: str, deadline: float) -> dict[str, Any] | None:
-        """The worker's record of ``model`` (``{"seconds": ...}`` or ``{"error": ...}``) once written; None
-        when no worker is left to write it or ``deadline`` passes."""
-        path = self.folder / f"{model.replace(':', '-')}.json"
-        while not path.exists():
-            if not self.alive() or time.perf_counter() > deadline:
-                return None
-            time.sleep(0.5)
-        return json.loads(path.read_text())
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The workers and their subprocesses stopped (SIGSTOP) while the block runs; their GPU memory
+        stays allocated."""
+        self._signal(signal.SIGSTOP)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._signal(signal.SIGCONT)
+            self.paused_s += time.perf_counter() - start
+
+    def _signal(self, sig: int) -> None:
+        for proc in self.procs:
+            with suppress(ProcessLookupError):  # the group has exited
+                os.killpg(proc.pid, sig)
 
     def stop(self) -> None:
+        self._signal(signal.SIGTERM)
+        self._signal(signal.SIGCONT)  # a stopped process acts on its SIGTERM once continued
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
             proc.wait()
         for log in self.logs:
             log.close()
+
+
+def default_workers(s: dict[str, Any]) -> int:
+    """As many compile workers as the GPU's memory holds beside the run (at most 3): none in the dry run."""
+    if s["tiny"]:
+        return 0
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return max(0, min(3, int((total - RUN_GIB) // WORKER_GIB)))
 
 
 def run(
@@ -186,16 +226,16 @@ def run(
     rows: frozenset[str] | None = None,
     budgets: dict[str, float] | None = None,
     workers: int | None = None,
+    run_budget: float | None = None,
 ) -> dict[str, Any]:
     """The sections ``names`` (default all) in ``SECTIONS``' order, ``out`` rewritten after each:
-    each one's body, seconds and budget, or its error (the next one still runs)."""
+    each one's body, seconds and budget, or its error (the next one still runs). No row starts after
+    ``run_budget`` seconds (default ``RUN_BUDGET_S`` on a GPU, none in the dry run)."""
     s = settings(tiny)
     names = [n for n in SECTIONS if names is None or n in names]
     budgets = {n: b for n, (_, b) in SECTIONS.items()} | (budgets or {})
-    print(f"gpu_check on {s['device']} ({s['dtype']}, compile backend {s['backend']}): sections and budgets")
-    for name in names:
-        print(f"  {name:<8} {budgets[name]:>5.0f} s")
-    print(f"  {'total':<8} {sum(budgets[n] for n in names):>5.0f} s", flush=True)
+    run_budget = (math.inf if tiny else RUN_BUDGET_S) if run_budget is None else run_budget
+    _print_plan(s, names, budgets, run_budget)
     result: dict[str, Any] = {
         "dry_run": tiny,
         "settings": s,
@@ -207,7 +247,7 @@ def run(
         "not_selected": [n for n in SECTIONS if n not in names],
         "sections": {},
     }
-    workers = (0 if tiny else DEFAULT_WORKERS) if workers is None else workers
+    workers = default_workers(s) if workers is None else workers
     warm = None
     start_all = time.perf_counter()
     try:
@@ -216,18 +256,20 @@ def run(
             _write(out, result)
             if warm is None and workers and "step" in names and name in BESIDE_WORKERS:
                 warm = CompileWorkers(step_models(rows), workers, tiny)
+
+            def save(body: dict[str, Any], name: str = name) -> None:
+                result["sections"][name] = body
+                _write(out, result)
+
             start = time.perf_counter()
-            ctx = sections.Context(s, start + budgets[name], budgets[name], rows, warm)
-            alongside = warm.alive() if warm else 0
-            try:
-                body = SECTIONS[name][0](ctx)
-            except Exception as err:  # one section's failure must not cost the others' numbers
-                body = {"error": f"{type(err).__name__}: {err}"}
-            seconds = time.perf_counter() - start
-            result["sections"][name] = {**body, "seconds": seconds, "budget_s": budgets[name]}
-            if alongside:
-                result["sections"][name]["compile_workers_alongside"] = alongside
-            print(f"[{name}] {seconds:.1f} s (budget {budgets[name]:.0f} s)", flush=True)
+            deadline, spent = (
+                start + budgets[name],
+                f"the section's budget of {budgets[name]:.0f} s was spent",
+            )
+            if start_all + run_budget < deadline:
+                deadline, spent = start_all + run_budget, f"the run's budget of {run_budget:.0f} s was spent"
+            ctx = sections.Context(s, deadline, spent, rows, warm, save)
+            result["sections"][name] = _section(name, ctx, budgets[name])
             gc.collect()  # a section's models may sit in reference cycles (nnsight's, accelerate's): freed here
             if s["device"] == "cuda":
                 torch.cuda.empty_cache()
@@ -240,6 +282,32 @@ def run(
     result["routed_backward_at_end"] = _routed_backward(s["device"])
     _write(out, result)
     return result
+
+
+def _print_plan(s: dict[str, Any], names: list[str], budgets: dict[str, float], run_budget: float) -> None:
+    print(f"gpu_check on {s['device']} ({s['dtype']}, compile backend {s['backend']}): sections and budgets")
+    for name in names:
+        print(f"  {name:<8} {budgets[name]:>5.0f} s")
+    print(f"  {'total':<8} {sum(budgets[n] for n in names):>5.0f} s", flush=True)
+    if math.isfinite(run_budget):
+        print(f"  and no row starts after {run_budget:.0f} s", flush=True)
+
+
+def _section(name: str, ctx: sections.Context, budget: float) -> dict[str, Any]:
+    """One section's body (or its error), with its seconds, budget and the compile workers beside it."""
+    warm = ctx.warm
+    alongside, paused = (warm.alive(), warm.paused_s) if warm else (0, 0.0)
+    start = time.perf_counter()
+    try:
+        body = SECTIONS[name][0](ctx)
+    except Exception as err:  # one section's failure must not cost the others' numbers
+        body = {"error": f"{type(err).__name__}: {err}"}
+    seconds = time.perf_counter() - start
+    print(f"[{name}] {seconds:.1f} s (budget {budget:.0f} s)", flush=True)
+    body = {**body, "seconds": seconds, "budget_s": budget}
+    if alongside:
+        body |= {"compile_workers_alongside": alongside, "compile_workers_paused_s": warm.paused_s - paused}
+    return body
 
 
 def _routed_backward(device: str) -> str:
@@ -293,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--compile-workers", type=int, default=None, metavar="N",
-        help=f"processes compiling the step section's models ahead of it (default {DEFAULT_WORKERS}; 0 in the dry run)",
+        help="processes compiling the step section's models ahead of it (default: as many as the GPU's memory "
+        f"holds beside the run, {WORKER_GIB} GiB each, at most 3; 0 in the dry run)",
     )  # fmt: skip
     parser.add_argument("--warm-models", help=argparse.SUPPRESS)  # a compile worker's models and folder
     parser.add_argument("--warm-dir", help=argparse.SUPPRESS)

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,14 +36,17 @@ RECIPES = {"gqa": "lime-1b-gqa", "mha": "lime-1b-mha"}
 
 @dataclass
 class Context:
-    """What a section needs of the run: the settings (``gpu_check.settings``), its deadline and budget
-    (seconds), the rows selected (None: all) and the compile workers warming the step's models (or None)."""
+    """What a section needs of the run: the settings (``gpu_check.settings``), the time after which it
+    starts no row and why (its budget or the run's, spent), the rows selected (None: all), the compile
+    workers warming the step's models (or None) and ``save``, which writes a section's body so far into
+    the run's JSON (a run killed part-way keeps the rows that finished)."""
 
     s: dict[str, Any]
     deadline: float
-    budget: float
+    spent: str
     rows: frozenset[str] | None = None
     warm: Any = None
+    save: Callable[[dict[str, Any]], None] = lambda body: None
 
     @property
     def device(self) -> str:
@@ -53,10 +56,13 @@ class Context:
         return self.rows is None or row in self.rows
 
     def skip_reason(self) -> str | None:
-        """Why no further row starts (its budget spent), or None."""
-        if time.perf_counter() > self.deadline:
-            return f"the section's budget of {self.budget:.0f} s was spent"
-        return None
+        """Why no further row starts (a budget spent), or None."""
+        return self.spent if time.perf_counter() > self.deadline else None
+
+    def quiet(self) -> AbstractContextManager[Any]:
+        """While something is timed: the compile workers paused (their compiles take the host's cores,
+        their first steps the device)."""
+        return self.warm.paused() if self.warm is not None else nullcontext()
 
 
 def timed(fn: Callable[[], Any], device: str) -> float:

@@ -139,7 +139,8 @@ def build(name: str, args: argparse.Namespace) -> torch.nn.Module:
         )
     except ValueError as err:  # a bad routing spec or size
         raise SystemExit(f"{name}: {err}") from None
-    return AutoModelForCausalLM.from_config(cfg).to(args.device).train()
+    with torch.device(args.device):  # a 1B model's initialisation on the host takes 10-20 s
+        return AutoModelForCausalLM.from_config(cfg).train()
 
 
 class Steps:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +88,27 @@ def test_an_unresolved_target_says_how_many_rounds_might_resolve_it(step_overhea
         step_overhead.verdict("full", 1.10, 1.00, 1.15, 0.96, 20)
         == "<= 1.10: not resolved (median on the target)"
     )
+
+
+def test_a_bench_model_is_made_on_its_device_not_moved_there(step_overhead):
+    # a 1B model initialised on the host and then moved costs 10-20 s per model on the GPU check
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Devices(TorchDispatchMode):
+        seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.seen |= {
+                t.device.type for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+            }
+            return out
+
+    args = argparse.Namespace(vocab=64, hidden=32, layers=2, heads=4, kv_heads=None, device="meta")
+    with Devices() as devices:
+        model = step_overhead.build("full", args)
+    assert devices.seen == {"meta"}  # no tensor was ever made on the host
+    assert {p.device.type for p in model.parameters()} == {"meta"} and model.training
 
 
 @pytest.mark.slow

@@ -4,9 +4,14 @@ selecting parts; the numbers are what each section says they are."""
 
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -240,10 +245,13 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
         assert r["step_peak_bytes"] == {"llama": None, "variant": None} and r["step_peak_ratio"] is None
         # the full rows profile one step of each model
         assert set(r.get("profile", {})) == ({"llama", "full"} if r["variant"] == "full" else set())
-        # the worker compiled each model first and wrote its seconds
-        assert all(w is not None and w["seconds"] > 0 for w in r["compile"]["workers"].values())
-    # each shape's LLaMA compiled once: the rows after the first of a shape reuse it
-    assert sum("none" in r["compile"]["workers"] for r in rows.values()) == 2
+    # each of the ten models compiled once ahead of its row (by the worker, or by the run while it waited)
+    # or first by its row itself (None); each shape's LLaMA once, for every row of that shape
+    ahead = {(r["shape"], m): a for r in rows.values() for m, a in r["compile"]["ahead"].items()}
+    assert len(ahead) == 10 and {m for _, m in ahead} == {"none", "full", "first-4", "last-4", "dilated-8"}
+    for record in filter(None, ahead.values()):
+        assert re.fullmatch(r"run|worker \d+", record["by"]) and record["seconds"] > 0
+    assert step["compile_workers_paused_s"] > 0  # while the rows were timed
 
 
 def test_memory_rows_subtract_the_previous_rows_parameters():
@@ -311,3 +319,116 @@ def test_the_overlaps_baseline_collects_each_batch_before_the_next_starts(monkey
     assert events == ["start", "start", "result", "start", "result", "start", "result", "result"]
     for layer in serial.layers("hidden"):
         assert torch.equal(serial["hidden"][layer], overlapped["hidden"][layer])
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (/proc/PID/stat): T when stopped."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_paused_workers_and_their_subprocesses_stop_while_a_row_is_timed(gpu_check, monkeypatch, tmp_path):
+    """Each worker runs in its own process group: ``paused`` stops it and the subprocesses its compiles
+    start (Inductor's), continues them after, and ``stop`` ends them even while stopped."""
+    child_pid = tmp_path / "child"
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(child_pid)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
+    monkeypatch.setattr(
+        gpu_check.CompileWorkers, "command", staticmethod(lambda *a: [sys.executable, "-c", script])
+    )
+    warm = gpu_check.CompileWorkers(["gqa:none"], 1, tiny=True)
+    try:
+        while not child_pid.exists() or not child_pid.read_text():
+            time.sleep(0.05)
+        pids = [warm.procs[0].pid, int(child_pid.read_text())]
+        with warm.paused():
+            time.sleep(0.2)
+            assert [_state(p) for p in pids] == ["T", "T"]
+        assert "T" not in [_state(p) for p in pids] and warm.paused_s >= 0.2
+        with warm.paused():
+            warm.stop()
+        assert warm.alive() == 0 and warm.procs[0].returncode == -signal.SIGTERM
+    finally:
+        warm.stop()
+
+
+def test_a_model_is_compiled_by_whoever_claims_it_first(gpu_check, tmp_path):
+    """A worker skips what the run (or another worker) claimed, and writes a record of each model it did."""
+    gpu_step = bench_script("gpu_step")
+    queue = gpu_step.CompileQueue(tmp_path, ("gqa:none", "gqa:full", "gqa:last-4"))
+    assert queue.claim("gqa:full") and not queue.claim("gqa:full")
+    gpu_step.warm_models(gpu_check.settings(True), list(queue.models), tmp_path)
+    assert queue.record("gqa:full") is None  # claimed here, so not compiled by the worker
+    for model in ("gqa:none", "gqa:last-4"):
+        record = queue.record(model)
+        assert record["by"] == f"worker {os.getpid()}" and record["seconds"] > 0
+        assert "error" not in record
+    assert queue.claim_next() is None
+
+
+def test_the_run_compiles_later_models_while_it_waits_for_a_workers(gpu_check, tmp_path):
+    """``compiled_ahead``: a model no one claimed is the row's own to compile (None); one a worker claimed
+    is waited for, and meanwhile the run compiles the next unclaimed model itself."""
+    gpu_step, sections = bench_script("gpu_step"), bench_script("gpu_sections")
+    queue = gpu_step.CompileQueue(tmp_path, ("gqa:none", "gqa:full", "gqa:last-4"))
+    worker = types.SimpleNamespace(queue=queue, alive=lambda: 1)
+    ctx = sections.Context(gpu_check.settings(True), time.perf_counter() + 600, "spent", warm=worker)
+    assert queue.claim("gqa:full")  # a worker's, which writes its record once the run has helped
+    done = {"seconds": 1.0, "by": "worker 7"}
+
+    def finish_when_helped() -> None:
+        give_up = time.perf_counter() + 60  # a run that does not help fails below, not hangs
+        while queue.record("gqa:last-4") is None and time.perf_counter() < give_up:
+            time.sleep(0.05)
+        queue._path("gqa:full", "json").write_text(json.dumps(done))
+
+    thread = threading.Thread(target=finish_when_helped)
+    thread.start()
+    assert gpu_step.compiled_ahead(ctx, "gqa:none") is None  # unclaimed: the run took it
+    assert gpu_step.compiled_ahead(ctx, "gqa:full") == done
+    thread.join()
+    assert queue.record("gqa:last-4")["by"] == "run"
+    # past its deadline less HELP_S the run waits without starting a compile, and gives up at the deadline
+    queue2 = gpu_step.CompileQueue(tmp_path / "b", ("gqa:none", "gqa:full"))
+    queue2.folder.mkdir()
+    assert queue2.claim("gqa:none")
+    worker.queue = queue2
+    ctx.deadline = time.perf_counter() + 1.0
+    assert gpu_step.compiled_ahead(ctx, "gqa:none") is None and queue2.record("gqa:full") is None
+
+
+def test_the_step_section_saves_each_row_and_no_row_starts_past_the_runs_budget(
+    gpu_check, tmp_path, monkeypatch
+):
+    gpu_step = bench_script("gpu_step")
+    out, timed_row = tmp_path / "check.json", gpu_step.timed_row
+    calls = []
+
+    def killed_on_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a kill during the second row
+        return timed_row(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_step, "timed_row", killed_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.run(True, out, ["step"], frozenset({"gqa:full", "mha:full"}), workers=0)
+    result = json.loads(out.read_text())
+    assert result["running"] == "step"
+    assert [(r["shape"], r["variant"]) for r in result["sections"]["step"]["rows"]] == [("gqa", "full")]
+    monkeypatch.undo()
+    spent = gpu_check.run(True, out, ["step"], frozenset({"gqa:full"}), workers=0, run_budget=0)
+    assert spent["sections"]["step"]["skipped"] == [
+        {"row": "gqa:full", "why": "the run's budget of 0 s was spent"}
+    ]
+
+
+@pytest.mark.parametrize(("gib", "workers"), [(79.18, 2), (139.8, 3), (40, 0), (300, 3)])
+def test_as_many_compile_workers_as_the_gpus_memory_holds(gpu_check, monkeypatch, gib, workers):
+    props = types.SimpleNamespace(total_memory=int(gib * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    s = {**gpu_check.settings(True), "tiny": False}
+    assert gpu_check.default_workers(s) == workers
+    assert gpu_check.default_workers(gpu_check.settings(True)) == 0  # the dry run compiles alone
