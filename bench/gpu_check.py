@@ -75,6 +75,7 @@ On the CPU: ``python bench/gpu_check.py --dry-run --out /tmp/check.json``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import importlib
 import json
@@ -180,6 +181,7 @@ class CompileWorkers:
     @staticmethod
     def command(models: list[str], folder: Path, tiny: bool) -> list[str]:
         cmd = [sys.executable, __file__, "--warm-models", ",".join(models), "--warm-dir", str(folder)]
+        cmd += ["--warm-parent", str(os.getpid())]
         return [*cmd, "--out", os.devnull, *(["--dry-run"] if tiny else [])]
 
     def alive(self) -> int:
@@ -209,6 +211,19 @@ class CompileWorkers:
             proc.wait()
         for log in self.logs:
             log.close()
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process (a compile worker) when ``parent``, the run, dies: a timeout's
+    kill of the run's process group does not reach a worker in its own session, and SIGKILL also ends
+    one that is stopped. Linux only (elsewhere the run's ``stop`` alone ends its workers)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the call
+        os._exit(1)
 
 
 def default_workers(s: dict[str, Any]) -> int:
@@ -366,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--warm-models", help=argparse.SUPPRESS)  # a compile worker's models and folder
     parser.add_argument("--warm-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-parent", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device: run on a GPU, or --dry-run on the CPU")
@@ -375,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.warm_models is None and not out.parent.is_dir():
         parser.error(f"--out {out}: no folder {out.parent}")
     if args.warm_models is not None:
+        die_with_parent(args.warm_parent)
         gpu_step.warm_models(settings(args.dry_run), args.warm_models.split(","), Path(args.warm_dir))
         return
     names = None if args.sections is None else [n for group in args.sections for n in group]

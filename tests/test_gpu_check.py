@@ -432,3 +432,32 @@ def test_as_many_compile_workers_as_the_gpus_memory_holds(gpu_check, monkeypatch
     s = {**gpu_check.settings(True), "tiny": False}
     assert gpu_check.default_workers(s) == workers
     assert gpu_check.default_workers(gpu_check.settings(True)) == 0  # the dry run compiles alone
+
+
+def test_a_compile_worker_dies_with_the_run_even_while_stopped(tmp_path):
+    """A worker runs in its own session (``paused`` stops its group), out of reach of a kill of the run's
+    group, as a timeout's: the kernel kills it when the run dies, stopped or not."""
+    ready = tmp_path / "ready"
+    worker = (
+        "import os, sys, time; sys.path.insert(0, 'bench'); import gpu_check; "
+        f"gpu_check.die_with_parent(os.getppid()); open({str(ready)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    )
+    run = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True); time.sleep(120)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", run], cwd=ROOT)
+    try:
+        give_up = time.perf_counter() + 60
+        while not (ready.exists() and ready.read_text()) and time.perf_counter() < give_up:
+            time.sleep(0.1)
+        pid = int(ready.read_text())
+        os.kill(pid, signal.SIGSTOP)
+        assert _state(pid) == "T"
+    finally:
+        parent.kill()
+        parent.wait()
+    give_up = time.perf_counter() + 10
+    while Path(f"/proc/{pid}").exists() and _state(pid) != "Z" and time.perf_counter() < give_up:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or _state(pid) == "Z"
