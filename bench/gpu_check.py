@@ -98,6 +98,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import gpu_sections as sections  # noqa: E402
 import gpu_step  # noqa: E402
+import gpu_targets  # noqa: E402
 import routed_backward  # noqa: E402
 
 from lime_model import kv_kernels  # noqa: E402
@@ -296,6 +297,7 @@ def run(
     # and at the end: a kernel that failed to build or launch fell back to the GEMMs (with a warning)
     result["routed_backward_at_end"] = _routed_backward(s["device"])
     _write(out, result)
+    print(gpu_targets.table(result), flush=True)
     return result
 
 

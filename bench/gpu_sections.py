@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import cProfile
 import gc
+import math
 import pstats
 import statistics
 import sys
@@ -231,12 +232,16 @@ def host_profile(fn: Callable[[], Any], device: str, top: int = 12) -> dict[str,
     }
 
 
+MIN_ROUNDS = 3  # of extraction against a plain forward, however long they take
+
+
 def extract_vs_plain(
-    hf, tok, s: dict[str, Any], rounds: int, serial: bool = False
+    hf, tok, s: dict[str, Any], rounds: int, serial: bool = False, deadline: float = math.inf
 ) -> tuple[dict[str, Any], Any, Any, list]:
     """Tokens per second of a plain forward with ``output_hidden_states`` and of ``lime_probe.extract``
     at values and routed values over the same windows, interleaved for ``rounds`` rounds after a warm-up
-    of each; the ratio is the median per-round extract / plain time with its interval, and on a GPU the
+    of each (past the third, none that would end with what follows it past ``deadline``); the ratio is
+    the median per-round extract / plain time with its interval, and on a GPU the
     host's waits for the device in one call of each (`host_waits`). With ``serial`` also extraction that
     collects each batch before starting the next (`collected_at_once`), in the same rounds, and one
     extraction's host profile (`host_profile`). Returns the numbers, the last extraction
@@ -274,9 +279,18 @@ def extract_vs_plain(
     for fn in timed_fns.values():  # warm-up
         fn()
     times = {name: [] for name in timed_fns}  # type: ignore[var-annotated]
-    for _ in range(rounds):
+    for done in range(rounds):
+        # what follows the rounds: the host's waits and profile, about three extractions
+        left = (
+            sum(statistics.median(t) for t in times.values()) + 3 * statistics.median(times["extract"])
+            if done
+            else 0
+        )
+        if done >= MIN_ROUNDS and time.perf_counter() + left > deadline:
+            break
         for name, fn in timed_fns.items():
             times[name].append(timed(fn, device))
+    rounds = len(times["plain"])
 
     def over_plain(name: str) -> tuple[float, tuple[float, float, float]]:
         ratios = [e / p for p, e in zip(times["plain"], times[name], strict=True)]
@@ -309,7 +323,8 @@ def section_extract(ctx: Context) -> dict[str, Any]:
     tok = tiny_tokenizer()
     dtype = getattr(torch, ctx.s["dtype"])
     hf = build(ctx.s, "full", vocab=len(tok)).to(dtype).eval()
-    out, acts, _, _ = extract_vs_plain(hf, tok, ctx.s, rounds=3 if ctx.device == "cuda" else 2, serial=True)
+    rounds = 8 if ctx.device == "cuda" else 2  # 8: a 99 % interval of the median, time allowing
+    out, acts, _, _ = extract_vs_plain(hf, tok, ctx.s, rounds, serial=True, deadline=ctx.deadline)
     stored = {str(acts["values"][layer].dtype) for layer in acts.layers("values")}
     return {"model_dtype": ctx.s["dtype"], "stored_dtypes": sorted(stored), **out}
 

@@ -22,14 +22,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from gpu_targets import STEP_TARGETS  # noqa: E402
+
 from lime_model.command_line import OneLineParser  # noqa: E402
 from lime_model.routing import parse_routing  # noqa: E402
 
 # peak HBM bandwidth in TB/s by the device's name (the vendors' data sheets)
 PEAK_TB_S = {"H100 80GB HBM3": 3.35, "H100 PCIe": 2.0, "H200": 4.8}
-# issue 53's targets per (shape, routing)
-TARGETS = {("gqa", "full"): 1.010, ("mha", "full"): 1.08, ("gqa", "first-4"): 1.01}
 
 
 def pair_counts(routing: str, layers: int) -> tuple[int, int]:
@@ -58,7 +59,7 @@ def rows(check: dict[str, Any], bandwidth_tb_s: float) -> list[dict[str, Any]]:
         shape, routing = row["shape"], row["variant"]
         unit = s["kv"][shape] * s["batch"] * s["seq"] * (s["hidden"] // s["heads"]) * 2
         floor_s = floor_units(routing, s["layers"]) * unit / (bandwidth_tb_s * 1e12)
-        target = TARGETS.get((shape, routing))
+        target = STEP_TARGETS.get((shape, routing))
         need = None if target is None else floor_s / ((target - 1) * row["llama_step_s"]) * bandwidth_tb_s
         out.append(
             {

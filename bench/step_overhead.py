@@ -94,6 +94,11 @@ def rounds_to_resolve(median: float, lo: float, hi: float, rounds: int, target: 
     return max(rounds, round(rounds * (half / gap) ** 2))
 
 
+def against(target: float, lo: float, hi: float) -> str:
+    """A ratio's interval ``lo..hi`` against its upper ``target``: met, missed or not resolved."""
+    return "met" if hi <= target else "missed" if lo > target else "not resolved"
+
+
 def verdict(name: str, median: float, lo: float, hi: float, coverage: float, rounds: int) -> str:
     """Whether a row's confidence interval ``lo..hi`` of the median time ratio meets its target
     (none below 95 % coverage: fewer than 6 rounds), and if not resolved how many rounds might
@@ -105,10 +110,8 @@ def verdict(name: str, median: float, lo: float, hi: float, coverage: float, rou
         return ""
     if coverage < 0.95:
         return f"<= {target:.2f}: too few rounds to tell"
-    if hi <= target:
-        return f"<= {target:.2f}: met"
-    if lo > target:
-        return f"<= {target:.2f}: missed"
+    if (state := against(target, lo, hi)) != "not resolved":
+        return f"<= {target:.2f}: {state}"
     needed = rounds_to_resolve(median, lo, hi, rounds, target)
     hint = "median on the target" if needed is None else f"~{needed} rounds at this spread"
     return f"<= {target:.2f}: not resolved ({hint})"

@@ -252,6 +252,8 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     for record in filter(None, ahead.values()):
         assert re.fullmatch(r"run|worker \d+", record["by"]) and record["seconds"] > 0
     assert step["compile_workers_paused_s"] > 0  # while the rows were timed
+    # and the run ends with its targets' table (bench/gpu_targets.py)
+    assert "| every Table 17 row measured in one run | 8 of 8 | met |" in done.stdout.splitlines()
 
 
 def test_memory_rows_subtract_the_previous_rows_parameters():
@@ -461,3 +463,14 @@ def test_a_compile_worker_dies_with_the_run_even_while_stopped(tmp_path):
     while Path(f"/proc/{pid}").exists() and _state(pid) != "Z" and time.perf_counter() < give_up:
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists() or _state(pid) == "Z"
+
+
+def test_extraction_rounds_stop_at_the_deadline_after_the_third(gpu_check):
+    sections = bench_script("gpu_sections")
+    s = gpu_check.settings(True)
+    tok = sections.tiny_tokenizer()
+    hf = sections.build(s, "full", vocab=len(tok)).eval()
+    late, *_ = sections.extract_vs_plain(hf, tok, s, rounds=5, deadline=0.0)
+    assert late["rounds"] == sections.MIN_ROUNDS == 3 and late["coverage"] == 0.75
+    timely, *_ = sections.extract_vs_plain(hf, tok, s, rounds=5)
+    assert timely["rounds"] == 5 and timely["ci"][0] <= timely["extract_over_plain_time"] <= timely["ci"][1]
