@@ -33,7 +33,8 @@ the one under way (``"running"``).
 - ``step``: Table 17's step time (App. I: H100, 1B, PyTorch Inductor) in bf16 with ``torch.compile``,
   forward + backward of the whole model (``bench/step_overhead.py``'s ``Steps``), LIMe full, first-4,
   last-4 and dilated-8 against LLaMA at the 1B GQA and MHA shapes (16 layers, hidden 2048, 32 heads, 8
-  or 32 K/V heads), 4 x 2048 tokens; the ratio is the median over interleaved rounds with its interval.
+  or 32 K/V heads), 4 x 2048 tokens; the ratio is the median over interleaved rounds with its interval
+  (10 rounds, 20 for the rows with a target: GQA full, MHA full, GQA first-4).
   Each shape's LLaMA is compiled once and serves every row of that shape. A model's compile takes 40-70
   s, ten of them more than the run's 8 minutes: so ``--compile-workers`` processes (by default as many
   as the GPU's memory holds beside the run, ``WORKER_GIB`` each: two on an H100, three on an H200) start

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_sections import VARIANTS, Context, timed  # noqa: E402
+from gpu_targets import STEP_TARGETS  # noqa: E402
 from step_overhead import Steps, sync  # noqa: E402
 
 from lime_model import kv_read  # noqa: E402
@@ -154,10 +155,12 @@ def timed_row(
     variant: str,
 ) -> dict[str, Any]:
     """One Table 17 row from compiled ``Steps`` of LLaMA and the variant (each with its compile's record):
-    the median ratio of their step times over interleaved rounds, its interval, each one's step peak."""
+    the median ratio of their step times over interleaved rounds (twice as many for a row with a target:
+    ``gpu_targets.STEP_TARGETS``), its interval, each one's step peak."""
     (base, base_compile), (steps, compile_info) = base_built, built
     base_t, var_t = [], []
-    for _ in range(ctx.s["rounds"]):
+    rounds = ctx.s["rounds"] * (2 if (shape, variant) in STEP_TARGETS else 1)
+    for _ in range(rounds):
         for model, times in ((base, base_t), (steps, var_t)):
             model.run("model")  # untimed, as step_overhead.time_pair does
             times.append(timed(lambda m=model: m.run("model"), ctx.device))
@@ -170,6 +173,7 @@ def timed_row(
         "llama_step_s": statistics.median(base_t),
         "step_s": statistics.median(var_t),
         "ratio": statistics.median(ratios),
+        "rounds": rounds,
         "ci": [lo, hi],
         "coverage": coverage,
         "step_peak_bytes": peak,

@@ -241,6 +241,10 @@ def test_dry_run_runs_every_section_with_a_compile_worker(tmp_path):
     for r in rows.values():
         assert r["step_s"] > 0 and r["llama_step_s"] > 0
         assert r["ci"][0] <= r["ratio"] <= r["ci"][1]
+        # the rows with a target get twice the rounds
+        assert r["rounds"] == (
+            4 if (r["shape"], r["variant"]) in {("gqa", "full"), ("mha", "full"), ("gqa", "first-4")} else 2
+        )
         # the step's own peak memory is the GPU allocator's: not measured on the CPU
         assert r["step_peak_bytes"] == {"llama": None, "variant": None} and r["step_peak_ratio"] is None
         # the full rows profile one step of each model
