@@ -15,8 +15,9 @@ the one under way (``"running"``).
   (fp32), and tokens per second with and without the cache in bf16.
 - ``extract``: ``lime_probe.extract`` (values, routed values) against a plain forward with the model
   in bf16: the median per-round ratio of their times, with its interval; beside it the same extraction
-  collecting each batch before starting the next, the baseline of their overlap, and one extraction's
-  host profile (cProfile's functions of most own time).
+  collecting each batch before starting the next, the baseline of their overlap, the same with its rows
+  held on the host in bf16 (not converted to float32: what that costs), and one extraction's host
+  profile (cProfile's functions of most own time).
 - ``fsdp``: one LIMe training step sharded with FSDP2 in a world of one process, through the trainer's
   own path (``lime_model.distributed.shard``, ``prepare``): that it runs, its first loss minus the
   unsharded model's on the same weights, and its peak against ``lime-model plan``'s FSDP2 figure.

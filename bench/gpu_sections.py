@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -246,6 +247,7 @@ def extract_vs_plain(
     collects each batch before starting the next (`collected_at_once`), in the same rounds, and one
     extraction's host profile (`host_profile`). Returns the numbers, the last extraction
     (``Activations``), the nnsight model and the windows (token ids)."""
+    from lime_probe.extraction import assembly
     from lime_probe.extraction.loading import wrap
     from lime_probe.extraction.tracing import extract
 
@@ -271,10 +273,20 @@ def extract_vs_plain(
         with collected_at_once():
             extraction()
 
+    def extraction_model_dtype() -> None:  # the rows kept in the model's dtype on the host
+        kept = acts.get("a")
+        with mock.patch.object(assembly, "host_dtype", lambda dtype: dtype):
+            extraction()
+        acts["a"] = kept
+
     timed_fns = {
         "plain": plain,
         "extract": extraction,
-        **({"extract_serial": extraction_serial} if serial else {}),
+        **(
+            {"extract_serial": extraction_serial, "extract_model_dtype": extraction_model_dtype}
+            if serial
+            else {}
+        ),
     }
     for fn in timed_fns.values():  # warm-up
         fn()
@@ -311,9 +323,9 @@ def extract_vs_plain(
     }
     if serial:  # the extract section's: the overlap's baseline, and what the host does in one extraction
         numbers["host_profile"] = host_profile(extraction, device)
-        serial_ratio, (serial_lo, serial_hi, _) = over_plain("extract_serial")
-        numbers["extract_serial_over_plain_time"] = serial_ratio
-        numbers["extract_serial_ci"] = [serial_lo, serial_hi]
+        for name in ("extract_serial", "extract_model_dtype"):
+            other, (other_lo, other_hi, _) = over_plain(name)
+            numbers[f"{name}_over_plain_time"], numbers[f"{name}_ci"] = other, [other_lo, other_hi]
     return numbers, acts["a"], model, windows
 
 

@@ -47,6 +47,11 @@ def _rows(
     return counts, ids[kept]
 
 
+def host_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype that rows of ``dtype`` are held in on the host: float64 stays, the rest is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 class Assembly:
     """The result of input sequences ``first .. first + len(seqs) - 1``, filled batch by batch (`place`).
 
@@ -86,8 +91,7 @@ class Assembly:
     def _destination(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name not in self.rows:
             n_rows = self.n if name == "logprobs" else int(self.offsets[-1])
-            dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-            self.rows[name] = torch.empty((n_rows, *x.shape[1:]), dtype=dtype)
+            self.rows[name] = torch.empty((n_rows, *x.shape[1:]), dtype=host_dtype(x.dtype))
         return self.rows[name]
 
     def result(self) -> dict[str, torch.Tensor]:
