@@ -15,9 +15,8 @@ the one under way (``"running"``).
   (fp32), and tokens per second with and without the cache in bf16.
 - ``extract``: ``lime_probe.extract`` (values, routed values) against a plain forward with the model
   in bf16: the median per-round ratio of their times, with its interval; beside it the same extraction
-  collecting each batch before starting the next, the baseline of their overlap, the same with its rows
-  held on the host in bf16 (not converted to float32: what that costs), and one extraction's host
-  profile (cProfile's functions of most own time).
+  collecting each batch before starting the next, the baseline of their overlap, and one extraction's
+  host profile (cProfile's functions of most own time).
 - ``fsdp``: one LIMe training step sharded with FSDP2 in a world of one process, through the trainer's
   own path (``lime_model.distributed.shard``, ``prepare``): that it runs, its first loss minus the
   unsharded model's on the same weights, and its peak against ``lime-model plan``'s FSDP2 figure.
@@ -104,7 +103,7 @@ import gpu_targets  # noqa: E402
 import routed_backward  # noqa: E402
 
 from lime_model import kv_kernels  # noqa: E402
-from lime_model.command_line import OneLineParser  # noqa: E402
+from lime_model.command_line import POSITIVE_INT, OneLineParser  # noqa: E402
 from lime_model.files import atomic_write  # noqa: E402
 
 # Table 3-4's 1B model; "kv" is the K/V heads of the GQA and MHA shapes
@@ -385,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--warm-models", help=argparse.SUPPRESS)  # a compile worker's models and folder
     parser.add_argument("--warm-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--warm-parent", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--warm-parent", type=POSITIVE_INT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device: run on a GPU, or --dry-run on the CPU")

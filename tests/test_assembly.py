@@ -1,5 +1,5 @@
 """`Assembly` places batches that ran in any order, with sequences sorted any way, at the rows a plain
-loop over the input gives: each sequence's rows in input order, converted to float32 (float64 kept)."""
+loop over the input gives: each sequence's rows in input order, in the dtype `host_dtype` holds them in."""
 
 import random
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lime_probe.extraction import assembly as assembly_module
-from lime_probe.extraction.assembly import Assembly, row_counts
+from lime_probe.extraction.assembly import Assembly, host_dtype, row_counts
 
 
 def expected_rows(seqs, features, pool, select):
@@ -53,12 +53,24 @@ def test_batches_in_any_order_land_where_a_loop_over_the_input_puts_them(monkeyp
         result.place([first + i for i in local], rows)
     want, want_ids = expected_rows(seqs, features, pool, select)
     done = result.result()
-    assert done["values/0"].dtype == torch.float32 and torch.equal(done["values/0"], want.float())
+    assert done["values/0"].dtype == torch.bfloat16 and torch.equal(
+        done["values/0"], want
+    )  # held as they came
     assert torch.equal(done["token_ids"], want_ids)
     assert torch.equal(done["logprobs"], torch.arange(len(seqs), dtype=torch.float64))
     counts = [1 if pool == "mean" else sum(select is None or t in select for t in s) for s in seqs]
     assert done["offsets"].tolist() == [sum(counts[:i]) for i in range(len(seqs) + 1)]
     assert int(done["n_tokens"]) == sum(map(len, seqs))
+
+
+def test_rows_are_held_in_their_dtype_but_for_the_unusual():
+    assert [host_dtype(d) for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16)] == [
+        torch.float64,
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    ]
+    assert host_dtype(torch.float8_e4m3fn) == torch.float32
 
 
 def test_row_counts_follow_the_token_selection():

@@ -486,3 +486,21 @@ def test_routed_floor_prints_each_rows_floor_and_the_share_of_peak_its_target_ne
     )
     err = run_bench("routed_floor.py", tmp_path / "missing.json", ok=False).stderr.strip()
     assert "not a GPU check's JSON" in err and len(err.splitlines()) == 1
+
+
+def test_extract_host_times_both_placements_against_the_baseline():
+    out = run_bench(
+        "extract_host.py", "--batches", "2", "--windows", "2", "--seq", "16", "--names", "2", "--features", "8",
+        "--rounds", "3", "--threads", "1",
+    ).stdout  # fmt: skip
+    lines = out.splitlines()
+    assert lines[0].startswith("2 batches x 2 tensors x 32 x 8 rows (bf16 in")
+    assert [line.split(" median")[0].strip() for line in lines[1:]] == [
+        "baseline",
+        "placed, float32",
+        "placed, held",
+    ]
+    for line in lines[2:]:
+        ratio, interval = line.split("/ baseline ")[1].split()[:2]
+        low, high = map(float, interval.strip("[]").split("-"))
+        assert low <= float(ratio) <= high

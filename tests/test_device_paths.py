@@ -1,7 +1,8 @@
 """Extraction in the model's own dtype and the entropy on a chosen device, checked on the CPU.
 
 A bfloat16 model is extracted in bfloat16 (rows selected and pooled where the model runs, moved to the
-host in its dtype, float32 there) and compared with the float32 extraction of the same weights; the
+host and held there in its dtype, read as float32) and compared with the float32 extraction of the same
+weights; the
 entropy's device path (batches moved to ``device`` in their own dtype, float64 there) against the host
 path and an independent NumPy computation. The pinned, non-blocking copies of a CUDA model on its copy
 stream need a GPU: here `to_host` and `wait_for` run their host branch.
@@ -50,8 +51,11 @@ def test_bf16_extraction_equals_fp32_extraction_of_the_bf16_weights(tok, arch):
         ref = extract(fp32, tok, TEXTS, sites=sites, pool=pool, batch_size=2, progress=False)
         assert torch.equal(low.offsets, ref.offsets)
         for site in sites:
+            # token rows held in bf16 (half the memory), pooled means in the float32 they were summed in
+            assert low.held_dtype(site) == (torch.bfloat16 if pool == "none" else torch.float32)
+            assert ref.held_dtype(site) == torch.float32
             for layer in ref.layers(site):
-                assert low[site][layer].dtype == torch.float32
+                assert low[site][layer].dtype == torch.float32  # read as float32
                 assert relative_error(low[site][layer], ref[site][layer]) < 2e-2, (pool, site, layer)
 
 
@@ -275,3 +279,33 @@ def test_a_worker_threads_non_finite_rows_are_refused_in_one_line(tok, threaded)
         ValueError, match=r"^non-finite activations \(NaN/Inf\) at site 'values' layer 1 in a"
     ):
         extract(model, tok, TEXTS, sites=["values"], batch_size=1, progress=False)
+
+
+def test_rows_held_in_bf16_read_as_the_float32_that_widening_them_at_extraction_gave(tok, tmp_path):
+    """bfloat16 -> float32 is exact, so holding a bf16 model's rows in bf16 and widening them as they are
+    read gives every accessor the float32 numbers of rows widened at extraction (`host_dtype` patched to
+    float32, as extraction held them before), in memory and from the cache, whose shards hold bf16."""
+    from unittest import mock
+
+    from safetensors import safe_open
+
+    from lime_probe.extraction import assembly
+
+    model = tiny_model("lime", tok).to(torch.bfloat16)
+    sites = ["hidden", "values", "routed_values"]
+    with mock.patch.object(assembly, "host_dtype", lambda dtype: torch.float32):
+        widened = extract(model, tok, TEXTS, sites=sites, batch_size=2, progress=False)
+    held = extract(model, tok, TEXTS, sites=sites, batch_size=2, progress=False)
+    cached = extract(model, tok, TEXTS, sites=sites, batch_size=2, progress=False, cache_dir=tmp_path)
+    for shard in cached.shards:
+        with safe_open(str(shard), framework="pt") as f:
+            assert {f.get_slice(k).get_dtype() for k in f.keys() if "/" in k} == {"BF16"}  # noqa: SIM118
+    for acts in (held, cached):
+        for site in sites:
+            assert widened.held_dtype(site) == torch.float32 and acts.held_dtype(site) == torch.bfloat16
+            assert torch.equal(acts.stack(site), widened.stack(site))
+            for layer in acts.layers(site):
+                chunks = [t for chunk in acts.iter_sequences(site, layer, chunk=3) for t in chunk]
+                assert all(t.dtype == torch.float32 for t in chunks)
+                assert torch.equal(torch.cat(chunks), widened[site][layer])
+        assert torch.equal(acts.per_head("values", 0), widened.per_head("values", 0))

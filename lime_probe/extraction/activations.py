@@ -1,7 +1,9 @@
 """The container `extract` returns: `Activations`, each site's rows per layer (``acts[site][layer]`` ->
 (n_rows, dim) float32 on CPU) with the sequence offsets and token ids they belong to, held in memory or read
 back shard by shard from the activation cache; and `merge_parts`, which joins consecutive parts (blocks
-of a stream, or of a cache shard; each built by `assembly`).
+of a stream, or of a cache shard; each built by `assembly`). A bf16 or fp16 model's rows are held (and
+cached) in its dtype, half of float32's memory, and widened to float32 as they are read: exactly, so
+every probe sees the numbers it saw when they were widened at extraction.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from lime_probe.extraction.assembly import HALF
 from lime_probe.extraction.cache import read_tensor
 
 
@@ -28,8 +31,9 @@ class Activations(Mapping):
         logprobs: DoubleTensor (n_sequences,), each sequence's summed token log-probability
             sum_{i>=1} log p(t_i | t_<i), when extracted with ``logprobs=True``; else None.
 
-    A result held in memory hands out its tensors (do not modify them in place); a cached result
-    reads and concatenates its shards on each access, keeping memory flat, so bind
+    A result held in memory hands out its float32 tensors (do not modify them in place); rows held in a
+    half type (`held_dtype`) are widened to a new float32 tensor on each access, and a cached result
+    reads and concatenates its shards on each access, keeping memory flat: so bind
     ``acts[site][layer]`` to a name rather than indexing it in a hot loop.
     """
 
@@ -72,6 +76,12 @@ class Activations(Mapping):
     def n_sequences(self) -> int:
         return len(self.offsets) - 1
 
+    def held_dtype(self, site: str) -> torch.dtype:
+        """The dtype `site`'s rows are held in: the model's when it is bfloat16 or float16 (read as
+        float32), else float32."""
+        layer = self.layers(site)[0]
+        return self._load(self._parts[0], f"{site}/{layer}").dtype
+
     def layers(self, site: str) -> list[int]:
         """The extracted layer indices of `site`."""
         return list(self[site])
@@ -106,7 +116,7 @@ class Activations(Mapping):
         pending: list[torch.Tensor] = []
         for part in self._parts:
             lengths = self._load(part, "offsets").diff().tolist()
-            pending += torch.split(self._load(part, f"{site}/{layer}"), lengths)
+            pending += torch.split(widened(self._load(part, f"{site}/{layer}")), lengths)
             while len(pending) >= chunk:
                 yield pending[:chunk]
                 pending = pending[chunk:]
@@ -157,7 +167,7 @@ class _SiteView(Mapping):
                 f"layer {layer} of site {self._site!r} was not extracted; "
                 f"available: {self._acts._site_layers[self._site]}"
             )
-        return self._acts._cat(f"{self._site}/{layer}")
+        return widened(self._acts._cat(f"{self._site}/{layer}"))
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._acts._site_layers[self._site])
@@ -167,6 +177,11 @@ class _SiteView(Mapping):
 
     def __len__(self) -> int:
         return len(self._acts._site_layers[self._site])
+
+
+def widened(rows: torch.Tensor) -> torch.Tensor:
+    """Rows held in a half type as float32 (exact); others as they are."""
+    return rows.float() if rows.dtype in HALF else rows
 
 
 def merge_parts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -5,7 +5,9 @@ final places, in input order, converting them to the result's dtype in the same 
 Why: batches run sorted by length, and a batch's rows arrive in the model's dtype (bf16 rows are half the
 bytes). Converting each batch, then concatenating the batches and gathering them back into input order,
 passed over every row three times on the host: about a third of a bf16 extraction's time on a GPU.
-Here each row is copied once. What a row is and how many a sequence has is known from its token ids
+Here each row is copied once, and a bf16 or fp16 model's rows stay in its dtype (`host_dtype`: half the
+memory, and converting them there was three quarters of the placing's time on the project's CPU machine;
+`Activations` widens them to float32, exactly, as they are read). What a row is and how many a sequence has is known from its token ids
 before any forward pass (`row_counts`), so the result is allocated at its full size when the first batch
 lands. `Placer` does the placing, on a worker thread where the model runs on a GPU.
 """
@@ -48,8 +50,13 @@ def _rows(
 
 
 def host_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype that rows of ``dtype`` are held in on the host: float64 stays, the rest is float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    """The dtype that rows of ``dtype`` are held in on the host: float64, float32 and the half types
+    (bfloat16, float16: `Activations` converts them to float32 when they are read) as they are, any
+    other float32."""
+    return dtype if dtype in (torch.float64, torch.float32, *HALF) else torch.float32
+
+
+HALF = (torch.bfloat16, torch.float16)  # held as they come: half float32's memory, exactly widened on reading
 
 
 class Assembly:
@@ -59,8 +66,8 @@ class Assembly:
         offsets: LongTensor (n+1,), rows offsets[i]:offsets[i+1] belong to sequence first + i.
         token_ids: LongTensor (n_rows,), each row's token id (-1 per sequence when pooled).
         n_tokens: LongTensor (1,), the sequences' tokens.
-        rows: name -> (n_rows, ...) float32 (per-sequence "logprobs": (n,) float64), made at the first
-            batch that has the name, from its rows' trailing shape.
+        rows: name -> (n_rows, ...) in `host_dtype` of the rows' (per-sequence "logprobs": (n,) float64),
+            made at the first batch that has the name, from its rows' trailing shape and dtype.
     """
 
     def __init__(self, seqs: Sequence[list[int]], first: int, pool: str, select_ids: torch.Tensor | None):
@@ -74,7 +81,7 @@ class Assembly:
     def place(self, index: Sequence[int], rows: dict[str, torch.Tensor]) -> None:
         """Write one batch's rows: ``index`` are its sequences' input positions in the order they ran, and
         ``rows`` name -> that batch's rows in the same order (a sequence's rows consecutive; "logprobs"
-        one per sequence), in any floating dtype (float64 stays float64, the rest becomes float32)."""
+        one per sequence), in any floating dtype (held in its `host_dtype`)."""
         local = np.asarray(index, dtype=np.int64) - self.first
         if local.size and (local.min() < 0 or local.max() >= self.n):
             raise IndexError(

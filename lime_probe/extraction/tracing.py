@@ -272,7 +272,8 @@ def extract(
             sum_{i>=1} log p(t_i | t_<i) from the model's logits), from the same forward pass; causal LMs.
 
     Returns:
-        Activations with ``acts[site][layer]`` float32 CPU tensors (n_rows, dim).
+        Activations with ``acts[site][layer]`` float32 CPU tensors (n_rows, dim) (a bf16 or fp16 model's
+        rows held in its dtype, half the memory, and widened as they are read).
 
     Raises:
         ValueError: empty or invalid texts, unknown site or layer, text that does not fit the tokenizer (see
