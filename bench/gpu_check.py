@@ -48,6 +48,7 @@ the one under way (``"running"``).
 
 No section starts a row after ``RUN_BUDGET_S`` seconds of the run, whatever its own budget: the step
 section takes what the earlier sections left.
+
 Needs no network and no data: random weights, random tokens, the tests' tiny tokenizer for extraction.
 ``--dry-run`` (or ``--tiny``) runs every section at toy size on the CPU (compiling with Dynamo alone);
 ``--sections`` runs some sections (in the order above), ``--rows SHAPE:ROUTING ...`` some memory and
