@@ -181,8 +181,9 @@ class KVBuffer:
                 continue
             n_sources, blocks = self.weight_grads.pop(r)
             some = next(iter(blocks.values()))
-            missing = some.new_zeros(some.shape)  # a source whose backward gave no block
-            joined = torch.cat([blocks.get(pos, missing) for pos in range(n_sources)], 1)
+            # a source whose backward gave no block contributes zeros (made only then: a kernel on a GPU)
+            parts = [blocks[pos] if pos in blocks else some.new_zeros(some.shape) for pos in range(n_sources)]
+            joined = torch.cat(parts, 1)
             weight = self.deferred.get(r)
             out.append(joined if weight is None else joined.to(weight.dtype))
         return out
