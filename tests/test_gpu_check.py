@@ -334,6 +334,14 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def _states_once(pids: list[int], wanted, within: float = 10.0) -> list[str]:
+    """The processes' states once each is ``wanted`` (a signal lands in its own time), or after ``within`` s."""
+    give_up = time.perf_counter() + within
+    while not all(wanted(_state(p)) for p in pids) and time.perf_counter() < give_up:
+        time.sleep(0.01)
+    return [_state(p) for p in pids]
+
+
 def test_paused_workers_and_their_subprocesses_stop_while_a_row_is_timed(gpu_check, monkeypatch, tmp_path):
     """Each worker runs in its own process group: ``paused`` stops it and the subprocesses its compiles
     start (Inductor's), continues them after, and ``stop`` ends them even while stopped."""
@@ -348,13 +356,14 @@ def test_paused_workers_and_their_subprocesses_stop_while_a_row_is_timed(gpu_che
     )
     warm = gpu_check.CompileWorkers(["gqa:none"], 1, tiny=True)
     try:
-        while not child_pid.exists() or not child_pid.read_text():
+        give_up = time.perf_counter() + 60
+        while not (child_pid.exists() and child_pid.read_text()) and time.perf_counter() < give_up:
             time.sleep(0.05)
         pids = [warm.procs[0].pid, int(child_pid.read_text())]
         with warm.paused():
             time.sleep(0.2)
-            assert [_state(p) for p in pids] == ["T", "T"]
-        assert "T" not in [_state(p) for p in pids] and warm.paused_s >= 0.2
+            assert _states_once(pids, lambda state: state == "T") == ["T", "T"]
+        assert "T" not in _states_once(pids, lambda state: state != "T") and warm.paused_s >= 0.2
         with warm.paused():
             warm.stop()
         assert warm.alive() == 0 and warm.procs[0].returncode == -signal.SIGTERM
@@ -461,7 +470,7 @@ def test_a_compile_worker_dies_with_the_run_even_while_stopped(tmp_path):
             time.sleep(0.1)
         pid = int(ready.read_text())
         os.kill(pid, signal.SIGSTOP)
-        assert _state(pid) == "T"
+        assert _states_once([pid], lambda state: state == "T") == ["T"]
     finally:
         parent.kill()
         parent.wait()
