@@ -14,7 +14,8 @@ one measurement.
 
 Several JSONs of one device (a run, then calls that ran what it skipped) read as one: a later file's
 section replaces an earlier one's unless it failed, and the step and memory rows join by name, the later
-kept. ``bench/gpu_check.py`` prints the same table at the end of a run.
+kept. ``bench/gpu_check.py`` prints the same table at the end of a run. Below the targets, one choice the
+run decides: whether the compiled read's backward keeps each source's fused pass.
 """
 
 from __future__ import annotations
@@ -77,6 +78,35 @@ def readings(check: dict[str, Any]) -> list[tuple[str, str, str]]:
     else:
         out += [(f"plan within 5 %, {r['recipe']} {r['model']}", *_plan(r)) for r in memory["rows"]]
     out.append(("plan within 5 %, FSDP2 step", *_plan(sections.get("fsdp"))))
+    return out + _backward_choice(sections.get("kernel"))
+
+
+def _backward_choice(kernel: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """Not a target, a choice: per shape, the compiled read's backward with each source's fused pass
+    (Triton) over the readers computing their own weight gradients; where the latter is faster, it
+    should be the default on CUDA (``KVBuffer.defers_weight_grads``)."""
+    name = "routed backward, compiled, {}: the sources' fused pass / the readers' own"
+    if kernel is None or _failed(kernel) or not kernel.get("compiled_rows"):
+        return [(name.format("both shapes"), "", _failed(kernel) or "not run")]
+    out = []
+    for row in kernel["compiled_rows"]:
+        fused = next((r for r in row["result"]["rows"] if r["variant"] == "source, triton"), None)
+        if fused is None:
+            out.append((name.format(row["shape"].upper()), "", "no Triton kernel ran"))
+            continue
+        lo, hi = fused["ci"]
+        verdict = {
+            "met": "the fused pass is faster: keep it",
+            "missed": "the readers' own is faster: make it the CUDA default",
+        }
+        state = against(1.0, lo, hi)
+        out.append(
+            (
+                name.format(row["shape"].upper()),
+                f"{fused['x_readers']:.3f} [{lo:.3f}, {hi:.3f}]",
+                verdict.get(state, state),
+            )
+        )
     return out
 
 

@@ -68,6 +68,7 @@ def test_each_target_reads_its_interval_or_its_one_measurement(targets):
         "plan within 5 %, lime-1b-gqa LIMe": ("1.04990", "met"),
         "plan within 5 %, lime-1b-gqa LLaMA": ("0.90000", "missed"),
         "plan within 5 %, FSDP2 step": ("1.05010", "missed"),
+        "routed backward, compiled, both shapes: the sources' fused pass / the readers' own": ("", "not run"),
     }
     first = {t: (m, v) for t, m, v in targets.readings(targets.merged([FIRST]))}
     assert first["every Table 17 row measured in one run"] == (
@@ -91,3 +92,30 @@ def test_the_table_of_a_recorded_run_and_a_bad_file(targets, tmp_path):
     bad.write_text("[]")
     err = run_bench("gpu_targets.py", str(bad), ok=False).stderr.strip()
     assert "bad.json: not a GPU check's JSON" in err and len(err.splitlines()) == 1
+
+
+def kernel_row(shape, *variants):
+    return {
+        "shape": shape,
+        "result": {"rows": [{"variant": "readers", "x_readers": 1.0, "ci": [1.0, 1.0]}, *variants]},
+    }
+
+
+def test_the_run_says_whether_the_compiled_backward_keeps_the_sources_fused_pass(targets):
+    def fused(x, lo, hi):
+        return {"variant": "source, triton", "x_readers": x, "ci": [lo, hi]}
+
+    kernel = {
+        "compiled_rows": [
+            kernel_row("gqa", fused(0.8, 0.7, 0.9)),
+            kernel_row("mha", fused(1.5, 1.3, 1.7)),
+            kernel_row("gqa", {"variant": "source, torch", "x_readers": 1.9, "ci": [1.7, 2.2]}),  # a CPU's
+        ]
+    }
+    got = targets.readings({"sections": {"kernel": kernel}})[-3:]
+    name = "routed backward, compiled, {}: the sources' fused pass / the readers' own"
+    assert got == [
+        (name.format("GQA"), "0.800 [0.700, 0.900]", "the fused pass is faster: keep it"),
+        (name.format("MHA"), "1.500 [1.300, 1.700]", "the readers' own is faster: make it the CUDA default"),
+        (name.format("GQA"), "", "no Triton kernel ran"),
+    ]
