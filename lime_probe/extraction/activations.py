@@ -79,8 +79,8 @@ class Activations(Mapping):
     def held_dtype(self, site: str) -> torch.dtype:
         """The dtype `site`'s rows are held in: the model's when it is bfloat16 or float16 (read as
         float32), else float32."""
-        layer = self.layers(site)[0]
-        return self._load(self._parts[0], f"{site}/{layer}").dtype
+        part, name = self._parts[0], f"{site}/{self.layers(site)[0]}"
+        return part[name].dtype if isinstance(part, dict) else read_tensor(part, name, rows=0).dtype
 
     def layers(self, site: str) -> list[int]:
         """The extracted layer indices of `site`."""

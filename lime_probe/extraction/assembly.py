@@ -6,10 +6,11 @@ Why: batches run sorted by length, and a batch's rows arrive in the model's dtyp
 bytes). Converting each batch, then concatenating the batches and gathering them back into input order,
 passed over every row three times on the host: about a third of a bf16 extraction's time on a GPU.
 Here each row is copied once, and a bf16 or fp16 model's rows stay in its dtype (`host_dtype`: half the
-memory, and converting them there was three quarters of the placing's time on the project's CPU machine;
-`Activations` widens them to float32, exactly, as they are read). What a row is and how many a sequence has is known from its token ids
-before any forward pass (`row_counts`), so the result is allocated at its full size when the first batch
-lands. `Placer` does the placing, on a worker thread where the model runs on a GPU.
+memory, and placing them as float32 took 1.9-2.7x as long on the project's CPU machine,
+`bench/extract_host.py`; `Activations` widens them to float32, exactly, as they are read). What a row is
+and how many a sequence has is known from its token ids before any forward pass (`row_counts`), so the
+result is allocated at its full size when the first batch lands. `Placer` does the placing, on a worker
+thread where the model runs on a GPU.
 """
 
 from __future__ import annotations
@@ -49,14 +50,14 @@ def _rows(
     return counts, ids[kept]
 
 
+HALF = (torch.bfloat16, torch.float16)  # held as they come: half float32's memory, exactly widened on reading
+
+
 def host_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype that rows of ``dtype`` are held in on the host: float64, float32 and the half types
     (bfloat16, float16: `Activations` converts them to float32 when they are read) as they are, any
     other float32."""
     return dtype if dtype in (torch.float64, torch.float32, *HALF) else torch.float32
-
-
-HALF = (torch.bfloat16, torch.float16)  # held as they come: half float32's memory, exactly widened on reading
 
 
 class Assembly:

@@ -106,10 +106,10 @@ def extraction_key(
     }
 
 
-def read_tensor(shard: Path, name: str) -> torch.Tensor:
-    """One tensor from a shard file (only that tensor is read)."""
+def read_tensor(shard: Path, name: str, rows: int | None = None) -> torch.Tensor:
+    """One tensor from a shard file (only that tensor is read), or its first ``rows`` rows."""
     with safe_open(str(shard), framework="pt") as f:
-        return f.get_tensor(name)
+        return f.get_tensor(name) if rows is None else f.get_slice(name)[:rows]
 
 
 def describe_texts(texts: Iterable[str | Sequence[int]], width: int = 48) -> str:
